@@ -1,0 +1,178 @@
+# SPDX-License-Identifier: Apache-2.0
+# fedbox -- one GNU Makefile, everything built under build/.
+#
+#   make            build binaries, libraries and tests (installs Debian deps)
+#   make test       unit + integration tests
+#   make demo       4-worker federation on Fashion-MNIST (runs/demo/)
+#   make fuzz       run every fuzz target for a while
+# Knobs: CFLAGS, SAN=address,undefined, CUDA=0|1, CUDA_HOME, DEBUG=1,
+#        WERROR=1 (CI), BOOTSTRAP=0 (skip the package check).
+
+CC       ?= cc
+CFLAGS   ?= -O2 -g
+ifeq ($(DEBUG),1)
+CFLAGS   := -O0 -g3
+endif
+WARN      = -std=c11 -Wall -Wextra -Wpedantic -Wshadow -Wformat=2 \
+            -Wcast-qual -Wmissing-prototypes -Wstrict-prototypes -Wvla \
+            -Wno-unused-parameter
+ifeq ($(WERROR),1)
+WARN     += -Werror
+endif
+CPPFLAGS += -D_GNU_SOURCE -I. -Ibuild
+LDLIBS    = -lzmq -lprotobuf-c -lsodium -lyaml -lz -lm -lpthread -ldl
+ifdef SAN
+CFLAGS   += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS  += -fsanitize=$(SAN)
+endif
+# Compute kernels are built with -O3 so that the inner loops vectorise.
+KERNEL_CFLAGS = -O3 -fno-math-errno
+
+B := build
+
+# CUDA backend: built whenever nvcc is found, unless CUDA=0.
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+ifeq ($(origin CUDA),undefined)
+CUDA := $(if $(wildcard $(NVCC)),1,0)
+endif
+
+.DEFAULT_GOAL := all
+.PHONY: all test demo fuzz bench clean bootstrap check-format
+
+bootstrap:
+ifneq ($(BOOTSTRAP),0)
+	@scripts/bootstrap
+endif
+
+# ---- generated protocol code ------------------------------------------------
+$(B)/proto/fedbox.pb-c.c $(B)/proto/fedbox.pb-c.h: proto/fedbox.proto
+	@mkdir -p $(B)/proto
+	protoc-c --proto_path=proto --c_out=$(B)/proto proto/fedbox.proto
+
+$(B)/proto/fedbox.pb-c.o: $(B)/proto/fedbox.pb-c.c
+	$(CC) $(CPPFLAGS) -std=c11 $(CFLAGS) -MMD -MP -c $< -o $@
+
+# ---- modules -> static archives ---------------------------------------------
+# Each module's sources: its folder plus cpu/ for kernels; main.c files and
+# tools are programs, not library members.
+define module_srcs
+$(filter-out %/main.c %/keygen.c,$(wildcard $(1)/*.c $(1)/cpu/*.c))
+endef
+MODULES   = common proto data model crypto aggregation worker coordinator
+$(foreach m,$(MODULES),$(eval SRCS_$(m) := $(call module_srcs,$(m))))
+$(foreach m,$(MODULES),$(eval OBJS_$(m) := $(SRCS_$(m):%.c=$(B)/%.o)))
+OBJS_proto += $(B)/proto/fedbox.pb-c.o
+
+# What each module may use (dependencies point down).
+DEPS_common      = common
+DEPS_proto       = proto common
+DEPS_data        = data common
+DEPS_model       = model common
+DEPS_crypto      = crypto common
+DEPS_aggregation = aggregation common
+DEPS_worker      = worker model data aggregation crypto proto common
+DEPS_coordinator = coordinator model data aggregation crypto proto common
+
+libs_of = $(foreach d,$(DEPS_$(1)),$(B)/lib/libfb_$(d).a)
+
+$(B)/lib/libfb_%.a:
+	@mkdir -p $(@D)
+	@rm -f $@
+	$(AR) rcs $@ $^
+$(foreach m,$(MODULES),$(eval $(B)/lib/libfb_$(m).a: $(OBJS_$(m))))
+
+# Everything that includes generated headers waits for them.
+ALL_OBJS = $(foreach m,$(MODULES),$(OBJS_$(m)))
+$(filter-out $(B)/proto/fedbox.pb-c.o,$(ALL_OBJS)): | $(B)/proto/fedbox.pb-c.h
+
+$(B)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/model/cpu/%.o: model/cpu/%.c
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS) -MMD -MP -c $< -o $@
+
+# ---- programs ----------------------------------------------------------------
+BINS = $(B)/fedbox-coordinator $(B)/fedbox-worker
+ifneq ($(wildcard crypto/keygen.c),)
+BINS += $(B)/fedbox-keygen
+$(B)/fedbox-keygen: $(B)/crypto/keygen.o $(call libs_of,crypto)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+endif
+
+$(B)/fedbox-coordinator: $(B)/coordinator/main.o $(call libs_of,coordinator)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LDLIBS)
+$(B)/fedbox-worker: $(B)/worker/main.o $(call libs_of,worker)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LDLIBS)
+
+# ---- CUDA backend (a shared library the worker loads at run time) ----------
+ifeq ($(CUDA),1)
+CU_SRCS  = $(wildcard worker/cuda/*.cu)
+CU_CSRCS = $(wildcard worker/cuda/*.c)
+ifneq ($(CU_SRCS),)
+NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90 \
+             -Xcompiler -fPIC,-Wall
+CU_OBJS  = $(CU_SRCS:%.cu=$(B)/%.cu.o) $(CU_CSRCS:%.c=$(B)/%.pic.o)
+BINS    += $(B)/libfedbox-cuda.so
+$(B)/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -I. -Ibuild -MMD -MP -c $< -o $@
+$(B)/%.pic.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CPPFLAGS) -I$(CUDA_HOME)/include $(CFLAGS) -fPIC \
+	    -MMD -MP -c $< -o $@
+$(B)/libfedbox-cuda.so: $(CU_OBJS)
+	$(NVCC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl \
+	    -Xlinker -rpath,$(CUDA_HOME)/lib64
+endif
+endif
+
+# ---- example plug-in model ---------------------------------------------------
+PLUGINS = $(patsubst examples/%/plugin.c,$(B)/examples/%.so,$(wildcard examples/*/plugin.c))
+$(B)/examples/%.so: examples/%/plugin.c
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CPPFLAGS) $(CFLAGS) -fPIC -shared -o $@ $< -lm
+
+# ---- tests -------------------------------------------------------------------
+UNIT_SRCS  = $(wildcard tests/unit/*_test.c)
+UNIT_BINS  = $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
+$(B)/tests/%_test: $(B)/tests/unit/%_test.o $(B)/tests/unit/harness.o
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $^ -lcmocka $(LDLIBS)
+# A test links its module's archive and what that module may use.
+$(foreach t,$(UNIT_SRCS:tests/unit/%_test.c=%),\
+  $(eval $(B)/tests/$(t)_test: $(call libs_of,$(t))))
+
+TOOL_SRCS = $(wildcard tests/tools/*.c bench/*.c)
+TOOL_BINS = $(patsubst %.c,$(B)/%,$(TOOL_SRCS))
+$(B)/tests/tools/%: $(B)/tests/tools/%.o $(call libs_of,coordinator)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(B)/bench/%: $(B)/bench/%.o $(call libs_of,coordinator)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+all: bootstrap
+	@$(MAKE) --no-print-directory build-all
+
+.PHONY: build-all
+build-all: $(BINS) $(UNIT_BINS) $(TOOL_BINS) $(PLUGINS)
+
+test: all
+	@tests/run $(if $(SAN),--san)
+
+demo: all
+	scripts/fedbox-local --workers 4 --rounds 20 --alpha 0.5 \
+	    --out runs/demo --port 5555
+
+bench: all
+	bench/round_overhead
+
+fuzz: all
+	@tests/fuzz/run $(or $(FUZZ_SECONDS),60)
+
+clean:
+	rm -rf $(B)
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)
