@@ -108,6 +108,8 @@ $(B)/fedbox-worker: $(B)/worker/main.o $(call libs_of,worker)
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LDLIBS)
 
 # ---- CUDA backend (a shared library the worker loads at run time) ----------
+# worker/cuda/cuda.mk may add GPU test and bench programs.
+-include worker/cuda/cuda.mk
 ifeq ($(CUDA),1)
 CU_SRCS  = $(wildcard worker/cuda/*.cu)
 CU_CSRCS = $(wildcard worker/cuda/*.c)
@@ -171,6 +173,9 @@ bench: all
 
 fuzz: all
 	@tests/fuzz/run $(or $(FUZZ_SECONDS),60)
+
+# tests/fuzz/fuzz.mk defines the libFuzzer targets (clang).
+-include tests/fuzz/fuzz.mk
 
 clean:
 	rm -rf $(B)
