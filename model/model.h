@@ -97,6 +97,10 @@ void fb_model_close(fb_model *m);
 const fb_model_ops *fb_model_get_ops(const fb_model *m);
 const void *fb_model_state(const fb_model *m);
 uint64_t fb_model_param_count(const fb_model *m);
+/* fb_model_input_dim and fb_model_classes return the spec's input_dim and
+ * classes (what x rows and labels must match; 0 for "synthetic"). */
+uint32_t fb_model_input_dim(const fb_model *m);
+uint32_t fb_model_classes(const fb_model *m);
 uint32_t fb_model_tensor_count(const fb_model *m);
 void fb_model_tensor_info(const fb_model *m, uint32_t i, fb_tensor_info *out);
 void fb_model_init_params(const fb_model *m, float *params, uint64_t seed);

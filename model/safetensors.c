@@ -1,0 +1,677 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * safetensors.c -- model files in the safetensors format, so that PyTorch
+ * and numpy users load fedbox models directly.
+ *
+ * A file is an 8-byte little-endian header length N, N bytes of JSON
+ * ({"__metadata__": {"k": "v"}, "fc1.weight": {"dtype": "F32", "shape":
+ * [128, 784], "data_offsets": [begin, end]}, ...}, padded with spaces to a
+ * multiple of 8), then the raw little-endian tensor data. Writing never
+ * copies the parameters: they are one vector already in tensor order. The
+ * reader has its own small strict JSON parser and checks every tensor
+ * against the model's layout; tensors may appear in any order in the
+ * header and the data (as files written by other tools do) but must tile
+ * the data region exactly.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "model/model_impl.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c writes host floats as little-endian data"
+#endif
+
+#define HEADER_MAX (100u << 20) /* the format's own limit: 100 MB */
+#define META_VALUE_MAX 64
+
+/* ---- writing ---------------------------------------------------------- */
+
+typedef struct sbuf {
+	char *p;
+	size_t len, cap;
+	int oom;
+} sbuf;
+
+static void
+sb_putn(sbuf *b, const char *s, size_t n)
+{
+	if (b->oom) {
+		return;
+	}
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 1024;
+		char *p;
+		while (cap < b->len + n + 1) {
+			cap *= 2;
+		}
+		if ((p = realloc(b->p, cap)) == NULL) {
+			b->oom = 1;
+			return;
+		}
+		b->p = p;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+static void
+sb_puts(sbuf *b, const char *s)
+{
+	sb_putn(b, s, strlen(s));
+}
+
+static void __attribute__((format(printf, 2, 3)))
+sb_printf(sbuf *b, const char *fmt, ...)
+{
+	char tmp[128];
+	va_list ap;
+	int k;
+
+	va_start(ap, fmt);
+	k = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+	va_end(ap);
+	FB_ASSERT(k >= 0 && (size_t)k < sizeof(tmp));
+	sb_putn(b, tmp, (size_t)k);
+}
+
+/* sb_json_string writes `s` as a JSON string literal. */
+static void
+sb_json_string(sbuf *b, const char *s)
+{
+	sb_putn(b, "\"", 1);
+	for (; *s != '\0'; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\') {
+			char esc[2] = {'\\', (char)c};
+			sb_putn(b, esc, 2);
+		} else if (c == '\n') {
+			sb_puts(b, "\\n");
+		} else if (c == '\t') {
+			sb_puts(b, "\\t");
+		} else if (c == '\r') {
+			sb_puts(b, "\\r");
+		} else if (c < 0x20 || c == 0x7f) {
+			sb_printf(b, "\\u%04x", c);
+		} else {
+			sb_putn(b, (const char *)&c, 1);
+		}
+	}
+	sb_putn(b, "\"", 1);
+}
+
+fb_err
+fb_model_save_safetensors(const fb_model *m, const float *params,
+    const char *path, const char *const (*meta)[2], size_t meta_count)
+{
+	fb_err rc = FB_OK;
+	sbuf h = {0};
+	uint8_t len8[8];
+	uint32_t n = fb_model_tensor_count(m);
+	fb_tensor_info ti;
+	fb_iovec pieces[3];
+
+	sb_puts(&h, "{");
+	if (meta_count > 0) {
+		sb_puts(&h, "\"__metadata__\":{");
+		for (size_t i = 0; i < meta_count; i++) {
+			sb_puts(&h, i > 0 ? "," : "");
+			sb_json_string(&h, meta[i][0]);
+			sb_puts(&h, ":");
+			sb_json_string(&h, meta[i][1]);
+		}
+		sb_puts(&h, "}");
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		fb_model_tensor_info(m, i, &ti);
+		sb_puts(&h, i > 0 || meta_count > 0 ? "," : "");
+		sb_json_string(&h, ti.name);
+		sb_puts(&h, ":{\"dtype\":\"F32\",\"shape\":[");
+		for (uint32_t d = 0; d < ti.ndim; d++) {
+			sb_printf(&h, "%s%" PRIu64, d > 0 ? "," : "",
+			    ti.shape[d]);
+		}
+		sb_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+		    ti.offset * 4, (ti.offset + ti.count) * 4);
+	}
+	sb_puts(&h, "}");
+	while (!h.oom && h.len % 8 != 0) {
+		sb_puts(&h, " ");
+	}
+	if (h.oom) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	fb_store_le64(len8, h.len);
+	pieces[0] = (fb_iovec){len8, sizeof(len8)};
+	pieces[1] = (fb_iovec){h.p, h.len};
+	pieces[2] = (fb_iovec){params,
+	    (size_t)fb_model_param_count(m) * sizeof(float)};
+	rc = fb_file_write_atomic(path, pieces, 3);
+out:
+	free(h.p);
+	return rc;
+}
+
+/* ---- reading ---------------------------------------------------------- */
+
+typedef struct parser {
+	const char *p, *start, *end;
+	const char *path;
+} parser;
+
+/* Per model tensor: what the header said about it. */
+typedef struct seen {
+	int found;
+	uint64_t begin; /* byte offset in the data region */
+	uint64_t len;   /* bytes */
+} seen;
+
+static fb_err __attribute__((format(printf, 2, 3)))
+bad(const parser *ps, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fb_log_error("%s: not a safetensors file for this model: %s "
+	    "(header byte %zu)", ps->path, msg, (size_t)(ps->p - ps->start));
+	return FB_EFORMAT;
+}
+
+static void
+skip_ws(parser *ps)
+{
+	while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' ||
+	    *ps->p == '\n' || *ps->p == '\r')) {
+		ps->p++;
+	}
+}
+
+/* accept consumes `c` (after whitespace) if it is next. */
+static int
+accept(parser *ps, char c)
+{
+	skip_ws(ps);
+	if (ps->p < ps->end && *ps->p == c) {
+		ps->p++;
+		return 1;
+	}
+	return 0;
+}
+
+static fb_err
+expect(parser *ps, char c)
+{
+	if (!accept(ps, c)) {
+		return bad(ps, "expected '%c'", c);
+	}
+	return FB_OK;
+}
+
+static int
+hexval(char c)
+{
+	if (c >= '0' && c <= '9') {
+		return c - '0';
+	}
+	if (c >= 'a' && c <= 'f') {
+		return c - 'a' + 10;
+	}
+	if (c >= 'A' && c <= 'F') {
+		return c - 'A' + 10;
+	}
+	return -1;
+}
+
+/*
+ * parse_string decodes a JSON string into buf (cap bytes, NUL-terminated);
+ * *too_long is set when it did not fit (the rest is still consumed).
+ */
+static fb_err
+parse_string(parser *ps, char *buf, size_t cap, int *too_long)
+{
+	size_t n = 0;
+
+	*too_long = 0;
+	buf[0] = '\0';
+	if (!accept(ps, '"')) {
+		return bad(ps, "expected a string");
+	}
+	for (;;) {
+		char out[4];
+		size_t k = 1;
+		unsigned char c;
+		if (ps->p >= ps->end) {
+			return bad(ps, "unterminated string");
+		}
+		c = (unsigned char)*ps->p++;
+		if (c == '"') {
+			break;
+		}
+		if (c < 0x20) {
+			return bad(ps, "control character in a string");
+		}
+		out[0] = (char)c;
+		if (c == '\\') {
+			if (ps->p >= ps->end) {
+				return bad(ps, "unterminated string");
+			}
+			c = (unsigned char)*ps->p++;
+			switch (c) {
+			case '"': case '\\': case '/':
+				out[0] = (char)c;
+				break;
+			case 'b': out[0] = '\b'; break;
+			case 'f': out[0] = '\f'; break;
+			case 'n': out[0] = '\n'; break;
+			case 'r': out[0] = '\r'; break;
+			case 't': out[0] = '\t'; break;
+			case 'u': {
+				unsigned v = 0;
+				for (int i = 0; i < 4; i++) {
+					int h;
+					if (ps->p >= ps->end ||
+					    (h = hexval(*ps->p)) < 0) {
+						return bad(ps, "bad \\u escape");
+					}
+					v = v * 16 + (unsigned)h;
+					ps->p++;
+				}
+				/* UTF-8 of the code unit (surrogates are
+				 * kept as they are: names are ASCII). */
+				if (v < 0x80) {
+					out[0] = (char)v;
+				} else if (v < 0x800) {
+					out[0] = (char)(0xc0 | (v >> 6));
+					out[1] = (char)(0x80 | (v & 0x3f));
+					k = 2;
+				} else {
+					out[0] = (char)(0xe0 | (v >> 12));
+					out[1] = (char)(0x80 |
+					    ((v >> 6) & 0x3f));
+					out[2] = (char)(0x80 | (v & 0x3f));
+					k = 3;
+				}
+				break;
+			}
+			default:
+				return bad(ps, "bad escape \\%c", c);
+			}
+		}
+		if (n + k < cap) {
+			memcpy(buf + n, out, k);
+			n += k;
+			buf[n] = '\0';
+		} else {
+			*too_long = 1;
+		}
+	}
+	return FB_OK;
+}
+
+/* parse_u64 reads a non-negative integer below 2^53. */
+static fb_err
+parse_u64(parser *ps, uint64_t *v)
+{
+	uint64_t x = 0;
+	const char *s;
+
+	skip_ws(ps);
+	s = ps->p;
+	while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') {
+		x = x * 10 + (uint64_t)(*ps->p - '0');
+		if (x >= ((uint64_t)1 << 53)) {
+			return bad(ps, "number too large");
+		}
+		ps->p++;
+	}
+	if (ps->p == s || (ps->p - s > 1 && *s == '0')) {
+		return bad(ps, "expected a non-negative integer");
+	}
+	*v = x;
+	return FB_OK;
+}
+
+/* parse_u64_array reads [a, b, ...] of at most `cap` numbers. */
+static fb_err
+parse_u64_array(parser *ps, uint64_t *v, uint32_t cap, uint32_t *count)
+{
+	fb_err rc;
+
+	*count = 0;
+	if ((rc = expect(ps, '[')) != FB_OK) {
+		return rc;
+	}
+	if (accept(ps, ']')) {
+		return FB_OK;
+	}
+	do {
+		uint64_t x = 0;
+		if ((rc = parse_u64(ps, &x)) != FB_OK) {
+			return rc;
+		}
+		if (*count >= cap) {
+			return bad(ps, "array longer than %u", cap);
+		}
+		v[(*count)++] = x;
+	} while (accept(ps, ','));
+	return expect(ps, ']');
+}
+
+static fb_err
+parse_metadata(parser *ps, uint32_t *round)
+{
+	fb_err rc;
+	char key[64], val[META_VALUE_MAX];
+	int long_key, long_val;
+
+	if ((rc = expect(ps, '{')) != FB_OK) {
+		return rc;
+	}
+	if (accept(ps, '}')) {
+		return FB_OK;
+	}
+	do {
+		if ((rc = parse_string(ps, key, sizeof(key), &long_key)) !=
+		        FB_OK ||
+		    (rc = expect(ps, ':')) != FB_OK ||
+		    (rc = parse_string(ps, val, sizeof(val), &long_val)) !=
+		        FB_OK) {
+			return rc;
+		}
+		if (!long_key && strcmp(key, "fedbox.round") == 0) {
+			char *end;
+			unsigned long long r;
+			errno = 0;
+			r = strtoull(val, &end, 10);
+			if (long_val || val[0] < '0' || val[0] > '9' ||
+			    *end != '\0' || errno != 0 || r > UINT32_MAX) {
+				return bad(ps, "fedbox.round \"%s\" is not a "
+				    "round number", val);
+			}
+			*round = (uint32_t)r;
+		}
+	} while (accept(ps, ','));
+	return expect(ps, '}');
+}
+
+static void
+format_shape(char *buf, size_t len, const uint64_t *shape, uint32_t ndim)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (uint32_t d = 0; d < ndim && used < len; d++) {
+		int k = snprintf(buf + used, len - used, "%s%" PRIu64,
+		    d > 0 ? ", " : "", shape[d]);
+		if (k < 0) {
+			break;
+		}
+		used += (size_t)k;
+	}
+}
+
+/* parse_tensor reads one tensor entry and checks it against `ti`. */
+static fb_err
+parse_tensor(parser *ps, const fb_tensor_info *ti, seen *sn)
+{
+	fb_err rc;
+	char key[32], dtype[16];
+	int long_key, long_dtype;
+	uint64_t shape[8], offs[2];
+	uint32_t ndim = 0, noffs = 0;
+	int have_dtype = 0, have_shape = 0, have_offs = 0;
+
+	if ((rc = expect(ps, '{')) != FB_OK) {
+		return rc;
+	}
+	do {
+		if ((rc = parse_string(ps, key, sizeof(key), &long_key)) !=
+		        FB_OK ||
+		    (rc = expect(ps, ':')) != FB_OK) {
+			return rc;
+		}
+		if (!long_key && strcmp(key, "dtype") == 0 && !have_dtype) {
+			rc = parse_string(ps, dtype, sizeof(dtype),
+			    &long_dtype);
+			if (rc != FB_OK) {
+				return rc;
+			}
+			if (long_dtype || strcmp(dtype, "F32") != 0) {
+				return bad(ps, "tensor %s has dtype %s, "
+				    "expected F32", ti->name, dtype);
+			}
+			have_dtype = 1;
+		} else if (!long_key && strcmp(key, "shape") == 0 &&
+		    !have_shape) {
+			rc = parse_u64_array(ps, shape, 8, &ndim);
+			if (rc != FB_OK) {
+				return rc;
+			}
+			have_shape = 1;
+		} else if (!long_key && strcmp(key, "data_offsets") == 0 &&
+		    !have_offs) {
+			rc = parse_u64_array(ps, offs, 2, &noffs);
+			if (rc != FB_OK) {
+				return rc;
+			}
+			if (noffs != 2 || offs[1] < offs[0]) {
+				return bad(ps, "tensor %s has bad "
+				    "data_offsets", ti->name);
+			}
+			have_offs = 1;
+		} else {
+			return bad(ps, "tensor %s: unexpected or repeated "
+			    "key \"%s\"", ti->name, key);
+		}
+	} while (accept(ps, ','));
+	if ((rc = expect(ps, '}')) != FB_OK) {
+		return rc;
+	}
+	if (!have_dtype || !have_shape || !have_offs) {
+		return bad(ps, "tensor %s lacks dtype, shape or data_offsets",
+		    ti->name);
+	}
+	if (ndim != ti->ndim ||
+	    memcmp(shape, ti->shape, ndim * sizeof(uint64_t)) != 0) {
+		char got[128], want[128];
+		format_shape(got, sizeof(got), shape, ndim);
+		format_shape(want, sizeof(want), ti->shape, ti->ndim);
+		return bad(ps, "tensor %s has shape [%s], expected [%s]",
+		    ti->name, got, want);
+	}
+	if (offs[1] - offs[0] != ti->count * 4) {
+		return bad(ps, "tensor %s holds %" PRIu64 " bytes, expected "
+		    "%" PRIu64, ti->name, offs[1] - offs[0], ti->count * 4);
+	}
+	sn->found = 1;
+	sn->begin = offs[0];
+	sn->len = offs[1] - offs[0];
+	return FB_OK;
+}
+
+static int
+cmp_begin(const void *a, const void *b)
+{
+	const seen *x = a, *y = b;
+	return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* parse_header parses the whole header and fills `sn` (one per tensor). */
+static fb_err
+parse_header(parser *ps, const fb_model *m, seen *sn, uint32_t *round)
+{
+	fb_err rc;
+	uint32_t n = fb_model_tensor_count(m);
+	char name[FB_TENSOR_NAME_MAX];
+	int long_name, have_meta = 0;
+	fb_tensor_info ti;
+
+	if ((rc = expect(ps, '{')) != FB_OK) {
+		return rc;
+	}
+	if (!accept(ps, '}')) {
+		do {
+			uint32_t i;
+			rc = parse_string(ps, name, sizeof(name), &long_name);
+			if (rc != FB_OK || (rc = expect(ps, ':')) != FB_OK) {
+				return rc;
+			}
+			if (!long_name && strcmp(name, "__metadata__") == 0 &&
+			    !have_meta) {
+				have_meta = 1;
+				if ((rc = parse_metadata(ps, round)) != FB_OK) {
+					return rc;
+				}
+				continue;
+			}
+			for (i = 0; i < n; i++) {
+				fb_model_tensor_info(m, i, &ti);
+				if (!long_name && strcmp(ti.name, name) == 0) {
+					break;
+				}
+			}
+			if (i == n) {
+				return bad(ps, "unexpected tensor \"%s%s\"",
+				    name, long_name ? "..." : "");
+			}
+			if (sn[i].found) {
+				return bad(ps, "tensor %s appears twice",
+				    name);
+			}
+			if ((rc = parse_tensor(ps, &ti, &sn[i])) != FB_OK) {
+				return rc;
+			}
+		} while (accept(ps, ','));
+		if ((rc = expect(ps, '}')) != FB_OK) {
+			return rc;
+		}
+	}
+	skip_ws(ps);
+	if (ps->p != ps->end) {
+		return bad(ps, "trailing bytes after the header object");
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (!sn[i].found) {
+			fb_model_tensor_info(m, i, &ti);
+			return bad(ps, "tensor %s is missing", ti.name);
+		}
+	}
+	return FB_OK;
+}
+
+fb_err
+fb_model_load_safetensors(const fb_model *m, const char *path, float *params,
+    uint32_t *round)
+{
+	fb_err rc = FB_OK;
+	FILE *f = NULL;
+	char *hdr = NULL;
+	seen *sn = NULL, *sorted = NULL;
+	uint8_t len8[8];
+	uint64_t hlen, data_len, want;
+	uint32_t n = fb_model_tensor_count(m), found_round = 0;
+	struct stat st;
+	parser ps = {0};
+
+	if (round != NULL) {
+		*round = 0;
+	}
+	if ((f = fopen(path, "rb")) == NULL || fstat(fileno(f), &st) != 0) {
+		fb_log_error("cannot open %s: %s", path, strerror(errno));
+		rc = FB_EIO;
+		goto out;
+	}
+	if (st.st_size < 8 || fread(len8, 1, 8, f) != 8) {
+		fb_log_error("%s: not a safetensors file: shorter than its "
+		    "8-byte header length", path);
+		rc = FB_EFORMAT;
+		goto out;
+	}
+	hlen = fb_load_le64(len8);
+	if (hlen > (uint64_t)st.st_size - 8 || hlen > HEADER_MAX ||
+	    hlen < 2) {
+		fb_log_error("%s: not a safetensors file: header length "
+		    "%" PRIu64 " does not fit the file of %lld bytes", path,
+		    hlen, (long long)st.st_size);
+		rc = FB_EFORMAT;
+		goto out;
+	}
+	sn = fb_calloc(n, sizeof(*sn));
+	sorted = fb_calloc(n, sizeof(*sorted));
+	if ((hdr = fb_alloc((size_t)hlen)) == NULL || sn == NULL ||
+	    sorted == NULL) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	if (fread(hdr, 1, (size_t)hlen, f) != hlen) {
+		fb_log_error("%s: cannot read the header: %s", path,
+		    ferror(f) ? strerror(errno) : "file shrank");
+		rc = FB_EIO;
+		goto out;
+	}
+	ps = (parser){hdr, hdr, hdr + hlen, path};
+	if ((rc = parse_header(&ps, m, sn, &found_round)) != FB_OK) {
+		goto out;
+	}
+	/* The tensors must tile the data region, and the file end there. */
+	data_len = (uint64_t)st.st_size - 8 - hlen;
+	want = fb_model_param_count(m) * 4;
+	if (data_len != want) {
+		fb_log_error("%s: file is %lld bytes; this model needs "
+		    "%" PRIu64 " (%" PRIu64 " bytes of data, %" PRIu64 " "
+		    "present)", path, (long long)st.st_size, 8 + hlen + want,
+		    want, data_len);
+		rc = FB_EFORMAT;
+		goto out;
+	}
+	memcpy(sorted, sn, n * sizeof(*sn));
+	qsort(sorted, n, sizeof(*sorted), cmp_begin);
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t at = i == 0 ? 0 : sorted[i - 1].begin +
+		    sorted[i - 1].len;
+		if (sorted[i].begin != at) {
+			fb_log_error("%s: tensor data overlaps or leaves "
+			    "gaps (data_offsets)", path);
+			rc = FB_EFORMAT;
+			goto out;
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		fb_tensor_info ti;
+		fb_model_tensor_info(m, i, &ti);
+		if (fseeko(f, (off_t)(8 + hlen + sn[i].begin), SEEK_SET) !=
+		        0 ||
+		    fread(params + ti.offset, 4, (size_t)ti.count, f) !=
+		        ti.count) {
+			fb_log_error("%s: cannot read tensor %s: %s", path,
+			    ti.name, ferror(f) ? strerror(errno) :
+			    "file shrank");
+			rc = FB_EIO;
+			goto out;
+		}
+	}
+	if (round != NULL) {
+		*round = found_round;
+	}
+out:
+	if (f != NULL) {
+		fclose(f);
+	}
+	fb_free(hdr);
+	fb_free(sn);
+	fb_free(sorted);
+	return rc;
+}
