@@ -1,0 +1,223 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * accum.c -- the fixed-point streaming accumulator (see aggregation.h for
+ * the encoding, the overflow argument and the quantisation bound).
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "aggregation/aggregation.h"
+#include "common/util.h"
+
+#define WEIGHT_ONE (1ULL << 32) /* weights are fixed point, 32 fraction bits */
+
+struct fb_accum {
+	uint64_t count;
+	uint64_t chunk_elems;
+	uint32_t chunks;
+	double clip;
+	double scale;        /* S = 2^30 / clip */
+	uint32_t *sum;       /* count ring elements (int32 two's complement) */
+	uint64_t *weight_q;  /* per chunk, weight sum in units of 2^-32 */
+};
+
+fb_err
+fb_accum_alloc(uint64_t count, uint64_t chunk_elems, double clip,
+    fb_accum **out)
+{
+	fb_accum *a;
+	uint64_t chunks;
+
+	*out = NULL;
+	if (count == 0 || chunk_elems == 0 || !(clip > 0) || !isfinite(clip)) {
+		return FB_EINVAL;
+	}
+	chunks = (count + chunk_elems - 1) / chunk_elems;
+	if (chunks > UINT32_MAX || count > SIZE_MAX / sizeof(uint32_t)) {
+		return FB_EINVAL;
+	}
+	if ((a = calloc(1, sizeof(*a))) == NULL) {
+		return FB_ENOMEM;
+	}
+	a->count = count;
+	a->chunk_elems = chunk_elems;
+	a->chunks = (uint32_t)chunks;
+	a->clip = clip;
+	a->scale = ldexp(1.0, 30) / clip;
+	a->sum = fb_calloc(count, sizeof(*a->sum));
+	a->weight_q = fb_calloc(chunks, sizeof(*a->weight_q));
+	if (a->sum == NULL || a->weight_q == NULL) {
+		fb_accum_free(a);
+		return FB_ENOMEM;
+	}
+	*out = a;
+	return FB_OK;
+}
+
+void
+fb_accum_free(fb_accum *a)
+{
+	if (a == NULL) {
+		return;
+	}
+	fb_free(a->sum);
+	fb_free(a->weight_q);
+	free(a);
+}
+
+void
+fb_accum_reset(fb_accum *a)
+{
+	memset(a->sum, 0, a->count * sizeof(*a->sum));
+	memset(a->weight_q, 0, a->chunks * sizeof(*a->weight_q));
+}
+
+uint32_t
+fb_accum_chunk_count(const fb_accum *a)
+{
+	return a->chunks;
+}
+
+uint64_t
+fb_accum_chunk_len(const fb_accum *a, uint32_t chunk)
+{
+	uint64_t first = (uint64_t)chunk * a->chunk_elems;
+	if (chunk >= a->chunks) {
+		return 0;
+	}
+	return a->count - first < a->chunk_elems ? a->count - first
+	                                         : a->chunk_elems;
+}
+
+/* Returns the largest |x| of the chunk, or NaN/inf if there is one. */
+static float
+chunk_max_abs(const float *x, uint64_t n)
+{
+	float m = 0.0f;
+	int bad = 0;
+	for (uint64_t j = 0; j < n; j++) {
+		float v = fabsf(x[j]);
+		bad |= !(v <= FLT_MAX);
+		m = v > m ? v : m;
+	}
+	return bad ? INFINITY : m;
+}
+
+fb_err
+fb_accum_add(fb_accum *a, uint32_t chunk, const float *x, double weight,
+    uint64_t *clipped)
+{
+	uint64_t n = fb_accum_chunk_len(a, chunk);
+	uint32_t *sum;
+	uint64_t wq;
+	double k;
+	float clip = (float)a->clip, maxabs;
+
+	if (chunk >= a->chunks || !(weight > 0) || weight > 1.0) {
+		return FB_EINVAL;
+	}
+	/* Truncation keeps sums of weights that add to 1 from exceeding it. */
+	wq = (uint64_t)floor(weight * (double)WEIGHT_ONE);
+	if (wq == 0 || a->weight_q[chunk] + wq > WEIGHT_ONE) {
+		return FB_ERANGE;
+	}
+	maxabs = chunk_max_abs(x, n);
+	if (isinf(maxabs)) {
+		return FB_EINVAL;
+	}
+	k = (double)wq / (double)WEIGHT_ONE * a->scale;
+	sum = a->sum + (uint64_t)chunk * a->chunk_elems;
+	if (maxabs > clip) {
+		uint64_t c = 0;
+		for (uint64_t j = 0; j < n; j++) {
+			float v = x[j];
+			c += (v > clip) | (v < -clip);
+			v = v > clip ? clip : v;
+			v = v < -clip ? -clip : v;
+			double t = (double)v * k;
+			int32_t q = (int32_t)(t + (t >= 0 ? 0.5 : -0.5));
+			sum[j] += (uint32_t)q;
+		}
+		if (clipped != NULL) {
+			*clipped += c;
+		}
+	} else {
+		for (uint64_t j = 0; j < n; j++) {
+			double t = (double)x[j] * k;
+			int32_t q = (int32_t)(t + (t >= 0 ? 0.5 : -0.5));
+			sum[j] += (uint32_t)q;
+		}
+	}
+	a->weight_q[chunk] += wq;
+	return FB_OK;
+}
+
+double
+fb_accum_chunk_weight(const fb_accum *a, uint32_t chunk)
+{
+	if (chunk >= a->chunks) {
+		return 0.0;
+	}
+	return (double)a->weight_q[chunk] / (double)WEIGHT_ONE;
+}
+
+void
+fb_accum_mean(const fb_accum *a, float *out)
+{
+	for (uint32_t c = 0; c < a->chunks; c++) {
+		uint64_t first = (uint64_t)c * a->chunk_elems;
+		uint64_t n = fb_accum_chunk_len(a, c);
+		double w = fb_accum_chunk_weight(a, c);
+		double inv = w > 0 ? 1.0 / (w * a->scale) : 0.0;
+		for (uint64_t j = 0; j < n; j++) {
+			out[first + j] =
+			    (float)((double)(int32_t)a->sum[first + j] * inv);
+		}
+	}
+}
+
+void
+fb_accum_apply(const fb_accum *a, float *params, double lr)
+{
+	for (uint32_t c = 0; c < a->chunks; c++) {
+		uint64_t first = (uint64_t)c * a->chunk_elems;
+		uint64_t n = fb_accum_chunk_len(a, c);
+		double w = fb_accum_chunk_weight(a, c);
+		double k;
+		if (w <= 0) {
+			continue;
+		}
+		k = lr / (w * a->scale);
+		for (uint64_t j = 0; j < n; j++) {
+			params[first + j] = (float)((double)params[first + j] -
+			    (double)(int32_t)a->sum[first + j] * k);
+		}
+	}
+}
+
+double
+fb_accum_resolution(const fb_accum *a)
+{
+	return 1.0 / a->scale;
+}
+
+fb_err
+fb_fedavg_weights(const uint64_t *n, uint32_t count, double *w)
+{
+	double total = 0;
+	if (count == 0) {
+		return FB_EINVAL;
+	}
+	for (uint32_t i = 0; i < count; i++) {
+		if (n[i] == 0) {
+			return FB_EINVAL;
+		}
+		total += (double)n[i];
+	}
+	for (uint32_t i = 0; i < count; i++) {
+		w[i] = (double)n[i] / total;
+	}
+	return FB_OK;
+}

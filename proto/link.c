@@ -1,0 +1,354 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * link.c -- the only user of libzmq.
+ *
+ * The coordinator's ROUTER refuses to queue for unknown peers
+ * (ZMQ_ROUTER_MANDATORY), keeps per-peer queues short (HWM) so that memory
+ * stays O(chunk) per peer, and caps message size (ZMQ_MAXMSGSIZE) so that an
+ * oversized frame costs the sender its connection, not our memory. Every
+ * send has a timeout; every receive waits at most what the caller says.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "proto/proto.h"
+
+struct fb_link {
+	void *ctx;
+	void *sock;
+	bool router;
+	fb_link_opts opts;
+	zmq_msg_t payload; /* last received payload frame */
+	bool payload_live;
+	uint64_t sent;
+	uint64_t received;
+};
+
+#define ZMQ_TRY(call, rc, label)                                           \
+	do {                                                               \
+		if ((call) != 0) {                                         \
+			fb_log_error("%s: %s", #call, zmq_strerror(errno)); \
+			(rc) = FB_EZMQ;                                    \
+			goto label;                                        \
+		}                                                          \
+	} while (0)
+
+bool
+fb_peer_equal(const fb_peer *a, const fb_peer *b)
+{
+	return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
+}
+
+static fb_err
+link_open(const char *endpoint, const fb_link_opts *opts, bool router,
+    fb_link **out)
+{
+	fb_err rc = FB_OK;
+	fb_link *l = NULL;
+	int zero = 0, one = 1, hwm = opts->hwm < 2 ? 2 : opts->hwm;
+	int64_t maxmsg = (int64_t)opts->max_payload + FB_MAX_CONTROL_LEN;
+	int sndtimeo = opts->send_timeout_ms > 0 ? opts->send_timeout_ms : 1;
+
+	*out = NULL;
+	if ((l = calloc(1, sizeof(*l))) == NULL) {
+		return FB_ENOMEM;
+	}
+	l->router = router;
+	l->opts = *opts;
+	if ((l->ctx = zmq_ctx_new()) == NULL) {
+		fb_log_error("zmq_ctx_new: %s", zmq_strerror(errno));
+		rc = FB_EZMQ;
+		goto out;
+	}
+	l->sock = zmq_socket(l->ctx, router ? ZMQ_ROUTER : ZMQ_DEALER);
+	if (l->sock == NULL) {
+		fb_log_error("zmq_socket: %s", zmq_strerror(errno));
+		rc = FB_EZMQ;
+		goto out;
+	}
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_LINGER, &zero, sizeof(zero)), rc,
+	    out);
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm)), rc,
+	    out);
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm)), rc,
+	    out);
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_SNDTIMEO, &sndtimeo,
+	            sizeof(sndtimeo)),
+	    rc, out);
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_MAXMSGSIZE, &maxmsg,
+	            sizeof(maxmsg)),
+	    rc, out);
+	if (router) {
+		ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_ROUTER_MANDATORY, &one,
+		            sizeof(one)),
+		    rc, out);
+		if (zmq_bind(l->sock, endpoint) != 0) {
+			fb_log_error("cannot listen on %s: %s", endpoint,
+			    zmq_strerror(errno));
+			rc = FB_EZMQ;
+			goto out;
+		}
+	} else {
+		int ivl = 100, ivl_max = 2000;
+		ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_RECONNECT_IVL, &ivl,
+		            sizeof(ivl)),
+		    rc, out);
+		ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_RECONNECT_IVL_MAX,
+		            &ivl_max, sizeof(ivl_max)),
+		    rc, out);
+		if (zmq_connect(l->sock, endpoint) != 0) {
+			fb_log_error("cannot connect to %s: %s", endpoint,
+			    zmq_strerror(errno));
+			rc = FB_EZMQ;
+			goto out;
+		}
+	}
+	*out = l;
+	l = NULL;
+out:
+	fb_link_close(l);
+	return rc;
+}
+
+fb_err
+fb_link_bind(const char *endpoint, const fb_link_opts *opts, fb_link **out)
+{
+	return link_open(endpoint, opts, true, out);
+}
+
+fb_err
+fb_link_connect(const char *endpoint, const fb_link_opts *opts, fb_link **out)
+{
+	return link_open(endpoint, opts, false, out);
+}
+
+void
+fb_link_close(fb_link *l)
+{
+	if (l == NULL) {
+		return;
+	}
+	if (l->payload_live) {
+		zmq_msg_close(&l->payload);
+	}
+	if (l->sock != NULL) {
+		zmq_close(l->sock);
+	}
+	if (l->ctx != NULL) {
+		zmq_ctx_term(l->ctx);
+	}
+	free(l);
+}
+
+static fb_err
+send_errno(int err)
+{
+	switch (err) {
+	case EAGAIN:
+		return FB_ETIMEDOUT;
+	case EHOSTUNREACH:
+		return FB_ECLOSED;
+	case EINTR:
+		return FB_ECLOSED;
+	default:
+		fb_log_error("zmq_send: %s", zmq_strerror(err));
+		return FB_EZMQ;
+	}
+}
+
+fb_err
+fb_link_send(fb_link *l, const fb_peer *peer, const fb_msg *m,
+    const void *payload, size_t payload_len)
+{
+	fb_err rc;
+	uint8_t buf[FB_MAX_CONTROL_LEN];
+	size_t len = 0;
+	bool with_payload = fb_msg_has_payload(m->type);
+
+	if (l->router != (peer != NULL)) {
+		return FB_EINVAL;
+	}
+	if (with_payload && payload_len > l->opts.max_payload) {
+		return FB_EINVAL;
+	}
+	if ((rc = fb_msg_pack(m, buf, sizeof(buf), &len)) != FB_OK) {
+		return rc;
+	}
+	if (peer != NULL &&
+	    zmq_send(l->sock, peer->id, peer->len, ZMQ_SNDMORE) < 0) {
+		return send_errno(errno);
+	}
+	if (zmq_send(l->sock, buf, len, with_payload ? ZMQ_SNDMORE : 0) < 0) {
+		return send_errno(errno);
+	}
+	if (with_payload && zmq_send(l->sock, payload, payload_len, 0) < 0) {
+		return send_errno(errno);
+	}
+	l->sent += len + (with_payload ? payload_len : 0);
+	return FB_OK;
+}
+
+/* Reads and discards the rest of a multipart message. */
+static size_t
+drain(void *sock)
+{
+	size_t n = 0;
+	int more = 1;
+	size_t sz = sizeof(more);
+	zmq_msg_t part;
+
+	while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) == 0 && more) {
+		zmq_msg_init(&part);
+		if (zmq_msg_recv(&part, sock, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&part);
+			break;
+		}
+		n += zmq_msg_size(&part);
+		zmq_msg_close(&part);
+	}
+	return n;
+}
+
+static bool
+has_more(void *sock)
+{
+	int more = 0;
+	size_t sz = sizeof(more);
+	return zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) == 0 && more;
+}
+
+fb_err
+fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
+    const char **why)
+{
+	fb_err rc = FB_OK;
+	zmq_pollitem_t items[2] = {
+	    {l->sock, 0, ZMQ_POLLIN, 0},
+	    {NULL, wake_fd, ZMQ_POLLIN, 0},
+	};
+	zmq_msg_t part;
+	bool part_live = false;
+	int n;
+
+	const char *ignored;
+
+	if (why == NULL) {
+		why = &ignored;
+	}
+	memset(f, 0, sizeof(*f));
+	if (woke != NULL) {
+		*woke = false;
+	}
+	if (l->payload_live) {
+		zmq_msg_close(&l->payload);
+		l->payload_live = false;
+	}
+	n = zmq_poll(items, wake_fd >= 0 ? 2 : 1, timeout_ms);
+	if (n < 0) {
+		if (errno == EINTR) {
+			return FB_ETIMEDOUT;
+		}
+		fb_log_error("zmq_poll: %s", zmq_strerror(errno));
+		return FB_EZMQ;
+	}
+	if (wake_fd >= 0 && (items[1].revents & ZMQ_POLLIN) && woke != NULL) {
+		*woke = true;
+	}
+	if (!(items[0].revents & ZMQ_POLLIN)) {
+		return FB_ETIMEDOUT;
+	}
+	zmq_msg_init(&part);
+	part_live = true;
+	if (l->router) {
+		if (zmq_msg_recv(&part, l->sock, ZMQ_DONTWAIT) < 0) {
+			rc = errno == EAGAIN || errno == EINTR ? FB_ETIMEDOUT
+			                                       : FB_EZMQ;
+			goto out;
+		}
+		f->wire_len += zmq_msg_size(&part);
+		if (zmq_msg_size(&part) > FB_PEER_ID_MAX || !has_more(l->sock)) {
+			*why = "bad routing frame";
+			rc = FB_EPROTO;
+			goto out;
+		}
+		f->peer.len = (uint8_t)zmq_msg_size(&part);
+		memcpy(f->peer.id, zmq_msg_data(&part), f->peer.len);
+		zmq_msg_close(&part);
+		zmq_msg_init(&part);
+	}
+	if (zmq_msg_recv(&part, l->sock, ZMQ_DONTWAIT) < 0) {
+		rc = errno == EAGAIN || errno == EINTR ? FB_ETIMEDOUT : FB_EZMQ;
+		goto out;
+	}
+	f->wire_len += zmq_msg_size(&part);
+	rc = fb_msg_unpack(zmq_msg_data(&part), zmq_msg_size(&part), &f->msg,
+	    why);
+	if (rc != FB_OK) {
+		goto out;
+	}
+	if (fb_msg_has_payload(f->msg.type)) {
+		if (!has_more(l->sock)) {
+			*why = "payload frame missing";
+			rc = FB_EPROTO;
+			goto out;
+		}
+		zmq_msg_init(&l->payload);
+		if (zmq_msg_recv(&l->payload, l->sock, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&l->payload);
+			*why = "payload frame missing";
+			rc = FB_EPROTO;
+			goto out;
+		}
+		l->payload_live = true;
+		f->payload = zmq_msg_data(&l->payload);
+		f->payload_len = zmq_msg_size(&l->payload);
+		f->wire_len += f->payload_len;
+		if (f->payload_len > l->opts.max_payload) {
+			*why = "payload frame too long";
+			rc = FB_EPROTO;
+			goto out;
+		}
+	}
+	if (has_more(l->sock)) {
+		*why = "unexpected extra frames";
+		rc = FB_EPROTO;
+		goto out;
+	}
+out:
+	if (part_live) {
+		zmq_msg_close(&part);
+	}
+	f->wire_len += drain(l->sock);
+	l->received += f->wire_len;
+	if (rc != FB_OK && rc != FB_EPROTO) {
+		if (rc == FB_EZMQ) {
+			fb_log_error("zmq_msg_recv: %s", zmq_strerror(errno));
+		}
+	}
+	if (rc == FB_EPROTO) {
+		if (l->payload_live) {
+			zmq_msg_close(&l->payload);
+			l->payload_live = false;
+		}
+		f->payload = NULL;
+		f->payload_len = 0;
+	}
+	return rc;
+}
+
+uint64_t
+fb_link_bytes_sent(const fb_link *l)
+{
+	return l->sent;
+}
+
+uint64_t
+fb_link_bytes_received(const fb_link *l)
+{
+	return l->received;
+}

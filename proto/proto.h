@@ -1,0 +1,220 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * proto.h -- the fedbox wire protocol and the ZeroMQ link that carries it.
+ *
+ * Messages are plain C structs (fb_msg); fb_msg_pack/unpack translate them
+ * to and from frame 0 of a ZeroMQ message (a 4-byte prefix and a protobuf
+ * Envelope). Tensor data never travels inside protobuf: it rides in frame 1
+ * as a raw chunk. Unpacking validates everything a peer controls (prefix,
+ * lengths, string sizes, counts) so that the rest of the program only sees
+ * well-formed messages.
+ *
+ * fb_link wraps one ZeroMQ socket: a ROUTER that the coordinator binds, or a
+ * DEALER that a worker connects. It is the only user of libzmq. A link is
+ * used by one thread at a time.
+ */
+#ifndef FB_PROTO_PROTO_H
+#define FB_PROTO_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define FB_PROTOCOL_VERSION 1
+#define FB_WIRE_PREFIX_LEN 4
+#define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
+#define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
+#define FB_PROTO_MAX_HIDDEN 16
+#define FB_MAX_CONTROL_LEN 4096 /* frame 0 longer than this is malformed */
+
+typedef enum fb_msg_type {
+	FB_MSG_NONE = 0,
+	FB_MSG_HELLO,
+	FB_MSG_WELCOME,
+	FB_MSG_REJECT,
+	FB_MSG_ROUND_START,
+	FB_MSG_MODEL_FETCH,
+	FB_MSG_MODEL_CHUNK,
+	FB_MSG_UPDATE_BEGIN,
+	FB_MSG_UPDATE_CHUNK,
+	FB_MSG_HEARTBEAT,
+	FB_MSG_ROUND_CANCEL,
+	FB_MSG_SHUTDOWN,
+	FB_MSG_TYPE_COUNT_
+} fb_msg_type;
+
+/* fb_msg_type_name returns "hello", "round_start", ... */
+const char *fb_msg_type_name(fb_msg_type t);
+
+typedef struct fb_wire_model_spec {
+	char arch[32];
+	uint32_t input_dim;
+	uint32_t classes;
+	uint32_t hidden[FB_PROTO_MAX_HIDDEN];
+	uint32_t hidden_count;
+	uint64_t synthetic_params;
+	char plugin[FB_TEXT_MAX];
+} fb_wire_model_spec;
+
+typedef struct fb_msg {
+	fb_msg_type type;
+	union {
+		struct {
+			uint32_t protocol_version;
+			char name[FB_NAME_MAX];
+			uint32_t worker_index;
+			uint64_t num_samples;
+			char backend[FB_TEXT_MAX];
+			char software[FB_NAME_MAX];
+		} hello;
+		struct {
+			uint32_t protocol_version;
+			uint64_t run_id;
+			uint32_t worker_id;
+			uint32_t heartbeat_ms;
+			uint32_t liveness_ms;
+			uint32_t chunk_bytes;
+			fb_wire_model_spec model;
+			uint64_t param_count;
+		} welcome;
+		struct {
+			char reason[FB_TEXT_MAX];
+			uint32_t protocol_version;
+		} reject;
+		struct {
+			uint32_t round;
+			uint64_t param_count;
+			uint32_t chunk_count;
+			uint32_t chunk_bytes;
+			uint64_t local_steps;
+			uint32_t batch_size;
+			float lr;
+			float momentum;
+			float weight_decay;
+			uint64_t seed;
+			uint32_t deadline_ms;
+			bool synthetic;
+		} round_start;
+		struct {
+			uint32_t round;
+			uint32_t chunk;
+		} model_fetch, model_chunk, update_chunk;
+		struct {
+			uint32_t round;
+			uint64_t num_samples;
+			uint64_t param_count;
+			uint32_t chunk_count;
+			uint64_t steps;
+			double train_loss;
+			double train_seconds;
+		} update_begin;
+		struct {
+			uint32_t round;
+		} heartbeat;
+		struct {
+			uint32_t round;
+			char reason[FB_TEXT_MAX];
+		} round_cancel;
+		struct {
+			char reason[FB_TEXT_MAX];
+		} shutdown;
+	} u;
+} fb_msg;
+
+/* fb_msg_has_payload says whether messages of type `t` carry frame 1. */
+bool fb_msg_has_payload(fb_msg_type t);
+
+/*
+ * fb_msg_pack encodes `m` into `buf` (capacity `cap`, FB_MAX_CONTROL_LEN is
+ * always enough) and sets *len. Strings must be NUL-terminated within their
+ * fields. Errors: FB_EINVAL (bad message), FB_ERANGE (buffer too small).
+ */
+FB_MUST_CHECK fb_err fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap,
+    size_t *len);
+
+/*
+ * fb_msg_unpack decodes frame 0 bytes into *m (zeroed on entry). Anything a
+ * peer could get wrong is FB_EPROTO: bad prefix or wire version, a protobuf
+ * that does not decode, no body, strings too long or not UTF-8-safe text,
+ * too many hidden sizes, a frame longer than FB_MAX_CONTROL_LEN. `why`
+ * (may be NULL) receives a static reason for the log on error.
+ */
+FB_MUST_CHECK fb_err fb_msg_unpack(const uint8_t *buf, size_t len, fb_msg *m,
+    const char **why);
+
+/* ---- the link ---- */
+
+#define FB_PEER_ID_MAX 32
+
+/* A peer's ZeroMQ routing id (ROUTER side only). */
+typedef struct fb_peer {
+	uint8_t id[FB_PEER_ID_MAX];
+	uint8_t len;
+} fb_peer;
+
+bool fb_peer_equal(const fb_peer *a, const fb_peer *b);
+
+typedef struct fb_link_opts {
+	uint32_t max_payload; /* frame 1 limit in bytes (the chunk size) */
+	int send_timeout_ms;  /* blocking sends give up after this (> 0) */
+	int hwm;              /* messages queued per peer each way, >= 2 */
+} fb_link_opts;
+
+typedef struct fb_link fb_link;
+
+/*
+ * fb_link_bind opens a ROUTER socket bound to `endpoint` (e.g.
+ * "tcp://0.0.0.0:5555"). Errors: FB_EZMQ (logged with zmq's reason, e.g.
+ * address in use), FB_ENOMEM. The caller owns *out.
+ */
+FB_MUST_CHECK fb_err fb_link_bind(const char *endpoint,
+    const fb_link_opts *opts, fb_link **out);
+
+/* fb_link_connect opens a DEALER socket connecting to `endpoint`; it
+ * reconnects by itself when the connection drops. */
+FB_MUST_CHECK fb_err fb_link_connect(const char *endpoint,
+    const fb_link_opts *opts, fb_link **out);
+
+/* fb_link_close closes the socket without lingering; NULL is a no-op. */
+void fb_link_close(fb_link *l);
+
+/*
+ * fb_link_send sends `m` (and `payload`, `payload_len` bytes, when the type
+ * carries one) to `peer` (ROUTER) or to the coordinator (DEALER; peer is
+ * NULL). It blocks up to send_timeout_ms when the peer's queue is full.
+ * Errors: FB_ETIMEDOUT (queue stayed full), FB_ECLOSED (ROUTER: peer is
+ * gone), FB_EINVAL, FB_EZMQ.
+ */
+FB_MUST_CHECK fb_err fb_link_send(fb_link *l, const fb_peer *peer,
+    const fb_msg *m, const void *payload, size_t payload_len);
+
+/* A received message. Its payload points into the link's receive buffer
+ * and stays valid until the next fb_link_recv or fb_link_close. */
+typedef struct fb_frame {
+	fb_peer peer;        /* ROUTER: sender's routing id */
+	fb_msg msg;
+	const uint8_t *payload;
+	size_t payload_len;
+	size_t wire_len;     /* bytes of all frames, for traffic metrics */
+} fb_frame;
+
+/*
+ * fb_link_recv waits up to `timeout_ms` (0 = poll, never forever) for a
+ * message, also returning early when `wake_fd` (>= 0; -1 for none) becomes
+ * readable. Returns FB_OK with *f filled, FB_ETIMEDOUT when nothing came
+ * (or wake_fd fired: *woke is then true), FB_EPROTO for a malformed
+ * message that was dropped (*why tells why; f->peer and f->wire_len are
+ * set so the caller can log and count it), FB_EZMQ on socket failure,
+ * FB_ECLOSED when interrupted by a signal.
+ */
+FB_MUST_CHECK fb_err fb_link_recv(fb_link *l, int timeout_ms, int wake_fd,
+    bool *woke, fb_frame *f, const char **why);
+
+/* fb_link_bytes_sent/received count all traffic since open. */
+uint64_t fb_link_bytes_sent(const fb_link *l);
+uint64_t fb_link_bytes_received(const fb_link *l);
+
+
+#endif

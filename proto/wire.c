@@ -1,0 +1,387 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * wire.c -- fb_msg <-> frame 0 (prefix + protobuf Envelope).
+ *
+ * The only file that includes the generated protobuf-c header. Unpacking
+ * never trusts the peer: every string is copied with a bound and checked
+ * for control bytes, every repeated field is bounded.
+ */
+#include <string.h>
+
+#include "proto/fedbox.pb-c.h"
+#include "proto/proto.h"
+
+#define WIRE_MAGIC0 'F'
+#define WIRE_MAGIC1 'B'
+#define WIRE_VERSION 1
+
+static const char *const type_names[FB_MSG_TYPE_COUNT_] = {
+	"none", "hello", "welcome", "reject", "round_start", "model_fetch",
+	"model_chunk", "update_begin", "update_chunk", "heartbeat",
+	"round_cancel", "shutdown",
+};
+
+const char *
+fb_msg_type_name(fb_msg_type t)
+{
+	if ((unsigned)t >= FB_MSG_TYPE_COUNT_) {
+		return "unknown";
+	}
+	return type_names[t];
+}
+
+bool
+fb_msg_has_payload(fb_msg_type t)
+{
+	return t == FB_MSG_MODEL_CHUNK || t == FB_MSG_UPDATE_CHUNK;
+}
+
+/* Text from a peer: bounded, printable or UTF-8 bytes, no control bytes. */
+static bool
+copy_text(char *dst, size_t cap, const char *src)
+{
+	size_t n;
+	if (src == NULL) {
+		dst[0] = '\0';
+		return true;
+	}
+	n = strlen(src);
+	if (n >= cap) {
+		return false;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if ((unsigned char)src[i] < 0x20 || src[i] == 0x7f) {
+			return false;
+		}
+	}
+	memcpy(dst, src, n + 1);
+	return true;
+}
+
+static void
+spec_to_pb(const fb_wire_model_spec *s, Fedbox__ModelSpec *pb)
+{
+	fedbox__model_spec__init(pb);
+	pb->arch = (char *)(uintptr_t)s->arch;
+	pb->input_dim = s->input_dim;
+	pb->classes = s->classes;
+	pb->n_hidden = s->hidden_count;
+	pb->hidden = (uint32_t *)(uintptr_t)s->hidden;
+	pb->synthetic_params = s->synthetic_params;
+	pb->plugin = (char *)(uintptr_t)s->plugin;
+}
+
+fb_err
+fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
+{
+	Fedbox__Envelope env = FEDBOX__ENVELOPE__INIT;
+	Fedbox__Hello hello;
+	Fedbox__Welcome welcome;
+	Fedbox__ModelSpec spec;
+	Fedbox__Reject reject;
+	Fedbox__RoundStart rs;
+	Fedbox__ModelFetch mf;
+	Fedbox__ModelChunk mc;
+	Fedbox__UpdateBegin ub;
+	Fedbox__UpdateChunk uc;
+	Fedbox__Heartbeat hb;
+	Fedbox__RoundCancel rc;
+	Fedbox__Shutdown sd;
+	size_t need;
+
+	*len = 0;
+	switch (m->type) {
+	case FB_MSG_HELLO:
+		fedbox__hello__init(&hello);
+		hello.protocol_version = m->u.hello.protocol_version;
+		hello.name = (char *)(uintptr_t)m->u.hello.name;
+		hello.worker_index = m->u.hello.worker_index;
+		hello.num_samples = m->u.hello.num_samples;
+		hello.backend = (char *)(uintptr_t)m->u.hello.backend;
+		hello.software = (char *)(uintptr_t)m->u.hello.software;
+		env.body_case = FEDBOX__ENVELOPE__BODY_HELLO;
+		env.hello = &hello;
+		break;
+	case FB_MSG_WELCOME:
+		if (m->u.welcome.model.hidden_count > FB_PROTO_MAX_HIDDEN) {
+			return FB_EINVAL;
+		}
+		fedbox__welcome__init(&welcome);
+		welcome.protocol_version = m->u.welcome.protocol_version;
+		welcome.run_id = m->u.welcome.run_id;
+		welcome.worker_id = m->u.welcome.worker_id;
+		welcome.heartbeat_ms = m->u.welcome.heartbeat_ms;
+		welcome.liveness_ms = m->u.welcome.liveness_ms;
+		welcome.chunk_bytes = m->u.welcome.chunk_bytes;
+		spec_to_pb(&m->u.welcome.model, &spec);
+		welcome.model = &spec;
+		welcome.param_count = m->u.welcome.param_count;
+		env.body_case = FEDBOX__ENVELOPE__BODY_WELCOME;
+		env.welcome = &welcome;
+		break;
+	case FB_MSG_REJECT:
+		fedbox__reject__init(&reject);
+		reject.reason = (char *)(uintptr_t)m->u.reject.reason;
+		reject.protocol_version = m->u.reject.protocol_version;
+		env.body_case = FEDBOX__ENVELOPE__BODY_REJECT;
+		env.reject = &reject;
+		break;
+	case FB_MSG_ROUND_START:
+		fedbox__round_start__init(&rs);
+		rs.round = m->u.round_start.round;
+		rs.param_count = m->u.round_start.param_count;
+		rs.chunk_count = m->u.round_start.chunk_count;
+		rs.chunk_bytes = m->u.round_start.chunk_bytes;
+		rs.local_steps = m->u.round_start.local_steps;
+		rs.batch_size = m->u.round_start.batch_size;
+		rs.lr = m->u.round_start.lr;
+		rs.momentum = m->u.round_start.momentum;
+		rs.weight_decay = m->u.round_start.weight_decay;
+		rs.seed = m->u.round_start.seed;
+		rs.deadline_ms = m->u.round_start.deadline_ms;
+		rs.synthetic = m->u.round_start.synthetic;
+		env.body_case = FEDBOX__ENVELOPE__BODY_ROUND_START;
+		env.round_start = &rs;
+		break;
+	case FB_MSG_MODEL_FETCH:
+		fedbox__model_fetch__init(&mf);
+		mf.round = m->u.model_fetch.round;
+		mf.chunk = m->u.model_fetch.chunk;
+		env.body_case = FEDBOX__ENVELOPE__BODY_MODEL_FETCH;
+		env.model_fetch = &mf;
+		break;
+	case FB_MSG_MODEL_CHUNK:
+		fedbox__model_chunk__init(&mc);
+		mc.round = m->u.model_chunk.round;
+		mc.chunk = m->u.model_chunk.chunk;
+		env.body_case = FEDBOX__ENVELOPE__BODY_MODEL_CHUNK;
+		env.model_chunk = &mc;
+		break;
+	case FB_MSG_UPDATE_BEGIN:
+		fedbox__update_begin__init(&ub);
+		ub.round = m->u.update_begin.round;
+		ub.num_samples = m->u.update_begin.num_samples;
+		ub.param_count = m->u.update_begin.param_count;
+		ub.chunk_count = m->u.update_begin.chunk_count;
+		ub.steps = m->u.update_begin.steps;
+		ub.train_loss = m->u.update_begin.train_loss;
+		ub.train_seconds = m->u.update_begin.train_seconds;
+		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_BEGIN;
+		env.update_begin = &ub;
+		break;
+	case FB_MSG_UPDATE_CHUNK:
+		fedbox__update_chunk__init(&uc);
+		uc.round = m->u.update_chunk.round;
+		uc.chunk = m->u.update_chunk.chunk;
+		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_CHUNK;
+		env.update_chunk = &uc;
+		break;
+	case FB_MSG_HEARTBEAT:
+		fedbox__heartbeat__init(&hb);
+		hb.round = m->u.heartbeat.round;
+		env.body_case = FEDBOX__ENVELOPE__BODY_HEARTBEAT;
+		env.heartbeat = &hb;
+		break;
+	case FB_MSG_ROUND_CANCEL:
+		fedbox__round_cancel__init(&rc);
+		rc.round = m->u.round_cancel.round;
+		rc.reason = (char *)(uintptr_t)m->u.round_cancel.reason;
+		env.body_case = FEDBOX__ENVELOPE__BODY_ROUND_CANCEL;
+		env.round_cancel = &rc;
+		break;
+	case FB_MSG_SHUTDOWN:
+		fedbox__shutdown__init(&sd);
+		sd.reason = (char *)(uintptr_t)m->u.shutdown.reason;
+		env.body_case = FEDBOX__ENVELOPE__BODY_SHUTDOWN;
+		env.shutdown = &sd;
+		break;
+	default:
+		return FB_EINVAL;
+	}
+	need = FB_WIRE_PREFIX_LEN + fedbox__envelope__get_packed_size(&env);
+	if (need > cap || need > FB_MAX_CONTROL_LEN) {
+		return FB_ERANGE;
+	}
+	buf[0] = WIRE_MAGIC0;
+	buf[1] = WIRE_MAGIC1;
+	buf[2] = WIRE_VERSION;
+	buf[3] = fb_msg_has_payload(m->type) ? 1 : 0;
+	fedbox__envelope__pack(&env, buf + FB_WIRE_PREFIX_LEN);
+	*len = need;
+	return FB_OK;
+}
+
+static bool
+spec_from_pb(const Fedbox__ModelSpec *pb, fb_wire_model_spec *s)
+{
+	if (pb == NULL || pb->n_hidden > FB_PROTO_MAX_HIDDEN) {
+		return false;
+	}
+	if (!copy_text(s->arch, sizeof(s->arch), pb->arch) ||
+	    !copy_text(s->plugin, sizeof(s->plugin), pb->plugin)) {
+		return false;
+	}
+	s->input_dim = pb->input_dim;
+	s->classes = pb->classes;
+	s->hidden_count = (uint32_t)pb->n_hidden;
+	for (size_t i = 0; i < pb->n_hidden; i++) {
+		s->hidden[i] = pb->hidden[i];
+	}
+	s->synthetic_params = pb->synthetic_params;
+	return true;
+}
+
+fb_err
+fb_msg_unpack(const uint8_t *buf, size_t len, fb_msg *m, const char **why)
+{
+	fb_err rc = FB_EPROTO;
+	Fedbox__Envelope *env = NULL;
+	const char *reason = "malformed";
+
+	memset(m, 0, sizeof(*m));
+	if (len < FB_WIRE_PREFIX_LEN || buf[0] != WIRE_MAGIC0 ||
+	    buf[1] != WIRE_MAGIC1) {
+		reason = "not a fedbox frame (bad prefix)";
+		goto out;
+	}
+	if (buf[2] != WIRE_VERSION) {
+		reason = "unsupported wire version";
+		goto out;
+	}
+	if (len > FB_MAX_CONTROL_LEN) {
+		reason = "control frame too long";
+		goto out;
+	}
+	env = fedbox__envelope__unpack(NULL, len - FB_WIRE_PREFIX_LEN,
+	    buf + FB_WIRE_PREFIX_LEN);
+	if (env == NULL) {
+		reason = "protobuf does not decode";
+		goto out;
+	}
+	reason = "bad field";
+	switch (env->body_case) {
+	case FEDBOX__ENVELOPE__BODY_HELLO:
+		m->type = FB_MSG_HELLO;
+		m->u.hello.protocol_version = env->hello->protocol_version;
+		m->u.hello.worker_index = env->hello->worker_index;
+		m->u.hello.num_samples = env->hello->num_samples;
+		if (!copy_text(m->u.hello.name, sizeof(m->u.hello.name),
+		        env->hello->name) ||
+		    !copy_text(m->u.hello.backend, sizeof(m->u.hello.backend),
+		        env->hello->backend) ||
+		    !copy_text(m->u.hello.software,
+		        sizeof(m->u.hello.software), env->hello->software)) {
+			reason = "hello: bad text field";
+			goto out;
+		}
+		break;
+	case FEDBOX__ENVELOPE__BODY_WELCOME:
+		m->type = FB_MSG_WELCOME;
+		m->u.welcome.protocol_version = env->welcome->protocol_version;
+		m->u.welcome.run_id = env->welcome->run_id;
+		m->u.welcome.worker_id = env->welcome->worker_id;
+		m->u.welcome.heartbeat_ms = env->welcome->heartbeat_ms;
+		m->u.welcome.liveness_ms = env->welcome->liveness_ms;
+		m->u.welcome.chunk_bytes = env->welcome->chunk_bytes;
+		m->u.welcome.param_count = env->welcome->param_count;
+		if (!spec_from_pb(env->welcome->model, &m->u.welcome.model)) {
+			reason = "welcome: bad model spec";
+			goto out;
+		}
+		break;
+	case FEDBOX__ENVELOPE__BODY_REJECT:
+		m->type = FB_MSG_REJECT;
+		m->u.reject.protocol_version = env->reject->protocol_version;
+		if (!copy_text(m->u.reject.reason, sizeof(m->u.reject.reason),
+		        env->reject->reason)) {
+			reason = "reject: bad reason text";
+			goto out;
+		}
+		break;
+	case FEDBOX__ENVELOPE__BODY_ROUND_START: {
+		const Fedbox__RoundStart *p = env->round_start;
+		m->type = FB_MSG_ROUND_START;
+		m->u.round_start.round = p->round;
+		m->u.round_start.param_count = p->param_count;
+		m->u.round_start.chunk_count = p->chunk_count;
+		m->u.round_start.chunk_bytes = p->chunk_bytes;
+		m->u.round_start.local_steps = p->local_steps;
+		m->u.round_start.batch_size = p->batch_size;
+		m->u.round_start.lr = p->lr;
+		m->u.round_start.momentum = p->momentum;
+		m->u.round_start.weight_decay = p->weight_decay;
+		m->u.round_start.seed = p->seed;
+		m->u.round_start.deadline_ms = p->deadline_ms;
+		m->u.round_start.synthetic = p->synthetic;
+		break;
+	}
+	case FEDBOX__ENVELOPE__BODY_MODEL_FETCH:
+		m->type = FB_MSG_MODEL_FETCH;
+		m->u.model_fetch.round = env->model_fetch->round;
+		m->u.model_fetch.chunk = env->model_fetch->chunk;
+		break;
+	case FEDBOX__ENVELOPE__BODY_MODEL_CHUNK:
+		m->type = FB_MSG_MODEL_CHUNK;
+		m->u.model_chunk.round = env->model_chunk->round;
+		m->u.model_chunk.chunk = env->model_chunk->chunk;
+		break;
+	case FEDBOX__ENVELOPE__BODY_UPDATE_BEGIN: {
+		const Fedbox__UpdateBegin *p = env->update_begin;
+		m->type = FB_MSG_UPDATE_BEGIN;
+		m->u.update_begin.round = p->round;
+		m->u.update_begin.num_samples = p->num_samples;
+		m->u.update_begin.param_count = p->param_count;
+		m->u.update_begin.chunk_count = p->chunk_count;
+		m->u.update_begin.steps = p->steps;
+		m->u.update_begin.train_loss = p->train_loss;
+		m->u.update_begin.train_seconds = p->train_seconds;
+		break;
+	}
+	case FEDBOX__ENVELOPE__BODY_UPDATE_CHUNK:
+		m->type = FB_MSG_UPDATE_CHUNK;
+		m->u.update_chunk.round = env->update_chunk->round;
+		m->u.update_chunk.chunk = env->update_chunk->chunk;
+		break;
+	case FEDBOX__ENVELOPE__BODY_HEARTBEAT:
+		m->type = FB_MSG_HEARTBEAT;
+		m->u.heartbeat.round = env->heartbeat->round;
+		break;
+	case FEDBOX__ENVELOPE__BODY_ROUND_CANCEL:
+		m->type = FB_MSG_ROUND_CANCEL;
+		m->u.round_cancel.round = env->round_cancel->round;
+		if (!copy_text(m->u.round_cancel.reason,
+		        sizeof(m->u.round_cancel.reason),
+		        env->round_cancel->reason)) {
+			reason = "round_cancel: bad reason text";
+			goto out;
+		}
+		break;
+	case FEDBOX__ENVELOPE__BODY_SHUTDOWN:
+		m->type = FB_MSG_SHUTDOWN;
+		if (!copy_text(m->u.shutdown.reason,
+		        sizeof(m->u.shutdown.reason), env->shutdown->reason)) {
+			reason = "shutdown: bad reason text";
+			goto out;
+		}
+		break;
+	default:
+		reason = "envelope has no known body";
+		goto out;
+	}
+	if ((buf[3] & 1) != (fb_msg_has_payload(m->type) ? 1 : 0)) {
+		reason = "payload flag does not match the message type";
+		goto out;
+	}
+	rc = FB_OK;
+out:
+	if (env != NULL) {
+		fedbox__envelope__free_unpacked(env, NULL);
+	}
+	if (rc != FB_OK) {
+		memset(m, 0, sizeof(*m));
+		if (why != NULL) {
+			*why = reason;
+		}
+	}
+	return rc;
+}
