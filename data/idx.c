@@ -62,6 +62,21 @@ idx_close(idx_file *f)
 	}
 }
 
+/* gz_detail drops the "path: " that zlib puts before its messages. */
+static const char *
+gz_detail(const char *path, const char *msg)
+{
+	size_t n = strlen(path);
+
+	if (msg == NULL) {
+		return "unknown zlib error";
+	}
+	if (strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ') {
+		return msg + n + 2;
+	}
+	return msg;
+}
+
 /*
  * idx_read reads up to `len` bytes, stopping early only at the end of the
  * data; `*got` says how many arrived. A gzip stream that ends early is a
@@ -96,7 +111,7 @@ idx_read(idx_file *f, void *buf, size_t len, size_t *got)
 				rc = FB_ENOMEM;
 			} else {
 				fb_log_error("%s: corrupt gzip data: %s",
-				    f->path, msg);
+				    f->path, gz_detail(f->path, msg));
 				rc = FB_EFORMAT;
 			}
 			goto out;
