@@ -339,6 +339,11 @@ test_preprocessing_values(void **state)
 	assert_true(fabsf(expected_x(255) - (0.714f / 0.353f)) < 1e-6f);
 	assert_true(fabsf(expected_x(0) + 0.8101983f) < 1e-6f);
 	assert_true(fabsf(expected_x(255) - 2.0226629f) < 1e-6f);
+	/* Every pixel value agrees with the formula in double precision. */
+	for (int p = 0; p < 256; p++) {
+		double want = ((double)p / 255.0 - 0.2860) / 0.3530;
+		assert_true(fabs(expected_x((uint8_t)p) - want) < 1e-6);
+	}
 }
 
 static void
