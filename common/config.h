@@ -19,6 +19,13 @@
  *   enum:     one of the names in the field's list.
  *   int list: a YAML sequence of integers ("[256, 128]").
  *   string list: a YAML sequence of strings.
+ *
+ * A YAML null (`key:`, `key: ~`, `key: null`) keeps the default; for a
+ * required field it is an error. A quoted empty string ("") is a value. A
+ * section left null (all its keys commented out) is empty. Dotted keys
+ * (`round.deadline: 30s` at the top level) and aliases (*name) are refused;
+ * anchors and tags are ignored. An empty file, or one holding only comments,
+ * gives all defaults.
  */
 #ifndef FB_COMMON_CONFIG_H
 #define FB_COMMON_CONFIG_H
@@ -70,8 +77,10 @@ typedef struct fb_cfg_field {
  * default; a field without default (def == NULL) must appear in the file.
  * The top level must be a mapping; nested mappings form dotted keys.
  * On error the message (file:line:column, key, what is wrong) is logged with
- * fb_log_error and FB_ECONFIG is returned; `out` is then freed with
- * fb_cfg_free and must not be used. Not thread-safe with respect to `out`.
+ * fb_log_error and FB_ECONFIG is returned (also for a file that cannot be
+ * read; FB_ENOMEM when memory runs out); `out` is then freed with
+ * fb_cfg_free and must not be used. `out` is overwritten: free a previous
+ * load first. Not thread-safe with respect to `out`.
  */
 FB_MUST_CHECK fb_err fb_cfg_load(const char *path, const fb_cfg_field *schema,
     void *out);
@@ -90,7 +99,8 @@ void fb_cfg_free(const fb_cfg_field *schema, void *out);
 void fb_cfg_print_reference(FILE *f, const fb_cfg_field *schema);
 
 /* Value parsers shared with command-line handling. Each returns FB_EINVAL
- * on a malformed value or unknown unit. */
+ * on a malformed value, a missing or unknown unit or a sign, and FB_ERANGE
+ * when the value does not fit. Durations are rounded to whole ms. */
 FB_MUST_CHECK fb_err fb_parse_duration_ms(const char *s, int64_t *ms);
 FB_MUST_CHECK fb_err fb_parse_size(const char *s, uint64_t *bytes);
 
