@@ -25,9 +25,9 @@
 #include "common/config.h"
 #include "common/log.h"
 
-#define CFG_PATH_MAX 256           /* longest dotted key in a schema */
-#define CFG_FILE_MAX (4u << 20)    /* config files are small; refuse more */
-#define CFG_ECHO_MAX 48            /* value text quoted back in messages */
+#define CFG_PATH_MAX 256        /* longest dotted key in a schema */
+#define CFG_FILE_MAX (4u << 20) /* config files are small; refuse more */
+#define CFG_ECHO_MAX 48         /* value text quoted back in messages */
 #define CFG_MSG_MAX 1024
 
 /* Where a key was first seen, for duplicate detection. */
@@ -61,21 +61,21 @@ typedef struct cfg_ctx {
 } cfg_ctx;
 
 static const char *const type_names[] = {
-	[FB_CFG_INT] = "int",
-	[FB_CFG_FLOAT] = "float",
-	[FB_CFG_BOOL] = "bool",
-	[FB_CFG_STRING] = "string",
-	[FB_CFG_DURATION] = "duration",
-	[FB_CFG_SIZE] = "size",
-	[FB_CFG_ENUM] = "enum",
-	[FB_CFG_INT_LIST] = "list of int",
-	[FB_CFG_STR_LIST] = "list of string",
+    [FB_CFG_INT] = "int",
+    [FB_CFG_FLOAT] = "float",
+    [FB_CFG_BOOL] = "bool",
+    [FB_CFG_STRING] = "string",
+    [FB_CFG_DURATION] = "duration",
+    [FB_CFG_SIZE] = "size",
+    [FB_CFG_ENUM] = "enum",
+    [FB_CFG_INT_LIST] = "list of int",
+    [FB_CFG_STR_LIST] = "list of string",
 };
 
 static const char duration_hint[] =
     "a number with unit ms, s, m or h, e.g. 30s";
 static const char size_hint[] = "an integer with unit B, KiB, MiB, GiB, TiB, "
-				"kB, MB, GB or TB, e.g. 4MiB";
+                                "kB, MB, GB or TB, e.g. 4MiB";
 
 /* ---- small helpers --------------------------------------------------- */
 
@@ -208,8 +208,7 @@ fmt_bound(char *buf, size_t size, const fb_cfg_field *f, double v)
 	  sz[] = {{"TiB", 1099511627776.0}, {"GiB", 1073741824.0},
 	      {"MiB", 1048576.0}, {"KiB", 1024.0}};
 
-	if (f->type == FB_CFG_DURATION && v > 0 && v < 9e15 &&
-	    v == floor(v)) {
+	if (f->type == FB_CFG_DURATION && v > 0 && v < 9e15 && v == floor(v)) {
 		for (size_t i = 0; i < sizeof(dur) / sizeof(dur[0]); i++) {
 			if (fmod(v, dur[i].scale) == 0) {
 				snprintf(buf, size, "%.0f%s", v / dur[i].scale,
@@ -273,8 +272,7 @@ parse_int(const char *s, int64_t *v)
 		return FB_EINVAL;
 	}
 	if (neg) {
-		*v = acc == (uint64_t)INT64_MAX + 1 ? INT64_MIN
-		                                    : -(int64_t)acc;
+		*v = acc == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)acc;
 	} else {
 		*v = (int64_t)acc;
 	}
@@ -395,7 +393,8 @@ fb_parse_duration_ms(const char *s, int64_t *ms)
 		goto out;
 	}
 	frac_ms = (frac * unit + frac_scale / 2) / frac_scale;
-	if (over == FB_ERANGE || whole > ((uint64_t)INT64_MAX - frac_ms) / unit) {
+	if (over == FB_ERANGE ||
+	    whole > ((uint64_t)INT64_MAX - frac_ms) / unit) {
 		rc = FB_ERANGE;
 		goto out;
 	}
@@ -411,16 +410,16 @@ fb_parse_size(const char *s, uint64_t *bytes)
 		const char *name;
 		uint64_t mult;
 	} units[] = {
-		{"", 1},
-		{"B", 1},
-		{"KiB", 1ULL << 10},
-		{"MiB", 1ULL << 20},
-		{"GiB", 1ULL << 30},
-		{"TiB", 1ULL << 40},
-		{"kB", 1000ULL},
-		{"MB", 1000000ULL},
-		{"GB", 1000000000ULL},
-		{"TB", 1000000000000ULL},
+	    {"", 1},
+	    {"B", 1},
+	    {"KiB", 1ULL << 10},
+	    {"MiB", 1ULL << 20},
+	    {"GiB", 1ULL << 30},
+	    {"TiB", 1ULL << 40},
+	    {"kB", 1000ULL},
+	    {"MB", 1000000ULL},
+	    {"GB", 1000000000ULL},
+	    {"TB", 1000000000000ULL},
 	};
 	fb_err rc = FB_OK;
 	fb_err over;
@@ -476,8 +475,8 @@ cfg_fail(cfg_ctx *c, yaml_mark_t m, const char *key, const char *fmt, ...)
 		fb_log_error("%s:%zu:%zu: %s: %s", c->name, m.line + 1,
 		    m.column + 1, key, msg);
 	} else {
-		fb_log_error("%s:%zu:%zu: %s", c->name, m.line + 1,
-		    m.column + 1, msg);
+		fb_log_error(
+		    "%s:%zu:%zu: %s", c->name, m.line + 1, m.column + 1, msg);
 	}
 	return FB_ECONFIG;
 }
@@ -485,8 +484,8 @@ cfg_fail(cfg_ctx *c, yaml_mark_t m, const char *key, const char *fmt, ...)
 static fb_err
 cfg_nomem(cfg_ctx *c)
 {
-	fb_log_error("%s: out of memory while loading the configuration",
-	    c->name);
+	fb_log_error(
+	    "%s: out of memory while loading the configuration", c->name);
 	return FB_ENOMEM;
 }
 
@@ -519,8 +518,8 @@ parser_fail(cfg_ctx *c)
 			    "not a valid YAML file: %s (byte 0x%02x)", problem,
 			    (unsigned)p->problem_value & 0xffu);
 		}
-		return cfg_fail(c, m, NULL, "not a valid YAML file: %s",
-		    problem);
+		return cfg_fail(
+		    c, m, NULL, "not a valid YAML file: %s", problem);
 	default:
 		if (p->context != NULL) {
 			return cfg_fail(c, m, NULL,
@@ -574,8 +573,8 @@ event_is_null(const yaml_event_t *ev)
 		return false;
 	}
 	return strcmp(v, "") == 0 || strcmp(v, "~") == 0 ||
-	    strcmp(v, "null") == 0 || strcmp(v, "Null") == 0 ||
-	    strcmp(v, "NULL") == 0;
+	       strcmp(v, "null") == 0 || strcmp(v, "Null") == 0 ||
+	       strcmp(v, "NULL") == 0;
 }
 
 static fb_err
@@ -621,8 +620,8 @@ find_section(const cfg_ctx *c, const char *path)
  * probable typo) into `*suggest`.
  */
 static void
-known_keys(const cfg_ctx *c, const char *prefix, const char *typed,
-    char *buf, size_t size, char *suggest, size_t suggest_size)
+known_keys(const cfg_ctx *c, const char *prefix, const char *typed, char *buf,
+    size_t size, char *suggest, size_t suggest_size)
 {
 	size_t plen = strlen(prefix), n = 0, best = SIZE_MAX;
 	bool full = false;
@@ -635,8 +634,8 @@ known_keys(const cfg_ctx *c, const char *prefix, const char *typed,
 		bool dup = false;
 		char tmp[CFG_PATH_MAX + 1];
 
-		if (plen > 0 && (strncmp(k, prefix, plen) != 0 ||
-		                    k[plen] != '.')) {
+		if (plen > 0 &&
+		    (strncmp(k, prefix, plen) != 0 || k[plen] != '.')) {
 			continue;
 		}
 		name = plen > 0 ? k + plen + 1 : k;
@@ -645,8 +644,8 @@ known_keys(const cfg_ctx *c, const char *prefix, const char *typed,
 		for (size_t j = 0; j < i && !dup; j++) {
 			const char *o = c->schema[j].key;
 			dup = strncmp(o, k, (size_t)(name - k) + nlen) == 0 &&
-			    (o[(name - k) + nlen] == '.' ||
-			        o[(name - k) + nlen] == '\0');
+			      (o[(name - k) + nlen] == '.' ||
+			          o[(name - k) + nlen] == '\0');
 		}
 		if (dup) {
 			continue;
@@ -664,8 +663,8 @@ known_keys(const cfg_ctx *c, const char *prefix, const char *typed,
 			full = true;
 			continue;
 		}
-		n += (size_t)snprintf(buf + n, size - n, "%s%s",
-		    n > 0 ? ", " : "", tmp);
+		n += (size_t)snprintf(
+		    buf + n, size - n, "%s%s", n > 0 ? ", " : "", tmp);
 	}
 }
 
@@ -686,8 +685,8 @@ value_release(void *out, const fb_cfg_field *f)
 		*p = NULL;
 	} else if (f->type == FB_CFG_STR_LIST) {
 		fb_cfg_str_list *l = field_ptr(out, f);
-		size_t n = l->count < FB_CFG_MAX_LIST ? l->count
-		                                      : FB_CFG_MAX_LIST;
+		size_t n =
+		    l->count < FB_CFG_MAX_LIST ? l->count : FB_CFG_MAX_LIST;
 		for (size_t i = 0; i < n; i++) {
 			free(l->v[i]);
 		}
@@ -698,8 +697,8 @@ value_release(void *out, const fb_cfg_field *f)
 }
 
 static fb_err
-range_fail(cfg_ctx *c, yaml_mark_t m, const char *key,
-    const fb_cfg_field *f, const char *shown)
+range_fail(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
+    const char *shown)
 {
 	char lo[64], hi[64];
 	return cfg_fail(c, m, key, "%s is out of range (%s to %s)", shown,
@@ -735,8 +734,8 @@ set_int(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
 }
 
 static fb_err
-set_duration(cfg_ctx *c, yaml_mark_t m, const char *key,
-    const fb_cfg_field *f, const char *text, size_t len)
+set_duration(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
+    const char *text, size_t len)
 {
 	char e[4 * CFG_ECHO_MAX];
 	int64_t ms = 0;
@@ -756,8 +755,8 @@ set_duration(cfg_ctx *c, yaml_mark_t m, const char *key,
 		    e);
 	}
 	if (rc != FB_OK) {
-		return cfg_fail(c, m, key, "bad duration '%s' (%s)", e,
-		    duration_hint);
+		return cfg_fail(
+		    c, m, key, "bad duration '%s' (%s)", e, duration_hint);
 	}
 	if (has_bounds(f) && ((double)ms < f->min || (double)ms > f->max)) {
 		char q[4 * CFG_ECHO_MAX + 2];
@@ -850,12 +849,12 @@ set_scalar(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
 		echo(e, sizeof(e), text, len);
 		rc = parse_float(text, &v);
 		if (rc == FB_ERANGE) {
-			return cfg_fail(c, m, key, "'%s' is not a finite number",
-			    e);
+			return cfg_fail(
+			    c, m, key, "'%s' is not a finite number", e);
 		}
 		if (rc != FB_OK) {
-			return cfg_fail(c, m, key,
-			    "bad number '%s' (e.g. 0.5 or 1e-3)", e);
+			return cfg_fail(
+			    c, m, key, "bad number '%s' (e.g. 0.5 or 1e-3)", e);
 		}
 		if (has_bounds(f) && (v < f->min || v > f->max)) {
 			char q[4 * CFG_ECHO_MAX + 2];
@@ -936,8 +935,8 @@ parse_list(cfg_ctx *c, const char *key, const fb_cfg_field *f)
 			goto out;
 		}
 		if (event_is_null(&c->ev)) {
-			rc = cfg_fail(c, c->ev.start_mark, ekey,
-			    "element has no value");
+			rc = cfg_fail(
+			    c, c->ev.start_mark, ekey, "element has no value");
 			goto out;
 		}
 		text = (const char *)c->ev.data.scalar.value;
@@ -1054,8 +1053,8 @@ parse_key(cfg_ctx *c)
 		    len > 0 ? echo(e, sizeof(e), text, len) : "''");
 	}
 	if (event_is_null(&c->ev)) {
-		rc = cfg_fail(c, km, c->path,
-		    "a key must be a name, found an empty key");
+		rc = cfg_fail(
+		    c, km, c->path, "a key must be a name, found an empty key");
 		goto out;
 	}
 	if (memchr(text, '.', len) != NULL) {
@@ -1079,8 +1078,8 @@ parse_key(cfg_ctx *c)
 		known_keys(c, c->path, strlen(text) == len ? text : "", list,
 		    sizeof(list), sug, sizeof(sug));
 		if (sug[0] != '\0') {
-			snprintf(hint, sizeof(hint), "; did you mean '%s'?",
-			    sug);
+			snprintf(
+			    hint, sizeof(hint), "; did you mean '%s'?", sug);
 		}
 		if (plen > 0) {
 			rc = cfg_fail(c, km, shown,
@@ -1120,12 +1119,20 @@ parse_key(cfg_ctx *c)
 		rc = alias_fail(c, c->path);
 	} else if (!event_is_null(&c->ev)) {
 		/* A null section (all its keys commented out) is empty. */
-		char list[CFG_MSG_MAX / 2], sug[4];
-		known_keys(c, c->path, "", list, sizeof(list), sug,
-		    sizeof(sug));
+		char list[CFG_MSG_MAX / 2], sug[4], e[4 * CFG_ECHO_MAX + 2];
+		known_keys(
+		    c, c->path, "", list, sizeof(list), sug, sizeof(sug));
+		if (c->ev.type == YAML_SCALAR_EVENT) {
+			e[0] = '\'';
+			echo(e + 1, sizeof(e) - 2,
+			    (const char *)c->ev.data.scalar.value,
+			    c->ev.data.scalar.length);
+			strcat(e, "'");
+		} else {
+			snprintf(e, sizeof(e), "%s", event_noun(&c->ev));
+		}
 		rc = cfg_fail(c, c->ev.start_mark, c->path,
-		    "expected a mapping of keys (%s), found %s", list,
-		    event_noun(&c->ev));
+		    "expected a mapping of keys (%s), found %s", list, e);
 	}
 out:
 	c->path[plen] = '\0';
@@ -1234,11 +1241,11 @@ check_required(cfg_ctx *c)
 	}
 	if (n > 0) {
 		fb_log_error("%s: %s: required key is missing (also missing: "
-			     "%s)",
+		             "%s)",
 		    c->name, first->key, more);
 	} else {
-		fb_log_error("%s: %s: required key is missing", c->name,
-		    first->key);
+		fb_log_error(
+		    "%s: %s: required key is missing", c->name, first->key);
 	}
 	return FB_ECONFIG;
 }
@@ -1256,10 +1263,10 @@ schema_check(const fb_cfg_field *schema, size_t *depth_sum)
 		size_t len = strlen(f->key);
 		FB_ASSERT(len > 0 && len <= CFG_PATH_MAX);
 		FB_ASSERT(f->key[0] != '.' && f->key[len - 1] != '.' &&
-		    strstr(f->key, "..") == NULL);
+		          strstr(f->key, "..") == NULL);
 		FB_ASSERT((unsigned)f->type <= FB_CFG_STR_LIST);
 		FB_ASSERT(f->type != FB_CFG_ENUM ||
-		    (f->names != NULL && f->names[0] != NULL));
+		          (f->names != NULL && f->names[0] != NULL));
 		for (const char *d = f->key; (d = strchr(d, '.')) != NULL;
 		     d++) {
 			(*depth_sum)++;
@@ -1269,11 +1276,12 @@ schema_check(const fb_cfg_field *schema, size_t *depth_sum)
 			size_t olen = strlen(o);
 			/* No duplicates, and no key that is also a section. */
 			FB_ASSERT(strcmp(o, f->key) != 0);
-			FB_ASSERT(!(olen < len &&
-			    strncmp(o, f->key, olen) == 0 &&
-			    f->key[olen] == '.'));
-			FB_ASSERT(!(len < olen &&
-			    strncmp(o, f->key, len) == 0 && o[len] == '.'));
+			FB_ASSERT(
+			    !(olen < len && strncmp(o, f->key, olen) == 0 &&
+			        f->key[olen] == '.'));
+			FB_ASSERT(
+			    !(len < olen && strncmp(o, f->key, len) == 0 &&
+			        o[len] == '.'));
 		}
 	}
 	return n;
@@ -1299,8 +1307,8 @@ list_default(cfg_ctx *d, const fb_cfg_field *f)
 		return FB_OK;
 	}
 	if (d->ev.type != YAML_SEQUENCE_START_EVENT) {
-		return cfg_fail(d, d->ev.start_mark, f->key,
-		    "default is not a sequence");
+		return cfg_fail(
+		    d, d->ev.start_mark, f->key, "default is not a sequence");
 	}
 	return parse_list(d, f->key, f);
 }
@@ -1327,8 +1335,8 @@ apply_defaults(const fb_cfg_field *schema, size_t n, void *out)
 		d.nfields = n;
 		d.out = out;
 		if (f->type != FB_CFG_INT_LIST && f->type != FB_CFG_STR_LIST) {
-			rc = set_scalar(&d, zero, f->key, f, f->def,
-			    strlen(f->def));
+			rc = set_scalar(
+			    &d, zero, f->key, f, f->def, strlen(f->def));
 			FB_ASSERT(rc == FB_OK || rc == FB_ENOMEM);
 			continue;
 		}
@@ -1336,8 +1344,8 @@ apply_defaults(const fb_cfg_field *schema, size_t n, void *out)
 			rc = cfg_nomem(&d);
 			break;
 		}
-		yaml_parser_set_input_string(&d.parser,
-		    (const unsigned char *)f->def, d.src_len);
+		yaml_parser_set_input_string(
+		    &d.parser, (const unsigned char *)f->def, d.src_len);
 		rc = list_default(&d, f);
 		if (d.have_ev) {
 			yaml_event_delete(&d.ev);
@@ -1397,8 +1405,8 @@ fb_cfg_load_string(const char *name, const char *yaml, size_t len,
 		goto out;
 	}
 	c.parser_ok = true;
-	yaml_parser_set_input_string(&c.parser, (const unsigned char *)c.src,
-	    len);
+	yaml_parser_set_input_string(
+	    &c.parser, (const unsigned char *)c.src, len);
 	if ((rc = parse_document(&c)) != FB_OK) {
 		goto out;
 	}
@@ -1432,8 +1440,8 @@ fb_cfg_load(const char *path, const fb_cfg_field *schema, void *out)
 		value_zero(out, f);
 	}
 	if ((fp = fopen(path, "rb")) == NULL) {
-		fb_log_error("%s: cannot open config file: %s", path,
-		    strerror(errno));
+		fb_log_error(
+		    "%s: cannot open config file: %s", path, strerror(errno));
 		rc = FB_ECONFIG;
 		goto out;
 	}
@@ -1443,7 +1451,7 @@ fb_cfg_load(const char *path, const fb_cfg_field *schema, void *out)
 			char *nb;
 			if (cap >= CFG_FILE_MAX) {
 				fb_log_error("%s: config file is larger than "
-					     "%u MiB",
+				             "%u MiB",
 				    path, CFG_FILE_MAX >> 20);
 				rc = FB_ECONFIG;
 				goto out;
@@ -1463,8 +1471,8 @@ fb_cfg_load(const char *path, const fb_cfg_field *schema, void *out)
 		}
 	}
 	if (ferror(fp)) {
-		fb_log_error("%s: cannot read config file: %s", path,
-		    strerror(errno));
+		fb_log_error(
+		    "%s: cannot read config file: %s", path, strerror(errno));
 		rc = FB_ECONFIG;
 		goto out;
 	}
@@ -1502,8 +1510,8 @@ fb_cfg_print_reference(FILE *fp, const fb_cfg_field *schema)
 		if (f->type == FB_CFG_ENUM) {
 			fputs("one of: ", fp);
 			for (int i = 0; f->names[i] != NULL; i++) {
-				fprintf(fp, "%s%s", i > 0 ? ", " : "",
-				    f->names[i]);
+				fprintf(
+				    fp, "%s%s", i > 0 ? ", " : "", f->names[i]);
 			}
 		} else {
 			fputs(type_names[f->type], fp);
