@@ -1,0 +1,467 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * crypto.h -- identities, sessions, sealed messages and payload streams.
+ *
+ * fedbox encrypts and signs every message end to end. This module is the
+ * only user of libsodium and works on caller byte buffers only; framing
+ * and transport (ZeroMQ, protobuf) live in proto/.
+ *
+ *   identity   Ed25519 key pair: NAME.key (0600) + NAME.pub (one text line)
+ *   handshake  worker hello -> coordinator reply; ephemeral X25519 keys
+ *              signed by the identities; yields an fb_session per worker
+ *   message    control message sealed with XChaCha20-Poly1305 under a
+ *              directional session key; header (run, round, sender, seq,
+ *              type) in the clear but authenticated
+ *   stream     large payload: crypto_secretstream chunks + a trailer signed
+ *              over a BLAKE2b digest of the whole stream
+ *
+ * Decoders of network bytes never log (a flood would flood the log); they
+ * return an fb_err and, through `fb_reject *why`, a reason the caller logs
+ * once and counts (fb_reject_name gives a metrics-friendly name). All wire
+ * integers are little-endian. Every layout starts with a version byte
+ * FB_CRYPTO_WIRE_VERSION and a kind byte, so the four blobs can never be
+ * mistaken for each other.
+ *
+ * Wire layouts (offset:length):
+ *
+ *   hello   (FB_HS_HELLO_LEN = 164)
+ *     0:1 version  1:1 kind=1  2:2 proto version
+ *     4:32 worker Ed25519 pk  36:32 worker ephemeral X25519 pk
+ *     68:32 worker random nonce
+ *     100:64 Ed25519 sig by worker over "fedbox/hello/v1" || bytes 0..100
+ *   reply   (FB_HS_REPLY_LEN = 152)
+ *     0:1 version  1:1 kind=2  2:2 proto version  4:4 worker id assigned
+ *     8:16 run id  24:32 coordinator Ed25519 pk
+ *     56:32 coordinator ephemeral X25519 pk
+ *     88:64 Ed25519 sig by coordinator over
+ *           "fedbox/reply/v1" || hello (all 164) || reply bytes 0..88
+ *   sealed message (FB_MSG_HEADER_LEN = 40, then body, then 16-byte MAC)
+ *     0:1 version  1:1 message type (caller's)  2:2 reserved, zero
+ *     4:16 run id  20:4 round  24:4 sender id  28:8 sequence number
+ *     36:4 body length  40:n ciphertext  40+n:16 Poly1305 tag
+ *     AEAD = XChaCha20-Poly1305-IETF, AD = bytes 0..40, key = the
+ *     sender->receiver session key, nonce = sequence (LE64) || 16 zeros
+ *     (sequence numbers start at 1 and never repeat under one key).
+ *   stream header (FB_STREAM_HEADER_LEN = 32)
+ *     0:1 version  1:1 kind=3  2:2 reserved, zero  4:4 max chunk length
+ *     8:24 secretstream header
+ *   stream chunk: secretstream ciphertext of up to `max chunk length`
+ *     bytes (+17); AD = run id || round || sender; last chunk tagged FINAL.
+ *   stream trailer (FB_STREAM_TRAILER_LEN = 140)
+ *     0:1 version  1:1 kind=4  2:2 reserved, zero  4:16 run id  20:4 round
+ *     24:4 sender id  28:8 payload length (plaintext bytes)
+ *     36:8 chunk count  44:32 digest
+ *     76:64 Ed25519 sig by the sender over "fedbox/trailr/v1" || 0..76
+ *     digest = BLAKE2b-256("fedbox/stream/v1" || stream header ||
+ *              for each chunk: LE64(ciphertext length) || ciphertext)
+ *
+ * Session keys: worker = crypto_kx client, coordinator = server, over the
+ * two ephemeral keys; each direction's key is then
+ * BLAKE2b-256(key = transcript hash, "fedbox/c2s/v1" or "fedbox/s2c/v1" ||
+ * kx key), transcript hash = BLAKE2b-256("fedbox/trans/v1" || hello ||
+ * reply). Ephemeral secrets are wiped after the handshake: forward secrecy.
+ *
+ * Global model broadcast (one ciphertext for all workers):
+ *   coordinator: fb_stream_push_alloc(ctx{run, round, FB_SENDER_COORDINATOR})
+ *     -> round key; fb_msg_seal the key to each selected worker's session;
+ *     push the model once; fb_stream_push_final(coordinator identity).
+ *   worker: fb_msg_open -> round key; fb_stream_pull_alloc with the same
+ *     ctx; pull chunks; fb_stream_pull_final(pinned coordinator pk).
+ * Worker updates use the same calls with sender = the worker's id.
+ */
+#ifndef FB_CRYPTO_CRYPTO_H
+#define FB_CRYPTO_CRYPTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define FB_CRYPTO_WIRE_VERSION 1
+
+#define FB_PUBKEY_LEN 32
+#define FB_SIG_LEN 64
+#define FB_RUN_ID_LEN 16
+/* A comment in a .pub line: printable bytes, NUL included in this limit. */
+#define FB_COMMENT_MAX 128
+/* Enough for any public key line fb_pubkey_format writes (with NUL). */
+#define FB_PUBLINE_MAX 192
+/* "fb:" + 16 hex digits + NUL. */
+#define FB_FINGERPRINT_SIZE 20
+
+#define FB_HS_HELLO_LEN 164
+#define FB_HS_REPLY_LEN 152
+
+#define FB_MSG_HEADER_LEN 40
+#define FB_MSG_MAC_LEN 16
+#define FB_MSG_OVERHEAD (FB_MSG_HEADER_LEN + FB_MSG_MAC_LEN)
+#define FB_MSG_BODY_MAX (64u << 20) /* bytes; control messages only */
+
+#define FB_STREAM_KEY_LEN 32
+#define FB_STREAM_HEADER_LEN 32
+#define FB_STREAM_CHUNK_OVERHEAD 17 /* ciphertext = plaintext + this */
+#define FB_STREAM_CHUNK_MAX (64u << 20) /* bytes of plaintext per chunk */
+#define FB_STREAM_TRAILER_LEN 140
+
+/* Sender id the coordinator uses; worker ids are never this value. */
+#define FB_SENDER_COORDINATOR UINT32_C(0xffffffff)
+/* Round argument of fb_msg_open that accepts any round. */
+#define FB_ROUND_ANY UINT32_C(0xffffffff)
+
+typedef struct fb_pubkey {
+	uint8_t b[FB_PUBKEY_LEN]; /* Ed25519 public key */
+} fb_pubkey;
+
+typedef struct fb_run_id {
+	uint8_t b[FB_RUN_ID_LEN]; /* random per coordinator run */
+} fb_run_id;
+
+typedef struct fb_identity fb_identity;
+typedef struct fb_handshake fb_handshake;
+typedef struct fb_session fb_session;
+typedef struct fb_stream_push fb_stream_push;
+typedef struct fb_stream_pull fb_stream_pull;
+
+/*
+ * Why a decoder rejected its input. The fb_err says how to react; this says
+ * what to count. Names (fb_reject_name) are stable metrics keys.
+ */
+typedef enum fb_reject {
+	FB_REJECT_NONE = 0,
+	FB_REJECT_MALFORMED,     /* wrong size, version, kind, field: EPROTO */
+	FB_REJECT_TOO_LARGE,     /* over a declared or caller limit: EPROTO */
+	FB_REJECT_VERSION,       /* other protocol version: ENOTSUP */
+	FB_REJECT_UNKNOWN_KEY,   /* worker key not on the allowlist: EAUTH */
+	FB_REJECT_UNPINNED_KEY,  /* coordinator key not the pinned one: EAUTH */
+	FB_REJECT_BAD_SIGNATURE, /* Ed25519 signature or digest wrong: EAUTH */
+	FB_REJECT_BAD_MAC,       /* tampered, reordered or duplicated: EAUTH */
+	FB_REJECT_REPLAY,        /* sequence number not above last seen: EAUTH */
+	FB_REJECT_WRONG_RUN,     /* other run id: EAUTH */
+	FB_REJECT_WRONG_ROUND,   /* other round than the caller accepts: ESTALE */
+	FB_REJECT_WRONG_SENDER,  /* sender id is not the session's peer: EAUTH */
+	FB_REJECT_TRUNCATED,     /* stream ended before FINAL, counts off: EPROTO */
+	FB_REJECT_COUNT_
+} fb_reject;
+
+/* fb_reject_name returns a static snake_case name, e.g. "bad_mac". */
+const char *fb_reject_name(fb_reject why);
+
+/*
+ * fb_crypto_init initialises libsodium. Idempotent and thread-safe; every
+ * allocating call here runs it too. Errors: FB_EIO (logged).
+ */
+FB_MUST_CHECK fb_err fb_crypto_init(void);
+
+/* fb_wipe zeroes `len` bytes in a way the compiler cannot elide. Use it on
+ * stream keys and plaintext once they are used. */
+void fb_wipe(void *p, size_t len);
+
+/* fb_run_id_random fills `run` with 16 random bytes. Thread-safe. */
+FB_MUST_CHECK fb_err fb_run_id_random(fb_run_id *run);
+
+/* ---- identities ---------------------------------------------------------- */
+
+/*
+ * fb_identity_alloc makes a fresh Ed25519 identity. The secret key lives in
+ * sodium_malloc'd memory, inaccessible (PROT_NONE) except while signing.
+ * `comment` (may be NULL) is kept for NAME.pub: printable, shorter than
+ * FB_COMMENT_MAX. On FB_OK the caller owns *out (fb_identity_free).
+ * An fb_identity is thread-safe: sign from any number of threads.
+ * Errors: FB_ENOMEM, FB_EINVAL (bad comment), FB_EIO (libsodium init).
+ */
+FB_MUST_CHECK fb_err fb_identity_alloc(const char *comment,
+    fb_identity **out);
+
+/* fb_identity_alloc_from_seed is fb_identity_alloc with a caller-chosen
+ * 32-byte seed: for tests, fuzzing and known answers, never for real keys.*/
+FB_MUST_CHECK fb_err fb_identity_alloc_from_seed(const uint8_t seed[32],
+    const char *comment, fb_identity **out);
+
+/*
+ * fb_identity_load reads a secret key file written by fb_identity_save.
+ * It refuses a file that group or others may read or write (logging the
+ * path, its mode and "fix it with: chmod 600 PATH"), a file that is not a
+ * regular file, and a file whose public line does not match its secret.
+ * Blocks on file I/O. On FB_OK the caller owns *out.
+ * Errors: FB_EIO (cannot open/read, logged), FB_EINVAL (permissions,
+ * logged), FB_EFORMAT (not a fedbox key file, logged), FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_identity_load(const char *path, fb_identity **out);
+
+/*
+ * fb_identity_save writes NAME.key (mode 0600, secret) and NAME.pub (0644,
+ * the public line + newline). Each file is written to a temporary created
+ * with O_EXCL and mode 0600, fsynced, then renamed into place; without
+ * `force` an existing NAME.key or NAME.pub is left alone and the call fails.
+ * Blocks on file I/O. Errors: FB_EIO (logged, e.g. file exists),
+ * FB_EINVAL (name too long).
+ */
+FB_MUST_CHECK fb_err fb_identity_save(const fb_identity *id,
+    const char *name, int force);
+
+/* fb_identity_free wipes and frees `id`; NULL is a no-op. */
+void fb_identity_free(fb_identity *id);
+
+/* fb_identity_pubkey returns the public key of `id`. */
+void fb_identity_pubkey(const fb_identity *id, fb_pubkey *pk);
+
+/* fb_identity_comment returns the comment ("" if none); valid while `id`
+ * lives. */
+const char *fb_identity_comment(const fb_identity *id);
+
+/*
+ * fb_identity_sign signs `len` bytes with a domain-separation prefix:
+ * sig = Ed25519(sk, "fedbox/" || domain || "\0" || msg). `domain` is a
+ * short ASCII name of what is signed (e.g. "secagg-keys"), at most 32
+ * bytes. Thread-safe. Errors: FB_EINVAL (domain too long).
+ */
+FB_MUST_CHECK fb_err fb_identity_sign(const fb_identity *id,
+    const char *domain, const uint8_t *msg, size_t len,
+    uint8_t sig[FB_SIG_LEN]);
+
+/* fb_pubkey_verify checks a signature made by fb_identity_sign.
+ * Errors: FB_EAUTH (bad signature), FB_EINVAL (domain too long). */
+FB_MUST_CHECK fb_err fb_pubkey_verify(const fb_pubkey *pk,
+    const char *domain, const uint8_t *msg, size_t len,
+    const uint8_t sig[FB_SIG_LEN]);
+
+/* ---- public keys as text ------------------------------------------------- */
+
+/*
+ * fb_pubkey_parse parses one public key line
+ *   fedbox-ed25519 <base64 of 32 bytes> [comment]
+ * with an optional trailing "\n" or "\r\n". The key must be a valid,
+ * non-small-order Ed25519 point. `comment` (may be NULL) receives the
+ * comment ("" if none), truncated to `comment_cap`. Does not log.
+ * Errors: FB_EINVAL (any malformation).
+ */
+FB_MUST_CHECK fb_err fb_pubkey_parse(const char *line, fb_pubkey *pk,
+    char *comment, size_t comment_cap);
+
+/* fb_pubkey_format writes the line (no newline) into `buf`.
+ * Errors: FB_ERANGE (buf too small), FB_EINVAL (comment not printable). */
+FB_MUST_CHECK fb_err fb_pubkey_format(const fb_pubkey *pk,
+    const char *comment, char *buf, size_t cap);
+
+/* fb_pubkey_load reads the first line of a .pub file and parses it.
+ * Errors: FB_EIO (logged), FB_EINVAL (malformed, logged with the path). */
+FB_MUST_CHECK fb_err fb_pubkey_load(const char *path, fb_pubkey *pk,
+    char *comment, size_t comment_cap);
+
+/* fb_pubkey_fingerprint writes "fb:" + 16 hex digits of BLAKE2b(pk): short,
+ * safe for logs. */
+void fb_pubkey_fingerprint(const fb_pubkey *pk, char out[FB_FINGERPRINT_SIZE]);
+
+/* fb_pubkey_equal returns 1 when the keys are equal, else 0. */
+int fb_pubkey_equal(const fb_pubkey *a, const fb_pubkey *b);
+
+/* ---- handshake ----------------------------------------------------------- */
+
+/*
+ * fb_peer_lookup_cb maps an admitted worker's key to its worker id
+ * (< FB_SENDER_COORDINATOR) and returns 1, or returns 0 for an unknown key.
+ * Called from fb_handshake_accept on the caller's thread.
+ */
+typedef int (*fb_peer_lookup_cb)(void *arg, const fb_pubkey *pk,
+    uint32_t *worker_id);
+
+/* An allowlist as an array; fb_allowlist_lookup_cb with arg = the list
+ * gives worker id = index in `keys`. */
+typedef struct fb_allowlist {
+	const fb_pubkey *keys;
+	size_t count;
+} fb_allowlist;
+int fb_allowlist_lookup_cb(void *arg, const fb_pubkey *pk,
+    uint32_t *worker_id);
+
+/* What the coordinator side of a handshake needs; borrowed, not owned. */
+typedef struct fb_hs_accept_cfg {
+	const fb_identity *self;  /* coordinator identity */
+	fb_run_id run;            /* this run's id (fb_run_id_random) */
+	uint16_t proto_version;   /* hellos with another version: VERSION */
+	fb_peer_lookup_cb lookup; /* the allowlist */
+	void *lookup_arg;
+} fb_hs_accept_cfg;
+
+/*
+ * fb_handshake_start (worker) makes an ephemeral X25519 key pair and writes
+ * the signed hello into `hello`. `coordinator` is the pinned key the reply
+ * must come from. On FB_OK the caller owns *out (fb_handshake_free), which
+ * keeps the ephemeral secret until freed. Errors: FB_ENOMEM, FB_EIO.
+ */
+FB_MUST_CHECK fb_err fb_handshake_start(const fb_identity *self,
+    const fb_pubkey *coordinator, uint16_t proto_version,
+    uint8_t hello[FB_HS_HELLO_LEN], fb_handshake **out);
+
+/*
+ * fb_handshake_accept (coordinator) verifies a hello: size and version,
+ * protocol version, worker key on the allowlist, worker signature. Then it
+ * makes its own ephemeral key, writes the signed reply into `reply` and
+ * returns the worker's session in *out (caller owns: fb_session_free).
+ * Stateless: a replayed hello yields a fresh session nobody can use.
+ * Does not block; thread-safe for distinct outputs.
+ * Errors (with *why): FB_EPROTO (MALFORMED), FB_ENOTSUP (VERSION),
+ * FB_EAUTH (UNKNOWN_KEY, BAD_SIGNATURE); FB_ENOMEM, FB_EINVAL (lookup gave
+ * FB_SENDER_COORDINATOR). *out = NULL and `reply` zeroed on error.
+ */
+FB_MUST_CHECK fb_err fb_handshake_accept(const fb_hs_accept_cfg *cfg,
+    const uint8_t *hello, size_t hello_len,
+    uint8_t reply[FB_HS_REPLY_LEN], fb_session **out, fb_reject *why);
+
+/*
+ * fb_handshake_finish (worker) verifies the reply: size and version,
+ * coordinator key equal to the pinned one, signature over hello and reply.
+ * On FB_OK the caller owns *out. A rejected reply leaves `hs` usable, so a
+ * forged reply cannot stop the real one from completing.
+ * Errors (with *why): FB_EPROTO (MALFORMED), FB_ENOTSUP (VERSION),
+ * FB_EAUTH (UNPINNED_KEY, BAD_SIGNATURE); FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_handshake_finish(fb_handshake *hs,
+    const uint8_t *reply, size_t reply_len, fb_session **out,
+    fb_reject *why);
+
+/* fb_handshake_free wipes and frees; NULL is a no-op. */
+void fb_handshake_free(fb_handshake *hs);
+
+/* ---- sessions and sealed messages ---------------------------------------- */
+
+/* fb_session_free wipes and frees; NULL is a no-op. */
+void fb_session_free(fb_session *s);
+
+/* Accessors of public session facts. */
+void fb_session_run_id(const fb_session *s, fb_run_id *run);
+void fb_session_peer(const fb_session *s, fb_pubkey *pk);
+/* The worker's id: this side's on a worker, the peer's on a coordinator. */
+uint32_t fb_session_worker_id(const fb_session *s);
+/* The transcript hash, for binding other protocols to this session. */
+void fb_session_transcript(const fb_session *s, uint8_t th[32]);
+
+/* The clear header of a sealed message. */
+typedef struct fb_msg_info {
+	uint8_t type;    /* caller's message type */
+	uint32_t round;  /* round the sender sealed it for */
+	uint32_t sender; /* worker id or FB_SENDER_COORDINATOR */
+	uint64_t seq;    /* > 0, strictly increasing per direction */
+	uint32_t body_len;
+	fb_run_id run;
+} fb_msg_info;
+
+/*
+ * fb_msg_seal encrypts `body` into `out` (header || ciphertext || MAC) with
+ * the next sequence number. `out_cap` >= body_len + FB_MSG_OVERHEAD.
+ * `body` may be disjoint from `out` or exactly out + FB_MSG_HEADER_LEN
+ * (in place, no copy). Seal and open may run on two threads at once; two
+ * seals on one session may not. Errors: FB_ERANGE (too big for out or
+ * FB_MSG_BODY_MAX, or sequence numbers exhausted).
+ */
+FB_MUST_CHECK fb_err fb_msg_seal(fb_session *s, uint8_t type, uint32_t round,
+    const uint8_t *body, size_t body_len, uint8_t *out, size_t out_cap,
+    size_t *out_len);
+
+/*
+ * fb_msg_open checks and decrypts a sealed message. Order: layout, then run
+ * id and sender against the session, then the MAC (before any decryption),
+ * then the sequence number (must exceed the last accepted one), then the
+ * round (`round` or FB_ROUND_ANY). A message rejected for its round still
+ * consumes its sequence number. `body` may be disjoint from `in` or exactly
+ * in + FB_MSG_HEADER_LEN. On entry *body_len = 0 and *info is zeroed; on
+ * error `body` holds no plaintext.
+ * Errors (with *why): FB_EPROTO (MALFORMED, TOO_LARGE: body_cap too small),
+ * FB_EAUTH (WRONG_RUN, WRONG_SENDER, BAD_MAC, REPLAY),
+ * FB_ESTALE (WRONG_ROUND).
+ */
+FB_MUST_CHECK fb_err fb_msg_open(fb_session *s, uint32_t round,
+    const uint8_t *in, size_t in_len, uint8_t *body, size_t body_cap,
+    size_t *body_len, fb_msg_info *info, fb_reject *why);
+
+/* fb_msg_peek parses the clear header WITHOUT authenticating it, to route a
+ * message to its session. Errors: FB_EPROTO (malformed). */
+FB_MUST_CHECK fb_err fb_msg_peek(const uint8_t *in, size_t in_len,
+    fb_msg_info *info);
+
+/* ---- payload streams ----------------------------------------------------- */
+
+/* Who and what a stream belongs to; both ends must agree on it. */
+typedef struct fb_stream_ctx {
+	fb_run_id run;
+	uint32_t round;
+	uint32_t sender; /* worker id, or FB_SENDER_COORDINATOR */
+} fb_stream_ctx;
+
+/*
+ * fb_stream_push_alloc starts a payload stream under a fresh random key,
+ * written to `key` (send it inside an fb_msg_seal'd message, then fb_wipe
+ * it), and writes the stream header to `header`. Chunks carry at most
+ * `chunk_len` bytes (1..FB_STREAM_CHUNK_MAX; ~1 MiB is a good size).
+ * On FB_OK the caller owns *out (fb_stream_push_free). One thread at a time.
+ * Errors: FB_EINVAL (chunk_len), FB_ENOMEM, FB_EIO.
+ */
+FB_MUST_CHECK fb_err fb_stream_push_alloc(const fb_stream_ctx *ctx,
+    size_t chunk_len, uint8_t key[FB_STREAM_KEY_LEN],
+    uint8_t header[FB_STREAM_HEADER_LEN], fb_stream_push **out);
+
+/*
+ * fb_stream_push_chunk encrypts `m_len` (<= chunk_len) bytes into `c`
+ * (c_cap >= m_len + FB_STREAM_CHUNK_OVERHEAD); `final` != 0 marks the last
+ * chunk (it may be empty). For zero copy put the plaintext at c + 1 (in
+ * place); otherwise `m` and `c` must not overlap.
+ * Errors: FB_ERANGE (sizes), FB_EINVAL (after the final chunk).
+ */
+FB_MUST_CHECK fb_err fb_stream_push_chunk(fb_stream_push *p,
+    const uint8_t *m, size_t m_len, int final, uint8_t *c, size_t c_cap,
+    size_t *c_len);
+
+/*
+ * fb_stream_push_final signs the trailer with `signer` (whose key the
+ * receiver expects) after the final chunk. Errors: FB_EINVAL (no final
+ * chunk yet).
+ */
+FB_MUST_CHECK fb_err fb_stream_push_final(fb_stream_push *p,
+    const fb_identity *signer, uint8_t trailer[FB_STREAM_TRAILER_LEN]);
+
+/* fb_stream_push_free wipes and frees; NULL is a no-op. */
+void fb_stream_push_free(fb_stream_push *p);
+
+/*
+ * fb_stream_pull_alloc starts decrypting a stream given its key and header.
+ * `max_chunk_len` bounds the chunk length the header may declare (memory).
+ * On FB_OK the caller owns *out (fb_stream_pull_free). One thread at a time.
+ * Errors (with *why): FB_EPROTO (MALFORMED, TOO_LARGE); FB_ENOMEM, FB_EIO.
+ */
+FB_MUST_CHECK fb_err fb_stream_pull_alloc(const fb_stream_ctx *ctx,
+    const uint8_t key[FB_STREAM_KEY_LEN], const uint8_t *header,
+    size_t header_len, size_t max_chunk_len, fb_stream_pull **out,
+    fb_reject *why);
+
+/*
+ * fb_stream_pull_chunk verifies (MAC first) and decrypts one chunk into `m`
+ * (m_cap >= c_len - FB_STREAM_CHUNK_OVERHEAD); for zero copy pass
+ * m = c + 1 (in place). *final is set on the FINAL chunk. The plaintext is
+ * authentic under the stream key but the payload is complete and attributed
+ * to the signer only when fb_stream_pull_final returns FB_OK. After any
+ * error the stream is dead: later calls return the same error.
+ * Errors (with *why): FB_EPROTO (MALFORMED: too short, unknown tag, chunk
+ * after FINAL; TOO_LARGE), FB_EAUTH (BAD_MAC: tampered, reordered,
+ * duplicated or from another stream), FB_ERANGE (m_cap too small).
+ */
+FB_MUST_CHECK fb_err fb_stream_pull_chunk(fb_stream_pull *p,
+    const uint8_t *c, size_t c_len, uint8_t *m, size_t m_cap, size_t *m_len,
+    int *final, fb_reject *why);
+
+/*
+ * fb_stream_pull_final verifies the trailer: signature by `signer`, then
+ * run/round/sender against the ctx, then payload length, chunk count and
+ * digest against what was pulled. On FB_OK *payload_len (may be NULL) is
+ * the total plaintext length. A rejected trailer leaves `p` usable.
+ * Errors (with *why): FB_EPROTO (MALFORMED; TRUNCATED: no FINAL chunk yet
+ * or counts differ), FB_EAUTH (BAD_SIGNATURE, WRONG_RUN, WRONG_SENDER),
+ * FB_ESTALE (WRONG_ROUND).
+ */
+FB_MUST_CHECK fb_err fb_stream_pull_final(fb_stream_pull *p,
+    const fb_pubkey *signer, const uint8_t *trailer, size_t trailer_len,
+    uint64_t *payload_len, fb_reject *why);
+
+/* fb_stream_pull_free wipes and frees; NULL is a no-op. */
+void fb_stream_pull_free(fb_stream_pull *p);
+
+#endif

@@ -1,0 +1,380 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * stream.c -- encrypted, signed payload streams (model updates, the global
+ * model broadcast).
+ *
+ * crypto_secretstream_xchacha20poly1305 over caller-sized chunks: each
+ * chunk's MAC chains on the previous ones, so tampering, reordering and
+ * duplication fail at the chunk and truncation fails for want of a FINAL
+ * tag. Both ends keep one BLAKE2b over the stream header and the
+ * length-prefixed ciphertext chunks; the sender signs it in the trailer, so
+ * the receiver can attribute the payload to an identity even when the key
+ * is shared (the broadcast's round key is known to every selected worker).
+ * Work per chunk: one ChaCha20 + Poly1305 pass and one BLAKE2b pass over
+ * the ciphertext, in place, no copies.
+ */
+#include <string.h>
+
+#include "common/util.h"
+#include "crypto/crypto_impl.h"
+
+#define SS_HEADER_LEN crypto_secretstream_xchacha20poly1305_HEADERBYTES
+#define AD_LEN (FB_RUN_ID_LEN + 8)
+/* Trailer offsets. */
+#define T_RUN 4
+#define T_ROUND 20
+#define T_SENDER 24
+#define T_LEN 28
+#define T_COUNT 36
+#define T_DIGEST 44
+#define T_SIG 76
+
+_Static_assert(SS_HEADER_LEN == 24, "secretstream header size");
+_Static_assert(FB_STREAM_CHUNK_OVERHEAD ==
+        crypto_secretstream_xchacha20poly1305_ABYTES,
+    "chunk overhead");
+
+/* Both ends' state; sodium_malloc'd (it holds the stream key). The
+ * BLAKE2b state first: it needs 64-byte alignment, which sodium_malloc
+ * gives a struct whose size is a multiple of 64. */
+typedef struct stream_core {
+	crypto_generichash_state hash;
+	crypto_secretstream_xchacha20poly1305_state ss;
+	fb_stream_ctx ctx;
+	uint8_t ad[AD_LEN]; /* run id || round || sender */
+	uint8_t digest[32]; /* valid once `finished` */
+	size_t chunk_len;   /* max plaintext bytes per chunk */
+	uint64_t payload_len;
+	uint64_t chunk_count;
+	int finished; /* FINAL chunk seen */
+	fb_err dead;  /* pull: first error, repeated afterwards */
+	fb_reject dead_why;
+} stream_core;
+
+struct fb_stream_push {
+	stream_core c;
+};
+struct fb_stream_pull {
+	stream_core c;
+};
+
+/* core_start fills ctx, AD and the header blob and starts the digest. */
+static void
+core_start(stream_core *c, const fb_stream_ctx *ctx, size_t chunk_len,
+    const uint8_t header[FB_STREAM_HEADER_LEN])
+{
+	c->ctx = *ctx;
+	c->chunk_len = chunk_len;
+	memcpy(c->ad, ctx->run.b, FB_RUN_ID_LEN);
+	le32_store(c->ad + FB_RUN_ID_LEN, ctx->round);
+	le32_store(c->ad + FB_RUN_ID_LEN + 4, ctx->sender);
+	crypto_generichash_init(&c->hash, NULL, 0, 32);
+	crypto_generichash_update(&c->hash, fb_dom_stream, FB_DOMAIN_LEN);
+	crypto_generichash_update(&c->hash, header, FB_STREAM_HEADER_LEN);
+}
+
+static void
+core_hash_chunk(stream_core *c, const uint8_t *ct, size_t len)
+{
+	uint8_t l[8];
+
+	fb_store_le64(l, (uint64_t)len);
+	crypto_generichash_update(&c->hash, l, sizeof(l));
+	crypto_generichash_update(&c->hash, ct, len);
+}
+
+static void
+trailer_body(const stream_core *c, uint8_t t[FB_STREAM_TRAILER_LEN])
+{
+	t[0] = FB_CRYPTO_WIRE_VERSION;
+	t[1] = FB_KIND_TRAILER;
+	le16_store(t + 2, 0);
+	memcpy(t + T_RUN, c->ctx.run.b, FB_RUN_ID_LEN);
+	le32_store(t + T_ROUND, c->ctx.round);
+	le32_store(t + T_SENDER, c->ctx.sender);
+	fb_store_le64(t + T_LEN, c->payload_len);
+	fb_store_le64(t + T_COUNT, c->chunk_count);
+	memcpy(t + T_DIGEST, c->digest, 32);
+}
+
+/* ---- push ---------------------------------------------------------------- */
+
+fb_err
+fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
+    const uint8_t key[FB_STREAM_KEY_LEN],
+    uint8_t header[FB_STREAM_HEADER_LEN], fb_stream_push **out)
+{
+	fb_err rc = FB_OK;
+	fb_stream_push *p = NULL;
+
+	*out = NULL;
+	memset(header, 0, FB_STREAM_HEADER_LEN);
+	if (chunk_len == 0 || chunk_len > FB_STREAM_CHUNK_MAX) {
+		rc = FB_EINVAL;
+		goto out;
+	}
+	if ((rc = fb_crypto_ready()) != FB_OK) {
+		goto out;
+	}
+	if ((p = sodium_malloc(sizeof(*p))) == NULL) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	memset(p, 0, sizeof(*p));
+	header[0] = FB_CRYPTO_WIRE_VERSION;
+	header[1] = FB_KIND_STREAM_HEADER;
+	le32_store(header + 4, (uint32_t)chunk_len);
+	crypto_secretstream_xchacha20poly1305_init_push(&p->c.ss, header + 8,
+	    key);
+	core_start(&p->c, ctx, chunk_len, header);
+	*out = p;
+	p = NULL;
+out:
+	sodium_free(p);
+	return rc;
+}
+
+fb_err
+fb_stream_push_alloc(const fb_stream_ctx *ctx, size_t chunk_len,
+    uint8_t key[FB_STREAM_KEY_LEN], uint8_t header[FB_STREAM_HEADER_LEN],
+    fb_stream_push **out)
+{
+	fb_err rc;
+
+	*out = NULL;
+	memset(key, 0, FB_STREAM_KEY_LEN);
+	memset(header, 0, FB_STREAM_HEADER_LEN);
+	if ((rc = fb_crypto_ready()) != FB_OK) {
+		return rc;
+	}
+	crypto_secretstream_xchacha20poly1305_keygen(key);
+	rc = fb_stream_push_alloc_key(ctx, chunk_len, key, header, out);
+	if (rc != FB_OK) {
+		sodium_memzero(key, FB_STREAM_KEY_LEN);
+	}
+	return rc;
+}
+
+fb_err
+fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m, size_t m_len,
+    int final, uint8_t *c, size_t c_cap, size_t *c_len)
+{
+	unsigned long long clen = 0;
+	uint8_t tag = final ? crypto_secretstream_xchacha20poly1305_TAG_FINAL
+	                    : crypto_secretstream_xchacha20poly1305_TAG_MESSAGE;
+
+	*c_len = 0;
+	if (p->c.finished) {
+		return FB_EINVAL;
+	}
+	if (m_len > p->c.chunk_len ||
+	    c_cap < m_len + FB_STREAM_CHUNK_OVERHEAD) {
+		return FB_ERANGE;
+	}
+	crypto_secretstream_xchacha20poly1305_push(&p->c.ss, c, &clen, m,
+	    m_len, p->c.ad, AD_LEN, tag);
+	core_hash_chunk(&p->c, c, (size_t)clen);
+	p->c.payload_len += m_len;
+	p->c.chunk_count++;
+	if (final) {
+		p->c.finished = 1;
+		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
+	}
+	*c_len = (size_t)clen;
+	return FB_OK;
+}
+
+fb_err
+fb_stream_push_final(fb_stream_push *p, const fb_identity *signer,
+    uint8_t trailer[FB_STREAM_TRAILER_LEN])
+{
+	uint8_t msg[FB_DOMAIN_LEN + T_SIG];
+
+	memset(trailer, 0, FB_STREAM_TRAILER_LEN);
+	if (!p->c.finished) {
+		return FB_EINVAL;
+	}
+	trailer_body(&p->c, trailer);
+	memcpy(msg, fb_dom_trailer, FB_DOMAIN_LEN);
+	memcpy(msg + FB_DOMAIN_LEN, trailer, T_SIG);
+	fb_identity_sign_raw(signer, msg, sizeof(msg), trailer + T_SIG);
+	return FB_OK;
+}
+
+void
+fb_stream_push_free(fb_stream_push *p)
+{
+	sodium_free(p);
+}
+
+/* ---- pull ---------------------------------------------------------------- */
+
+fb_err
+fb_stream_pull_alloc(const fb_stream_ctx *ctx,
+    const uint8_t key[FB_STREAM_KEY_LEN], const uint8_t *header,
+    size_t header_len, size_t max_chunk_len, fb_stream_pull **out,
+    fb_reject *why)
+{
+	fb_err rc = FB_OK;
+	fb_stream_pull *p = NULL;
+	uint32_t chunk_len;
+
+	*out = NULL;
+	fb_set_why(why, FB_REJECT_NONE);
+	if ((rc = fb_crypto_ready()) != FB_OK) {
+		goto out;
+	}
+	if (header_len != FB_STREAM_HEADER_LEN ||
+	    header[0] != FB_CRYPTO_WIRE_VERSION ||
+	    header[1] != FB_KIND_STREAM_HEADER || le16_load(header + 2) != 0) {
+		fb_set_why(why, FB_REJECT_MALFORMED);
+		rc = FB_EPROTO;
+		goto out;
+	}
+	chunk_len = le32_load(header + 4);
+	if (chunk_len == 0 || chunk_len > max_chunk_len ||
+	    chunk_len > FB_STREAM_CHUNK_MAX) {
+		fb_set_why(why, FB_REJECT_TOO_LARGE);
+		rc = FB_EPROTO;
+		goto out;
+	}
+	if ((p = sodium_malloc(sizeof(*p))) == NULL) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	memset(p, 0, sizeof(*p));
+	if (crypto_secretstream_xchacha20poly1305_init_pull(&p->c.ss,
+	        header + 8, key) != 0) {
+		fb_set_why(why, FB_REJECT_MALFORMED);
+		rc = FB_EPROTO;
+		goto out;
+	}
+	core_start(&p->c, ctx, chunk_len, header);
+	*out = p;
+	p = NULL;
+out:
+	sodium_free(p);
+	return rc;
+}
+
+/* pull_die records the first error of a stream and returns it. */
+static fb_err
+pull_die(fb_stream_pull *p, fb_err rc, fb_reject r, fb_reject *why)
+{
+	p->c.dead = rc;
+	p->c.dead_why = r;
+	fb_set_why(why, r);
+	return rc;
+}
+
+fb_err
+fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c, size_t c_len,
+    uint8_t *m, size_t m_cap, size_t *m_len, int *final, fb_reject *why)
+{
+	unsigned long long mlen = 0;
+	unsigned char tag = 0;
+	size_t n;
+
+	*m_len = 0;
+	*final = 0;
+	fb_set_why(why, FB_REJECT_NONE);
+	if (p->c.dead != FB_OK) {
+		fb_set_why(why, p->c.dead_why);
+		return p->c.dead;
+	}
+	if (p->c.finished || c_len < FB_STREAM_CHUNK_OVERHEAD) {
+		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
+	}
+	n = c_len - FB_STREAM_CHUNK_OVERHEAD;
+	if (n > p->c.chunk_len) {
+		return pull_die(p, FB_EPROTO, FB_REJECT_TOO_LARGE, why);
+	}
+	if (m_cap < n) {
+		return FB_ERANGE; /* caller's buffer; the stream lives on */
+	}
+	/* Hash first: with m == c + 1 the pull overwrites the ciphertext. */
+	core_hash_chunk(&p->c, c, c_len);
+	if (crypto_secretstream_xchacha20poly1305_pull(&p->c.ss, m, &mlen,
+	        &tag, c, c_len, p->c.ad, AD_LEN) != 0) {
+		return pull_die(p, FB_EAUTH, FB_REJECT_BAD_MAC, why);
+	}
+	if (tag != crypto_secretstream_xchacha20poly1305_TAG_MESSAGE &&
+	    tag != crypto_secretstream_xchacha20poly1305_TAG_FINAL) {
+		sodium_memzero(m, (size_t)mlen);
+		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
+	}
+	p->c.payload_len += mlen;
+	p->c.chunk_count++;
+	if (tag == crypto_secretstream_xchacha20poly1305_TAG_FINAL) {
+		p->c.finished = 1;
+		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
+		*final = 1;
+	}
+	*m_len = (size_t)mlen;
+	return FB_OK;
+}
+
+fb_err
+fb_stream_pull_final(fb_stream_pull *p, const fb_pubkey *signer,
+    const uint8_t *trailer, size_t trailer_len, uint64_t *payload_len,
+    fb_reject *why)
+{
+	uint8_t msg[FB_DOMAIN_LEN + T_SIG];
+	uint8_t want[FB_STREAM_TRAILER_LEN];
+
+	if (payload_len != NULL) {
+		*payload_len = 0;
+	}
+	fb_set_why(why, FB_REJECT_NONE);
+	if (p->c.dead != FB_OK) {
+		fb_set_why(why, p->c.dead_why);
+		return p->c.dead;
+	}
+	if (trailer_len != FB_STREAM_TRAILER_LEN ||
+	    trailer[0] != FB_CRYPTO_WIRE_VERSION ||
+	    trailer[1] != FB_KIND_TRAILER || le16_load(trailer + 2) != 0) {
+		fb_set_why(why, FB_REJECT_MALFORMED);
+		return FB_EPROTO;
+	}
+	memcpy(msg, fb_dom_trailer, FB_DOMAIN_LEN);
+	memcpy(msg + FB_DOMAIN_LEN, trailer, T_SIG);
+	if (crypto_sign_verify_detached(trailer + T_SIG, msg, sizeof(msg),
+	        signer->b) != 0) {
+		fb_set_why(why, FB_REJECT_BAD_SIGNATURE);
+		return FB_EAUTH;
+	}
+	if (memcmp(trailer + T_RUN, p->c.ctx.run.b, FB_RUN_ID_LEN) != 0) {
+		fb_set_why(why, FB_REJECT_WRONG_RUN);
+		return FB_EAUTH;
+	}
+	if (le32_load(trailer + T_SENDER) != p->c.ctx.sender) {
+		fb_set_why(why, FB_REJECT_WRONG_SENDER);
+		return FB_EAUTH;
+	}
+	if (le32_load(trailer + T_ROUND) != p->c.ctx.round) {
+		fb_set_why(why, FB_REJECT_WRONG_ROUND);
+		return FB_ESTALE;
+	}
+	if (!p->c.finished ||
+	    fb_load_le64(trailer + T_LEN) != p->c.payload_len ||
+	    fb_load_le64(trailer + T_COUNT) != p->c.chunk_count) {
+		fb_set_why(why, FB_REJECT_TRUNCATED);
+		return FB_EPROTO;
+	}
+	trailer_body(&p->c, want);
+	if (sodium_memcmp(want, trailer, T_SIG) != 0) {
+		/* Signed by the right key, over another stream. */
+		fb_set_why(why, FB_REJECT_BAD_SIGNATURE);
+		return FB_EAUTH;
+	}
+	if (payload_len != NULL) {
+		*payload_len = p->c.payload_len;
+	}
+	return FB_OK;
+}
+
+void
+fb_stream_pull_free(fb_stream_pull *p)
+{
+	sodium_free(p);
+}
