@@ -20,17 +20,17 @@
 
 struct fb_model {
 	const fb_model_ops *ops;
-	void *state;  /* owned: ops->create / ops->destroy */
-	void *dl;     /* owned: dlopen / dlclose; NULL for built-ins */
+	void *state; /* owned: ops->create / ops->destroy */
+	void *dl;    /* owned: dlopen / dlclose; NULL for built-ins */
 	uint64_t params;
 	uint32_t input_dim; /* features per example, from the spec */
 	uint32_t classes;   /* from the spec */
 };
 
 static const fb_model_ops *const builtins[] = {
-	&fb_model_mlp_ops,
-	&fb_model_logreg_ops,
-	&fb_model_synthetic_ops,
+    &fb_model_mlp_ops,
+    &fb_model_logreg_ops,
+    &fb_model_synthetic_ops,
 };
 
 static fb_err
@@ -51,8 +51,8 @@ plugin_load(const fb_model_spec *spec, void **dl, const fb_model_ops **ops)
 	}
 	dlerror();
 	if ((*dl = dlopen(path, RTLD_NOW | RTLD_LOCAL)) == NULL) {
-		fb_log_error("model plugin %s: cannot load: %s", path,
-		    dlerror());
+		fb_log_error(
+		    "model plugin %s: cannot load: %s", path, dlerror());
 		rc = FB_EIO;
 		goto out;
 	}
@@ -72,7 +72,8 @@ plugin_load(const fb_model_spec *spec, void **dl, const fb_model_ops **ops)
 	}
 	if ((*ops)->abi_version != FB_MODEL_ABI_VERSION) {
 		fb_log_error("model plugin %s: ABI version %u, fedbox needs "
-		    "%d", path, (*ops)->abi_version, FB_MODEL_ABI_VERSION);
+		             "%d",
+		    path, (*ops)->abi_version, FB_MODEL_ABI_VERSION);
 		rc = FB_ENOTSUP;
 		goto out;
 	}
@@ -80,9 +81,11 @@ plugin_load(const fb_model_spec *spec, void **dl, const fb_model_ops **ops)
 	    (*ops)->param_count == NULL || (*ops)->tensor_count == NULL ||
 	    (*ops)->tensor_info == NULL || (*ops)->init == NULL ||
 	    (*ops)->workspace_len == NULL || (*ops)->name == NULL) {
-		fb_log_error("model plugin %s: ops table lacks a required "
+		fb_log_error(
+		    "model plugin %s: ops table lacks a required "
 		    "entry (name, create, destroy, param_count, tensor_count, "
-		    "tensor_info, init, workspace_len)", path);
+		    "tensor_info, init, workspace_len)",
+		    path);
 		rc = FB_EINVAL;
 		goto out;
 	}
@@ -105,7 +108,8 @@ check_layout(const fb_model *m, const char *what)
 
 	if (m->params < 1 || m->params >= FB_MODEL_MAX_PARAMS || n < 1) {
 		fb_log_error("model %s: %" PRIu64 " parameters in %u tensors "
-		    "(need 1..2^40-1 in >= 1)", what, m->params, n);
+		             "(need 1..2^40-1 in >= 1)",
+		    what, m->params, n);
 		return FB_EINVAL;
 	}
 	for (uint32_t i = 0; i < n; i++) {
@@ -114,7 +118,8 @@ check_layout(const fb_model *m, const char *what)
 		if (memchr(ti.name, '\0', sizeof(ti.name)) == NULL ||
 		    ti.name[0] == '\0' || ti.ndim < 1 || ti.ndim > 4) {
 			fb_log_error("model %s: tensor %u has no name or a "
-			    "bad rank", what, i);
+			             "bad rank",
+			    what, i);
 			return FB_EINVAL;
 		}
 		for (uint32_t d = 0; d < ti.ndim; d++) {
@@ -122,21 +127,24 @@ check_layout(const fb_model *m, const char *what)
 			    ti.shape[d] >= FB_MODEL_MAX_PARAMS ||
 			    count * ti.shape[d] >= FB_MODEL_MAX_PARAMS) {
 				fb_log_error("model %s: tensor %s has a bad "
-				    "shape", what, ti.name);
+				             "shape",
+				    what, ti.name);
 				return FB_EINVAL;
 			}
 			count *= ti.shape[d];
 		}
 		if (count != ti.count || ti.offset != next) {
 			fb_log_error("model %s: tensor %s is not laid out "
-			    "contiguously in order", what, ti.name);
+			             "contiguously in order",
+			    what, ti.name);
 			return FB_EINVAL;
 		}
 		next += count;
 	}
 	if (next != m->params) {
 		fb_log_error("model %s: tensors hold %" PRIu64 " of %" PRIu64
-		    " parameters", what, next, m->params);
+		             " parameters",
+		    what, next, m->params);
 		return FB_EINVAL;
 	}
 	return FB_OK;
@@ -168,7 +176,8 @@ fb_model_open(const fb_model_spec *spec, fb_model **out)
 		}
 		if (ops == NULL) {
 			fb_log_error("model: unknown arch \"%s\" (mlp, logreg, "
-			    "synthetic or plugin)", spec->arch);
+			             "synthetic or plugin)",
+			    spec->arch);
 			rc = FB_EINVAL;
 			goto out;
 		}
@@ -285,15 +294,15 @@ fb_model_describe(const fb_model *m, char *buf, size_t len)
 			continue;
 		}
 		if (used == 0) {
-			k = snprintf(dims, sizeof(dims), "%" PRIu64,
-			    ti.shape[1]);
+			k = snprintf(
+			    dims, sizeof(dims), "%" PRIu64, ti.shape[1]);
 			used = k > 0 ? (size_t)k : 0;
 		} else if (ti.shape[1] != last) {
 			chain = 0;
 			break;
 		}
-		k = snprintf(dims + used, sizeof(dims) - used, "-%" PRIu64,
-		    ti.shape[0]);
+		k = snprintf(
+		    dims + used, sizeof(dims) - used, "-%" PRIu64, ti.shape[0]);
 		if (k < 0 || (size_t)k >= sizeof(dims) - used) {
 			chain = 0;
 			break;
@@ -338,8 +347,8 @@ fb_model_evaluate(const fb_model *m, const float *params, const float *x,
 	for (uint32_t i = 0; i < count; i += chunk) {
 		uint32_t b = count - i < chunk ? count - i : chunk;
 		const float *xb = x + (size_t)i * m->input_dim;
-		rc = m->ops->evaluate(m->state, params, xb, y + i, b,
-		    &loss_sum, &correct, ws);
+		rc = m->ops->evaluate(
+		    m->state, params, xb, y + i, b, &loss_sum, &correct, ws);
 		if (rc != FB_OK) {
 			goto out;
 		}

@@ -29,8 +29,8 @@ extern const fb_model_ops fb_model_synthetic_ops; /* "synthetic" */
  * element adds its k products in increasing k order after its initial
  * value. Single-threaded; never fails.
  */
-void fb_gemm_nn(uint32_t m, uint32_t n, uint32_t k, const float *a,
-    size_t lda, const float *b, size_t ldb, float *c, size_t ldc);
+void fb_gemm_nn(uint32_t m, uint32_t n, uint32_t k, const float *a, size_t lda,
+    const float *b, size_t ldb, float *c, size_t ldc);
 
 /* fb_transpose writes dst [cols, rows] = src [rows, cols]^T. */
 void fb_transpose(uint32_t rows, uint32_t cols, const float *src, float *dst);

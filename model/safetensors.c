@@ -137,8 +137,8 @@ fb_model_save_safetensors(const fb_model *m, const float *params,
 		sb_json_string(&h, ti.name);
 		sb_puts(&h, ":{\"dtype\":\"F32\",\"shape\":[");
 		for (uint32_t d = 0; d < ti.ndim; d++) {
-			sb_printf(&h, "%s%" PRIu64, d > 0 ? "," : "",
-			    ti.shape[d]);
+			sb_printf(
+			    &h, "%s%" PRIu64, d > 0 ? "," : "", ti.shape[d]);
 		}
 		sb_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
 		    ti.offset * 4, (ti.offset + ti.count) * 4);
@@ -154,8 +154,8 @@ fb_model_save_safetensors(const fb_model *m, const float *params,
 	fb_store_le64(len8, h.len);
 	pieces[0] = (fb_iovec){len8, sizeof(len8)};
 	pieces[1] = (fb_iovec){h.p, h.len};
-	pieces[2] = (fb_iovec){params,
-	    (size_t)fb_model_param_count(m) * sizeof(float)};
+	pieces[2] =
+	    (fb_iovec){params, (size_t)fb_model_param_count(m) * sizeof(float)};
 	rc = fb_file_write_atomic(path, pieces, 3);
 out:
 	free(h.p);
@@ -186,7 +186,8 @@ bad(const parser *ps, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	fb_log_error("%s: not a safetensors file for this model: %s "
-	    "(header byte %zu)", ps->path, msg, (size_t)(ps->p - ps->start));
+	             "(header byte %zu)",
+	    ps->path, msg, (size_t)(ps->p - ps->start));
 	return FB_EFORMAT;
 }
 
@@ -194,7 +195,7 @@ static void
 skip_ws(parser *ps)
 {
 	while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' ||
-	    *ps->p == '\n' || *ps->p == '\r')) {
+	                              *ps->p == '\n' || *ps->p == '\r')) {
 		ps->p++;
 	}
 }
@@ -270,21 +271,34 @@ parse_string(parser *ps, char *buf, size_t cap, int *too_long)
 			}
 			c = (unsigned char)*ps->p++;
 			switch (c) {
-			case '"': case '\\': case '/':
+			case '"':
+			case '\\':
+			case '/':
 				out[0] = (char)c;
 				break;
-			case 'b': out[0] = '\b'; break;
-			case 'f': out[0] = '\f'; break;
-			case 'n': out[0] = '\n'; break;
-			case 'r': out[0] = '\r'; break;
-			case 't': out[0] = '\t'; break;
+			case 'b':
+				out[0] = '\b';
+				break;
+			case 'f':
+				out[0] = '\f';
+				break;
+			case 'n':
+				out[0] = '\n';
+				break;
+			case 'r':
+				out[0] = '\r';
+				break;
+			case 't':
+				out[0] = '\t';
+				break;
 			case 'u': {
 				unsigned v = 0;
 				for (int i = 0; i < 4; i++) {
 					int h;
 					if (ps->p >= ps->end ||
 					    (h = hexval(*ps->p)) < 0) {
-						return bad(ps, "bad \\u escape");
+						return bad(
+						    ps, "bad \\u escape");
 					}
 					v = v * 16 + (unsigned)h;
 					ps->p++;
@@ -299,8 +313,8 @@ parse_string(parser *ps, char *buf, size_t cap, int *too_long)
 					k = 2;
 				} else {
 					out[0] = (char)(0xe0 | (v >> 12));
-					out[1] = (char)(0x80 |
-					    ((v >> 6) & 0x3f));
+					out[1] =
+					    (char)(0x80 | ((v >> 6) & 0x3f));
 					out[2] = (char)(0x80 | (v & 0x3f));
 					k = 3;
 				}
@@ -398,8 +412,10 @@ parse_metadata(parser *ps, uint32_t *round)
 			r = strtoull(val, &end, 10);
 			if (long_val || val[0] < '0' || val[0] > '9' ||
 			    *end != '\0' || errno != 0 || r > UINT32_MAX) {
-				return bad(ps, "fedbox.round \"%s\" is not a "
-				    "round number", val);
+				return bad(ps,
+				    "fedbox.round \"%s\" is not a "
+				    "round number",
+				    val);
 			}
 			*round = (uint32_t)r;
 		}
@@ -444,37 +460,43 @@ parse_tensor(parser *ps, const fb_tensor_info *ti, seen *sn)
 			return rc;
 		}
 		if (!long_key && strcmp(key, "dtype") == 0 && !have_dtype) {
-			rc = parse_string(ps, dtype, sizeof(dtype),
-			    &long_dtype);
+			rc =
+			    parse_string(ps, dtype, sizeof(dtype), &long_dtype);
 			if (rc != FB_OK) {
 				return rc;
 			}
 			if (long_dtype || strcmp(dtype, "F32") != 0) {
-				return bad(ps, "tensor %s has dtype %s, "
-				    "expected F32", ti->name, dtype);
+				return bad(ps,
+				    "tensor %s has dtype %s, "
+				    "expected F32",
+				    ti->name, dtype);
 			}
 			have_dtype = 1;
 		} else if (!long_key && strcmp(key, "shape") == 0 &&
-		    !have_shape) {
+		           !have_shape) {
 			rc = parse_u64_array(ps, shape, 8, &ndim);
 			if (rc != FB_OK) {
 				return rc;
 			}
 			have_shape = 1;
 		} else if (!long_key && strcmp(key, "data_offsets") == 0 &&
-		    !have_offs) {
+		           !have_offs) {
 			rc = parse_u64_array(ps, offs, 2, &noffs);
 			if (rc != FB_OK) {
 				return rc;
 			}
 			if (noffs != 2 || offs[1] < offs[0]) {
-				return bad(ps, "tensor %s has bad "
-				    "data_offsets", ti->name);
+				return bad(ps,
+				    "tensor %s has bad "
+				    "data_offsets",
+				    ti->name);
 			}
 			have_offs = 1;
 		} else {
-			return bad(ps, "tensor %s: unexpected or repeated "
-			    "key \"%s\"", ti->name, key);
+			return bad(ps,
+			    "tensor %s: unexpected or repeated "
+			    "key \"%s\"",
+			    ti->name, key);
 		}
 	} while (accept(ps, ','));
 	if ((rc = expect(ps, '}')) != FB_OK) {
@@ -493,8 +515,10 @@ parse_tensor(parser *ps, const fb_tensor_info *ti, seen *sn)
 		    ti->name, got, want);
 	}
 	if (offs[1] - offs[0] != ti->count * 4) {
-		return bad(ps, "tensor %s holds %" PRIu64 " bytes, expected "
-		    "%" PRIu64, ti->name, offs[1] - offs[0], ti->count * 4);
+		return bad(ps,
+		    "tensor %s holds %" PRIu64 " bytes, expected "
+		    "%" PRIu64,
+		    ti->name, offs[1] - offs[0], ti->count * 4);
 	}
 	sn->found = 1;
 	sn->begin = offs[0];
@@ -548,8 +572,7 @@ parse_header(parser *ps, const fb_model *m, seen *sn, uint32_t *round)
 				    name, long_name ? "..." : "");
 			}
 			if (sn[i].found) {
-				return bad(ps, "tensor %s appears twice",
-				    name);
+				return bad(ps, "tensor %s appears twice", name);
 			}
 			if ((rc = parse_tensor(ps, &ti, &sn[i])) != FB_OK) {
 				return rc;
@@ -573,8 +596,8 @@ parse_header(parser *ps, const fb_model *m, seen *sn, uint32_t *round)
 }
 
 fb_err
-fb_model_load_safetensors(const fb_model *m, const char *path, float *params,
-    uint32_t *round)
+fb_model_load_safetensors(
+    const fb_model *m, const char *path, float *params, uint32_t *round)
 {
 	fb_err rc = FB_OK;
 	FILE *f = NULL;
@@ -596,16 +619,16 @@ fb_model_load_safetensors(const fb_model *m, const char *path, float *params,
 	}
 	if (st.st_size < 8 || fread(len8, 1, 8, f) != 8) {
 		fb_log_error("%s: not a safetensors file: shorter than its "
-		    "8-byte header length", path);
+		             "8-byte header length",
+		    path);
 		rc = FB_EFORMAT;
 		goto out;
 	}
 	hlen = fb_load_le64(len8);
-	if (hlen > (uint64_t)st.st_size - 8 || hlen > HEADER_MAX ||
-	    hlen < 2) {
+	if (hlen > (uint64_t)st.st_size - 8 || hlen > HEADER_MAX || hlen < 2) {
 		fb_log_error("%s: not a safetensors file: header length "
-		    "%" PRIu64 " does not fit the file of %lld bytes", path,
-		    hlen, (long long)st.st_size);
+		             "%" PRIu64 " does not fit the file of %lld bytes",
+		    path, hlen, (long long)st.st_size);
 		rc = FB_EFORMAT;
 		goto out;
 	}
@@ -631,20 +654,23 @@ fb_model_load_safetensors(const fb_model *m, const char *path, float *params,
 	want = fb_model_param_count(m) * 4;
 	if (data_len != want) {
 		fb_log_error("%s: file is %lld bytes; this model needs "
-		    "%" PRIu64 " (%" PRIu64 " bytes of data, %" PRIu64 " "
-		    "present)", path, (long long)st.st_size, 8 + hlen + want,
-		    want, data_len);
+		             "%" PRIu64 " (%" PRIu64 " bytes of data, %" PRIu64
+		             " "
+		             "present)",
+		    path, (long long)st.st_size, 8 + hlen + want, want,
+		    data_len);
 		rc = FB_EFORMAT;
 		goto out;
 	}
 	memcpy(sorted, sn, n * sizeof(*sn));
 	qsort(sorted, n, sizeof(*sorted), cmp_begin);
 	for (uint32_t i = 0; i < n; i++) {
-		uint64_t at = i == 0 ? 0 : sorted[i - 1].begin +
-		    sorted[i - 1].len;
+		uint64_t at =
+		    i == 0 ? 0 : sorted[i - 1].begin + sorted[i - 1].len;
 		if (sorted[i].begin != at) {
 			fb_log_error("%s: tensor data overlaps or leaves "
-			    "gaps (data_offsets)", path);
+			             "gaps (data_offsets)",
+			    path);
 			rc = FB_EFORMAT;
 			goto out;
 		}
@@ -652,13 +678,12 @@ fb_model_load_safetensors(const fb_model *m, const char *path, float *params,
 	for (uint32_t i = 0; i < n; i++) {
 		fb_tensor_info ti;
 		fb_model_tensor_info(m, i, &ti);
-		if (fseeko(f, (off_t)(8 + hlen + sn[i].begin), SEEK_SET) !=
-		        0 ||
+		if (fseeko(f, (off_t)(8 + hlen + sn[i].begin), SEEK_SET) != 0 ||
 		    fread(params + ti.offset, 4, (size_t)ti.count, f) !=
 		        ti.count) {
 			fb_log_error("%s: cannot read tensor %s: %s", path,
-			    ti.name, ferror(f) ? strerror(errno) :
-			    "file shrank");
+			    ti.name,
+			    ferror(f) ? strerror(errno) : "file shrank");
 			rc = FB_EIO;
 			goto out;
 		}

@@ -62,8 +62,7 @@ cuda_library_path(char *buf, size_t len)
  */
 static fb_err
 cuda_open(fb_trainer *t, const fb_model *m, const fb_dataset *shard,
-    const fb_trainer_config *cfg, uint32_t max_batch, char *why,
-    size_t why_len)
+    const fb_trainer_config *cfg, uint32_t max_batch, char *why, size_t why_len)
 {
 	fb_err rc = FB_OK;
 	char path[PATH_MAX + 64];
@@ -74,8 +73,8 @@ cuda_open(fb_trainer *t, const fb_model *m, const fb_dataset *shard,
 	cuda_library_path(path, sizeof(path));
 	dlerror();
 	if ((dl = dlopen(path, RTLD_NOW | RTLD_LOCAL)) == NULL) {
-		snprintf(why, why_len, "no CUDA backend library: %s",
-		    dlerror());
+		snprintf(
+		    why, why_len, "no CUDA backend library: %s", dlerror());
 		rc = FB_ENOTSUP;
 		goto out;
 	}
@@ -97,8 +96,10 @@ cuda_open(fb_trainer *t, const fb_model *m, const fb_dataset *shard,
 		if (rc == FB_ENOTSUP) {
 			snprintf(why, why_len, "no CUDA device");
 		} else {
-			snprintf(why, why_len, "CUDA backend failed to open: "
-			    "%s", fb_strerror(rc));
+			snprintf(why, why_len,
+			    "CUDA backend failed to open: "
+			    "%s",
+			    fb_strerror(rc));
 		}
 		t->state = NULL;
 		goto out;
@@ -148,7 +149,8 @@ fb_trainer_open(const fb_model *m, const fb_dataset *shard,
 		}
 		if (cfg->device == FB_DEVICE_CUDA) {
 			fb_log_error("trainer: device cuda requested but "
-			    "unavailable: %s", why);
+			             "unavailable: %s",
+			    why);
 			goto out;
 		}
 		fb_log_info("backend: cpu (%s)", why);
@@ -236,7 +238,7 @@ fb_train_batch_order(uint64_t seed, uint32_t round, uint32_t worker_index,
 	/* stream = f(round, worker, epoch): (round, worker) packs into 64
 	 * bits exactly; epoch is mixed in through a second bijection. */
 	uint64_t stream = mix64(((uint64_t)round << 32) | worker_index) ^
-	    mix64(epoch + 0x9e3779b97f4a7c15ULL);
+	                  mix64(epoch + 0x9e3779b97f4a7c15ULL);
 
 	for (uint32_t i = 0; i < shard_count; i++) {
 		order[i] = i;

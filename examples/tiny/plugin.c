@@ -43,8 +43,7 @@ tiny_create(const fb_model_spec *spec, void **state)
 
 	*state = NULL;
 	if (spec->input_dim < 1 || spec->input_dim > (1u << 24) ||
-	    spec->classes < 2 || spec->classes > 256 || hid < 1 ||
-	    hid > 4096) {
+	    spec->classes < 2 || spec->classes > 256 || hid < 1 || hid > 4096) {
 		fprintf(stderr, "tiny-tanh: bad shape %u-%u-%u\n",
 		    spec->input_dim, hid, spec->classes);
 		return FB_EINVAL;
@@ -177,7 +176,8 @@ tiny_forward_backward(const void *state, const float *params, const float *x,
     const uint8_t *y, uint32_t n, float *grad, float *loss, void *ws)
 {
 	const tiny_state *s = state;
-	float *h = ws, *dh = h + (size_t)n * s->hid, *z = dh + (size_t)n * s->hid;
+	float *h = ws, *dh = h + (size_t)n * s->hid,
+	      *z = dh + (size_t)n * s->hid;
 	double total = 0.0;
 
 	*loss = 0.0f;
@@ -224,8 +224,7 @@ tiny_forward_backward(const void *state, const float *params, const float *x,
 
 static fb_err
 tiny_evaluate(const void *state, const float *params, const float *x,
-    const uint8_t *y, uint32_t n, double *loss_sum, uint64_t *correct,
-    void *ws)
+    const uint8_t *y, uint32_t n, double *loss_sum, uint64_t *correct, void *ws)
 {
 	const tiny_state *s = state;
 	float *h = ws, *z = h + (size_t)2 * n * s->hid;
@@ -238,8 +237,8 @@ tiny_evaluate(const void *state, const float *params, const float *x,
 	tiny_hidden(s, params, x, n, h);
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t best = 0;
-		*loss_sum += tiny_logits(s, params, h + (size_t)i * s->hid,
-		    y[i], z);
+		*loss_sum +=
+		    tiny_logits(s, params, h + (size_t)i * s->hid, y[i], z);
 		for (uint32_t c = 1; c < s->out; c++) {
 			best = z[c] > z[best] ? c : best;
 		}
@@ -249,18 +248,18 @@ tiny_evaluate(const void *state, const float *params, const float *x,
 }
 
 static const fb_model_ops tiny_ops = {
-	.abi_version = FB_MODEL_ABI_VERSION,
-	.name = "tiny-tanh",
-	.create = tiny_create,
-	.destroy = tiny_destroy,
-	.param_count = tiny_param_count,
-	.tensor_count = tiny_tensor_count,
-	.tensor_info = tiny_tensor_info,
-	.init = tiny_init,
-	.workspace_len = tiny_workspace_len,
-	.forward_backward = tiny_forward_backward,
-	.evaluate = tiny_evaluate,
-	.cuda = NULL,
+    .abi_version = FB_MODEL_ABI_VERSION,
+    .name = "tiny-tanh",
+    .create = tiny_create,
+    .destroy = tiny_destroy,
+    .param_count = tiny_param_count,
+    .tensor_count = tiny_tensor_count,
+    .tensor_info = tiny_tensor_info,
+    .init = tiny_init,
+    .workspace_len = tiny_workspace_len,
+    .forward_backward = tiny_forward_backward,
+    .evaluate = tiny_evaluate,
+    .cuda = NULL,
 };
 
 /* The plug-in's one export; fedbox finds it with dlsym. */

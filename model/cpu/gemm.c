@@ -107,8 +107,8 @@ fb_gemm_nn(uint32_t m, uint32_t n, uint32_t k, const float *a, size_t lda,
 		}
 	}
 	if (n_full < n) {
-		edge(m, n - n_full, k, a, lda, b + n_full, ldb, c + n_full,
-		    ldc);
+		edge(
+		    m, n - n_full, k, a, lda, b + n_full, ldb, c + n_full, ldc);
 	}
 }
 

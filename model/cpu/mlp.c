@@ -23,13 +23,13 @@
 #define INIT_STREAM 0x6d6c70696e6974ULL /* "mlpinit" */
 
 typedef struct mlp_state {
-	uint32_t layers;              /* nn.Linear count, >= 1 */
+	uint32_t layers;               /* nn.Linear count, >= 1 */
 	uint32_t dims[MAX_LAYERS + 1]; /* dims[0] = input, dims[L] = classes */
-	uint64_t woff[MAX_LAYERS];    /* flat offset of fcN.weight */
-	uint64_t boff[MAX_LAYERS];    /* flat offset of fcN.bias */
+	uint64_t woff[MAX_LAYERS];     /* flat offset of fcN.weight */
+	uint64_t boff[MAX_LAYERS];     /* flat offset of fcN.bias */
 	uint64_t params;
-	uint32_t widest;              /* max of dims[1..L] */
-	uint64_t widest_w;            /* max of in * out over layers */
+	uint32_t widest;   /* max of dims[1..L] */
+	uint64_t widest_w; /* max of in * out over layers */
 } mlp_state;
 
 static fb_err
@@ -42,8 +42,8 @@ chain_create(const fb_model_spec *spec, uint32_t hidden_count, void **out)
 	*out = NULL;
 	if (spec->input_dim < 1 || spec->classes < 2) {
 		fb_log_error("model %s: input_dim must be >= 1 and classes "
-		    ">= 2 (got %u and %u)", spec->arch, spec->input_dim,
-		    spec->classes);
+		             ">= 2 (got %u and %u)",
+		    spec->arch, spec->input_dim, spec->classes);
 		rc = FB_EINVAL;
 		goto out;
 	}
@@ -74,8 +74,8 @@ chain_create(const fb_model_spec *spec, uint32_t hidden_count, void **out)
 		uint64_t w = in * o; /* < 2^64: both are 32-bit */
 		if (w >= FB_MODEL_MAX_PARAMS ||
 		    off + w + o >= FB_MODEL_MAX_PARAMS) {
-			fb_log_error("model %s: more than 2^40 parameters",
-			    spec->arch);
+			fb_log_error(
+			    "model %s: more than 2^40 parameters", spec->arch);
 			rc = FB_EINVAL;
 			goto out;
 		}
@@ -171,8 +171,8 @@ mlp_init(const void *state, float *params, uint64_t seed)
 		double bound = 1.0 / sqrt((double)s->dims[l]);
 		uint64_t end = s->boff[l] + s->dims[l + 1];
 		for (uint64_t p = s->woff[l]; p < end; p++) {
-			params[p] = (float)((2.0 * fb_rng_uniform(&r) - 1.0) *
-			    bound);
+			params[p] =
+			    (float)((2.0 * fb_rng_uniform(&r) - 1.0) * bound);
 		}
 	}
 }
@@ -219,7 +219,8 @@ check_labels(const mlp_state *s, const uint8_t *y, uint32_t n)
 	for (uint32_t i = 0; i < n; i++) {
 		if (y[i] >= classes) {
 			fb_log_error("label %u of example %u is not below the "
-			    "class count %u", y[i], i, classes);
+			             "class count %u",
+			    y[i], i, classes);
 			return FB_EINVAL;
 		}
 	}
@@ -253,8 +254,8 @@ forward(const mlp_state *s, const float *params, const float *x, uint32_t n,
  * exp(z - max) in `e` when `e` is non-NULL.
  */
 static double
-row_loss(const float *z, uint32_t classes, uint8_t label, float *e,
-    float *sum_out)
+row_loss(
+    const float *z, uint32_t classes, uint8_t label, float *e, float *sum_out)
 {
 	float m = z[0], sum = 0.0f;
 
@@ -275,8 +276,8 @@ row_loss(const float *z, uint32_t classes, uint8_t label, float *e,
 }
 
 static void
-set_act(const mlp_state *s, float *ws, uint32_t n, float **act,
-    float **d0, float **d1, float **scratch)
+set_act(const mlp_state *s, float *ws, uint32_t n, float **act, float **d0,
+    float **d1, float **scratch)
 {
 	float *p = ws;
 
@@ -353,8 +354,7 @@ out:
 
 static fb_err
 mlp_evaluate(const void *state, const float *params, const float *x,
-    const uint8_t *y, uint32_t n, double *loss_sum, uint64_t *correct,
-    void *ws)
+    const uint8_t *y, uint32_t n, double *loss_sum, uint64_t *correct, void *ws)
 {
 	const mlp_state *s = state;
 	fb_err rc = FB_OK;
@@ -384,31 +384,31 @@ out:
 }
 
 const fb_model_ops fb_model_mlp_ops = {
-	.abi_version = FB_MODEL_ABI_VERSION,
-	.name = "mlp",
-	.create = mlp_create,
-	.destroy = mlp_destroy,
-	.param_count = mlp_param_count,
-	.tensor_count = mlp_tensor_count,
-	.tensor_info = mlp_tensor_info,
-	.init = mlp_init,
-	.workspace_len = mlp_workspace_len,
-	.forward_backward = mlp_forward_backward,
-	.evaluate = mlp_evaluate,
-	.cuda = NULL,
+    .abi_version = FB_MODEL_ABI_VERSION,
+    .name = "mlp",
+    .create = mlp_create,
+    .destroy = mlp_destroy,
+    .param_count = mlp_param_count,
+    .tensor_count = mlp_tensor_count,
+    .tensor_info = mlp_tensor_info,
+    .init = mlp_init,
+    .workspace_len = mlp_workspace_len,
+    .forward_backward = mlp_forward_backward,
+    .evaluate = mlp_evaluate,
+    .cuda = NULL,
 };
 
 const fb_model_ops fb_model_logreg_ops = {
-	.abi_version = FB_MODEL_ABI_VERSION,
-	.name = "logreg",
-	.create = logreg_create,
-	.destroy = mlp_destroy,
-	.param_count = mlp_param_count,
-	.tensor_count = mlp_tensor_count,
-	.tensor_info = mlp_tensor_info,
-	.init = mlp_init,
-	.workspace_len = mlp_workspace_len,
-	.forward_backward = mlp_forward_backward,
-	.evaluate = mlp_evaluate,
-	.cuda = NULL,
+    .abi_version = FB_MODEL_ABI_VERSION,
+    .name = "logreg",
+    .create = logreg_create,
+    .destroy = mlp_destroy,
+    .param_count = mlp_param_count,
+    .tensor_count = mlp_tensor_count,
+    .tensor_info = mlp_tensor_info,
+    .init = mlp_init,
+    .workspace_len = mlp_workspace_len,
+    .forward_backward = mlp_forward_backward,
+    .evaluate = mlp_evaluate,
+    .cuda = NULL,
 };

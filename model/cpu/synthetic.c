@@ -24,7 +24,7 @@ synthetic_create(const fb_model_spec *spec, void **state)
 	if (spec->synthetic_params < 1 ||
 	    spec->synthetic_params >= FB_MODEL_MAX_PARAMS) {
 		fb_log_error("model synthetic: synthetic_params must be in "
-		    "1..2^40-1 (got %llu)",
+		             "1..2^40-1 (got %llu)",
 		    (unsigned long long)spec->synthetic_params);
 		return FB_EINVAL;
 	}
@@ -84,16 +84,16 @@ synthetic_workspace_len(const void *state, uint32_t max_batch)
 }
 
 const fb_model_ops fb_model_synthetic_ops = {
-	.abi_version = FB_MODEL_ABI_VERSION,
-	.name = "synthetic",
-	.create = synthetic_create,
-	.destroy = synthetic_destroy,
-	.param_count = synthetic_param_count,
-	.tensor_count = synthetic_tensor_count,
-	.tensor_info = synthetic_tensor_info,
-	.init = synthetic_init,
-	.workspace_len = synthetic_workspace_len,
-	.forward_backward = NULL,
-	.evaluate = NULL,
-	.cuda = NULL,
+    .abi_version = FB_MODEL_ABI_VERSION,
+    .name = "synthetic",
+    .create = synthetic_create,
+    .destroy = synthetic_destroy,
+    .param_count = synthetic_param_count,
+    .tensor_count = synthetic_tensor_count,
+    .tensor_info = synthetic_tensor_info,
+    .init = synthetic_init,
+    .workspace_len = synthetic_workspace_len,
+    .forward_backward = NULL,
+    .evaluate = NULL,
+    .cuda = NULL,
 };

@@ -78,8 +78,8 @@ ref_loss(const fb_model *m, const double *p, const float *x, const uint8_t *y,
 {
 	uint32_t tc = fb_model_tensor_count(m);
 	double total = 0.0;
-	double *a = calloc(4096, sizeof(double)), *b = calloc(4096,
-	    sizeof(double));
+	double *a = calloc(4096, sizeof(double)),
+	       *b = calloc(4096, sizeof(double));
 
 	assert_non_null(a);
 	assert_non_null(b);
@@ -98,10 +98,11 @@ ref_loss(const fb_model *m, const double *p, const float *x, const uint8_t *y,
 				double s = p[bias.offset + o];
 				for (uint64_t k = 0; k < w.shape[1]; k++) {
 					s += p[w.offset + o * w.shape[1] + k] *
-					    a[k];
+					     a[k];
 				}
 				if (t + 2 < tc) {
-					s = act == 0 ? (s > 0 ? s : 0) : tanh(s);
+					s = act == 0 ? (s > 0 ? s : 0)
+					             : tanh(s);
 				}
 				b[o] = s;
 			}
@@ -146,8 +147,9 @@ check_gradient(const fb_model_spec *spec, uint32_t n, uint32_t probe, int act)
 	assert_true(p && g && pd && x && y && ws);
 	fb_model_init_params(m, p, 11);
 	random_batch(n, dim, spec->classes, 5, x, y);
-	assert_int_equal(ops->forward_backward(fb_model_state(m), p, x, y, n,
-	    g, &loss, ws), FB_OK);
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, n, g, &loss, ws),
+	    FB_OK);
 	for (uint64_t i = 0; i < np; i++) {
 		pd[i] = p[i];
 	}
@@ -220,13 +222,14 @@ test_hand_loss(void **state)
 	double s0a = 1 / (1 + exp(1.5)), s0b = 1 / (1 + exp(0.5));
 	double mean_loss, acc;
 
-	assert_int_equal(ops->forward_backward(fb_model_state(m), p, x, y, 2,
-	    g, &loss, ws), FB_OK);
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 2, g, &loss, ws),
+	    FB_OK);
 	assert_true(fabs(loss - want) < 1e-6);
 	assert_true(fabs(g[4] - ((s0a - 1) + s0b) / 2) < 1e-6);
 	assert_true(fabs(g[5] + g[4]) < 1e-6);
-	assert_int_equal(fb_model_evaluate(m, p, x, y, 2, &mean_loss, &acc),
-	    FB_OK);
+	assert_int_equal(
+	    fb_model_evaluate(m, p, x, y, 2, &mean_loss, &acc), FB_OK);
 	assert_true(fabs(mean_loss - want) < 1e-6);
 	/* example 1 predicts class 1 (wrong), example 2 class 1 (right) */
 	assert_true(fabs(acc - 0.5) < 1e-12);
@@ -285,11 +288,13 @@ test_forward_bitwise(void **state)
 	memset(w2, 0x5a, wl); /* a dirty workspace must not matter */
 	fb_model_init_params(m, p, 1);
 	random_batch(67, 784, 10, 2, x, y);
-	assert_int_equal(ops->forward_backward(fb_model_state(m), p, x, y, 67,
-	    g1, &l1, w1), FB_OK);
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 67, g1, &l1, w1),
+	    FB_OK);
 	memset(g2, 0x77, np * 4);
-	assert_int_equal(ops->forward_backward(fb_model_state(m), p, x, y, 67,
-	    g2, &l2, w2), FB_OK);
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 67, g2, &l2, w2),
+	    FB_OK);
 	assert_memory_equal(g1, g2, np * 4);
 	assert_memory_equal(&l1, &l2, sizeof(l1));
 	fb_free(w1);
@@ -315,13 +320,15 @@ test_bad_labels(void **state)
 
 	assert_true(fb_model_param_count(m) <= 64);
 	fb_model_init_params(m, p, 1);
-	assert_int_equal(ops->forward_backward(fb_model_state(m), p, x, y, 2,
-	    g, &loss, ws), FB_EINVAL);
-	assert_int_equal(fb_model_evaluate(m, p, x, y, 2, &ml, &acc),
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 2, g, &loss, ws),
 	    FB_EINVAL);
+	assert_int_equal(
+	    fb_model_evaluate(m, p, x, y, 2, &ml, &acc), FB_EINVAL);
 	y[1] = 255;
-	assert_int_equal(ops->forward_backward(fb_model_state(m), p, x, y, 2,
-	    g, &loss, ws), FB_EINVAL);
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 2, g, &loss, ws),
+	    FB_EINVAL);
 	fb_free(ws);
 	fb_model_close(m);
 }
@@ -373,8 +380,9 @@ test_describe_and_counts(void **state)
 		for (int i = 0; i < 1000; i++) {
 			assert_true(p[i] == 0.0f);
 		}
-		assert_int_equal(fb_model_evaluate(m, p, p, (uint8_t *)&one,
-		    1, &ml, &acc), FB_ENOTSUP);
+		assert_int_equal(
+		    fb_model_evaluate(m, p, p, (uint8_t *)&one, 1, &ml, &acc),
+		    FB_ENOTSUP);
 	}
 	fb_model_close(m);
 }
@@ -456,8 +464,8 @@ test_safetensors_roundtrip(void **state)
 	uint64_t np = fb_model_param_count(m);
 	float *a = malloc(np * 4), *b = malloc(np * 4);
 	const char *const meta[][2] = {
-		{"fedbox.round", "17"},
-		{"note", "quote \" back\\slash\nnewline\ttab \x01"},
+	    {"fedbox.round", "17"},
+	    {"note", "quote \" back\\slash\nnewline\ttab \x01"},
 	};
 	const char *path = tmp_path("rt.safetensors");
 	uint32_t round = 99;
@@ -467,11 +475,9 @@ test_safetensors_roundtrip(void **state)
 	fb_model_init_params(m, a, 5);
 	a[0] = -0.0f;
 	a[1] = 1e-42f; /* subnormal survives */
-	assert_int_equal(fb_model_save_safetensors(m, a, path, meta, 2),
-	    FB_OK);
+	assert_int_equal(fb_model_save_safetensors(m, a, path, meta, 2), FB_OK);
 	memset(b, 0xff, np * 4);
-	assert_int_equal(fb_model_load_safetensors(m, path, b, &round),
-	    FB_OK);
+	assert_int_equal(fb_model_load_safetensors(m, path, b, &round), FB_OK);
 	assert_memory_equal(a, b, np * 4);
 	assert_int_equal(round, 17);
 	file = slurp(path, &len);
@@ -483,10 +489,8 @@ test_safetensors_roundtrip(void **state)
 	    "quote \\\" back\\\\slash\\nnewline\\ttab \\u0001"));
 	free(file);
 	/* no metadata: round reads 0 */
-	assert_int_equal(fb_model_save_safetensors(m, a, path, NULL, 0),
-	    FB_OK);
-	assert_int_equal(fb_model_load_safetensors(m, path, b, &round),
-	    FB_OK);
+	assert_int_equal(fb_model_save_safetensors(m, a, path, NULL, 0), FB_OK);
+	assert_int_equal(fb_model_load_safetensors(m, path, b, &round), FB_OK);
 	assert_int_equal(round, 0);
 	assert_memory_equal(a, b, np * 4);
 	free(a);
@@ -501,7 +505,8 @@ test_safetensors_foreign_order(void **state)
 {
 	fb_model_spec s = spec_mlp(2, NULL, 0, 2);
 	fb_model *m = open_ok(&s);
-	const char hdr[] = "{ \"fc1.bias\": {\"shape\": [2], \"dtype\": \"F32\""
+	const char hdr[] =
+	    "{ \"fc1.bias\": {\"shape\": [2], \"dtype\": \"F32\""
 	    ", \"data_offsets\": [0, 8]}, \"__metadata__\": {\"format\": "
 	    "\"pt\"}, \"fc1.weight\": {\"dtype\": \"F32\", \"shape\": [2, 2],"
 	    " \"data_offsets\": [8, 24]}}";
@@ -536,72 +541,72 @@ test_safetensors_rejects(void **state)
 	char *at;
 
 	fb_model_init_params(m, p, 1);
-	assert_int_equal(fb_model_save_safetensors(m, p, good, NULL, 0),
-	    FB_OK);
+	assert_int_equal(fb_model_save_safetensors(m, p, good, NULL, 0), FB_OK);
 	file = slurp(good, &len);
 	copy = malloc(len + 16);
 
 	/* truncated: data short by one byte, and inside the header */
 	spit(badp, file, len - 1);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	spit(badp, file, 20);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	spit(badp, file, 5);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	/* trailing bytes */
 	memcpy(copy, file, len);
 	memset(copy + len, 0, 4);
 	spit(badp, copy, len + 4);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	/* wrong shape: a model with 17 hidden units reads the 16 file */
-	assert_int_equal(fb_model_load_safetensors(m2, good, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m2, good, q, NULL), FB_EFORMAT);
 	/* wrong dtype */
 	memcpy(copy, file, len);
 	at = strstr((char *)copy + 8, "F32");
 	assert_non_null(at);
 	memcpy(at, "F16", 3);
 	spit(badp, copy, len);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	/* shifted offsets */
 	memcpy(copy, file, len);
 	at = strstr((char *)copy + 8, "[0,1280]");
 	assert_non_null(at);
 	memcpy(at, "[4,1284]", 8);
 	spit(badp, copy, len);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	/* renamed tensor */
 	memcpy(copy, file, len);
 	at = strstr((char *)copy + 8, "fc2.bias");
 	memcpy(at, "fc9", 3);
 	spit(badp, copy, len);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	/* garbage header */
 	memcpy(copy, file, len);
 	memset(copy + 8, '#', 16);
 	spit(badp, copy, len);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	/* header length beyond the file, and absurd */
 	memcpy(copy, file, len);
 	fb_store_le64(copy, len);
 	spit(badp, copy, len);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	fb_store_le64(copy, UINT64_MAX);
 	spit(badp, copy, len);
-	assert_int_equal(fb_model_load_safetensors(m, badp, q, NULL),
-	    FB_EFORMAT);
+	assert_int_equal(
+	    fb_model_load_safetensors(m, badp, q, NULL), FB_EFORMAT);
 	/* missing file */
-	assert_int_equal(fb_model_load_safetensors(m,
-	    tmp_path("absent.safetensors"), q, NULL), FB_EIO);
+	assert_int_equal(fb_model_load_safetensors(
+	                     m, tmp_path("absent.safetensors"), q, NULL),
+	    FB_EIO);
 	/* the good file still loads */
 	assert_int_equal(fb_model_load_safetensors(m, good, q, NULL), FB_OK);
 	assert_memory_equal(p, q, np * 4);
@@ -669,13 +674,14 @@ test_gemm_speed(void **state)
 	random_batch(64, 784, 10, 3, x, y);
 	t0 = fb_now_s();
 	do {
-		assert_int_equal(ops->forward_backward(fb_model_state(m), p,
-		    x, y, 64, g, &loss, ws), FB_OK);
+		assert_int_equal(ops->forward_backward(fb_model_state(m), p, x,
+		                     y, 64, g, &loss, ws),
+		    FB_OK);
 		iters++;
 	} while ((t = fb_now_s() - t0) < 0.5);
 	printf("# speed: mlp 784-128-10 batch 64 forward+backward: %.3f ms "
-	    "per step, %.2f GFLOP/s\n", t / iters * 1e3,
-	    flops * iters / t / 1e9);
+	       "per step, %.2f GFLOP/s\n",
+	    t / iters * 1e3, flops * iters / t / 1e9);
 	fb_free(ws);
 	free(p);
 	free(g);
@@ -684,30 +690,25 @@ test_gemm_speed(void **state)
 }
 
 FB_TESTS = {
-	{ "mlp gradient matches finite differences", test_mlp_gradient },
-	{ "logreg gradient matches finite differences",
-	    test_logreg_gradient },
-	{ "784-33-10 gradient matches on 200 sampled parameters",
-	    test_big_mlp_gradient },
-	{ "loss equals the hand-computed value", test_hand_loss },
-	{ "init is deterministic by seed and in bounds",
-	    test_init_deterministic },
-	{ "forward and backward are bitwise deterministic",
-	    test_forward_bitwise },
-	{ "labels at or above classes are rejected", test_bad_labels },
-	{ "describe and parameter counts match PyTorch",
-	    test_describe_and_counts },
-	{ "bad model specs are rejected", test_bad_specs },
-	{ "safetensors survive save and load bitwise",
-	    test_safetensors_roundtrip },
-	{ "safetensors in another tensor order load",
-	    test_safetensors_foreign_order },
-	{ "damaged or mismatched safetensors are rejected",
-	    test_safetensors_rejects },
-	{ "plug-in loads and its gradient is right", test_plugin_loads },
-	{ "bad plug-in paths fail cleanly", test_bad_plugin },
-	{ "gemm speed is reported", test_gemm_speed },
-	{ NULL, NULL },
+    {"mlp gradient matches finite differences", test_mlp_gradient},
+    {"logreg gradient matches finite differences", test_logreg_gradient},
+    {"784-33-10 gradient matches on 200 sampled parameters",
+        test_big_mlp_gradient},
+    {"loss equals the hand-computed value", test_hand_loss},
+    {"init is deterministic by seed and in bounds", test_init_deterministic},
+    {"forward and backward are bitwise deterministic", test_forward_bitwise},
+    {"labels at or above classes are rejected", test_bad_labels},
+    {"describe and parameter counts match PyTorch", test_describe_and_counts},
+    {"bad model specs are rejected", test_bad_specs},
+    {"safetensors survive save and load bitwise", test_safetensors_roundtrip},
+    {"safetensors in another tensor order load",
+        test_safetensors_foreign_order},
+    {"damaged or mismatched safetensors are rejected",
+        test_safetensors_rejects},
+    {"plug-in loads and its gradient is right", test_plugin_loads},
+    {"bad plug-in paths fail cleanly", test_bad_plugin},
+    {"gemm speed is reported", test_gemm_speed},
+    {NULL, NULL},
 };
 
 FB_TEST_MAIN("model")

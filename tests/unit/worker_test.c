@@ -14,8 +14,8 @@
 #include "common/util.h"
 #include "data/data.h"
 #include "model/model.h"
-#include "worker/trainer.h"
 #include "tests/unit/harness.h"
+#include "worker/trainer.h"
 
 static fb_model *
 open_mlp(uint32_t in, uint32_t hidden, uint32_t classes)
@@ -274,17 +274,19 @@ test_fmnist_learns(void **state)
 	np = fb_model_param_count(m);
 	p = malloc(np * sizeof(float));
 	fb_model_init_params(m, p, 1);
-	assert_int_equal(fb_model_evaluate(m, p, sub.x, sub.y, sub.count,
-	    &loss0, &acc0), FB_OK);
+	assert_int_equal(
+	    fb_model_evaluate(m, p, sub.x, sub.y, sub.count, &loss0, &acc0),
+	    FB_OK);
 	assert_int_equal(fb_trainer_open(m, &sub, &c, 64, &t), FB_OK);
 	assert_int_equal(fb_trainer_set_params(t, p), FB_OK);
 	assert_int_equal(fb_trainer_train(t, &o, &st, NULL), FB_OK);
 	assert_int_equal(fb_trainer_get_params(t, p), FB_OK);
-	assert_int_equal(fb_model_evaluate(m, p, sub.x, sub.y, sub.count,
-	    &loss1, &acc1), FB_OK);
+	assert_int_equal(
+	    fb_model_evaluate(m, p, sub.x, sub.y, sub.count, &loss1, &acc1),
+	    FB_OK);
 	printf("# fmnist 6000: loss %.3f -> %.3f, accuracy %.3f -> %.3f, "
-	    "%.1f ms per step\n", loss0, loss1, acc0, acc1,
-	    st.seconds / (double)st.steps * 1e3);
+	       "%.1f ms per step\n",
+	    loss0, loss1, acc0, acc1, st.seconds / (double)st.steps * 1e3);
 	assert_int_equal(st.steps, 200);
 	assert_true(loss1 < loss0 * 0.5);
 	assert_true(acc1 > 0.70);
@@ -454,19 +456,17 @@ test_bad_inputs(void **state)
 }
 
 FB_TESTS = {
-	{ "two runs from one seed give bitwise identical parameters",
-	    test_bitwise_reproducible },
-	{ "batch order is a seeded permutation per epoch", test_batch_order },
-	{ "sgd and momentum steps match hand computation",
-	    test_sgd_step_by_hand },
-	{ "training on 6000 fashion-mnist examples learns",
-	    test_fmnist_learns },
-	{ "cancel flag stops training early", test_cancel },
-	{ "throttle 3 makes training about 3x slower", test_throttle },
-	{ "cuda without its library is unsupported and auto falls back",
-	    test_backend_choice },
-	{ "bad models, shards and options are rejected", test_bad_inputs },
-	{ NULL, NULL },
+    {"two runs from one seed give bitwise identical parameters",
+        test_bitwise_reproducible},
+    {"batch order is a seeded permutation per epoch", test_batch_order},
+    {"sgd and momentum steps match hand computation", test_sgd_step_by_hand},
+    {"training on 6000 fashion-mnist examples learns", test_fmnist_learns},
+    {"cancel flag stops training early", test_cancel},
+    {"throttle 3 makes training about 3x slower", test_throttle},
+    {"cuda without its library is unsupported and auto falls back",
+        test_backend_choice},
+    {"bad models, shards and options are rejected", test_bad_inputs},
+    {NULL, NULL},
 };
 
 FB_TEST_MAIN("worker")

@@ -25,18 +25,18 @@
 #include "worker/trainer.h"
 
 typedef struct cpu_state {
-	const fb_model *m;         /* borrowed */
+	const fb_model *m; /* borrowed */
 	const fb_model_ops *ops;
-	const void *ms;            /* model state */
-	const fb_dataset *shard;   /* borrowed */
-	uint32_t max_batch;        /* >= 1 */
-	double throttle;           /* >= 1 */
-	uint64_t np;               /* parameter count */
+	const void *ms;             /* model state */
+	const fb_dataset *shard;    /* borrowed */
+	uint32_t max_batch;         /* >= 1 */
+	double throttle;            /* >= 1 */
+	uint64_t np;                /* parameter count */
 	float *params, *grad, *mom; /* np floats each */
-	void *ws;                  /* model workspace for max_batch */
-	float *xb;                 /* max_batch * dim: the gathered batch */
-	uint8_t *yb;               /* max_batch labels */
-	uint32_t *order;           /* shard->count: the current epoch */
+	void *ws;                   /* model workspace for max_batch */
+	float *xb;                  /* max_batch * dim: the gathered batch */
+	uint8_t *yb;                /* max_batch labels */
+	uint32_t *order;            /* shard->count: the current epoch */
 } cpu_state;
 
 static void cpu_close(void *state);
@@ -58,17 +58,18 @@ cpu_open(const fb_model *m, const fb_dataset *shard,
 	}
 	if (max_batch < 1 || shard->count < 1 ||
 	    shard->dim != fb_model_input_dim(m)) {
-		fb_log_error("trainer: need max_batch >= 1 and a non-empty "
+		fb_log_error(
+		    "trainer: need max_batch >= 1 and a non-empty "
 		    "shard of %u features (got max_batch %u, %u examples of "
-		    "%u)", fb_model_input_dim(m), max_batch, shard->count,
-		    shard->dim);
+		    "%u)",
+		    fb_model_input_dim(m), max_batch, shard->count, shard->dim);
 		rc = FB_EINVAL;
 		goto out;
 	}
 	if (!(cfg->throttle >= 1.0 || cfg->throttle == 0.0) ||
 	    !isfinite(cfg->throttle)) {
-		fb_log_error("trainer: throttle must be >= 1 (got %g)",
-		    cfg->throttle);
+		fb_log_error(
+		    "trainer: throttle must be >= 1 (got %g)", cfg->throttle);
 		rc = FB_EINVAL;
 		goto out;
 	}
@@ -146,8 +147,10 @@ cpu_describe(void *state, char *buf, size_t len)
 	cpu_state *s = state;
 
 	if (s->throttle > 1.0) {
-		snprintf(buf, len, "cpu: 1 thread (fp32), throttle %.2fx "
-		    "(simulated)", s->throttle);
+		snprintf(buf, len,
+		    "cpu: 1 thread (fp32), throttle %.2fx "
+		    "(simulated)",
+		    s->throttle);
 	} else {
 		snprintf(buf, len, "cpu: 1 thread (fp32)");
 	}
@@ -175,10 +178,12 @@ check_opts(const cpu_state *s, const fb_train_opts *o)
 	    !(o->lr > 0.0f) || !isfinite(o->lr) || !(o->momentum >= 0.0f) ||
 	    !(o->momentum < 1.0f) || !(o->weight_decay >= 0.0f) ||
 	    !isfinite(o->weight_decay)) {
-		fb_log_error("trainer: bad options (steps %llu >= 1, batch %u "
+		fb_log_error(
+		    "trainer: bad options (steps %llu >= 1, batch %u "
 		    "in 1..%u, lr %g > 0, momentum %g in [0, 1), weight "
-		    "decay %g >= 0)", (unsigned long long)o->steps, o->batch,
-		    s->max_batch, (double)o->lr, (double)o->momentum,
+		    "decay %g >= 0)",
+		    (unsigned long long)o->steps, o->batch, s->max_batch,
+		    (double)o->lr, (double)o->momentum,
 		    (double)o->weight_decay);
 		return FB_EINVAL;
 	}
@@ -194,8 +199,7 @@ cpu_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 	const fb_dataset *d = s->shard;
 	uint64_t pos = 0, epoch = UINT64_MAX;
 	double t_start = fb_now_s(), loss_sum = 0.0;
-	const float lr = opts->lr, mu = opts->momentum,
-	    wd = opts->weight_decay;
+	const float lr = opts->lr, mu = opts->momentum, wd = opts->weight_decay;
 
 	memset(stats, 0, sizeof(*stats));
 	if ((rc = check_opts(s, opts)) != FB_OK) {
@@ -203,8 +207,8 @@ cpu_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 	}
 	if (s->throttle > 1.0) {
 		fb_log_debug("trainer: throttle %.2f: sleeping %.2fx each "
-		    "step's compute time (simulated slowdown)", s->throttle,
-		    s->throttle - 1.0);
+		             "step's compute time (simulated slowdown)",
+		    s->throttle, s->throttle - 1.0);
 	}
 	memset(s->mom, 0, (size_t)s->np * sizeof(float));
 	for (uint64_t step = 0; step < opts->steps; step++) {
@@ -262,11 +266,11 @@ out:
 }
 
 const fb_trainer_backend fb_trainer_cpu_backend = {
-	.name = "cpu",
-	.open = cpu_open,
-	.close = cpu_close,
-	.set_params = cpu_set_params,
-	.train = cpu_train,
-	.get_params = cpu_get_params,
-	.describe = cpu_describe,
+    .name = "cpu",
+    .open = cpu_open,
+    .close = cpu_close,
+    .set_params = cpu_set_params,
+    .train = cpu_train,
+    .get_params = cpu_get_params,
+    .describe = cpu_describe,
 };
