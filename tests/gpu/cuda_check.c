@@ -1,0 +1,443 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * cuda_check.c -- correctness of the CUDA trainer backend on a GPU machine.
+ *
+ *   cuda_check           all checks (below)
+ *   cuda_check --quick   a short run for compute-sanitizer: one small model,
+ *                        gradient and 10 training steps, graphs and eager
+ *
+ * Checks: CPU vs CUDA loss and gradient on random data and weights for mlp
+ * and logreg, on 1 GPU and on all GPUs (uneven batch split too), by the
+ * norm-wise relative error ||g_cuda - g_cpu||_2 / ||g_cpu||_2 < 1e-5 and
+ * |l_cuda - l_cpu| / |l_cpu| < 1e-5; graph replay equals eager launches
+ * bitwise; 1-GPU vs all-GPU parameters after 100 SGD steps (momentum,
+ * weight decay) from the same seed, and CPU backend vs 1 GPU, within fp32
+ * rounding (max abs and norm-wise relative difference printed; gate 1e-4);
+ * a model the backend cannot run is refused with FB_ENOTSUP.
+ *
+ * Prints PASS/FAIL lines; exits 1 on any failure. Without a GPU it prints
+ * "SKIP: <reason>" and exits 0.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "data/data.h"
+#include "model/model.h"
+#include "worker/cuda/cuda.h"
+#include "worker/trainer.h"
+
+static int failures;
+
+static void
+check(int ok, const char *what, const char *detail)
+{
+	printf("%s: %s%s%s\n", ok ? "PASS" : "FAIL", what,
+	    detail[0] ? " -- " : "", detail);
+	fflush(stdout);
+	if (!ok) {
+		failures++;
+	}
+}
+
+/* Norm-wise relative error and max abs difference of a vs reference b. */
+static double
+rel_err(const float *a, const float *b, uint64_t n, double *max_abs)
+{
+	double num = 0.0;
+	double den = 0.0;
+
+	*max_abs = 0.0;
+	for (uint64_t i = 0; i < n; i++) {
+		double d = (double)a[i] - (double)b[i];
+		if (!isfinite(a[i])) {
+			*max_abs = INFINITY;
+			return INFINITY;
+		}
+		num += d * d;
+		den += (double)b[i] * b[i];
+		if (fabs(d) > *max_abs) {
+			*max_abs = fabs(d);
+		}
+	}
+	return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+static fb_err
+make_shard(fb_dataset *d, uint32_t count, uint32_t dim, uint32_t classes,
+    uint64_t seed)
+{
+	fb_rng r;
+
+	memset(d, 0, sizeof(*d));
+	d->x = fb_alloc((size_t)count * dim * sizeof(float));
+	d->y = fb_alloc(count);
+	if (d->x == NULL || d->y == NULL) {
+		fb_free(d->x);
+		fb_free(d->y);
+		return FB_ENOMEM;
+	}
+	d->count = count;
+	d->dim = dim;
+	d->classes = classes;
+	fb_rng_init(&r, seed, 1);
+	for (size_t i = 0; i < (size_t)count * dim; i++) {
+		d->x[i] = (float)fb_rng_normal(&r);
+	}
+	for (uint32_t i = 0; i < count; i++) {
+		d->y[i] = (uint8_t)fb_rng_below(&r, classes);
+	}
+	return FB_OK;
+}
+
+static fb_err
+open_model(const char *arch, uint32_t in, const uint32_t *hidden,
+    uint32_t nh, uint32_t classes, fb_model **m)
+{
+	fb_model_spec spec;
+
+	memset(&spec, 0, sizeof(spec));
+	snprintf(spec.arch, sizeof(spec.arch), "%s", arch);
+	spec.input_dim = in;
+	spec.classes = classes;
+	spec.hidden_count = nh;
+	for (uint32_t i = 0; i < nh; i++) {
+		spec.hidden[i] = hidden[i];
+	}
+	return fb_model_open(&spec, m);
+}
+
+/* Random weights: the model's init plus noise, so biases are non-zero. */
+static void
+random_params(const fb_model *m, float *p, uint64_t seed)
+{
+	fb_rng r;
+	uint64_t n = fb_model_param_count(m);
+
+	fb_model_init_params(m, p, seed);
+	fb_rng_init(&r, seed, 7);
+	for (uint64_t i = 0; i < n; i++) {
+		p[i] += (float)(0.05 * fb_rng_normal(&r));
+	}
+}
+
+static fb_err
+cuda_open_n(const fb_model *m, const fb_dataset *d, uint32_t ngpus,
+    int math, uint32_t max_batch, void **st)
+{
+	fb_trainer_config cfg;
+
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.device = FB_DEVICE_CUDA;
+	cfg.math = math;
+	cfg.throttle = 1.0;
+	cfg.gpu_count = ngpus; /* 0: all */
+	for (uint32_t i = 0; i < ngpus && i < 16; i++) {
+		cfg.gpus[i] = (int)i;
+	}
+	return fb_trainer_cuda_backend_v1()->open(m, d, &cfg, max_batch, st);
+}
+
+/* CPU vs CUDA loss and gradient on one random batch. */
+static void
+check_gradient(const char *arch, uint32_t in, const uint32_t *hidden,
+    uint32_t nh, uint32_t classes, uint32_t batch, uint32_t ngpus)
+{
+	const fb_trainer_backend *be = fb_trainer_cuda_backend_v1();
+	fb_model *m = NULL;
+	fb_dataset d;
+	void *st = NULL;
+	void *ws = NULL;
+	float *p = NULL, *gc = NULL, *gg = NULL, *xb = NULL;
+	uint8_t *yb = NULL;
+	uint32_t *idx = NULL;
+	float lc = 0.0f, lg = 0.0f;
+	char what[160], detail[200];
+	fb_rng r;
+	uint64_t n;
+	const fb_model_ops *ops;
+	fb_err rc;
+
+	memset(&d, 0, sizeof(d));
+	snprintf(what, sizeof(what), "%s %u-..-%u batch %u on %s GPU(s): CPU "
+	    "vs CUDA loss and gradient (fp32)", arch, in, classes, batch,
+	    ngpus ? "1" : "all");
+	if ((rc = open_model(arch, in, hidden, nh, classes, &m)) != FB_OK ||
+	    (rc = make_shard(&d, 3 * batch + 5, in, classes, 11)) != FB_OK) {
+		snprintf(detail, sizeof(detail), "setup: %s", fb_strerror(rc));
+		check(0, what, detail);
+		goto out;
+	}
+	n = fb_model_param_count(m);
+	ops = fb_model_get_ops(m);
+	p = fb_alloc(n * sizeof(float));
+	gc = fb_alloc(n * sizeof(float));
+	gg = fb_alloc(n * sizeof(float));
+	xb = fb_alloc((size_t)batch * in * sizeof(float));
+	yb = fb_alloc(batch);
+	idx = fb_alloc(batch * sizeof(uint32_t));
+	ws = fb_alloc(ops->workspace_len(fb_model_state(m), batch) + 64);
+	if (!p || !gc || !gg || !xb || !yb || !idx || !ws) {
+		check(0, what, "out of memory");
+		goto out;
+	}
+	random_params(m, p, 1234 + batch);
+	fb_rng_init(&r, 99, batch);
+	for (uint32_t b = 0; b < batch; b++) {
+		idx[b] = (uint32_t)fb_rng_below(&r, d.count);
+		memcpy(xb + (size_t)b * in, d.x + (size_t)idx[b] * in,
+		    in * sizeof(float));
+		yb[b] = d.y[idx[b]];
+	}
+	if ((rc = ops->forward_backward(fb_model_state(m), p, xb, yb, batch,
+	    gc, &lc, ws)) != FB_OK) {
+		snprintf(detail, sizeof(detail), "cpu: %s", fb_strerror(rc));
+		check(0, what, detail);
+		goto out;
+	}
+	if ((rc = cuda_open_n(m, &d, ngpus, FB_MATH_FP32, batch, &st)) !=
+	    FB_OK || (rc = be->set_params(st, p)) != FB_OK ||
+	    (rc = fb_cuda_trainer_gradient(st, idx, batch, gg, &lg)) != FB_OK) {
+		snprintf(detail, sizeof(detail), "cuda: %s", fb_strerror(rc));
+		check(0, what, detail);
+		goto out;
+	}
+	{
+		double max_abs;
+		double e = rel_err(gg, gc, n, &max_abs);
+		double le = fabs((double)lg - lc) / fabs((double)lc);
+		snprintf(detail, sizeof(detail), "loss cpu %.7f cuda %.7f rel "
+		    "%.2e; grad norm-wise rel %.2e, max abs %.2e (%llu "
+		    "params)", lc, lg, le, e, max_abs, (unsigned long long)n);
+		check(e < 1e-5 && le < 1e-5, what, detail);
+	}
+out:
+	if (st != NULL) {
+		be->close(st);
+	}
+	fb_free(p);
+	fb_free(gc);
+	fb_free(gg);
+	fb_free(xb);
+	fb_free(yb);
+	fb_free(idx);
+	fb_free(ws);
+	fb_dataset_fini(&d);
+	fb_model_close(m);
+}
+
+/* Train `steps` steps from params p0 with `be`; params out in `p`. */
+static fb_err
+train_with(const fb_trainer_backend *be, void *st, const float *p0, float *p,
+    const fb_train_opts *o, fb_train_stats *stats)
+{
+	fb_err rc;
+
+	if ((rc = be->set_params(st, p0)) != FB_OK ||
+	    (rc = be->train(st, o, stats, NULL)) != FB_OK) {
+		return rc;
+	}
+	return be->get_params(st, p);
+}
+
+static void
+check_training(int quick, int ngpus_avail)
+{
+	const fb_trainer_backend *cu = fb_trainer_cuda_backend_v1();
+	const fb_trainer_backend *cpu = &fb_trainer_cpu_backend;
+	uint32_t hidden[2] = {256, 128};
+	uint32_t in = quick ? 64 : 784;
+	fb_model *m = NULL;
+	fb_dataset d;
+	fb_train_opts o;
+	fb_train_stats s1, s2, s3, sc;
+	fb_trainer_config cfg;
+	void *st = NULL;
+	float *p0 = NULL, *pa = NULL, *pb = NULL, *pc = NULL, *pd = NULL;
+	char detail[256];
+	uint64_t n;
+	double e, max_abs;
+	fb_err rc;
+
+	memset(&d, 0, sizeof(d));
+	memset(&o, 0, sizeof(o));
+	o.steps = quick ? 10 : 100;
+	o.batch = quick ? 32 : 256;
+	o.lr = 0.05f;
+	o.momentum = 0.9f;
+	o.weight_decay = 1e-4f;
+	o.seed = 42;
+	o.round = 3;
+	o.worker_index = 1;
+	if ((rc = open_model("mlp", in, hidden, quick ? 1 : 2, 10, &m)) !=
+	    FB_OK || (rc = make_shard(&d, quick ? 100 : 3000, in, 10, 5)) !=
+	    FB_OK) {
+		snprintf(detail, sizeof(detail), "setup: %s", fb_strerror(rc));
+		check(0, "training setup", detail);
+		goto out;
+	}
+	n = fb_model_param_count(m);
+	p0 = fb_alloc(n * sizeof(float));
+	pa = fb_alloc(n * sizeof(float));
+	pb = fb_alloc(n * sizeof(float));
+	pc = fb_alloc(n * sizeof(float));
+	pd = fb_alloc(n * sizeof(float));
+	if (!p0 || !pa || !pb || !pc || !pd) {
+		check(0, "training setup", "out of memory");
+		goto out;
+	}
+	fb_model_init_params(m, p0, 7);
+
+	/* 1 GPU with graphs (default), then eager: bitwise equal. */
+	if ((rc = cuda_open_n(m, &d, 1, FB_MATH_FP32, o.batch, &st)) !=
+	    FB_OK || (rc = train_with(cu, st, p0, pa, &o, &s1)) != FB_OK) {
+		snprintf(detail, sizeof(detail), "cuda 1 GPU: %s",
+		    fb_strerror(rc));
+		check(0, "training on 1 GPU", detail);
+		goto out;
+	}
+	cu->describe(st, detail, sizeof(detail));
+	check(strncmp(detail, "cuda: 1 x ", 10) == 0 &&
+	    strstr(detail, "(fp32)") != NULL, "describe() names the GPUs",
+	    detail);
+	cu->close(st);
+	st = NULL;
+	setenv("FB_CUDA_GRAPHS", "0", 1);
+	rc = cuda_open_n(m, &d, 1, FB_MATH_FP32, o.batch, &st);
+	unsetenv("FB_CUDA_GRAPHS");
+	if (rc != FB_OK || (rc = train_with(cu, st, p0, pb, &o, &s2)) !=
+	    FB_OK) {
+		snprintf(detail, sizeof(detail), "cuda eager: %s",
+		    fb_strerror(rc));
+		check(0, "eager training on 1 GPU", detail);
+		goto out;
+	}
+	cu->close(st);
+	st = NULL;
+	snprintf(detail, sizeof(detail), "%llu steps, loss %.6f vs %.6f",
+	    (unsigned long long)o.steps, s1.loss_mean, s2.loss_mean);
+	check(memcmp(pa, pb, n * sizeof(float)) == 0 &&
+	    s1.loss_mean == s2.loss_mean,
+	    "CUDA Graph replay gives bitwise the eager result", detail);
+
+	/* CPU backend vs 1 GPU. */
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.device = FB_DEVICE_CPU;
+	cfg.throttle = 1.0;
+	if ((rc = cpu->open(m, &d, &cfg, o.batch, &st)) != FB_OK ||
+	    (rc = train_with(cpu, st, p0, pc, &o, &sc)) != FB_OK) {
+		snprintf(detail, sizeof(detail), "cpu: %s", fb_strerror(rc));
+		check(0, "CPU training", detail);
+		goto out;
+	}
+	cpu->close(st);
+	st = NULL;
+	e = rel_err(pa, pc, n, &max_abs);
+	snprintf(detail, sizeof(detail), "%llu steps: params norm-wise rel "
+	    "%.2e, max abs %.2e; mean loss cpu %.6f cuda %.6f",
+	    (unsigned long long)o.steps, e, max_abs, sc.loss_mean,
+	    s1.loss_mean);
+	check(e < 1e-4 && fabs(sc.loss_mean - s1.loss_mean) <
+	    1e-4 * fabs(sc.loss_mean), "CPU backend vs CUDA 1 GPU after "
+	    "training", detail);
+
+	if (ngpus_avail < 2) {
+		printf("SKIP: 1 GPU vs %d GPUs (one GPU visible)\n",
+		    ngpus_avail);
+		goto out;
+	}
+	if ((rc = cuda_open_n(m, &d, 0, FB_MATH_FP32, o.batch, &st)) !=
+	    FB_OK || (rc = train_with(cu, st, p0, pd, &o, &s3)) != FB_OK) {
+		snprintf(detail, sizeof(detail), "cuda all GPUs: %s",
+		    fb_strerror(rc));
+		check(0, "training on all GPUs", detail);
+		goto out;
+	}
+	cu->close(st);
+	st = NULL;
+	e = rel_err(pd, pa, n, &max_abs);
+	snprintf(detail, sizeof(detail), "%llu steps batch %u: params "
+	    "norm-wise rel %.2e, max abs %.2e; mean loss %.7f vs %.7f",
+	    (unsigned long long)o.steps, o.batch, e, max_abs, s1.loss_mean,
+	    s3.loss_mean);
+	check(e < 1e-4, "1 GPU vs all GPUs from the same seed (replicas "
+	    "identical)", detail);
+out:
+	if (st != NULL) {
+		cu->close(st);
+	}
+	fb_free(p0);
+	fb_free(pa);
+	fb_free(pb);
+	fb_free(pc);
+	fb_free(pd);
+	fb_dataset_fini(&d);
+	fb_model_close(m);
+}
+
+static void
+check_refuses_synthetic(void)
+{
+	fb_model_spec spec;
+	fb_model *m = NULL;
+	fb_dataset d;
+	void *st = NULL;
+	fb_err rc;
+
+	memset(&spec, 0, sizeof(spec));
+	snprintf(spec.arch, sizeof(spec.arch), "synthetic");
+	spec.synthetic_params = 1000;
+	spec.input_dim = 8;
+	spec.classes = 2;
+	if (fb_model_open(&spec, &m) != FB_OK ||
+	    make_shard(&d, 10, 8, 2, 1) != FB_OK) {
+		check(0, "synthetic model is refused", "setup failed");
+		fb_model_close(m);
+		return;
+	}
+	rc = cuda_open_n(m, &d, 1, FB_MATH_FP32, 4, &st);
+	check(rc == FB_ENOTSUP, "a model without CUDA kernels is refused "
+	    "with FB_ENOTSUP", fb_strerror(rc));
+	if (st != NULL) {
+		fb_trainer_cuda_backend_v1()->close(st);
+	}
+	fb_dataset_fini(&d);
+	fb_model_close(m);
+}
+
+int
+main(int argc, char **argv)
+{
+	char why[256] = "";
+	int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+	int ngpus;
+	uint32_t h2[2] = {40, 30};
+	uint32_t h1[1] = {128};
+
+	fb_log_init("cuda_check", FB_LOG_WARN);
+	ngpus = fb_cuda_device_count(why, sizeof(why));
+	if (ngpus <= 0) {
+		printf("SKIP: CUDA backend tests: %s\n", why);
+		return 0;
+	}
+	printf("cuda_check: %d GPU(s)%s\n", ngpus, quick ? ", quick" : "");
+	if (quick) {
+		check_gradient("mlp", 50, h2, 2, 7, 33, 1);
+		check_training(1, 1);
+		goto done;
+	}
+	check_gradient("mlp", 50, h2, 2, 7, 64, 1);
+	check_gradient("mlp", 784, h1, 1, 10, 256, 1);
+	check_gradient("logreg", 784, NULL, 0, 10, 128, 1);
+	check_gradient("mlp", 50, h2, 2, 7, 63, 0);
+	check_gradient("mlp", 784, h1, 1, 10, 256, 0);
+	check_gradient("logreg", 784, NULL, 0, 10, 127, 0);
+	check_refuses_synthetic();
+	check_training(0, ngpus);
+done:
+	printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+	return failures ? 1 : 0;
+}

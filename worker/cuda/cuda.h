@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * cuda.h -- the CUDA trainer backend (build/libfedbox-cuda.so).
+ *
+ * The worker finds the backend with dlsym(FB_TRAINER_CUDA_SYMBOL) and uses
+ * only the fb_trainer_backend table. The other functions here are for the
+ * GPU tests and benchmarks (tests/gpu, bench/gpu), which link the library
+ * directly; each takes the `state` that the backend's open() returned.
+ *
+ * Plain C; no CUDA, cuBLAS or NCCL type appears here (L3).
+ */
+#ifndef FB_WORKER_CUDA_CUDA_H
+#define FB_WORKER_CUDA_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "worker/trainer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* fb_trainer_cuda_backend_v1 returns the backend table (static storage). */
+const fb_trainer_backend *fb_trainer_cuda_backend_v1(void);
+
+/*
+ * fb_cuda_device_count returns how many CUDA devices are visible; when
+ * none (no driver, no device), 0 with the reason written to `why`.
+ */
+int fb_cuda_device_count(char *why, size_t len);
+
+/*
+ * fb_cuda_trainer_gradient computes, with the current parameters, the
+ * gradient of the mean loss over the `batch` shard examples listed in
+ * `idx`, split across the GPUs and all-reduced exactly as in a training
+ * step, and copies it (param_count floats) from the first GPU to `grad`;
+ * *loss gets the mean loss. Blocks. Errors: FB_EINVAL (batch > max_batch,
+ * batch < GPUs, index out of range), FB_ECUDA, FB_ENCCL.
+ */
+FB_MUST_CHECK fb_err fb_cuda_trainer_gradient(void *state,
+    const uint32_t *idx, uint32_t batch, float *grad, float *loss);
+
+/* In-step all-reduce timing, summed over profiled steps, mean over GPUs. */
+typedef struct fb_cuda_profile {
+	uint32_t ranks;       /* GPUs */
+	uint64_t steps;       /* profiled steps */
+	uint64_t calls;       /* all-reduce calls per GPU */
+	uint64_t bytes;       /* bytes all-reduced per GPU */
+	double allreduce_ms;  /* time inside those calls (CUDA events) */
+	double busbw_gbs;     /* 2(n-1)/n * bytes / time, GB/s (1e9) */
+} fb_cuda_profile;
+
+/*
+ * fb_cuda_trainer_set_profile turns profiling on (non-zero) or off. While
+ * on, train() runs without CUDA Graphs, records CUDA events around each
+ * gradient all-reduce and synchronizes after each step, so that the
+ * counters below fill; turning it on resets them. Not thread-safe against
+ * a concurrent train().
+ */
+void fb_cuda_trainer_set_profile(void *state, int on);
+void fb_cuda_trainer_get_profile(void *state, fb_cuda_profile *out);
+
+/*
+ * fb_cuda_trainer_bare_allreduce times `iters` in-place ncclAllReduce calls
+ * of `count` floats (<= param_count) on the trainer's own communicators
+ * and streams (after 5 warm-up calls); *ms gets the mean time of a call
+ * (CUDA events, mean over GPUs) and *busbw_gbs the bus bandwidth. It
+ * overwrites the gradient buffer. Errors: FB_ENOTSUP (one GPU: no NCCL),
+ * FB_EINVAL, FB_ECUDA, FB_ENCCL.
+ */
+FB_MUST_CHECK fb_err fb_cuda_trainer_bare_allreduce(void *state,
+    uint64_t count, uint32_t iters, double *ms, double *busbw_gbs);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,25 @@
+# SPDX-License-Identifier: Apache-2.0
+# worker/cuda/cuda.mk -- GPU test and benchmark programs (included by the
+# top Makefile before its CUDA section). They link the CUDA backend
+# (build/libfedbox-cuda.so, found through an $ORIGIN rpath) and the worker's
+# static archives; -rdynamic exports the fb_* symbols the backend calls:
+# fb_log, fb_model_get_ops, fb_model_param_count, fb_model_tensor_count,
+# fb_model_tensor_info, fb_train_batch_order, fb_model_mlp_ops,
+# fb_model_logreg_ops.
+ifeq ($(CUDA),1)
+GPU_PROGS = $(B)/tests/gpu/cuda_check $(B)/bench/gpu/fedbox_bench
+BINS += $(GPU_PROGS)
+
+.PHONY: gpu
+gpu: $(B)/libfedbox-cuda.so $(GPU_PROGS)
+
+$(B)/tests/gpu/cuda_check: $(B)/tests/gpu/cuda_check.o \
+    $(B)/libfedbox-cuda.so $(call libs_of,worker)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $< $(B)/libfedbox-cuda.so \
+	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
+
+$(B)/bench/gpu/fedbox_bench: $(B)/bench/gpu/fedbox_bench.o \
+    $(B)/libfedbox-cuda.so $(call libs_of,worker)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $< $(B)/libfedbox-cuda.so \
+	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
+endif

@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * cuda_impl.h -- private to worker/cuda: the error-translation macros and
+ * the launchers of our own kernels (kernels.cu), behind a plain C interface
+ * so that the backend (backend.c) stays C11.
+ *
+ * Every launcher enqueues on `s` and returns cudaGetLastError() of the
+ * launch; none blocks. Pointers are device pointers of the current device.
+ */
+#ifndef FB_WORKER_CUDA_IMPL_H
+#define FB_WORKER_CUDA_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* E2: foreign errors are translated where they enter, with a log line. */
+#define FB_CUDA_TRY(call, rc, label)                                     \
+	do {                                                             \
+		cudaError_t e_ = (call);                                 \
+		if (e_ != cudaSuccess) {                                 \
+			fb_log_error("cuda: %s: %s", #call,              \
+			    cudaGetErrorString(e_));                     \
+			(rc) = FB_ECUDA;                                 \
+			goto label;                                      \
+		}                                                        \
+	} while (0)
+
+#define FB_CUBLAS_TRY(call, rc, label)                                   \
+	do {                                                             \
+		cublasStatus_t s_ = (call);                              \
+		if (s_ != CUBLAS_STATUS_SUCCESS) {                       \
+			fb_log_error("cublas: %s: %s", #call,            \
+			    cublasGetStatusString(s_));                  \
+			(rc) = FB_ECUDA;                                 \
+			goto label;                                      \
+		}                                                        \
+	} while (0)
+
+#define FB_NCCL_TRY(call, rc, label)                                     \
+	do {                                                             \
+		ncclResult_t n_ = (call);                                \
+		if (n_ != ncclSuccess) {                                 \
+			fb_log_error("nccl: %s: %s", #call,              \
+			    ncclGetErrorString(n_));                     \
+			(rc) = FB_ENCCL;                                 \
+			goto label;                                      \
+		}                                                        \
+	} while (0)
+
+/*
+ * fb_cuda_gather copies `rows` examples into xo (rows x dim) and yo: row r
+ * is example idx[base + off + r] of the shard (x: count x dim, y: labels),
+ * where base = *step * stride when `step` is non-NULL (the device step
+ * counter, so that a captured graph reads a fresh batch each replay), else
+ * 0.
+ */
+cudaError_t fb_cuda_gather(const float *x, const uint8_t *y,
+    const uint32_t *idx, const uint32_t *step, uint32_t stride, uint32_t off,
+    uint32_t rows, uint32_t dim, float *xo, uint8_t *yo, cudaStream_t s);
+
+/* fb_cuda_bias_act adds b[c] to z[r][c] (rows x cols, row-major), then
+ * applies ReLU when `relu` is non-zero. */
+cudaError_t fb_cuda_bias_act(float *z, const float *b, uint32_t rows,
+    uint32_t cols, int relu, cudaStream_t s);
+
+/* fb_cuda_relu_bwd zeroes dz[i] where h[i] <= 0 (h = the ReLU's output,
+ * as PyTorch's threshold_backward does). */
+cudaError_t fb_cuda_relu_bwd(float *dz, const float *h, size_t count,
+    cudaStream_t s);
+
+/*
+ * fb_cuda_softmax_xent: for each row, the numerically stable softmax cross
+ * entropy of `logits` (rows x classes) against label y[r]: rowloss[r] =
+ * logsumexp(z) - z[y], dlogits = (softmax(z) - onehot(y)) * scale.
+ */
+cudaError_t fb_cuda_softmax_xent(const float *logits, const uint8_t *y,
+    uint32_t rows, uint32_t classes, float scale, float *dlogits,
+    float *rowloss, cudaStream_t s);
+
+/* fb_cuda_loss_reduce writes scale * sum(rowloss[0..rows)) to
+ * losses[step ? *step : 0], in a fixed order (deterministic). */
+cudaError_t fb_cuda_loss_reduce(const float *rowloss, uint32_t rows,
+    float scale, const uint32_t *step, float *losses, cudaStream_t s);
+
+/*
+ * fb_cuda_sgd applies PyTorch's SGD to count elements: v = mu*v + g + wd*w
+ * (v untouched when mu == 0), w -= lr*v. When `step` is non-NULL, *step is
+ * incremented once (the end of a training step).
+ */
+cudaError_t fb_cuda_sgd(float *w, const float *g, float *v, size_t count,
+    float lr, float mu, float wd, uint32_t *step, cudaStream_t s);
+
+/* fb_cuda_checksum writes to *out a position-weighted sum of the bit
+ * patterns of w[0..count); equal vectors give equal sums. *out must be
+ * zeroed first (it is accumulated into). */
+cudaError_t fb_cuda_checksum(const float *w, size_t count,
+    unsigned long long *out, cudaStream_t s);
+
+/* fb_cuda_fill sets p[0..count) to v. */
+cudaError_t fb_cuda_fill(float *p, size_t count, float v, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
