@@ -14,7 +14,6 @@
  * follows torch.optim.SGD (dampening 0, no Nesterov): g = grad + wd * w;
  * v = mu * v + g; w -= lr * v, with v zeroed at the start of every train().
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -156,18 +155,22 @@ cpu_describe(void *state, char *buf, size_t len)
 	}
 }
 
-/* sleep_s sleeps `sec` seconds, resuming after signals. */
+/*
+ * sleep_s sleeps `sec` seconds, resuming after signals, in slices of at
+ * most 50 ms so that a cancel during a long simulated slowdown is seen.
+ */
 static void
-sleep_s(double sec)
+sleep_s(double sec, const volatile int *cancel)
 {
-	struct timespec ts;
+	double end = fb_now_s() + sec, left;
 
-	if (!(sec > 0.0)) {
-		return;
-	}
-	ts.tv_sec = (time_t)sec;
-	ts.tv_nsec = (long)((sec - (double)ts.tv_sec) * 1e9);
-	while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+	while ((left = end - fb_now_s()) > 0.0 &&
+	       (cancel == NULL || *cancel == 0)) {
+		struct timespec ts;
+		left = left < 0.05 ? left : 0.05;
+		ts.tv_sec = 0;
+		ts.tv_nsec = (long)(left * 1e9);
+		(void)nanosleep(&ts, NULL);
 	}
 }
 
@@ -254,7 +257,8 @@ cpu_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 		stats->steps++;
 		stats->samples += opts->batch;
 		if (s->throttle > 1.0) {
-			sleep_s((s->throttle - 1.0) * (fb_now_s() - t0));
+			sleep_s(
+			    (s->throttle - 1.0) * (fb_now_s() - t0), cancel);
 		}
 	}
 out:
