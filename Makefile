@@ -19,7 +19,9 @@ WARN      = -std=c11 -Wall -Wextra -Wpedantic -Wshadow -Wformat=2 \
 ifeq ($(WERROR),1)
 WARN     += -Werror
 endif
-CPPFLAGS += -D_GNU_SOURCE -I. -Ibuild
+# Sanitizer builds live in their own tree so they never mix with normal ones.
+B := build$(if $(SAN),/san)
+CPPFLAGS += -D_GNU_SOURCE -I. -I$(B)
 LDLIBS    = -lzmq -lprotobuf-c -lsodium -lyaml -lz -lm -lpthread -ldl
 ifdef SAN
 CFLAGS   += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -27,8 +29,6 @@ LDFLAGS  += -fsanitize=$(SAN)
 endif
 # Compute kernels are built with -O3 so that the inner loops vectorise.
 KERNEL_CFLAGS = -O3 -fno-math-errno
-
-B := build
 
 # CUDA backend: built whenever nvcc is found, unless CUDA=0.
 CUDA_HOME ?= /usr/local/cuda
@@ -121,7 +121,7 @@ CU_OBJS  = $(CU_SRCS:%.cu=$(B)/%.cu.o) $(CU_CSRCS:%.c=$(B)/%.pic.o)
 BINS    += $(B)/libfedbox-cuda.so
 $(B)/%.cu.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -I. -Ibuild -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -I. -I$(B) -MMD -MP -c $< -o $@
 $(B)/%.pic.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CPPFLAGS) -I$(CUDA_HOME)/include $(CFLAGS) -fPIC \
@@ -162,7 +162,7 @@ all: bootstrap
 build-all: $(BINS) $(UNIT_BINS) $(TOOL_BINS) $(PLUGINS)
 
 test: all
-	@tests/run $(if $(SAN),--san)
+	@FB_BUILD=$(B) tests/run
 
 demo: all
 	scripts/fedbox-local --workers 4 --rounds 20 --alpha 0.5 \
@@ -180,4 +180,4 @@ fuzz: all
 clean:
 	rm -rf $(B)
 
--include $(shell find $(B) -name '*.d' 2>/dev/null)
+-include $(shell find $(B) -name '*.d' $(if $(SAN),,-not -path 'build/san/*') 2>/dev/null)

@@ -68,6 +68,7 @@ typedef struct fb_msg {
 			uint64_t num_samples;
 			char backend[FB_TEXT_MAX];
 			char software[FB_NAME_MAX];
+			uint64_t session;
 		} hello;
 		struct {
 			uint32_t protocol_version;
@@ -109,6 +110,7 @@ typedef struct fb_msg {
 			uint64_t steps;
 			double train_loss;
 			double train_seconds;
+			char backend[FB_TEXT_MAX];
 		} update_begin;
 		struct {
 			uint32_t round;

@@ -99,6 +99,7 @@ fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		hello.num_samples = m->u.hello.num_samples;
 		hello.backend = (char *)(uintptr_t)m->u.hello.backend;
 		hello.software = (char *)(uintptr_t)m->u.hello.software;
+		hello.session = m->u.hello.session;
 		env.body_case = FEDBOX__ENVELOPE__BODY_HELLO;
 		env.hello = &hello;
 		break;
@@ -166,6 +167,7 @@ fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		ub.steps = m->u.update_begin.steps;
 		ub.train_loss = m->u.update_begin.train_loss;
 		ub.train_seconds = m->u.update_begin.train_seconds;
+		ub.backend = (char *)(uintptr_t)m->u.update_begin.backend;
 		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_BEGIN;
 		env.update_begin = &ub;
 		break;
@@ -265,6 +267,7 @@ fb_msg_unpack(const uint8_t *buf, size_t len, fb_msg *m, const char **why)
 		m->u.hello.protocol_version = env->hello->protocol_version;
 		m->u.hello.worker_index = env->hello->worker_index;
 		m->u.hello.num_samples = env->hello->num_samples;
+		m->u.hello.session = env->hello->session;
 		if (!copy_text(m->u.hello.name, sizeof(m->u.hello.name),
 		        env->hello->name) ||
 		    !copy_text(m->u.hello.backend, sizeof(m->u.hello.backend),
@@ -335,6 +338,11 @@ fb_msg_unpack(const uint8_t *buf, size_t len, fb_msg *m, const char **why)
 		m->u.update_begin.steps = p->steps;
 		m->u.update_begin.train_loss = p->train_loss;
 		m->u.update_begin.train_seconds = p->train_seconds;
+		if (!copy_text(m->u.update_begin.backend,
+		        sizeof(m->u.update_begin.backend), p->backend)) {
+			reason = "update_begin: bad backend text";
+			goto out;
+		}
 		break;
 	}
 	case FEDBOX__ENVELOPE__BODY_UPDATE_CHUNK:

@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* config.c -- the coordinator's configuration keys, defaults and checks. */
+#include <stddef.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "coordinator/coordinator.h"
+
+#define F(field) offsetof(fb_coord_config, field)
+#define NOB 1, 0 /* no bounds */
+
+static const char *const log_levels[] = {"debug", "info", "warn", "error",
+    NULL};
+#define MB NULL
+
+const fb_cfg_field fb_coord_config_schema[] = {
+    {"listen", FB_CFG_STRING, F(listen), "tcp://0.0.0.0:5555", NOB, MB,
+        "ZeroMQ endpoint the coordinator binds (ROUTER socket)"},
+    {"output_dir", FB_CFG_STRING, F(output_dir), "runs/fedbox", NOB, MB,
+        "folder for metrics.jsonl and model.safetensors (created)"},
+    {"seed", FB_CFG_INT, F(seed), "1", 0, 9007199254740991.0, MB,
+        "seed of the model init, worker sampling and batch order"},
+    {"log_level", FB_CFG_ENUM, F(log_level), "info", NOB, log_levels,
+        "least severe log level printed"},
+    {"model.arch", FB_CFG_STRING, F(model_arch), "mlp", NOB, MB,
+        "mlp, logreg, synthetic (benchmarks) or plugin"},
+    {"model.input_dim", FB_CFG_INT, F(input_dim), "784", 1, 1e8, MB,
+        "features per example"},
+    {"model.classes", FB_CFG_INT, F(classes), "10", 2, 65536, MB,
+        "output classes"},
+    {"model.hidden", FB_CFG_INT_LIST, F(hidden), "[128]", 1, 1e7, MB,
+        "mlp hidden layer widths"},
+    {"model.synthetic_params", FB_CFG_INT, F(synthetic_params), "0", 0,
+        4e9, MB, "synthetic: number of float32 parameters"},
+    {"model.plugin", FB_CFG_STRING, F(plugin), "", NOB, MB,
+        "plugin: path of the model's shared library"},
+    {"round.rounds", FB_CFG_INT, F(rounds), "20", 1, 1e6, MB,
+        "rounds to run"},
+    {"round.workers_per_round", FB_CFG_INT, F(workers_per_round), "0", 0,
+        1e6, MB, "workers sampled each round; 0 = every live worker"},
+    {"round.min_workers", FB_CFG_INT, F(min_workers), "1", 1, 1e6, MB,
+        "live workers needed before a round starts"},
+    {"round.min_updates", FB_CFG_INT, F(min_updates), "1", 1, 1e6, MB,
+        "complete updates needed to commit a round"},
+    {"round.wait_for_workers", FB_CFG_DURATION, F(wait_for_workers_ms),
+        "10m", 0, 8.64e7, MB,
+        "how long to wait for min_workers before giving up"},
+    {"round.deadline", FB_CFG_DURATION, F(deadline_ms), "5m", 100, 8.64e7,
+        MB, "a round closes this long after it starts, with what it has"},
+    {"round.local_epochs", FB_CFG_FLOAT, F(local_epochs), "1", 0, 1e4, MB,
+        "local work: passes over each worker's shard per round"},
+    {"round.local_steps", FB_CFG_INT, F(local_steps), "0", 0, 1e9, MB,
+        "local work in SGD steps; > 0 overrides local_epochs"},
+    {"round.batch_size", FB_CFG_INT, F(batch_size), "64", 1, 1e6, MB,
+        "examples per SGD step (per worker box)"},
+    {"round.lr", FB_CFG_FLOAT, F(lr), "0.05", 0, 100, MB,
+        "workers' SGD learning rate"},
+    {"round.momentum", FB_CFG_FLOAT, F(momentum), "0.9", 0, 0.999, MB,
+        "workers' SGD momentum (state reset each round)"},
+    {"round.weight_decay", FB_CFG_FLOAT, F(weight_decay), "0", 0, 1, MB,
+        "workers' L2 weight decay"},
+    {"round.server_lr", FB_CFG_FLOAT, F(server_lr), "1", 0, 100, MB,
+        "server learning rate: model -= server_lr * mean update"},
+    {"aggregation.clip", FB_CFG_FLOAT, F(clip), "16", 1e-6, 1e6, MB,
+        "update coordinates are clamped to [-clip, clip] (fixed point)"},
+    {"evaluation.every", FB_CFG_INT, F(eval_every), "1", 0, 1e6, MB,
+        "evaluate on the test set every N rounds (and the last); 0 = never"},
+    {"evaluation.data_dir", FB_CFG_STRING, F(data_dir),
+        "/usr/share/datasets/fashion-mnist", NOB, MB,
+        "folder with the Fashion-MNIST t10k IDX files"},
+    {"transport.chunk_size", FB_CFG_SIZE, F(chunk_size), "1MiB", 4096,
+        268435456, MB, "bytes per tensor chunk on the wire"},
+    {"transport.heartbeat", FB_CFG_DURATION, F(heartbeat_ms), "1s", 10,
+        600000, MB, "interval of liveness messages each way"},
+    {"transport.liveness_timeout", FB_CFG_DURATION, F(liveness_ms), "10s",
+        50, 3600000, MB, "a worker silent this long is declared lost"},
+    {"transport.send_timeout", FB_CFG_DURATION, F(send_timeout_ms), "30s",
+        10, 3600000, MB, "a send to a full peer queue gives up after this"},
+    {"transport.max_workers", FB_CFG_INT, F(max_workers), "1024", 1, 65536,
+        MB, "most workers admitted at once"},
+    {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
+};
+
+fb_err
+fb_coord_config_load(const char *path, fb_coord_config *cfg)
+{
+	fb_err rc;
+
+	memset(cfg, 0, sizeof(*cfg));
+	if ((rc = fb_cfg_load(path, fb_coord_config_schema, cfg)) != FB_OK) {
+		return rc;
+	}
+	if (cfg->liveness_ms <= cfg->heartbeat_ms) {
+		fb_log_error("%s: transport.liveness_timeout (%lldms) must be "
+		             "longer than transport.heartbeat (%lldms)",
+		    path, (long long)cfg->liveness_ms,
+		    (long long)cfg->heartbeat_ms);
+		rc = FB_ECONFIG;
+	} else if (cfg->chunk_size % 4 != 0) {
+		fb_log_error("%s: transport.chunk_size must be a multiple of 4 "
+		             "bytes (float32)", path);
+		rc = FB_ECONFIG;
+	} else if (cfg->min_updates > cfg->min_workers &&
+	    cfg->workers_per_round == 0) {
+		fb_log_error("%s: round.min_updates (%lld) exceeds "
+		             "round.min_workers (%lld): rounds could never "
+		             "commit", path, (long long)cfg->min_updates,
+		    (long long)cfg->min_workers);
+		rc = FB_ECONFIG;
+	} else if (cfg->workers_per_round > 0 &&
+	    cfg->min_updates > cfg->workers_per_round) {
+		fb_log_error("%s: round.min_updates (%lld) exceeds "
+		             "round.workers_per_round (%lld)", path,
+		    (long long)cfg->min_updates,
+		    (long long)cfg->workers_per_round);
+		rc = FB_ECONFIG;
+	} else if (cfg->local_steps == 0 && !(cfg->local_epochs > 0)) {
+		fb_log_error("%s: round.local_epochs must be > 0 when "
+		             "round.local_steps is 0", path);
+		rc = FB_ECONFIG;
+	} else if (cfg->lr <= 0) {
+		fb_log_error("%s: round.lr must be > 0", path);
+		rc = FB_ECONFIG;
+	} else if (strcmp(cfg->model_arch, "synthetic") == 0 &&
+	    cfg->synthetic_params == 0) {
+		fb_log_error("%s: model.synthetic_params must be > 0 for the "
+		             "synthetic model", path);
+		rc = FB_ECONFIG;
+	}
+	if (rc != FB_OK) {
+		fb_coord_config_fini(cfg);
+	}
+	return rc;
+}
+
+void
+fb_coord_config_fini(fb_coord_config *cfg)
+{
+	fb_cfg_free(fb_coord_config_schema, cfg);
+}

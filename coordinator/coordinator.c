@@ -1,0 +1,1043 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * coordinator.c -- the round state machine.
+ *
+ * One thread, one event loop: every wait is a bounded poll on the ROUTER
+ * socket, so heartbeats, deadlines and signals are handled on time whatever
+ * the workers do. A round:
+ *   select  -> RoundStart to each selected worker (its local steps, lr, ...)
+ *   fetch   -> workers pull the global model chunk by chunk (ModelFetch),
+ *              a bounded number in flight each, so queues stay small
+ *   train   -> workers send Heartbeats while they train
+ *   ingest  -> UpdateBegin then UpdateChunks; each chunk is checked and
+ *              added to the one fixed-point accumulator as it arrives
+ *   commit  -> when every selected worker is done or lost, or at the
+ *              deadline: apply the mean update, evaluate, write the model
+ *              (atomically) and one metrics line
+ * Anything unexpected from the network is dropped, logged (rate-limited)
+ * and counted by reason in the round's metrics.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <unistd.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "aggregation/aggregation.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "coordinator/coordinator.h"
+#include "data/data.h"
+#include "model/model.h"
+#include "proto/proto.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fedbox sends float32 tensors in host order: little-endian only"
+#endif
+
+typedef enum wstate {
+	W_IDLE = 0,  /* admitted, not in the current round */
+	W_TRAINING,  /* RoundStart sent; fetching or training */
+	W_UPLOADING, /* UpdateBegin accepted, chunks arriving */
+	W_DONE,      /* complete update added */
+	W_FAILED,    /* lost, cancelled or rejected this round */
+} wstate;
+
+static const char *const wstate_names[] = {"idle", "training", "uploading",
+    "done", "failed"};
+
+typedef struct worker {
+	bool used;
+	fb_peer peer;
+	uint32_t id;
+	char name[FB_NAME_MAX];
+	uint32_t index;
+	uint64_t num_samples;
+	uint64_t session;
+	char backend[FB_TEXT_MAX];
+	int64_t last_seen_ms;
+	/* current round */
+	wstate state;
+	double weight;
+	uint64_t assigned_steps;
+	uint32_t next_chunk;
+	uint64_t steps;
+	double train_loss;
+	double train_seconds;
+	const char *fail_reason;
+} worker;
+
+/* Reasons a message is dropped, counted per round in metrics.jsonl. */
+typedef enum drop_reason {
+	DROP_MALFORMED = 0,
+	DROP_UNKNOWN_PEER,
+	DROP_STALE_ROUND,
+	DROP_UNEXPECTED,
+	DROP_OUT_OF_ORDER,
+	DROP_WRONG_SIZE,
+	DROP_NONFINITE,
+	DROP_VERSION,
+	DROP_REASON_COUNT_
+} drop_reason;
+
+static const char *const drop_names[DROP_REASON_COUNT_] = {
+	"malformed", "unknown_peer", "stale_round", "unexpected",
+	"out_of_order", "wrong_size", "non_finite", "version",
+};
+
+typedef struct coord {
+	const fb_coord_config *cfg;
+	fb_link *link;
+	fb_model *model;
+	uint64_t param_count;
+	uint32_t chunk_elems;
+	uint32_t chunk_count;
+	float *params;      /* the global model */
+	fb_accum *accum;
+	fb_dataset test;
+	bool evaluate;
+	worker *workers;
+	uint32_t worker_cap;
+	uint32_t next_id;
+	uint64_t run_id;
+	fb_rng rng;
+	char model_desc[128];
+	char metrics_path[4096];
+	char model_path[4096];
+	/* current round */
+	uint32_t round;
+	int64_t round_started_ms;
+	int64_t deadline_ms;
+	int64_t last_heartbeat_ms;
+	uint64_t drops[DROP_REASON_COUNT_];
+	int64_t drop_logged_ms[DROP_REASON_COUNT_];
+	uint64_t drops_unlogged[DROP_REASON_COUNT_];
+	uint64_t clipped;
+	uint64_t up_bytes;
+	uint64_t down_bytes;
+	volatile sig_atomic_t *stop;
+} coord;
+
+/* Logs a dropped message at most once a second per reason; counts all. */
+static void
+drop(coord *c, drop_reason r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void
+drop(coord *c, drop_reason r, const char *fmt, ...)
+{
+	char text[512];
+	va_list ap;
+	int64_t now = fb_now_ms();
+
+	c->drops[r]++;
+	if (now - c->drop_logged_ms[r] < 1000) {
+		c->drops_unlogged[r]++;
+		return;
+	}
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	if (c->drops_unlogged[r] > 0) {
+		fb_log_warn("dropped message (%s): %s [and %" PRIu64
+		            " more of this kind]",
+		    drop_names[r], text, c->drops_unlogged[r]);
+	} else {
+		fb_log_warn("dropped message (%s): %s", drop_names[r], text);
+	}
+	c->drops_unlogged[r] = 0;
+	c->drop_logged_ms[r] = now;
+}
+
+static worker *
+find_peer(coord *c, const fb_peer *p)
+{
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		if (c->workers[i].used && fb_peer_equal(&c->workers[i].peer, p)) {
+			return &c->workers[i];
+		}
+	}
+	return NULL;
+}
+
+static uint32_t
+live_count(const coord *c)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		n += c->workers[i].used;
+	}
+	return n;
+}
+
+static fb_err
+send_to(coord *c, worker *w, const fb_msg *m, const void *payload,
+    size_t len)
+{
+	fb_err rc = fb_link_send(c->link, &w->peer, m, payload, len);
+	if (rc != FB_OK) {
+		fb_log_warn("cannot send %s to %s: %s", fb_msg_type_name(m->type),
+		    w->name, fb_strerror(rc));
+	}
+	return rc;
+}
+
+/* Best-effort sends: a failure is logged by the caller's context only. */
+static void
+send_quiet(coord *c, const fb_peer *peer, const fb_msg *m)
+{
+	if (fb_link_send(c->link, peer, m, NULL, 0) != FB_OK) {
+		fb_log_debug("could not send %s", fb_msg_type_name(m->type));
+	}
+}
+
+static void
+send_reject(coord *c, const fb_peer *peer, const char *reason)
+{
+	fb_msg m = {.type = FB_MSG_REJECT};
+	snprintf(m.u.reject.reason, sizeof(m.u.reject.reason), "%s", reason);
+	m.u.reject.protocol_version = FB_PROTOCOL_VERSION;
+	send_quiet(c, peer, &m);
+}
+
+static void
+worker_fail(coord *c, worker *w, const char *why)
+{
+	if (w->state == W_TRAINING || w->state == W_UPLOADING) {
+		fb_log_warn("round %u: %s leaves the round: %s", c->round,
+		    w->name, why);
+		w->state = W_FAILED;
+		w->fail_reason = why;
+	}
+}
+
+static void
+worker_forget(coord *c, worker *w, const char *why)
+{
+	worker_fail(c, w, why);
+	fb_log_info("worker %s removed: %s", w->name, why);
+	memset(w, 0, sizeof(*w));
+}
+
+static void
+on_hello(coord *c, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+	worker *w = find_peer(c, &f->peer);
+	fb_msg out = {.type = FB_MSG_WELCOME};
+	char reason[FB_TEXT_MAX];
+
+	if (m->u.hello.protocol_version != FB_PROTOCOL_VERSION) {
+		snprintf(reason, sizeof(reason),
+		    "protocol version %u is not supported: this coordinator "
+		    "speaks version %u (upgrade the worker or coordinator)",
+		    m->u.hello.protocol_version, FB_PROTOCOL_VERSION);
+		drop(c, DROP_VERSION, "hello from '%s': %s", m->u.hello.name,
+		    reason);
+		send_reject(c, &f->peer, reason);
+		return;
+	}
+	if (m->u.hello.name[0] == '\0' || m->u.hello.num_samples == 0) {
+		drop(c, DROP_MALFORMED, "hello without a name or samples");
+		send_reject(c, &f->peer, "hello needs a name and samples > 0");
+		return;
+	}
+	if (w != NULL && w->session == m->u.hello.session) {
+		/* A repeated hello of the same session: welcome it again. */
+		w->last_seen_ms = fb_now_ms();
+	} else if (w != NULL) {
+		/* The worker lost its session (e.g. it thought we were gone). */
+		worker_fail(c, w, "worker restarted its session");
+	} else {
+		/* Same name from a new connection: the old one is stale. */
+		for (uint32_t i = 0; i < c->worker_cap; i++) {
+			if (c->workers[i].used &&
+			    strcmp(c->workers[i].name, m->u.hello.name) == 0) {
+				worker_forget(c, &c->workers[i],
+				    "replaced by a new connection");
+			}
+		}
+		for (uint32_t i = 0; i < c->worker_cap && w == NULL; i++) {
+			if (!c->workers[i].used) {
+				w = &c->workers[i];
+			}
+		}
+		if (w == NULL) {
+			send_reject(c, &f->peer, "coordinator is full "
+			                         "(transport.max_workers)");
+			fb_log_warn("refused %s: already %u workers",
+			    m->u.hello.name, c->worker_cap);
+			return;
+		}
+		memset(w, 0, sizeof(*w));
+		w->used = true;
+		w->peer = f->peer;
+		w->id = ++c->next_id;
+	}
+	snprintf(w->name, sizeof(w->name), "%s", m->u.hello.name);
+	snprintf(w->backend, sizeof(w->backend), "%s", m->u.hello.backend);
+	w->index = m->u.hello.worker_index;
+	w->num_samples = m->u.hello.num_samples;
+	w->session = m->u.hello.session;
+	w->last_seen_ms = fb_now_ms();
+
+	out.u.welcome.protocol_version = FB_PROTOCOL_VERSION;
+	out.u.welcome.run_id = c->run_id;
+	out.u.welcome.worker_id = w->id;
+	out.u.welcome.heartbeat_ms = (uint32_t)c->cfg->heartbeat_ms;
+	out.u.welcome.liveness_ms = (uint32_t)c->cfg->liveness_ms;
+	out.u.welcome.chunk_bytes = c->chunk_elems * 4;
+	out.u.welcome.param_count = c->param_count;
+	snprintf(out.u.welcome.model.arch, sizeof(out.u.welcome.model.arch),
+	    "%s", c->cfg->model_arch);
+	out.u.welcome.model.input_dim = (uint32_t)c->cfg->input_dim;
+	out.u.welcome.model.classes = (uint32_t)c->cfg->classes;
+	out.u.welcome.model.hidden_count = (uint32_t)c->cfg->hidden.count;
+	for (size_t i = 0; i < c->cfg->hidden.count; i++) {
+		out.u.welcome.model.hidden[i] = (uint32_t)c->cfg->hidden.v[i];
+	}
+	out.u.welcome.model.synthetic_params =
+	    (uint64_t)c->cfg->synthetic_params;
+	snprintf(out.u.welcome.model.plugin,
+	    sizeof(out.u.welcome.model.plugin), "%s", c->cfg->plugin);
+	if (send_to(c, w, &out, NULL, 0) == FB_OK) {
+		fb_log_info("worker %s admitted (id %u, index %u, %" PRIu64
+		            " samples, %s); %u connected",
+		    w->name, w->id, w->index, w->num_samples,
+		    w->backend[0] ? w->backend : "?", live_count(c));
+	}
+}
+
+static void
+on_model_fetch(coord *c, worker *w, const fb_msg *m)
+{
+	fb_msg out = {.type = FB_MSG_MODEL_CHUNK};
+	uint32_t k = m->u.model_fetch.chunk;
+	uint64_t first, n;
+
+	if (m->u.model_fetch.round != c->round) {
+		drop(c, DROP_STALE_ROUND, "model_fetch for round %u from %s "
+		    "(round %u is open)", m->u.model_fetch.round, w->name,
+		    c->round);
+		return;
+	}
+	if (w->state != W_TRAINING) {
+		drop(c, DROP_UNEXPECTED, "model_fetch from %s, which is %s",
+		    w->name, wstate_names[w->state]);
+		return;
+	}
+	if (k >= c->chunk_count) {
+		drop(c, DROP_WRONG_SIZE, "model_fetch of chunk %u of %u from %s",
+		    k, c->chunk_count, w->name);
+		return;
+	}
+	first = (uint64_t)k * c->chunk_elems;
+	n = fb_accum_chunk_len(c->accum, k);
+	out.u.model_chunk.round = c->round;
+	out.u.model_chunk.chunk = k;
+	if (send_to(c, w, &out, c->params + first, n * 4) != FB_OK) {
+		worker_fail(c, w, "model download failed");
+	}
+}
+
+static void
+on_update_begin(coord *c, worker *w, const fb_msg *m)
+{
+	if (m->u.update_begin.round != c->round) {
+		drop(c, DROP_STALE_ROUND, "update for round %u from %s "
+		    "(round %u is open)", m->u.update_begin.round, w->name,
+		    c->round);
+		return;
+	}
+	if (w->state != W_TRAINING) {
+		drop(c, DROP_UNEXPECTED, "update_begin from %s, which is %s",
+		    w->name, wstate_names[w->state]);
+		return;
+	}
+	if (m->u.update_begin.param_count != c->param_count ||
+	    m->u.update_begin.chunk_count != c->chunk_count) {
+		drop(c, DROP_WRONG_SIZE, "update from %s has %" PRIu64
+		    " params in %u chunks; the model has %" PRIu64 " in %u",
+		    w->name, m->u.update_begin.param_count,
+		    m->u.update_begin.chunk_count, c->param_count,
+		    c->chunk_count);
+		worker_fail(c, w, "update of the wrong size");
+		return;
+	}
+	if (m->u.update_begin.num_samples != w->num_samples) {
+		drop(c, DROP_UNEXPECTED, "update from %s claims %" PRIu64
+		    " samples, it declared %" PRIu64, w->name,
+		    m->u.update_begin.num_samples, w->num_samples);
+		worker_fail(c, w, "sample count changed");
+		return;
+	}
+	w->state = W_UPLOADING;
+	w->next_chunk = 0;
+	w->steps = m->u.update_begin.steps;
+	w->train_loss = m->u.update_begin.train_loss;
+	w->train_seconds = m->u.update_begin.train_seconds;
+	if (m->u.update_begin.backend[0] != '\0') {
+		snprintf(w->backend, sizeof(w->backend), "%s",
+		    m->u.update_begin.backend);
+	}
+}
+
+static void
+on_update_chunk(coord *c, worker *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+	uint32_t k = m->u.update_chunk.chunk;
+	fb_err rc;
+
+	if (m->u.update_chunk.round != c->round) {
+		drop(c, DROP_STALE_ROUND, "update chunk for round %u from %s "
+		    "(round %u is open)", m->u.update_chunk.round, w->name,
+		    c->round);
+		return;
+	}
+	if (w->state != W_UPLOADING) {
+		drop(c, DROP_UNEXPECTED, "update chunk from %s, which is %s",
+		    w->name, wstate_names[w->state]);
+		return;
+	}
+	if (k != w->next_chunk) {
+		drop(c, DROP_OUT_OF_ORDER, "update chunk %u from %s, expected %u",
+		    k, w->name, w->next_chunk);
+		worker_fail(c, w, "update chunks out of order");
+		return;
+	}
+	if (f->payload_len != fb_accum_chunk_len(c->accum, k) * 4) {
+		drop(c, DROP_WRONG_SIZE, "update chunk %u from %s has %zu "
+		    "bytes, expected %" PRIu64, k, w->name, f->payload_len,
+		    fb_accum_chunk_len(c->accum, k) * 4);
+		worker_fail(c, w, "update chunk of the wrong size");
+		return;
+	}
+	/* The payload is a zmq buffer of unknown alignment: add from a
+	 * float view only when aligned, else through a bounce copy. */
+	if (((uintptr_t)f->payload & 3) == 0) {
+		const void *p = f->payload;
+		rc = fb_accum_add(c->accum, k, (const float *)p, w->weight,
+		    &c->clipped);
+	} else {
+		float *tmp = fb_alloc(f->payload_len);
+		if (tmp == NULL) {
+			worker_fail(c, w, "out of memory");
+			return;
+		}
+		memcpy(tmp, f->payload, f->payload_len);
+		rc = fb_accum_add(c->accum, k, tmp, w->weight, &c->clipped);
+		fb_free(tmp);
+	}
+	if (rc == FB_EINVAL) {
+		drop(c, DROP_NONFINITE, "update chunk %u from %s holds NaN or "
+		    "infinity", k, w->name);
+		worker_fail(c, w, "non-finite values in the update");
+		return;
+	}
+	if (rc != FB_OK) {
+		drop(c, DROP_UNEXPECTED, "update chunk %u from %s: %s", k,
+		    w->name, fb_strerror(rc));
+		worker_fail(c, w, "update could not be added");
+		return;
+	}
+	if (++w->next_chunk == c->chunk_count) {
+		w->state = W_DONE;
+		fb_log_debug("round %u: update from %s complete", c->round,
+		    w->name);
+	}
+}
+
+static void
+handle_frame(coord *c, const fb_frame *f)
+{
+	worker *w;
+
+	if (f->msg.type == FB_MSG_HELLO) {
+		on_hello(c, f);
+		return;
+	}
+	w = find_peer(c, &f->peer);
+	if (w == NULL) {
+		drop(c, DROP_UNKNOWN_PEER, "%s from a peer that has not said "
+		    "hello", fb_msg_type_name(f->msg.type));
+		return;
+	}
+	w->last_seen_ms = fb_now_ms();
+	switch (f->msg.type) {
+	case FB_MSG_HEARTBEAT:
+		break;
+	case FB_MSG_MODEL_FETCH:
+		on_model_fetch(c, w, &f->msg);
+		break;
+	case FB_MSG_UPDATE_BEGIN:
+		on_update_begin(c, w, &f->msg);
+		break;
+	case FB_MSG_UPDATE_CHUNK:
+		on_update_chunk(c, w, f);
+		break;
+	default:
+		drop(c, DROP_UNEXPECTED, "%s from worker %s",
+		    fb_msg_type_name(f->msg.type), w->name);
+		break;
+	}
+}
+
+/* Heartbeats to every worker, and the liveness check of each. */
+static void
+tick(coord *c)
+{
+	int64_t now = fb_now_ms();
+
+	if (now - c->last_heartbeat_ms >= c->cfg->heartbeat_ms) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		hb.u.heartbeat.round = c->round;
+		for (uint32_t i = 0; i < c->worker_cap; i++) {
+			if (c->workers[i].used) {
+				send_quiet(c, &c->workers[i].peer, &hb);
+			}
+		}
+		c->last_heartbeat_ms = now;
+	}
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		worker *w = &c->workers[i];
+		if (w->used && now - w->last_seen_ms > c->cfg->liveness_ms) {
+			char why[96];
+			snprintf(why, sizeof(why), "no message for %.1fs",
+			    (double)(now - w->last_seen_ms) / 1000.0);
+			fb_log_warn("worker %s lost: %s", w->name, why);
+			worker_forget(c, w, "lost (liveness timeout)");
+		}
+	}
+}
+
+/* Waits up to `timeout_ms` for one message and handles it. */
+static fb_err
+pump(coord *c, int timeout_ms)
+{
+	fb_frame f;
+	const char *why = NULL;
+	fb_err rc;
+
+	rc = fb_link_recv(c->link, timeout_ms, -1, NULL, &f, &why);
+	if (rc == FB_OK) {
+		handle_frame(c, &f);
+	} else if (rc == FB_EPROTO) {
+		worker *w = find_peer(c, &f.peer);
+		drop(c, DROP_MALFORMED, "%s (from %s)", why,
+		    w != NULL ? w->name : "an unknown peer");
+	} else if (rc != FB_ETIMEDOUT) {
+		return rc;
+	}
+	tick(c);
+	return FB_OK;
+}
+
+static fb_err
+wait_for_workers(coord *c)
+{
+	int64_t start = fb_now_ms();
+	int64_t last_note = start;
+	fb_err rc;
+
+	while (live_count(c) < (uint32_t)c->cfg->min_workers) {
+		if (*c->stop) {
+			return FB_ECLOSED;
+		}
+		if (fb_now_ms() - start > c->cfg->wait_for_workers_ms) {
+			fb_log_error("only %u of the %lld workers needed "
+			             "(round.min_workers) connected within %.0fs "
+			             "(round.wait_for_workers)",
+			    live_count(c), (long long)c->cfg->min_workers,
+			    (double)c->cfg->wait_for_workers_ms / 1000.0);
+			return FB_ETIMEDOUT;
+		}
+		if (fb_now_ms() - last_note > 10000) {
+			fb_log_info("waiting for workers: %u of %lld connected",
+			    live_count(c), (long long)c->cfg->min_workers);
+			last_note = fb_now_ms();
+		}
+		if ((rc = pump(c, 100)) != FB_OK) {
+			return rc;
+		}
+	}
+	return FB_OK;
+}
+
+/* Picks this round's workers and tells each its work. */
+static uint32_t
+start_round(coord *c)
+{
+	const fb_coord_config *cfg = c->cfg;
+	uint32_t *cand, ncand = 0, nsel;
+	uint64_t total = 0;
+	uint32_t selected = 0;
+
+	cand = calloc(c->worker_cap, sizeof(*cand));
+	if (cand == NULL) {
+		return 0;
+	}
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		c->workers[i].state = W_IDLE;
+		c->workers[i].fail_reason = NULL;
+		if (c->workers[i].used) {
+			cand[ncand++] = i;
+		}
+	}
+	nsel = ncand;
+	if (cfg->workers_per_round > 0 &&
+	    (uint32_t)cfg->workers_per_round < ncand) {
+		nsel = (uint32_t)cfg->workers_per_round;
+		fb_rng_shuffle_u32(&c->rng, cand, ncand);
+	}
+	for (uint32_t s = 0; s < nsel; s++) {
+		total += c->workers[cand[s]].num_samples;
+	}
+	fb_accum_reset(c->accum);
+	c->round_started_ms = fb_now_ms();
+	c->deadline_ms = c->round_started_ms + cfg->deadline_ms;
+	for (uint32_t s = 0; s < nsel; s++) {
+		worker *w = &c->workers[cand[s]];
+		fb_msg m = {.type = FB_MSG_ROUND_START};
+		uint64_t steps = (uint64_t)cfg->local_steps;
+		if (steps == 0) {
+			steps = (uint64_t)ceil(cfg->local_epochs *
+			    (double)w->num_samples / (double)cfg->batch_size);
+			steps = steps == 0 ? 1 : steps;
+		}
+		w->weight = (double)w->num_samples / (double)total;
+		w->assigned_steps = steps;
+		w->next_chunk = 0;
+		w->steps = 0;
+		w->train_loss = 0;
+		w->train_seconds = 0;
+		m.u.round_start.round = c->round;
+		m.u.round_start.param_count = c->param_count;
+		m.u.round_start.chunk_count = c->chunk_count;
+		m.u.round_start.chunk_bytes = c->chunk_elems * 4;
+		m.u.round_start.local_steps = steps;
+		m.u.round_start.batch_size = (uint32_t)cfg->batch_size;
+		m.u.round_start.lr = (float)cfg->lr;
+		m.u.round_start.momentum = (float)cfg->momentum;
+		m.u.round_start.weight_decay = (float)cfg->weight_decay;
+		m.u.round_start.seed = (uint64_t)cfg->seed;
+		m.u.round_start.deadline_ms = (uint32_t)cfg->deadline_ms;
+		m.u.round_start.synthetic =
+		    strcmp(cfg->model_arch, "synthetic") == 0;
+		w->state = W_TRAINING;
+		if (send_to(c, w, &m, NULL, 0) != FB_OK) {
+			worker_fail(c, w, "round start could not be sent");
+		}
+		selected++;
+	}
+	free(cand);
+	return selected;
+}
+
+static bool
+round_finished(const coord *c)
+{
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		const worker *w = &c->workers[i];
+		if (w->used && (w->state == W_TRAINING ||
+		                   w->state == W_UPLOADING)) {
+			return false;
+		}
+	}
+	return true;
+}
+
+static void
+cancel_stragglers(coord *c)
+{
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		worker *w = &c->workers[i];
+		if (w->used && (w->state == W_TRAINING ||
+		                   w->state == W_UPLOADING)) {
+			fb_msg m = {.type = FB_MSG_ROUND_CANCEL};
+			m.u.round_cancel.round = c->round;
+			snprintf(m.u.round_cancel.reason,
+			    sizeof(m.u.round_cancel.reason),
+			    "round deadline passed");
+			(void)send_to(c, w, &m, NULL, 0);
+			worker_fail(c, w, w->state == W_UPLOADING
+			        ? "deadline passed during upload"
+			        : "deadline passed during training");
+		}
+	}
+}
+
+static void
+json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+		if (ch == '"' || ch == '\\') {
+			fprintf(f, "\\%c", ch);
+		} else if (ch < 0x20) {
+			fprintf(f, "\\u%04x", ch);
+		} else {
+			fputc(ch, f);
+		}
+	}
+	fputc('"', f);
+}
+
+typedef struct round_result {
+	const char *status;  /* "ok", "failed" */
+	uint32_t selected;
+	uint32_t participants;
+	uint32_t partial;
+	double test_accuracy; /* NaN when not evaluated */
+	double test_loss;
+	double train_loss;
+	double seconds;
+} round_result;
+
+static fb_err
+write_metrics(coord *c, const round_result *r)
+{
+	FILE *f = fopen(c->metrics_path, "a");
+	bool first = true;
+
+	if (f == NULL) {
+		fb_log_error("cannot append to %s", c->metrics_path);
+		return FB_EIO;
+	}
+	fprintf(f, "{\"round\": %u, \"status\": \"%s\", \"selected\": %u, "
+	           "\"participants\": %u, \"partial\": %u, ",
+	    c->round, r->status, r->selected, r->participants, r->partial);
+	if (isnan(r->test_accuracy)) {
+		fprintf(f, "\"test_accuracy\": null, \"test_loss\": null, ");
+	} else {
+		fprintf(f, "\"test_accuracy\": %.6f, \"test_loss\": %.6f, ",
+		    r->test_accuracy, r->test_loss);
+	}
+	fprintf(f, "\"train_loss\": %.6f, \"seconds\": %.3f, \"bytes_up\": %"
+	           PRIu64 ", \"bytes_down\": %" PRIu64 ", \"clipped\": %" PRIu64
+	           ", \"rejected\": {",
+	    r->train_loss, r->seconds, c->up_bytes, c->down_bytes, c->clipped);
+	for (int i = 0; i < DROP_REASON_COUNT_; i++) {
+		fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", drop_names[i],
+		    c->drops[i]);
+	}
+	fprintf(f, "}, \"workers\": [");
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		const worker *w = &c->workers[i];
+		if (!w->used || w->state == W_IDLE) {
+			continue;
+		}
+		fprintf(f, "%s{\"name\": ", first ? "" : ", ");
+		json_str(f, w->name);
+		fprintf(f, ", \"status\": \"%s\", \"assigned_steps\": %" PRIu64
+		           ", \"steps\": %" PRIu64 ", \"train_seconds\": %.3f",
+		    wstate_names[w->state], w->assigned_steps, w->steps,
+		    w->train_seconds);
+		fprintf(f, ", \"backend\": ");
+		json_str(f, w->backend);
+		if (w->fail_reason != NULL) {
+			fprintf(f, ", \"reason\": ");
+			json_str(f, w->fail_reason);
+		}
+		fputc('}', f);
+		first = false;
+	}
+	fprintf(f, "]}\n");
+	if (fflush(f) != 0 || ferror(f)) {
+		fclose(f);
+		fb_log_error("cannot write %s", c->metrics_path);
+		return FB_EIO;
+	}
+	fclose(f);
+	return FB_OK;
+}
+
+static fb_err
+save_model(coord *c, double acc)
+{
+	char round[16], accs[32], run[32];
+	const char *const meta[][2] = {
+	    {"format", "pt"},
+	    {"fedbox.round", round},
+	    {"fedbox.model", c->model_desc},
+	    {"fedbox.preprocessing", FB_FMNIST_PREPROCESSING},
+	    {"fedbox.test_accuracy", accs},
+	    {"fedbox.run_id", run},
+	    {"fedbox.version", FB_VERSION},
+	};
+	snprintf(round, sizeof(round), "%u", c->round);
+	if (isnan(acc)) {
+		snprintf(accs, sizeof(accs), "null");
+	} else {
+		snprintf(accs, sizeof(accs), "%.6f", acc);
+	}
+	snprintf(run, sizeof(run), "%016" PRIx64, c->run_id);
+	return fb_model_save_safetensors(c->model, c->params, c->model_path,
+	    meta, FB_ARRAY_LEN(meta));
+}
+
+static fb_err
+run_round(coord *c, uint32_t rounds_total)
+{
+	fb_err rc = FB_OK;
+	round_result r = {.status = "ok", .test_accuracy = NAN,
+	    .test_loss = NAN};
+	uint64_t sent0 = fb_link_bytes_sent(c->link);
+	uint64_t recv0 = fb_link_bytes_received(c->link);
+	double wloss = 0, wsum = 0;
+	bool cancelled = false, mixed = false;
+	const char *backend = NULL;
+
+	memset(c->drops, 0, sizeof(c->drops));
+	c->clipped = 0;
+	r.selected = start_round(c);
+	while (!round_finished(c)) {
+		int64_t left = c->deadline_ms - fb_now_ms();
+		if (*c->stop) {
+			cancel_stragglers(c);
+			return FB_ECLOSED;
+		}
+		if (left <= 0) {
+			fb_log_warn("round %u: deadline (%.1fs) reached",
+			    c->round, (double)c->cfg->deadline_ms / 1000.0);
+			cancel_stragglers(c);
+			cancelled = true;
+			break;
+		}
+		if ((rc = pump(c, left < 100 ? (int)left : 100)) != FB_OK) {
+			return rc;
+		}
+	}
+	(void)cancelled;
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		const worker *w = &c->workers[i];
+		if (w->used && w->state == W_DONE) {
+			r.participants++;
+			if (backend == NULL) {
+				backend = w->backend;
+			} else if (strcmp(backend, w->backend) != 0) {
+				mixed = true;
+			}
+			wloss += w->weight * w->train_loss;
+			wsum += w->weight;
+		} else if (w->state == W_FAILED && w->next_chunk > 0) {
+			r.partial++;
+		}
+	}
+	r.train_loss = wsum > 0 ? wloss / wsum : NAN;
+	if (r.participants >= (uint32_t)c->cfg->min_updates) {
+		fb_accum_apply(c->accum, c->params, c->cfg->server_lr);
+		if (c->evaluate && c->cfg->eval_every > 0 &&
+		    (c->round % c->cfg->eval_every == 0 ||
+		        c->round == rounds_total)) {
+			rc = fb_model_evaluate(c->model, c->params, c->test.x,
+			    c->test.y, c->test.count, &r.test_loss,
+			    &r.test_accuracy);
+			if (rc != FB_OK) {
+				fb_log_error("evaluation failed: %s",
+				    fb_strerror(rc));
+				return rc;
+			}
+		}
+		if ((rc = save_model(c, r.test_accuracy)) != FB_OK) {
+			return rc;
+		}
+	} else {
+		r.status = "failed";
+		fb_log_error("round %u failed: %u complete updates, %lld needed "
+		             "(round.min_updates); the model is unchanged",
+		    c->round, r.participants, (long long)c->cfg->min_updates);
+	}
+	c->up_bytes = fb_link_bytes_received(c->link) - recv0;
+	c->down_bytes = fb_link_bytes_sent(c->link) - sent0;
+	r.seconds = (double)(fb_now_ms() - c->round_started_ms) / 1000.0;
+	if ((rc = write_metrics(c, &r)) != FB_OK) {
+		return rc;
+	}
+	printf("round %3u/%u  workers %u/%u%s  ", c->round, rounds_total,
+	    r.participants, r.selected, r.partial ? " (+partial)" : "");
+	if (isnan(r.test_accuracy)) {
+		printf("acc    -     loss   -     ");
+	} else {
+		printf("acc %6.2f%%  loss %.4f  ", 100.0 * r.test_accuracy,
+		    r.test_loss);
+	}
+	printf("%6.1fs  up %.1f MB  down %.1f MB", r.seconds,
+	    (double)c->up_bytes / 1e6, (double)c->down_bytes / 1e6);
+	if (backend != NULL && backend[0] != '\0') {
+		printf("  [%s%s]", backend, mixed ? " and others" : "");
+	}
+	printf("%s\n", strcmp(r.status, "ok") == 0
+	        ? ""
+	        : "  FAILED (model unchanged)");
+	fflush(stdout);
+	return FB_OK;
+}
+
+static void
+shutdown_workers(coord *c, const char *reason)
+{
+	fb_msg m = {.type = FB_MSG_SHUTDOWN};
+	snprintf(m.u.shutdown.reason, sizeof(m.u.shutdown.reason), "%s",
+	    reason);
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		if (c->workers[i].used) {
+			send_quiet(c, &c->workers[i].peer, &m);
+		}
+	}
+	/* Give the I/O thread a moment to flush before the socket closes. */
+	fb_sleep_ms(200);
+}
+
+static fb_err
+coord_init(coord *c, const fb_coord_config *cfg, bool resume,
+    uint32_t *first_round)
+{
+	fb_err rc;
+	fb_model_spec spec;
+	fb_link_opts lo = {
+	    .max_payload = (uint32_t)cfg->chunk_size,
+	    .send_timeout_ms = (int)cfg->send_timeout_ms,
+	    .hwm = 16,
+	};
+
+	*first_round = 1;
+	memset(&spec, 0, sizeof(spec));
+	snprintf(spec.arch, sizeof(spec.arch), "%s", cfg->model_arch);
+	spec.input_dim = (uint32_t)cfg->input_dim;
+	spec.classes = (uint32_t)cfg->classes;
+	spec.hidden_count = (uint32_t)cfg->hidden.count;
+	if (spec.hidden_count > FB_MODEL_MAX_HIDDEN) {
+		fb_log_error("model.hidden: at most %d layers",
+		    FB_MODEL_MAX_HIDDEN);
+		return FB_ECONFIG;
+	}
+	for (size_t i = 0; i < cfg->hidden.count; i++) {
+		spec.hidden[i] = (uint32_t)cfg->hidden.v[i];
+	}
+	spec.synthetic_params = (uint64_t)cfg->synthetic_params;
+	snprintf(spec.plugin, sizeof(spec.plugin), "%s", cfg->plugin);
+	if ((rc = fb_model_open(&spec, &c->model)) != FB_OK) {
+		fb_log_error("cannot create the model: %s", fb_strerror(rc));
+		return rc == FB_EINVAL ? FB_ECONFIG : rc;
+	}
+	fb_model_describe(c->model, c->model_desc, sizeof(c->model_desc));
+	c->param_count = fb_model_param_count(c->model);
+	c->chunk_elems = (uint32_t)(cfg->chunk_size / 4);
+	rc = fb_accum_alloc(c->param_count, c->chunk_elems, cfg->clip,
+	    &c->accum);
+	if (rc != FB_OK) {
+		return rc;
+	}
+	c->chunk_count = fb_accum_chunk_count(c->accum);
+	if ((c->params = fb_alloc(c->param_count * 4)) == NULL) {
+		return FB_ENOMEM;
+	}
+	fb_model_init_params(c->model, c->params, (uint64_t)cfg->seed);
+	if ((rc = fb_mkdir_p(cfg->output_dir)) != FB_OK) {
+		return rc;
+	}
+	snprintf(c->metrics_path, sizeof(c->metrics_path), "%s/metrics.jsonl",
+	    cfg->output_dir);
+	snprintf(c->model_path, sizeof(c->model_path), "%s/model.safetensors",
+	    cfg->output_dir);
+	if (resume) {
+		uint32_t done = 0;
+		rc = fb_model_load_safetensors(c->model, c->model_path,
+		    c->params, &done);
+		if (rc != FB_OK) {
+			fb_log_error("cannot resume from %s: %s", c->model_path,
+			    fb_strerror(rc));
+			return rc;
+		}
+		*first_round = done + 1;
+		fb_log_info("resuming after round %u from %s", done,
+		    c->model_path);
+	} else {
+		FILE *f = fopen(c->metrics_path, "w");
+		if (f == NULL) {
+			fb_log_error("cannot create %s", c->metrics_path);
+			return FB_EIO;
+		}
+		fclose(f);
+	}
+	c->evaluate = strcmp(cfg->model_arch, "synthetic") != 0 &&
+	    cfg->eval_every > 0;
+	if (c->evaluate) {
+		rc = fb_dataset_load_fmnist(cfg->data_dir, 0, &c->test);
+		if (rc != FB_OK) {
+			fb_log_error("cannot load the test set from %s "
+			             "(evaluation.data_dir)", cfg->data_dir);
+			return rc;
+		}
+	}
+	c->worker_cap = (uint32_t)cfg->max_workers;
+	if ((c->workers = calloc(c->worker_cap, sizeof(*c->workers))) ==
+	    NULL) {
+		return FB_ENOMEM;
+	}
+	if (getrandom(&c->run_id, sizeof(c->run_id), 0) !=
+	    (ssize_t)sizeof(c->run_id)) {
+		c->run_id = (uint64_t)fb_now_ms() ^ ((uint64_t)getpid() << 32);
+	}
+	fb_rng_init(&c->rng, (uint64_t)cfg->seed, 0xc00d);
+	if ((rc = fb_link_bind(cfg->listen, &lo, &c->link)) != FB_OK) {
+		return rc;
+	}
+	fb_log_info("listening on %s; model %s; run %016" PRIx64, cfg->listen,
+	    c->model_desc, c->run_id);
+	return FB_OK;
+}
+
+static void
+coord_fini(coord *c)
+{
+	fb_link_close(c->link);
+	fb_accum_free(c->accum);
+	fb_free(c->params);
+	fb_model_close(c->model);
+	fb_dataset_fini(&c->test);
+	free(c->workers);
+}
+
+fb_err
+fb_coordinator_run(const fb_coord_config *cfg, bool resume,
+    volatile sig_atomic_t *stop)
+{
+	fb_err rc;
+	coord c;
+	uint32_t first;
+
+	memset(&c, 0, sizeof(c));
+	c.cfg = cfg;
+	c.stop = stop;
+	if ((rc = coord_init(&c, cfg, resume, &first)) != FB_OK) {
+		goto out;
+	}
+	for (c.round = first; c.round <= (uint32_t)cfg->rounds; c.round++) {
+		if ((rc = wait_for_workers(&c)) != FB_OK) {
+			goto out;
+		}
+		if ((rc = run_round(&c, (uint32_t)cfg->rounds)) != FB_OK) {
+			goto out;
+		}
+	}
+	fb_log_info("all %lld rounds done; model in %s", (long long)cfg->rounds,
+	    c.model_path);
+out:
+	if (c.link != NULL) {
+		shutdown_workers(&c, rc == FB_OK ? "training finished"
+		                                 : "coordinator stopping");
+	}
+	if (rc == FB_ECLOSED && *stop) {
+		fb_log_info("stopped by signal after round %u",
+		    c.round > 0 ? c.round - 1 : 0);
+		rc = FB_OK;
+	}
+	coord_fini(&c);
+	return rc;
+}

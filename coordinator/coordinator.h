@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * coordinator.h -- fedbox-coordinator: admits workers, runs federated
+ * rounds, aggregates updates as they stream in, evaluates, and writes the
+ * model and metrics after every round.
+ */
+#ifndef FB_COORDINATOR_COORDINATOR_H
+#define FB_COORDINATOR_COORDINATOR_H
+
+#include <stdbool.h>
+#include <signal.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/err.h"
+
+typedef struct fb_coord_config {
+	char *listen;             /* ZeroMQ endpoint to bind */
+	char *output_dir;         /* metrics.jsonl, model.safetensors */
+	int64_t seed;             /* model init, sampling, batch order */
+	int log_level;            /* fb_log_level */
+	/* model */
+	char *model_arch;
+	int64_t input_dim;
+	int64_t classes;
+	fb_cfg_int_list hidden;
+	int64_t synthetic_params;
+	char *plugin;
+	/* round policy */
+	int64_t rounds;
+	int64_t workers_per_round; /* 0 = every live worker */
+	int64_t min_workers;       /* connected before a round starts */
+	int64_t min_updates;       /* complete updates to commit a round */
+	int64_t wait_for_workers_ms;
+	int64_t deadline_ms;
+	double local_epochs;
+	int64_t local_steps;       /* > 0 overrides local_epochs */
+	int64_t batch_size;
+	double lr;
+	double momentum;
+	double weight_decay;
+	double server_lr;
+	/* aggregation */
+	double clip;
+	/* evaluation */
+	int64_t eval_every;        /* 0 = never */
+	char *data_dir;
+	/* transport */
+	uint64_t chunk_size;       /* bytes per payload frame */
+	int64_t heartbeat_ms;
+	int64_t liveness_ms;
+	int64_t send_timeout_ms;
+	int64_t max_workers;
+} fb_coord_config;
+
+/* fb_coord_config_schema describes every key (see configs/README.md). */
+extern const fb_cfg_field fb_coord_config_schema[];
+
+/*
+ * fb_coord_config_load loads and cross-checks a coordinator config file.
+ * Errors are logged with file:line:column; returns FB_ECONFIG.
+ */
+FB_MUST_CHECK fb_err fb_coord_config_load(const char *path,
+    fb_coord_config *cfg);
+void fb_coord_config_fini(fb_coord_config *cfg);
+
+/*
+ * fb_coordinator_run runs the whole federation per `cfg` and returns when
+ * every round is done, *stop becomes non-zero (signal), or a fatal error
+ * occurs. With `resume`, training continues from the output folder's
+ * model.safetensors. Blocks. Errors: FB_ETIMEDOUT (too few workers came),
+ * FB_EZMQ (cannot listen), FB_EIO (cannot write outputs), FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_coordinator_run(const fb_coord_config *cfg,
+    bool resume, volatile sig_atomic_t *stop);
+
+#endif

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* config.c -- the worker's configuration keys, defaults and checks. */
+#include <stddef.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "data/data.h"
+#include "worker/worker.h"
+
+#define F(field) offsetof(fb_worker_config, field)
+#define NOB 1, 0
+#define MB NULL
+
+static const char *const log_levels[] = {"debug", "info", "warn", "error",
+    NULL};
+static const char *const datasets[] = {"fashion-mnist", "none", NULL};
+static const char *const devices[] = {"auto", "cpu", "cuda", NULL};
+static const char *const maths[] = {"fp32", "tf32", "bf16", NULL};
+
+const fb_cfg_field fb_worker_config_schema[] = {
+    {"coordinator", FB_CFG_STRING, F(coordinator), NULL, NOB, MB,
+        "coordinator endpoint, e.g. tcp://10.0.0.1:5555 (required)"},
+    {"name", FB_CFG_STRING, F(name), NULL, NOB, MB,
+        "this worker's name, unique in the federation (required)"},
+    {"log_level", FB_CFG_ENUM, F(log_level), "info", NOB, log_levels,
+        "least severe log level printed"},
+    {"data.dataset", FB_CFG_ENUM, F(dataset), "fashion-mnist", NOB,
+        datasets, "training data; none = benchmarks (no training)"},
+    {"data.dir", FB_CFG_STRING, F(data_dir), FB_FMNIST_DEFAULT_DIR, NOB,
+        MB, "folder with the Fashion-MNIST IDX files"},
+    {"data.partition", FB_CFG_ENUM, F(partition), "iid", NOB,
+        fb_partition_scheme_names,
+        "how the training set is split among workers"},
+    {"data.alpha", FB_CFG_FLOAT, F(alpha), "0.5", 1e-6, 1e6, MB,
+        "dirichlet: concentration (small = more label skew)"},
+    {"data.shards_per_worker", FB_CFG_INT, F(shards_per_worker), "2", 1,
+        1e6, MB, "shards: label-sorted shards per worker"},
+    {"data.index", FB_CFG_INT, F(index), "0", 0, 1e6, MB,
+        "this worker's index, 0 .. data.workers-1"},
+    {"data.workers", FB_CFG_INT, F(workers), "1", 1, 1e6, MB,
+        "number of workers the training set is split among"},
+    {"data.seed", FB_CFG_INT, F(partition_seed), "1", 0,
+        9007199254740991.0, MB, "partition seed (same on every worker)"},
+    {"data.none_samples", FB_CFG_INT, F(none_samples), "1000", 1, 1e12,
+        MB, "dataset none: sample count reported to the coordinator"},
+    {"train.device", FB_CFG_ENUM, F(device), "auto", NOB, devices,
+        "auto (GPUs if present, else CPU), cpu or cuda"},
+    {"train.gpus", FB_CFG_INT_LIST, F(gpus), "[]", 0, 1023, MB,
+        "CUDA device ids to use; empty = all"},
+    {"train.math", FB_CFG_ENUM, F(math), "fp32", NOB, maths,
+        "cuda matrix math: fp32, tf32 or bf16"},
+    {"train.throttle", FB_CFG_FLOAT, F(throttle), "1", 1, 1000, MB,
+        "SIMULATION: train this many times slower (sleeps after steps)"},
+    {"train.plugin", FB_CFG_STRING, F(plugin), "", NOB, MB,
+        "local path of the plug-in model library (plugin models)"},
+    {"transport.connect_timeout", FB_CFG_DURATION, F(connect_timeout_ms),
+        "2m", 100, 8.64e7, MB,
+        "give up when no coordinator answers for this long"},
+    {"transport.send_timeout", FB_CFG_DURATION, F(send_timeout_ms), "30s",
+        10, 3600000, MB, "a send to a full queue gives up after this"},
+    {"transport.fetch_window", FB_CFG_INT, F(fetch_window), "8", 1, 1024,
+        MB, "model chunks requested ahead while downloading"},
+    {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
+};
+
+fb_err
+fb_worker_config_load(const char *path, fb_worker_config *cfg)
+{
+	fb_err rc;
+
+	memset(cfg, 0, sizeof(*cfg));
+	if ((rc = fb_cfg_load(path, fb_worker_config_schema, cfg)) != FB_OK) {
+		return rc;
+	}
+	if (cfg->index >= cfg->workers) {
+		fb_log_error("%s: data.index (%lld) must be below data.workers "
+		             "(%lld)", path, (long long)cfg->index,
+		    (long long)cfg->workers);
+		rc = FB_ECONFIG;
+	} else if (cfg->name[0] == '\0' || strlen(cfg->name) >= 64) {
+		fb_log_error("%s: name must be 1 to 63 bytes", path);
+		rc = FB_ECONFIG;
+	} else if (cfg->gpus.count > 16) {
+		fb_log_error("%s: train.gpus: at most 16 devices", path);
+		rc = FB_ECONFIG;
+	}
+	if (rc != FB_OK) {
+		fb_worker_config_fini(cfg);
+	}
+	return rc;
+}
+
+void
+fb_worker_config_fini(fb_worker_config *cfg)
+{
+	fb_cfg_free(fb_worker_config_schema, cfg);
+}

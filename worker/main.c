@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* main.c -- fedbox-worker's command line. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "worker/worker.h"
+
+static volatile sig_atomic_t stop_flag;
+
+static void
+on_signal(int sig)
+{
+	(void)sig;
+	stop_flag = 1;
+}
+
+static void
+usage(FILE *f)
+{
+	fprintf(f,
+	    "usage: fedbox-worker --config FILE\n"
+	    "       fedbox-worker --config-reference\n"
+	    "\n"
+	    "Trains on this box's shard of the data for a fedbox coordinator:\n"
+	    "connects, and for each round fetches the global model, trains\n"
+	    "locally (on the GPUs when there are any) and sends its update.\n"
+	    "\n"
+	    "  -c, --config FILE       worker YAML config (required)\n"
+	    "      --config-reference  print every config key with its default\n"
+	    "  -h, --help              this help\n"
+	    "  -V, --version           print the version\n"
+	    "\n"
+	    "Exit status: 0 run finished (or stopped by SIGINT/SIGTERM),\n"
+	    "1 failure (refused, coordinator unreachable, ...), 2 bad usage "
+	    "or config.\n");
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"config", required_argument, NULL, 'c'},
+	    {"config-reference", no_argument, NULL, 'R'},
+	    {"help", no_argument, NULL, 'h'},
+	    {"version", no_argument, NULL, 'V'},
+	    {NULL, 0, NULL, 0},
+	};
+	const char *config = NULL;
+	fb_worker_config cfg;
+	struct sigaction sa;
+	fb_err rc;
+	int ch;
+
+	fb_log_init("worker", FB_LOG_INFO);
+	while ((ch = getopt_long(argc, argv, "c:hV", opts, NULL)) != -1) {
+		switch (ch) {
+		case 'c':
+			config = optarg;
+			break;
+		case 'R':
+			fb_cfg_print_reference(stdout, fb_worker_config_schema);
+			return 0;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("fedbox-worker %s\n", FB_VERSION);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc || config == NULL) {
+		fprintf(stderr, "fedbox-worker: %s\n",
+		    config == NULL ? "--config FILE is required"
+		                   : "unexpected argument");
+		usage(stderr);
+		return 2;
+	}
+	if (fb_worker_config_load(config, &cfg) != FB_OK) {
+		return 2;
+	}
+	{
+		char tag[80];
+		static char prog[80];
+		snprintf(tag, sizeof(tag), "worker[%s]", cfg.name);
+		memcpy(prog, tag, sizeof(prog));
+		fb_log_init(prog, (fb_log_level)cfg.log_level);
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	rc = fb_worker_run(&cfg, &stop_flag);
+	fb_worker_config_fini(&cfg);
+	return rc == FB_OK ? 0 : 1;
+}

@@ -1,0 +1,695 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * worker.c -- the worker's protocol loop.
+ *
+ * The main thread owns the socket and never blocks for long: it answers
+ * the coordinator, sends heartbeats, and watches the coordinator's own
+ * heartbeats. Training runs on a second thread that touches no socket; it
+ * signals completion through an eventfd that the main thread polls next to
+ * the socket. So a box that trains for an hour still looks alive, and a
+ * round cancelled by the coordinator stops within one SGD step.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "data/data.h"
+#include "model/model.h"
+#include "proto/proto.h"
+#include "worker/trainer.h"
+#include "worker/worker.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fedbox sends float32 tensors in host order: little-endian only"
+#endif
+
+#define HELLO_RETRY_MS 2000
+
+typedef enum wk_state {
+	S_HELLO = 0, /* waiting for Welcome */
+	S_IDLE,      /* between rounds */
+	S_FETCHING,  /* downloading the global model */
+	S_TRAINING,  /* trainer thread running */
+} wk_state;
+
+typedef struct wk {
+	const fb_worker_config *cfg;
+	fb_link *link;
+	fb_dataset shard;
+	fb_model *model;
+	fb_trainer *trainer;
+	uint32_t trainer_batch;
+	char backend[FB_TEXT_MAX];
+	uint64_t param_count;
+	uint32_t chunk_bytes;
+	uint32_t chunk_count;
+	float *global;
+	float *local;
+	bool welcomed;
+	uint64_t run_id;
+	uint64_t session;
+	int64_t heartbeat_ms;
+	int64_t liveness_ms;
+	wk_state st;
+	/* the current round */
+	uint32_t round;
+	uint64_t steps;
+	uint32_t batch;
+	float lr, momentum, weight_decay;
+	uint64_t seed;
+	bool synthetic;
+	uint32_t next_chunk; /* next chunk expected from the coordinator */
+	uint32_t next_fetch; /* next chunk to request */
+	/* trainer thread */
+	pthread_t thread;
+	bool thread_live;
+	int efd;
+	volatile int cancel;
+	fb_err train_rc;
+	fb_train_stats stats;
+	/* timers */
+	int64_t last_rx_ms;
+	int64_t last_tx_ms;
+	int64_t last_hello_ms;
+	int64_t hello_since_ms;
+	volatile sig_atomic_t *stop;
+} wk;
+
+static fb_err
+wk_send(wk *w, const fb_msg *m, const void *payload, size_t len)
+{
+	fb_err rc = fb_link_send(w->link, NULL, m, payload, len);
+	if (rc != FB_OK) {
+		fb_log_warn("cannot send %s to the coordinator: %s",
+		    fb_msg_type_name(m->type), fb_strerror(rc));
+	} else {
+		w->last_tx_ms = fb_now_ms();
+	}
+	return rc;
+}
+
+static fb_err
+send_hello(wk *w)
+{
+	fb_msg m = {.type = FB_MSG_HELLO};
+	m.u.hello.protocol_version = FB_PROTOCOL_VERSION;
+	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "%s", w->cfg->name);
+	m.u.hello.worker_index = (uint32_t)w->cfg->index;
+	m.u.hello.num_samples = w->cfg->dataset == 0
+	    ? w->shard.count
+	    : (uint64_t)w->cfg->none_samples;
+	snprintf(m.u.hello.backend, sizeof(m.u.hello.backend), "%s",
+	    w->backend[0] ? w->backend : "not yet chosen");
+	snprintf(m.u.hello.software, sizeof(m.u.hello.software),
+	    "fedbox %s", FB_VERSION);
+	m.u.hello.session = w->session;
+	w->last_hello_ms = fb_now_ms();
+	return wk_send(w, &m, NULL, 0);
+}
+
+static void
+new_session(wk *w)
+{
+	if (getrandom(&w->session, sizeof(w->session), 0) !=
+	    (ssize_t)sizeof(w->session)) {
+		w->session ^= (uint64_t)fb_now_ms() * 0x9e3779b97f4a7c15ULL;
+	}
+}
+
+static void *
+train_main(void *arg)
+{
+	wk *w = arg;
+	fb_train_opts o = {
+	    .steps = w->steps,
+	    .batch = w->batch,
+	    .lr = w->lr,
+	    .momentum = w->momentum,
+	    .weight_decay = w->weight_decay,
+	    .seed = w->seed,
+	    .round = w->round,
+	    .worker_index = (uint32_t)w->cfg->index,
+	};
+	uint64_t one = 1;
+	fb_err rc;
+
+	memset(&w->stats, 0, sizeof(w->stats));
+	if ((rc = fb_trainer_set_params(w->trainer, w->global)) == FB_OK &&
+	    (rc = fb_trainer_train(w->trainer, &o, &w->stats, &w->cancel)) ==
+	        FB_OK) {
+		rc = fb_trainer_get_params(w->trainer, w->local);
+	}
+	w->train_rc = rc;
+	if (write(w->efd, &one, sizeof(one)) != sizeof(one)) {
+		fb_log_error("eventfd write: %s", strerror(errno));
+	}
+	return NULL;
+}
+
+/* Stops the trainer thread (if any) and waits for it. */
+static void
+stop_training(wk *w)
+{
+	uint64_t v;
+	if (!w->thread_live) {
+		return;
+	}
+	w->cancel = 1;
+	pthread_join(w->thread, NULL);
+	w->thread_live = false;
+	if (read(w->efd, &v, sizeof(v)) < 0) {
+		/* Nothing pending: fine. */
+	}
+}
+
+static fb_err
+ensure_trainer(wk *w)
+{
+	fb_trainer_config tc;
+	fb_err rc;
+
+	if (w->trainer != NULL && w->trainer_batch >= w->batch) {
+		return FB_OK;
+	}
+	fb_trainer_close(w->trainer);
+	w->trainer = NULL;
+	memset(&tc, 0, sizeof(tc));
+	tc.device = w->cfg->device;
+	tc.gpu_count = (uint32_t)w->cfg->gpus.count;
+	for (size_t i = 0; i < w->cfg->gpus.count; i++) {
+		tc.gpus[i] = (int)w->cfg->gpus.v[i];
+	}
+	tc.math = w->cfg->math;
+	tc.throttle = w->cfg->throttle;
+	rc = fb_trainer_open(w->model, &w->shard, &tc, w->batch, &w->trainer);
+	if (rc != FB_OK) {
+		fb_log_error("cannot start the trainer: %s", fb_strerror(rc));
+		return rc;
+	}
+	w->trainer_batch = w->batch;
+	fb_trainer_describe(w->trainer, w->backend, sizeof(w->backend));
+	fb_log_info("trainer: %s", w->backend);
+	if (w->cfg->throttle > 1.0) {
+		fb_log_info("SIMULATION: training throttled %.2fx slower "
+		            "(train.throttle)", w->cfg->throttle);
+	}
+	return FB_OK;
+}
+
+static fb_err
+on_welcome(wk *w, const fb_msg *m)
+{
+	fb_model_spec spec;
+	const fb_wire_model_spec *ws = &m->u.welcome.model;
+	fb_err rc;
+
+	if (w->welcomed && m->u.welcome.run_id == w->run_id) {
+		return FB_OK; /* a repeat of a hello we resent */
+	}
+	if (m->u.welcome.protocol_version != FB_PROTOCOL_VERSION) {
+		fb_log_error("coordinator speaks protocol %u, we speak %u",
+		    m->u.welcome.protocol_version, FB_PROTOCOL_VERSION);
+		return FB_ENOTSUP;
+	}
+	if (m->u.welcome.chunk_bytes == 0 || m->u.welcome.chunk_bytes % 4 ||
+	    m->u.welcome.heartbeat_ms == 0 ||
+	    m->u.welcome.liveness_ms <= m->u.welcome.heartbeat_ms) {
+		fb_log_error("coordinator sent unusable transport settings");
+		return FB_EPROTO;
+	}
+	memset(&spec, 0, sizeof(spec));
+	snprintf(spec.arch, sizeof(spec.arch), "%s", ws->arch);
+	spec.input_dim = ws->input_dim;
+	spec.classes = ws->classes;
+	spec.hidden_count = ws->hidden_count;
+	memcpy(spec.hidden, ws->hidden, sizeof(uint32_t) * ws->hidden_count);
+	spec.synthetic_params = ws->synthetic_params;
+	snprintf(spec.plugin, sizeof(spec.plugin), "%s",
+	    w->cfg->plugin[0] ? w->cfg->plugin : ws->plugin);
+	if (w->model != NULL) {
+		/* A new run (coordinator restarted): the model must match. */
+		if (fb_model_param_count(w->model) != m->u.welcome.param_count) {
+			fb_log_error("the coordinator's new run has a different "
+			             "model; restart this worker");
+			return FB_EPROTO;
+		}
+	} else {
+		if ((rc = fb_model_open(&spec, &w->model)) != FB_OK) {
+			fb_log_error("cannot create the coordinator's model "
+			             "(%s): %s", spec.arch, fb_strerror(rc));
+			return rc;
+		}
+		if (fb_model_param_count(w->model) != m->u.welcome.param_count) {
+			fb_log_error("model has %" PRIu64 " parameters here but "
+			             "%" PRIu64 " at the coordinator",
+			    fb_model_param_count(w->model),
+			    m->u.welcome.param_count);
+			return FB_EPROTO;
+		}
+		w->param_count = m->u.welcome.param_count;
+		w->global = fb_alloc(w->param_count * 4);
+		w->local = fb_alloc(w->param_count * 4);
+		if (w->global == NULL || w->local == NULL) {
+			return FB_ENOMEM;
+		}
+	}
+	w->welcomed = true;
+	w->run_id = m->u.welcome.run_id;
+	w->heartbeat_ms = m->u.welcome.heartbeat_ms;
+	w->liveness_ms = m->u.welcome.liveness_ms;
+	w->chunk_bytes = m->u.welcome.chunk_bytes;
+	w->st = S_IDLE;
+	{
+		char desc[128];
+		fb_model_describe(w->model, desc, sizeof(desc));
+		fb_log_info("admitted as worker %u of run %016" PRIx64
+		            "; model %s",
+		    m->u.welcome.worker_id, w->run_id, desc);
+	}
+	return FB_OK;
+}
+
+static fb_err
+request_chunks(wk *w)
+{
+	fb_msg m = {.type = FB_MSG_MODEL_FETCH};
+	fb_err rc;
+	while (w->next_fetch < w->chunk_count &&
+	    w->next_fetch < w->next_chunk + (uint32_t)w->cfg->fetch_window) {
+		m.u.model_fetch.round = w->round;
+		m.u.model_fetch.chunk = w->next_fetch;
+		if ((rc = wk_send(w, &m, NULL, 0)) != FB_OK) {
+			return rc;
+		}
+		w->next_fetch++;
+	}
+	return FB_OK;
+}
+
+static void
+on_round_start(wk *w, const fb_msg *m)
+{
+	uint64_t expect_chunks;
+
+	if (w->st == S_FETCHING || w->st == S_TRAINING) {
+		fb_log_warn("round %u started while round %u was running; "
+		            "abandoning round %u",
+		    m->u.round_start.round, w->round, w->round);
+		stop_training(w);
+	}
+	w->st = S_IDLE;
+	expect_chunks = (w->param_count * 4 + w->chunk_bytes - 1) /
+	    w->chunk_bytes;
+	if (m->u.round_start.param_count != w->param_count ||
+	    m->u.round_start.chunk_bytes != w->chunk_bytes ||
+	    m->u.round_start.chunk_count != expect_chunks ||
+	    m->u.round_start.batch_size == 0 ||
+	    m->u.round_start.local_steps == 0) {
+		fb_log_warn("round %u: malformed round start ignored",
+		    m->u.round_start.round);
+		return;
+	}
+	if (m->u.round_start.synthetic != (w->cfg->dataset == 1)) {
+		fb_log_error("round %u: the coordinator's model is %s but this "
+		             "worker has %s; skipping the round",
+		    m->u.round_start.round,
+		    m->u.round_start.synthetic ? "synthetic" : "trainable",
+		    w->cfg->dataset == 1 ? "no data (data.dataset: none)"
+		                         : "training data");
+		return;
+	}
+	w->round = m->u.round_start.round;
+	w->steps = m->u.round_start.local_steps;
+	w->batch = m->u.round_start.batch_size;
+	w->lr = m->u.round_start.lr;
+	w->momentum = m->u.round_start.momentum;
+	w->weight_decay = m->u.round_start.weight_decay;
+	w->seed = m->u.round_start.seed;
+	w->synthetic = m->u.round_start.synthetic;
+	w->chunk_count = m->u.round_start.chunk_count;
+	w->next_chunk = 0;
+	w->next_fetch = 0;
+	w->st = S_FETCHING;
+	fb_log_debug("round %u: fetching the model (%u chunks)", w->round,
+	    w->chunk_count);
+	if (request_chunks(w) != FB_OK) {
+		w->st = S_IDLE;
+	}
+}
+
+static fb_err
+send_update(wk *w, const float *update, double seconds, double loss,
+    uint64_t steps)
+{
+	fb_msg m = {.type = FB_MSG_UPDATE_BEGIN};
+	fb_err rc;
+	uint64_t total = w->param_count * 4;
+	const uint8_t *p = (const uint8_t *)update;
+
+	m.u.update_begin.round = w->round;
+	m.u.update_begin.num_samples = w->cfg->dataset == 0
+	    ? w->shard.count
+	    : (uint64_t)w->cfg->none_samples;
+	m.u.update_begin.param_count = w->param_count;
+	m.u.update_begin.chunk_count = w->chunk_count;
+	m.u.update_begin.steps = steps;
+	m.u.update_begin.train_loss = loss;
+	m.u.update_begin.train_seconds = seconds;
+	snprintf(m.u.update_begin.backend, sizeof(m.u.update_begin.backend),
+	    "%s", w->backend);
+	if ((rc = wk_send(w, &m, NULL, 0)) != FB_OK) {
+		return rc;
+	}
+	for (uint32_t k = 0; k < w->chunk_count; k++) {
+		uint64_t off = (uint64_t)k * w->chunk_bytes;
+		uint64_t len = total - off < w->chunk_bytes ? total - off
+		                                            : w->chunk_bytes;
+		fb_msg c = {.type = FB_MSG_UPDATE_CHUNK};
+		c.u.update_chunk.round = w->round;
+		c.u.update_chunk.chunk = k;
+		if ((rc = wk_send(w, &c, p + off, len)) != FB_OK) {
+			return rc;
+		}
+	}
+	return FB_OK;
+}
+
+/* Benchmark rounds: no training; the update is fixed small noise. */
+static fb_err
+synthetic_update(wk *w)
+{
+	static bool ready;
+	double t0 = fb_now_s();
+	if (!ready) {
+		fb_rng r;
+		fb_rng_init(&r, (uint64_t)w->cfg->index + 1, 0x5e);
+		for (uint64_t j = 0; j < w->param_count; j++) {
+			w->local[j] = (float)((double)(fb_rng_u64(&r) >> 40) *
+			    0x1.0p-24 - 0.5) * 0.02f;
+		}
+		ready = true;
+	}
+	snprintf(w->backend, sizeof(w->backend), "none (synthetic update)");
+	return send_update(w, w->local, fb_now_s() - t0, 0.0, 0);
+}
+
+static void
+start_training(wk *w)
+{
+	if (w->synthetic) {
+		(void)synthetic_update(w);
+		w->st = S_IDLE;
+		return;
+	}
+	if (ensure_trainer(w) != FB_OK) {
+		w->st = S_IDLE;
+		return;
+	}
+	w->cancel = 0;
+	if (pthread_create(&w->thread, NULL, train_main, w) != 0) {
+		fb_log_error("cannot start the training thread");
+		w->st = S_IDLE;
+		return;
+	}
+	w->thread_live = true;
+	w->st = S_TRAINING;
+}
+
+static void
+on_model_chunk(wk *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+	uint64_t off, len, total = w->param_count * 4;
+
+	if (w->st != S_FETCHING || m->u.model_chunk.round != w->round) {
+		fb_log_debug("dropped model chunk %u of round %u",
+		    m->u.model_chunk.chunk, m->u.model_chunk.round);
+		return;
+	}
+	if (m->u.model_chunk.chunk != w->next_chunk) {
+		fb_log_warn("round %u: model chunk %u out of order (wanted %u);"
+		            " abandoning the round",
+		    w->round, m->u.model_chunk.chunk, w->next_chunk);
+		w->st = S_IDLE;
+		return;
+	}
+	off = (uint64_t)w->next_chunk * w->chunk_bytes;
+	len = total - off < w->chunk_bytes ? total - off : w->chunk_bytes;
+	if (f->payload_len != len) {
+		fb_log_warn("round %u: model chunk %u has %zu bytes, expected "
+		            "%" PRIu64 "; abandoning the round",
+		    w->round, w->next_chunk, f->payload_len, len);
+		w->st = S_IDLE;
+		return;
+	}
+	memcpy((uint8_t *)w->global + off, f->payload, len);
+	w->next_chunk++;
+	if (w->next_chunk == w->chunk_count) {
+		fb_log_debug("round %u: model received; training %" PRIu64
+		             " steps", w->round, w->steps);
+		start_training(w);
+	} else if (request_chunks(w) != FB_OK) {
+		w->st = S_IDLE;
+	}
+}
+
+/* The trainer thread finished: send the update (global - local). */
+static void
+on_trained(wk *w)
+{
+	uint64_t v;
+	fb_err rc;
+
+	if (read(w->efd, &v, sizeof(v)) < 0) {
+		return;
+	}
+	pthread_join(w->thread, NULL);
+	w->thread_live = false;
+	w->st = S_IDLE;
+	rc = w->train_rc;
+	if (rc == FB_ECLOSED) {
+		fb_log_info("round %u: training cancelled", w->round);
+		return;
+	}
+	if (rc != FB_OK) {
+		fb_log_error("round %u: training failed: %s", w->round,
+		    fb_strerror(rc));
+		return;
+	}
+	for (uint64_t j = 0; j < w->param_count; j++) {
+		w->local[j] = w->global[j] - w->local[j];
+	}
+	fb_log_info("round %u: %" PRIu64 " steps in %.2fs, loss %.4f; "
+	            "sending update",
+	    w->round, w->stats.steps, w->stats.seconds, w->stats.loss_mean);
+	if (send_update(w, w->local, w->stats.seconds, w->stats.loss_mean,
+	        w->stats.steps) != FB_OK) {
+		fb_log_warn("round %u: update not delivered", w->round);
+	}
+}
+
+/* Returns FB_ECLOSED when the run is over, FB_OK to continue. */
+static fb_err
+on_message(wk *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+
+	w->last_rx_ms = fb_now_ms();
+	switch (m->type) {
+	case FB_MSG_WELCOME:
+		return on_welcome(w, m);
+	case FB_MSG_REJECT:
+		fb_log_error("the coordinator refused this worker: %s",
+		    m->u.reject.reason);
+		return FB_EAUTH;
+	case FB_MSG_ROUND_START:
+		if (w->welcomed) {
+			on_round_start(w, m);
+		}
+		return FB_OK;
+	case FB_MSG_MODEL_CHUNK:
+		on_model_chunk(w, f);
+		return FB_OK;
+	case FB_MSG_HEARTBEAT:
+		return FB_OK;
+	case FB_MSG_ROUND_CANCEL:
+		if (m->u.round_cancel.round == w->round &&
+		    (w->st == S_FETCHING || w->st == S_TRAINING)) {
+			fb_log_warn("round %u cancelled by the coordinator: %s",
+			    w->round, m->u.round_cancel.reason);
+			stop_training(w);
+			w->st = S_IDLE;
+		}
+		return FB_OK;
+	case FB_MSG_SHUTDOWN:
+		fb_log_info("coordinator ended the run: %s",
+		    m->u.shutdown.reason);
+		return FB_ECLOSED;
+	default:
+		fb_log_warn("unexpected %s from the coordinator",
+		    fb_msg_type_name(m->type));
+		return FB_OK;
+	}
+}
+
+static fb_err
+load_shard(wk *w)
+{
+	const fb_worker_config *cfg = w->cfg;
+	fb_dataset full = {0};
+	fb_partition_spec ps = {
+	    .scheme = (fb_partition_scheme)cfg->partition,
+	    .workers = (uint32_t)cfg->workers,
+	    .index = (uint32_t)cfg->index,
+	    .seed = (uint64_t)cfg->partition_seed,
+	    .alpha = cfg->alpha,
+	    .shards_per_worker = (uint32_t)cfg->shards_per_worker,
+	};
+	uint32_t *idx = NULL, n = 0;
+	fb_err rc;
+
+	if (cfg->dataset == 1) {
+		return FB_OK;
+	}
+	if ((rc = fb_dataset_load_fmnist(cfg->data_dir, 1, &full)) != FB_OK) {
+		fb_log_error("cannot load the training set from %s (data.dir)",
+		    cfg->data_dir);
+		goto out;
+	}
+	rc = fb_partition_indices(full.y, full.count, full.classes, &ps, &idx,
+	    &n);
+	if (rc != FB_OK) {
+		goto out;
+	}
+	if ((rc = fb_dataset_subset(&full, idx, n, &w->shard)) != FB_OK) {
+		goto out;
+	}
+	fb_log_info("shard %lld of %lld (%s): %u examples",
+	    (long long)cfg->index, (long long)cfg->workers,
+	    fb_partition_scheme_names[cfg->partition], n);
+out:
+	fb_free(idx);
+	fb_dataset_fini(&full);
+	return rc;
+}
+
+static void
+tick(wk *w)
+{
+	int64_t now = fb_now_ms();
+
+	if (!w->welcomed) {
+		if (now - w->hello_since_ms > w->cfg->connect_timeout_ms) {
+			return;
+		}
+		if (now - w->last_hello_ms >= HELLO_RETRY_MS) {
+			(void)send_hello(w);
+		}
+		return;
+	}
+	if (now - w->last_tx_ms >= w->heartbeat_ms) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		hb.u.heartbeat.round = w->round;
+		(void)wk_send(w, &hb, NULL, 0);
+	}
+	if (now - w->last_rx_ms > w->liveness_ms) {
+		fb_log_warn("coordinator silent for %.1fs: reconnecting",
+		    (double)(now - w->last_rx_ms) / 1000.0);
+		stop_training(w);
+		w->welcomed = false;
+		w->st = S_HELLO;
+		new_session(w);
+		w->hello_since_ms = now;
+		(void)send_hello(w);
+	}
+}
+
+fb_err
+fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
+{
+	fb_err rc;
+	wk w;
+	fb_link_opts lo = {
+	    .max_payload = 256u << 20,
+	    .send_timeout_ms = (int)cfg->send_timeout_ms,
+	    .hwm = 16,
+	};
+
+	memset(&w, 0, sizeof(w));
+	w.cfg = cfg;
+	w.stop = stop;
+	w.efd = -1;
+	new_session(&w);
+	if ((rc = load_shard(&w)) != FB_OK) {
+		goto out;
+	}
+	if ((w.efd = eventfd(0, EFD_CLOEXEC)) < 0) {
+		fb_log_error("eventfd: %s", strerror(errno));
+		rc = FB_EIO;
+		goto out;
+	}
+	if ((rc = fb_link_connect(cfg->coordinator, &lo, &w.link)) != FB_OK) {
+		goto out;
+	}
+	fb_log_info("connecting to %s as %s", cfg->coordinator, cfg->name);
+	w.hello_since_ms = fb_now_ms();
+	(void)send_hello(&w);
+	while (!*stop) {
+		fb_frame f;
+		const char *why = NULL;
+		bool woke = false;
+
+		rc = fb_link_recv(w.link, 100, w.efd, &woke, &f, &why);
+		if (woke && w.thread_live) {
+			on_trained(&w);
+		}
+		if (rc == FB_OK) {
+			rc = on_message(&w, &f);
+			if (rc == FB_ECLOSED) {
+				rc = FB_OK;
+				break;
+			}
+			if (rc != FB_OK) {
+				break;
+			}
+		} else if (rc == FB_EPROTO) {
+			fb_log_warn("dropped a malformed message: %s", why);
+		} else if (rc != FB_ETIMEDOUT) {
+			break;
+		}
+		rc = FB_OK;
+		tick(&w);
+		if (!w.welcomed &&
+		    fb_now_ms() - w.hello_since_ms > cfg->connect_timeout_ms) {
+			fb_log_error("no answer from the coordinator at %s for "
+			             "%.0fs (transport.connect_timeout)",
+			    cfg->coordinator,
+			    (double)cfg->connect_timeout_ms / 1000.0);
+			rc = FB_ETIMEDOUT;
+			break;
+		}
+	}
+	if (*stop) {
+		fb_log_info("stopping on signal");
+	}
+out:
+	stop_training(&w);
+	fb_trainer_close(w.trainer);
+	fb_link_close(w.link);
+	fb_model_close(w.model);
+	fb_dataset_fini(&w.shard);
+	fb_free(w.global);
+	fb_free(w.local);
+	if (w.efd >= 0) {
+		close(w.efd);
+	}
+	return rc;
+}

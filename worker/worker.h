@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * worker.h -- fedbox-worker: loads this box's shard, connects to the
+ * coordinator, and for each round fetches the global model, trains locally
+ * (worker/trainer.h) and streams its update back.
+ */
+#ifndef FB_WORKER_WORKER_H
+#define FB_WORKER_WORKER_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/err.h"
+
+typedef struct fb_worker_config {
+	char *coordinator;        /* ZeroMQ endpoint to connect to */
+	char *name;               /* unique in the federation */
+	int log_level;
+	/* data */
+	int dataset;              /* 0 fashion-mnist, 1 none (benchmarks) */
+	char *data_dir;
+	int partition;            /* fb_partition_scheme */
+	double alpha;
+	int64_t shards_per_worker;
+	int64_t index;
+	int64_t workers;
+	int64_t partition_seed;
+	int64_t none_samples;     /* dataset none: samples claimed */
+	/* training */
+	int device;               /* fb_trainer_device */
+	fb_cfg_int_list gpus;
+	int math;                 /* fb_trainer_math */
+	double throttle;
+	char *plugin;             /* local path of a plug-in model */
+	/* transport */
+	int64_t connect_timeout_ms;
+	int64_t send_timeout_ms;
+	int64_t fetch_window;
+} fb_worker_config;
+
+extern const fb_cfg_field fb_worker_config_schema[];
+
+/* fb_worker_config_load loads and cross-checks a worker config; errors are
+ * logged with file:line:column and give FB_ECONFIG. */
+FB_MUST_CHECK fb_err fb_worker_config_load(const char *path,
+    fb_worker_config *cfg);
+void fb_worker_config_fini(fb_worker_config *cfg);
+
+/*
+ * fb_worker_run connects and serves rounds until the coordinator says the
+ * run is over (FB_OK), *stop becomes non-zero (FB_OK), the coordinator
+ * refuses us or stays unreachable (FB_ECLOSED / FB_ETIMEDOUT), or a local
+ * failure. Blocks.
+ */
+FB_MUST_CHECK fb_err fb_worker_run(const fb_worker_config *cfg,
+    volatile sig_atomic_t *stop);
+
+#endif
