@@ -1,0 +1,1313 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * crypto_test.c -- unit tests of crypto/: round trips of keys, handshake,
+ * sealed messages and streams, and a negative test for every accept path
+ * (flipped bits, replays, reordering, truncation, wrong run/round/sender,
+ * unknown and unpinned keys, bad key files and lines). Known answers come
+ * from RFC 8032 (Ed25519) and RFC 7693 (BLAKE2b).
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crypto/crypto.h"
+#include "crypto/crypto_impl.h"
+#include "tests/unit/harness.h"
+
+#define PROTO 7
+
+/* ---- fixture ------------------------------------------------------------- */
+
+typedef struct fixture {
+	fb_identity *coord, *w0, *w1, *outsider;
+	fb_pubkey coord_pk, allowed[2], outsider_pk;
+	fb_allowlist allow;
+	fb_run_id run;
+} fixture;
+
+static fixture fx_;
+
+static const fixture *
+fx(void)
+{
+	uint8_t seed[32];
+
+	if (fx_.coord != NULL) {
+		return &fx_;
+	}
+	memset(seed, 1, sizeof(seed));
+	assert_int_equal(fb_identity_alloc_from_seed(seed, "coord", &fx_.coord),
+	    FB_OK);
+	assert_int_equal(fb_identity_alloc(NULL, &fx_.w0), FB_OK);
+	assert_int_equal(fb_identity_alloc("w1", &fx_.w1), FB_OK);
+	assert_int_equal(fb_identity_alloc(NULL, &fx_.outsider), FB_OK);
+	fb_identity_pubkey(fx_.coord, &fx_.coord_pk);
+	fb_identity_pubkey(fx_.w0, &fx_.allowed[0]);
+	fb_identity_pubkey(fx_.w1, &fx_.allowed[1]);
+	fb_identity_pubkey(fx_.outsider, &fx_.outsider_pk);
+	fx_.allow.keys = fx_.allowed;
+	fx_.allow.count = 2;
+	assert_int_equal(fb_run_id_random(&fx_.run), FB_OK);
+	return &fx_;
+}
+
+static fb_hs_accept_cfg
+accept_cfg(const fixture *f, const fb_run_id *run)
+{
+	fb_hs_accept_cfg cfg = {
+		.self = f->coord,
+		.run = *run,
+		.proto_version = PROTO,
+		.lookup = fb_allowlist_lookup_cb,
+		.lookup_arg = (void *)(uintptr_t)&f->allow,
+	};
+	return cfg;
+}
+
+/* pair runs a full handshake of `w` with the coordinator. */
+static void
+pair(const fixture *f, const fb_identity *w, const fb_run_id *run,
+    fb_session **ws, fb_session **cs)
+{
+	uint8_t hello[FB_HS_HELLO_LEN], reply[FB_HS_REPLY_LEN];
+	fb_handshake *hs = NULL;
+	fb_hs_accept_cfg cfg = accept_cfg(f, run);
+	fb_reject why;
+
+	assert_int_equal(fb_handshake_start(w, &f->coord_pk, PROTO, hello, &hs),
+	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, cs, &why),
+	    FB_OK);
+	assert_int_equal(why, FB_REJECT_NONE);
+	assert_int_equal(
+	    fb_handshake_finish(hs, reply, sizeof(reply), ws, &why), FB_OK);
+	fb_handshake_free(hs);
+}
+
+static void
+hex(const char *s, uint8_t *out, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		unsigned v;
+		assert_int_equal(sscanf(s + 2 * i, "%2x", &v), 1);
+		out[i] = (uint8_t)v;
+	}
+}
+
+static char *
+read_text(const char *path)
+{
+	static char buf[8192];
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	assert_non_null(f);
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	return buf;
+}
+
+/* ---- known answers ------------------------------------------------------- */
+
+static void
+test_kat_ed25519(void **state)
+{
+	/* RFC 8032 section 7.1, TEST 1 (empty message). */
+	uint8_t seed[32], pk[32], sig[64], want[64];
+	fb_identity *id = NULL;
+	fb_pubkey got;
+
+	hex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+	    seed, 32);
+	hex("d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
+	    pk, 32);
+	hex("e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e06522490155"
+	    "5fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b",
+	    want, 64);
+	assert_int_equal(fb_identity_alloc_from_seed(seed, NULL, &id), FB_OK);
+	fb_identity_pubkey(id, &got);
+	assert_memory_equal(got.b, pk, 32);
+	fb_identity_sign_raw(id, (const uint8_t *)"", 0, sig);
+	assert_memory_equal(sig, want, 64);
+	fb_identity_free(id);
+}
+
+static void
+test_kat_blake2b(void **state)
+{
+	/* RFC 7693 appendix A: BLAKE2b-512("abc"). */
+	uint8_t want[64], got[64];
+
+	hex("ba80a53f981c4d0d6a2797b69f12f6e94c212f14685ac4b74b12bb6fdbffa2d1"
+	    "7d87c5392aab792dc252d5de4533cc9518d38aa8dbf1925ab92386edd4009923",
+	    want, 64);
+	assert_int_equal(fb_crypto_init(), FB_OK);
+	crypto_generichash(got, 64, (const uint8_t *)"abc", 3, NULL, 0);
+	assert_memory_equal(got, want, 64);
+}
+
+/* ---- identities and key files -------------------------------------------- */
+
+static void
+test_identity_save_load(void **state)
+{
+	const fixture *f = fx();
+	char name[600], path[700];
+	fb_identity *id = NULL;
+	fb_pubkey pk, pk2;
+	char comment[FB_COMMENT_MAX];
+	struct stat st;
+
+	snprintf(name, sizeof(name), "%s/id1", fb_test_tmpdir());
+	assert_int_equal(fb_identity_save(f->w1, name, 0), FB_OK);
+	snprintf(path, sizeof(path), "%s.key", name);
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+	assert_int_equal(fb_identity_load(path, &id), FB_OK);
+	fb_identity_pubkey(id, &pk);
+	assert_true(fb_pubkey_equal(&pk, &f->allowed[1]));
+	assert_string_equal(fb_identity_comment(id), "w1");
+	fb_identity_free(id);
+
+	snprintf(path, sizeof(path), "%s.pub", name);
+	assert_int_equal(fb_pubkey_load(path, &pk2, comment, sizeof(comment)),
+	    FB_OK);
+	assert_true(fb_pubkey_equal(&pk2, &f->allowed[1]));
+	assert_string_equal(comment, "w1");
+}
+
+static void
+test_identity_no_overwrite(void **state)
+{
+	const fixture *f = fx();
+	char name[600], path[700];
+	fb_identity *id = NULL;
+	fb_pubkey pk;
+
+	snprintf(name, sizeof(name), "%s/id2", fb_test_tmpdir());
+	assert_int_equal(fb_identity_save(f->w0, name, 0), FB_OK);
+	assert_int_equal(fb_identity_save(f->w1, name, 0), FB_EIO);
+	snprintf(path, sizeof(path), "%s.key", name);
+	assert_int_equal(fb_identity_load(path, &id), FB_OK);
+	fb_identity_pubkey(id, &pk);
+	assert_true(fb_pubkey_equal(&pk, &f->allowed[0]));
+	fb_identity_free(id);
+	assert_int_equal(fb_identity_save(f->w1, name, 1), FB_OK);
+	assert_int_equal(fb_identity_load(path, &id), FB_OK);
+	fb_identity_pubkey(id, &pk);
+	assert_true(fb_pubkey_equal(&pk, &f->allowed[1]));
+	fb_identity_free(id);
+}
+
+static void
+test_key_mode_refused(void **state)
+{
+	const fixture *f = fx();
+	char name[600], path[700], log[700];
+	fb_identity *id = NULL;
+	int saved, fd;
+	fb_err rc;
+
+	snprintf(name, sizeof(name), "%s/id3", fb_test_tmpdir());
+	snprintf(path, sizeof(path), "%s.key", name);
+	snprintf(log, sizeof(log), "%s/id3.log", fb_test_tmpdir());
+	assert_int_equal(fb_identity_save(f->w0, name, 0), FB_OK);
+	assert_int_equal(chmod(path, 0644), 0);
+
+	fflush(stderr);
+	saved = dup(2);
+	fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	assert_true(saved >= 0 && fd >= 0);
+	dup2(fd, 2);
+	rc = fb_identity_load(path, &id);
+	dup2(saved, 2);
+	close(saved);
+	close(fd);
+
+	assert_int_equal(rc, FB_EINVAL);
+	assert_null(id);
+	assert_non_null(strstr(read_text(log), "chmod 600"));
+	assert_non_null(strstr(read_text(log), path));
+
+	assert_int_equal(chmod(path, 0640), 0);
+	assert_int_equal(fb_identity_load(path, &id), FB_EINVAL);
+	assert_int_equal(chmod(path, 0600), 0);
+	assert_int_equal(fb_identity_load(path, &id), FB_OK);
+	fb_identity_free(id);
+}
+
+static void
+test_key_corrupt_refused(void **state)
+{
+	char path[700];
+	fb_identity *id = NULL;
+	const char *bad[] = {
+		"",
+		"fedbox-ed25519-secret v1\n",
+		"fedbox-ed25519-secret v2\nAAAA\n",
+		/* seed does not match the public line */
+		"fedbox-ed25519-secret v1\n"
+		"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\n"
+		"fedbox-ed25519 "
+		"g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=\n",
+	};
+
+	snprintf(path, sizeof(path), "%s/bad.key", fb_test_tmpdir());
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		assert_true(fd >= 0);
+		assert_int_equal(write(fd, bad[i], strlen(bad[i])),
+		    (ssize_t)strlen(bad[i]));
+		close(fd);
+		assert_int_equal(fb_identity_load(path, &id), FB_EFORMAT);
+		assert_null(id);
+	}
+	assert_int_equal(fb_identity_load("/nonexistent/x.key", &id), FB_EIO);
+}
+
+static void
+test_publine_roundtrip(void **state)
+{
+	const fixture *f = fx();
+	char line[FB_PUBLINE_MAX], comment[FB_COMMENT_MAX], fp[40];
+	fb_pubkey pk;
+
+	assert_int_equal(fb_pubkey_format(&f->coord_pk, "lab server #1", line,
+	                     sizeof(line)),
+	    FB_OK);
+	assert_int_equal(strncmp(line, "fedbox-ed25519 ", 15), 0);
+	assert_int_equal(fb_pubkey_parse(line, &pk, comment, sizeof(comment)),
+	    FB_OK);
+	assert_true(fb_pubkey_equal(&pk, &f->coord_pk));
+	assert_string_equal(comment, "lab server #1");
+	strcat(line, "\r\n");
+	assert_int_equal(fb_pubkey_parse(line, &pk, NULL, 0), FB_OK);
+
+	assert_int_equal(fb_pubkey_format(&f->coord_pk, NULL, line,
+	                     sizeof(line)),
+	    FB_OK);
+	assert_int_equal(fb_pubkey_parse(line, &pk, comment, sizeof(comment)),
+	    FB_OK);
+	assert_string_equal(comment, "");
+	assert_int_equal(fb_pubkey_format(&f->coord_pk, NULL, line, 20),
+	    FB_ERANGE);
+	assert_int_equal(fb_pubkey_format(&f->coord_pk, "a\nb", line,
+	                     sizeof(line)),
+	    FB_EINVAL);
+
+	fb_pubkey_fingerprint(&f->coord_pk, fp);
+	assert_int_equal(strlen(fp), FB_FINGERPRINT_SIZE - 1);
+	assert_int_equal(strncmp(fp, "fb:", 3), 0);
+}
+
+static void
+test_publine_errors(void **state)
+{
+	const char *good = "g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=";
+	char line[512];
+	fb_pubkey pk;
+	const char *bad[] = {
+		"",
+		"fedbox-ed25519",
+		"fedbox-ed25519 ",
+		"ssh-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=",
+		"fedbox-ed25519  g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=",
+		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSM=",
+		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs",
+		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSM*=",
+		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=x",
+		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=\tc",
+		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs= a\tb",
+		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=\n\n",
+		/* all-zero key: small order, not a usable identity */
+		"fedbox-ed25519 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+		/* 33 bytes */
+		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMsA",
+	};
+
+	snprintf(line, sizeof(line), "fedbox-ed25519 %s", good);
+	assert_int_equal(fb_pubkey_parse(line, &pk, NULL, 0), FB_OK);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		assert_int_equal(fb_pubkey_parse(bad[i], &pk, NULL, 0),
+		    FB_EINVAL);
+	}
+	/* A comment longer than FB_COMMENT_MAX - 1. */
+	snprintf(line, sizeof(line), "fedbox-ed25519 %s ", good);
+	memset(line + strlen(line), 'c', FB_COMMENT_MAX);
+	line[15 + 44 + 1 + FB_COMMENT_MAX] = '\0';
+	assert_int_equal(fb_pubkey_parse(line, &pk, NULL, 0), FB_EINVAL);
+}
+
+static void
+test_domain_signatures(void **state)
+{
+	const fixture *f = fx();
+	uint8_t sig[FB_SIG_LEN];
+	const uint8_t msg[] = "mask seeds";
+
+	assert_int_equal(fb_identity_sign(f->w0, "secagg", msg, sizeof(msg),
+	                     sig),
+	    FB_OK);
+	assert_int_equal(fb_pubkey_verify(&f->allowed[0], "secagg", msg,
+	                     sizeof(msg), sig),
+	    FB_OK);
+	assert_int_equal(fb_pubkey_verify(&f->allowed[0], "secagh", msg,
+	                     sizeof(msg), sig),
+	    FB_EAUTH);
+	assert_int_equal(fb_pubkey_verify(&f->allowed[1], "secagg", msg,
+	                     sizeof(msg), sig),
+	    FB_EAUTH);
+	sig[5] ^= 1;
+	assert_int_equal(fb_pubkey_verify(&f->allowed[0], "secagg", msg,
+	                     sizeof(msg), sig),
+	    FB_EAUTH);
+}
+
+/* ---- handshake ----------------------------------------------------------- */
+
+static void
+test_handshake_roundtrip(void **state)
+{
+	const fixture *f = fx();
+	fb_session *ws = NULL, *cs = NULL;
+	fb_run_id r1, r2;
+	fb_pubkey p;
+	uint8_t t1[32], t2[32];
+
+	pair(f, f->w1, &f->run, &ws, &cs);
+	assert_int_equal(fb_session_worker_id(ws), 1);
+	assert_int_equal(fb_session_worker_id(cs), 1);
+	fb_session_run_id(ws, &r1);
+	fb_session_run_id(cs, &r2);
+	assert_memory_equal(r1.b, f->run.b, FB_RUN_ID_LEN);
+	assert_memory_equal(r2.b, f->run.b, FB_RUN_ID_LEN);
+	fb_session_peer(ws, &p);
+	assert_true(fb_pubkey_equal(&p, &f->coord_pk));
+	fb_session_peer(cs, &p);
+	assert_true(fb_pubkey_equal(&p, &f->allowed[1]));
+	fb_session_transcript(ws, t1);
+	fb_session_transcript(cs, t2);
+	assert_memory_equal(t1, t2, 32);
+	assert_memory_equal(ws->tx, cs->rx, 32);
+	assert_memory_equal(ws->rx, cs->tx, 32);
+	assert_memory_not_equal(ws->tx, ws->rx, 32);
+	fb_session_free(ws);
+	fb_session_free(cs);
+}
+
+static void
+test_handshake_unknown_key(void **state)
+{
+	const fixture *f = fx();
+	uint8_t hello[FB_HS_HELLO_LEN], reply[FB_HS_REPLY_LEN];
+	fb_handshake *hs = NULL;
+	fb_session *cs = NULL;
+	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
+	fb_reject why;
+
+	assert_int_equal(fb_handshake_start(f->outsider, &f->coord_pk, PROTO,
+	                     hello, &hs),
+	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_UNKNOWN_KEY);
+	assert_null(cs);
+	fb_handshake_free(hs);
+}
+
+static void
+test_handshake_forged_hello(void **state)
+{
+	const fixture *f = fx();
+	uint8_t hello[FB_HS_HELLO_LEN], reply[FB_HS_REPLY_LEN];
+	fb_handshake *hs = NULL;
+	fb_session *cs = NULL;
+	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
+	fb_reject why;
+	uint8_t msg[FB_DOMAIN_LEN + 100];
+
+	/* The outsider claims worker 0's key and signs with its own. */
+	assert_int_equal(fb_handshake_start(f->outsider, &f->coord_pk, PROTO,
+	                     hello, &hs),
+	    FB_OK);
+	memcpy(hello + 4, f->allowed[0].b, 32);
+	memcpy(msg, fb_dom_hello, FB_DOMAIN_LEN);
+	memcpy(msg + FB_DOMAIN_LEN, hello, 100);
+	fb_identity_sign_raw(f->outsider, msg, sizeof(msg), hello + 100);
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_SIGNATURE);
+	assert_null(cs);
+	fb_handshake_free(hs);
+}
+
+static void
+test_handshake_hello_bitflips(void **state)
+{
+	const fixture *f = fx();
+	uint8_t hello[FB_HS_HELLO_LEN], bad[FB_HS_HELLO_LEN];
+	uint8_t reply[FB_HS_REPLY_LEN];
+	fb_handshake *hs = NULL;
+	fb_session *cs = NULL;
+	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
+	fb_reject why;
+
+	assert_int_equal(fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello,
+	                     &hs),
+	    FB_OK);
+	for (size_t bit = 0; bit < 8 * sizeof(hello); bit++) {
+		memcpy(bad, hello, sizeof(bad));
+		bad[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		assert_int_not_equal(fb_handshake_accept(&cfg, bad,
+		                         sizeof(bad), reply, &cs, &why),
+		    FB_OK);
+		assert_int_not_equal(why, FB_REJECT_NONE);
+		assert_null(cs);
+	}
+	for (size_t len = 0; len < sizeof(hello); len += 7) {
+		assert_int_equal(fb_handshake_accept(&cfg, hello, len, reply,
+		                     &cs, &why),
+		    FB_EPROTO);
+		assert_int_equal(why, FB_REJECT_MALFORMED);
+	}
+	cfg.proto_version = PROTO + 1;
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
+	    FB_ENOTSUP);
+	assert_int_equal(why, FB_REJECT_VERSION);
+	fb_handshake_free(hs);
+}
+
+static void
+test_handshake_unpinned(void **state)
+{
+	const fixture *f = fx();
+	uint8_t hello[FB_HS_HELLO_LEN], reply[FB_HS_REPLY_LEN];
+	fb_handshake *hs = NULL;
+	fb_session *cs = NULL, *ws = NULL;
+	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
+	fb_reject why;
+
+	/* A coordinator with another key answers the worker. */
+	cfg.self = f->outsider;
+	assert_int_equal(fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello,
+	                     &hs),
+	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
+	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_finish(hs, reply, sizeof(reply), &ws, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_UNPINNED_KEY);
+	assert_null(ws);
+	/* ... and claims the pinned key: the signature gives it away. */
+	memcpy(reply + 24, f->coord_pk.b, 32);
+	assert_int_equal(
+	    fb_handshake_finish(hs, reply, sizeof(reply), &ws, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_SIGNATURE);
+	fb_session_free(cs);
+	fb_handshake_free(hs);
+}
+
+static void
+test_handshake_reply_bitflips(void **state)
+{
+	const fixture *f = fx();
+	uint8_t hello[FB_HS_HELLO_LEN], reply[FB_HS_REPLY_LEN];
+	uint8_t bad[FB_HS_REPLY_LEN];
+	fb_handshake *hs = NULL;
+	fb_session *cs = NULL, *ws = NULL;
+	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
+	fb_reject why;
+
+	assert_int_equal(fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello,
+	                     &hs),
+	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
+	    FB_OK);
+	for (size_t bit = 0; bit < 8 * sizeof(reply); bit++) {
+		memcpy(bad, reply, sizeof(bad));
+		bad[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		assert_int_not_equal(
+		    fb_handshake_finish(hs, bad, sizeof(bad), &ws, &why),
+		    FB_OK);
+		assert_int_not_equal(why, FB_REJECT_NONE);
+		assert_null(ws);
+	}
+	assert_int_equal(fb_handshake_finish(hs, reply, 10, &ws, &why),
+	    FB_EPROTO);
+	/* The genuine reply still completes after the forgeries. */
+	assert_int_equal(
+	    fb_handshake_finish(hs, reply, sizeof(reply), &ws, &why), FB_OK);
+	assert_memory_equal(ws->tx, cs->rx, 32);
+	fb_session_free(cs);
+	fb_session_free(ws);
+	fb_handshake_free(hs);
+}
+
+/* ---- sealed messages ----------------------------------------------------- */
+
+static void
+test_msg_roundtrip(void **state)
+{
+	const fixture *f = fx();
+	fb_session *ws = NULL, *cs = NULL;
+	uint8_t buf[256], body[256];
+	size_t n, blen;
+	fb_msg_info info;
+	fb_reject why;
+	const char *text = "join round 3";
+
+	pair(f, f->w1, &f->run, &ws, &cs);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_int_equal(fb_msg_seal(ws, 5, 3, (const uint8_t *)text,
+		                     strlen(text), buf, sizeof(buf), &n),
+		    FB_OK);
+		assert_int_equal(n, strlen(text) + FB_MSG_OVERHEAD);
+		assert_int_equal(fb_msg_peek(buf, n, &info), FB_OK);
+		assert_int_equal(info.sender, 1);
+		assert_int_equal(fb_msg_open(cs, 3, buf, n, body, sizeof(body),
+		                     &blen, &info, &why),
+		    FB_OK);
+		assert_int_equal(why, FB_REJECT_NONE);
+		assert_int_equal(blen, strlen(text));
+		assert_memory_equal(body, text, blen);
+		assert_int_equal(info.type, 5);
+		assert_int_equal(info.round, 3);
+		assert_int_equal(info.sender, 1);
+		assert_int_equal(info.seq, i + 1);
+	}
+	/* The other direction, empty body, any round. */
+	assert_int_equal(fb_msg_seal(cs, 9, 4, NULL, 0, buf, sizeof(buf), &n),
+	    FB_OK);
+	assert_int_equal(fb_msg_open(ws, FB_ROUND_ANY, buf, n, body,
+	                     sizeof(body), &blen, &info, &why),
+	    FB_OK);
+	assert_int_equal(blen, 0);
+	assert_int_equal(info.sender, FB_SENDER_COORDINATOR);
+	/* Seal into a buffer that is too small. */
+	assert_int_equal(fb_msg_seal(ws, 5, 3, body, 200, buf, 200 + 55, &n),
+	    FB_ERANGE);
+	fb_session_free(ws);
+	fb_session_free(cs);
+}
+
+static void
+test_msg_in_place(void **state)
+{
+	const fixture *f = fx();
+	fb_session *ws = NULL, *cs = NULL;
+	uint8_t buf[4096 + FB_MSG_OVERHEAD];
+	size_t n, blen;
+	fb_msg_info info;
+
+	pair(f, f->w0, &f->run, &ws, &cs);
+	for (size_t i = 0; i < 4096; i++) {
+		buf[FB_MSG_HEADER_LEN + i] = (uint8_t)(i * 7);
+	}
+	assert_int_equal(fb_msg_seal(ws, 1, 0, buf + FB_MSG_HEADER_LEN, 4096,
+	                     buf, sizeof(buf), &n),
+	    FB_OK);
+	assert_int_not_equal(buf[FB_MSG_HEADER_LEN + 1], 7);
+	assert_int_equal(fb_msg_open(cs, 0, buf, n, buf + FB_MSG_HEADER_LEN,
+	                     4096, &blen, &info, NULL),
+	    FB_OK);
+	for (size_t i = 0; i < 4096; i++) {
+		assert_int_equal(buf[FB_MSG_HEADER_LEN + i], (uint8_t)(i * 7));
+	}
+	fb_session_free(ws);
+	fb_session_free(cs);
+}
+
+static void
+test_msg_bitflips(void **state)
+{
+	const fixture *f = fx();
+	fb_session *ws = NULL, *cs = NULL;
+	uint8_t buf[128], bad[128], body[128];
+	size_t n, blen;
+	fb_msg_info info;
+	fb_reject why;
+
+	pair(f, f->w0, &f->run, &ws, &cs);
+	assert_int_equal(fb_msg_seal(ws, 2, 1, (const uint8_t *)"update ready",
+	                     12, buf, sizeof(buf), &n),
+	    FB_OK);
+	for (size_t bit = 0; bit < 8 * n; bit++) {
+		memcpy(bad, buf, n);
+		bad[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		memset(body, 0xaa, sizeof(body));
+		assert_int_not_equal(fb_msg_open(cs, 1, bad, n, body,
+		                         sizeof(body), &blen, &info, &why),
+		    FB_OK);
+		assert_int_not_equal(why, FB_REJECT_NONE);
+		assert_int_equal(blen, 0);
+		/* Header bits other than run/sender fail as a bad MAC. */
+		if (bit / 8 >= FB_MSG_HEADER_LEN ||
+		    (bit / 8 >= 20 && bit / 8 < 24) ||
+		    (bit / 8 >= 28 && bit / 8 < 36) || bit / 8 == 1) {
+			assert_int_equal(why, FB_REJECT_BAD_MAC);
+		}
+	}
+	/* The untouched message is still accepted afterwards. */
+	assert_int_equal(fb_msg_open(cs, 1, buf, n, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_OK);
+	/* Short, long and inconsistent lengths are malformed. */
+	assert_int_equal(fb_msg_open(cs, 1, buf, FB_MSG_OVERHEAD - 1, body,
+	                     sizeof(body), &blen, &info, &why),
+	    FB_EPROTO);
+	assert_int_equal(why, FB_REJECT_MALFORMED);
+	assert_int_equal(fb_msg_open(cs, 1, buf, n - 1, body, sizeof(body),
+	                     &blen, &info, &why),
+	    FB_EPROTO);
+	assert_int_equal(why, FB_REJECT_MALFORMED);
+	assert_int_equal(
+	    fb_msg_open(cs, 1, buf, n, body, 4, &blen, &info, &why),
+	    FB_EPROTO);
+	assert_int_equal(why, FB_REJECT_TOO_LARGE);
+	fb_session_free(ws);
+	fb_session_free(cs);
+}
+
+static void
+test_msg_replay(void **state)
+{
+	const fixture *f = fx();
+	fb_session *ws = NULL, *cs = NULL;
+	uint8_t m1[64], m2[64], body[64];
+	size_t n1, n2, blen;
+	fb_msg_info info;
+	fb_reject why;
+
+	pair(f, f->w0, &f->run, &ws, &cs);
+	assert_int_equal(fb_msg_seal(ws, 1, 1, (const uint8_t *)"a", 1, m1,
+	                     sizeof(m1), &n1),
+	    FB_OK);
+	assert_int_equal(fb_msg_seal(ws, 1, 1, (const uint8_t *)"b", 1, m2,
+	                     sizeof(m2), &n2),
+	    FB_OK);
+	/* Reordered: m2 first, then m1 is older than what was seen. */
+	assert_int_equal(fb_msg_open(cs, 1, m2, n2, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_OK);
+	assert_int_equal(fb_msg_open(cs, 1, m1, n1, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_REPLAY);
+	assert_int_equal(blen, 0);
+	/* Replayed later, in the same round and in a later one. */
+	assert_int_equal(fb_msg_open(cs, 1, m2, n2, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_REPLAY);
+	assert_int_equal(fb_msg_open(cs, 2, m2, n2, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_REPLAY);
+	fb_session_free(ws);
+	fb_session_free(cs);
+}
+
+static void
+test_msg_wrong_round(void **state)
+{
+	const fixture *f = fx();
+	fb_session *ws = NULL, *cs = NULL;
+	uint8_t m[64], body[64];
+	size_t n, blen;
+	fb_msg_info info;
+	fb_reject why;
+
+	pair(f, f->w0, &f->run, &ws, &cs);
+	assert_int_equal(fb_msg_seal(ws, 1, 3, (const uint8_t *)"late", 4, m,
+	                     sizeof(m), &n),
+	    FB_OK);
+	memset(body, 0x55, sizeof(body));
+	assert_int_equal(fb_msg_open(cs, 4, m, n, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_ESTALE);
+	assert_int_equal(why, FB_REJECT_WRONG_ROUND);
+	assert_int_equal(blen, 0);
+	assert_int_equal(body[0], 0); /* plaintext wiped */
+	fb_session_free(ws);
+	fb_session_free(cs);
+}
+
+static void
+test_msg_wrong_run(void **state)
+{
+	const fixture *f = fx();
+	fb_session *ws = NULL, *cs = NULL, *ws2 = NULL, *cs2 = NULL;
+	fb_run_id other;
+	uint8_t m[64], body[64];
+	size_t n, blen;
+	fb_msg_info info;
+	fb_reject why;
+
+	/* A message from this worker's session in an earlier run. */
+	assert_int_equal(fb_run_id_random(&other), FB_OK);
+	pair(f, f->w0, &other, &ws, &cs);
+	pair(f, f->w0, &f->run, &ws2, &cs2);
+	assert_int_equal(fb_msg_seal(ws, 1, 1, (const uint8_t *)"x", 1, m,
+	                     sizeof(m), &n),
+	    FB_OK);
+	assert_int_equal(fb_msg_open(cs2, 1, m, n, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_WRONG_RUN);
+	/* Same run id but another session's key: bad MAC. */
+	memcpy(m + 4, f->run.b, FB_RUN_ID_LEN);
+	assert_int_equal(fb_msg_open(cs2, 1, m, n, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	fb_session_free(ws);
+	fb_session_free(cs);
+	fb_session_free(ws2);
+	fb_session_free(cs2);
+}
+
+static void
+test_msg_wrong_sender(void **state)
+{
+	const fixture *f = fx();
+	fb_session *w0 = NULL, *c0 = NULL, *w1 = NULL, *c1 = NULL;
+	uint8_t m[64], body[64];
+	size_t n, blen;
+	fb_msg_info info;
+	fb_reject why;
+
+	pair(f, f->w0, &f->run, &w0, &c0);
+	pair(f, f->w1, &f->run, &w1, &c1);
+	/* Worker 1's message delivered as if worker 0 sent it. */
+	assert_int_equal(fb_msg_seal(w1, 1, 1, (const uint8_t *)"x", 1, m,
+	                     sizeof(m), &n),
+	    FB_OK);
+	assert_int_equal(fb_msg_open(c0, 1, m, n, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_WRONG_SENDER);
+	/* Worker 1 rewrites its header to claim worker 0: bad MAC. */
+	le32_store(m + 24, 0);
+	assert_int_equal(fb_msg_open(c0, 1, m, n, body, sizeof(body), &blen,
+	                     &info, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	/* A worker cannot speak as the coordinator to another worker. */
+	assert_int_equal(fb_msg_seal(w1, 1, 1, (const uint8_t *)"x", 1, m,
+	                     sizeof(m), &n),
+	    FB_OK);
+	assert_int_not_equal(fb_msg_open(w0, 1, m, n, body, sizeof(body),
+	                         &blen, &info, &why),
+	    FB_OK);
+	fb_session_free(w0);
+	fb_session_free(c0);
+	fb_session_free(w1);
+	fb_session_free(c1);
+}
+
+/* ---- streams ------------------------------------------------------------- */
+
+#define CH 1000 /* chunk length in these tests */
+
+typedef struct wire {
+	uint8_t key[FB_STREAM_KEY_LEN];
+	uint8_t header[FB_STREAM_HEADER_LEN];
+	uint8_t chunks[8][CH + FB_STREAM_CHUNK_OVERHEAD];
+	size_t chunk_len[8];
+	size_t nchunks;
+	uint8_t trailer[FB_STREAM_TRAILER_LEN];
+	uint8_t plain[8 * CH];
+	size_t plain_len;
+} wire;
+
+static fb_stream_ctx
+ctx_of(const fb_run_id *run, uint32_t round, uint32_t sender)
+{
+	fb_stream_ctx c = {.run = *run, .round = round, .sender = sender};
+	return c;
+}
+
+/* push_wire pushes `len` bytes as a stream signed by `signer`. */
+static void
+push_wire(const fb_stream_ctx *ctx, const fb_identity *signer, size_t len,
+    uint8_t seed, wire *w)
+{
+	fb_stream_push *p = NULL;
+	size_t off = 0;
+
+	memset(w, 0, sizeof(*w));
+	assert_true(len <= sizeof(w->plain));
+	for (size_t i = 0; i < len; i++) {
+		w->plain[i] = (uint8_t)(seed + i * 31);
+	}
+	w->plain_len = len;
+	assert_int_equal(fb_stream_push_alloc(ctx, CH, w->key, w->header, &p),
+	    FB_OK);
+	do {
+		size_t k = len - off > CH ? CH : len - off;
+		int final = off + k == len;
+		assert_int_equal(fb_stream_push_chunk(p, w->plain + off, k,
+		                     final, w->chunks[w->nchunks],
+		                     sizeof(w->chunks[0]),
+		                     &w->chunk_len[w->nchunks]),
+		    FB_OK);
+		w->nchunks++;
+		off += k;
+	} while (off < len);
+	assert_int_equal(fb_stream_push_chunk(p, w->plain, 1, 1, w->chunks[7],
+	                     sizeof(w->chunks[7]), &off),
+	    FB_EINVAL);
+	assert_int_equal(fb_stream_push_final(p, signer, w->trailer), FB_OK);
+	fb_stream_push_free(p);
+}
+
+/*
+ * pull_wire pulls chunks in the order `order` (indexes into w->chunks,
+ * `n` of them) and the trailer; returns the first error and its reason.
+ */
+static fb_err
+pull_wire(const fb_stream_ctx *ctx, const fb_pubkey *signer, const wire *w,
+    const size_t *order, size_t n, fb_reject *why)
+{
+	fb_stream_pull *p = NULL;
+	fb_err rc;
+	uint8_t buf[CH + FB_STREAM_CHUNK_OVERHEAD];
+	size_t off = 0, mlen;
+	int final = 0;
+	uint64_t total = 0;
+
+	rc = fb_stream_pull_alloc(ctx, w->key, w->header, sizeof(w->header),
+	    CH, &p, why);
+	if (rc != FB_OK) {
+		return rc;
+	}
+	for (size_t i = 0; i < n; i++) {
+		size_t k = order[i];
+		/* In place: plaintext lands at buf + 1. */
+		memcpy(buf, w->chunks[k], w->chunk_len[k]);
+		rc = fb_stream_pull_chunk(p, buf, w->chunk_len[k], buf + 1,
+		    sizeof(buf) - 1, &mlen, &final, why);
+		if (rc != FB_OK) {
+			goto out;
+		}
+		assert_memory_equal(buf + 1, w->plain + off, mlen);
+		off += mlen;
+	}
+	rc = fb_stream_pull_final(p, signer, w->trailer, sizeof(w->trailer),
+	    &total, why);
+	if (rc == FB_OK) {
+		assert_int_equal(total, w->plain_len);
+		assert_int_equal(off, w->plain_len);
+	}
+out:
+	fb_stream_pull_free(p);
+	return rc;
+}
+
+static const size_t in_order[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+static void
+test_stream_roundtrip(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w;
+	fb_reject why;
+	const size_t lens[] = {0, 1, CH - 1, CH, CH + 1, 3 * CH + 17, 5 * CH};
+
+	for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+		push_wire(&ctx, f->w1, lens[i], (uint8_t)i, &w);
+		assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, in_order,
+		                     w.nchunks, &why),
+		    FB_OK);
+		assert_int_equal(why, FB_REJECT_NONE);
+	}
+}
+
+static void
+test_stream_chunk_bitflips(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w, bad;
+	fb_reject why;
+
+	push_wire(&ctx, f->w1, 3 * CH + 5, 9, &w);
+	assert_int_equal(w.nchunks, 4);
+	for (size_t c = 0; c < w.nchunks; c++) {
+		/* First and last bytes, some in the middle, the MAC. */
+		const size_t pos[] = {0, 1, 2, 100, w.chunk_len[c] / 2,
+		    w.chunk_len[c] - 16, w.chunk_len[c] - 1};
+		for (size_t i = 0; i < sizeof(pos) / sizeof(pos[0]); i++) {
+			if (pos[i] >= w.chunk_len[c]) {
+				continue; /* the last chunk is short */
+			}
+			for (int b = 0; b < 8; b += 3) {
+				bad = w;
+				bad.chunks[c][pos[i]] ^= (uint8_t)(1u << b);
+				assert_int_equal(pull_wire(&ctx,
+				                     &f->allowed[1], &bad,
+				                     in_order, w.nchunks, &why),
+				    FB_EAUTH);
+				assert_int_equal(why, FB_REJECT_BAD_MAC);
+			}
+		}
+	}
+}
+
+static void
+test_stream_header_bitflips(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w, bad;
+	fb_reject why;
+
+	push_wire(&ctx, f->w1, 2 * CH, 3, &w);
+	for (size_t bit = 0; bit < 8 * FB_STREAM_HEADER_LEN; bit++) {
+		bad = w;
+		bad.header[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		assert_int_not_equal(pull_wire(&ctx, &f->allowed[1], &bad,
+		                         in_order, w.nchunks, &why),
+		    FB_OK);
+		assert_int_not_equal(why, FB_REJECT_NONE);
+	}
+}
+
+static void
+test_stream_trailer_bitflips(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w, bad;
+	fb_reject why;
+
+	push_wire(&ctx, f->w1, 2 * CH + 1, 4, &w);
+	for (size_t bit = 0; bit < 8 * FB_STREAM_TRAILER_LEN; bit++) {
+		bad = w;
+		bad.trailer[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		assert_int_not_equal(pull_wire(&ctx, &f->allowed[1], &bad,
+		                         in_order, w.nchunks, &why),
+		    FB_OK);
+		assert_true(why == FB_REJECT_BAD_SIGNATURE ||
+		    why == FB_REJECT_MALFORMED);
+	}
+}
+
+static void
+test_stream_reorder_dup_truncate(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w;
+	fb_reject why;
+	const size_t swapped[] = {0, 2, 1, 3};
+	const size_t dup[] = {0, 1, 1, 2, 3};
+	const size_t dup_last[] = {0, 1, 2, 3, 3};
+	const size_t skip[] = {0, 2, 3};
+	const size_t last_first[] = {3};
+
+	push_wire(&ctx, f->w1, 4 * CH, 5, &w);
+	assert_int_equal(w.nchunks, 4);
+	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, swapped, 4, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, dup, 5, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, skip, 3, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, last_first, 1, &why),
+	    FB_EAUTH);
+	/* Chunk after FINAL. */
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, dup_last, 5, &why),
+	    FB_EPROTO);
+	assert_int_equal(why, FB_REJECT_MALFORMED);
+	/* Truncated: the trailer arrives before the FINAL chunk. */
+	for (size_t n = 0; n < 4; n++) {
+		assert_int_equal(
+		    pull_wire(&ctx, &f->allowed[1], &w, in_order, n, &why),
+		    FB_EPROTO);
+		assert_int_equal(why, FB_REJECT_TRUNCATED);
+	}
+}
+
+static void
+test_stream_bad_trailers(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	fb_stream_ctx ctx3 = ctx_of(&f->run, 3, 1);
+	fb_stream_ctx ctx0 = ctx_of(&f->run, 2, 0);
+	static wire w, other;
+	fb_reject why;
+	fb_run_id run2;
+
+	push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+	/* Signed by another key, or checked against another key. */
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[0], &w, in_order, w.nchunks, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_SIGNATURE);
+	/* The signer's genuine trailer of another stream, same round. */
+	push_wire(&ctx, f->w1, 2 * CH, 7, &other);
+	memcpy(w.trailer, other.trailer, sizeof(w.trailer));
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, in_order, w.nchunks, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_SIGNATURE);
+	/* Its trailer from the next round (cross-round replay). */
+	push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+	push_wire(&ctx3, f->w1, 2 * CH, 6, &other);
+	memcpy(w.trailer, other.trailer, sizeof(w.trailer));
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, in_order, w.nchunks, &why),
+	    FB_ESTALE);
+	assert_int_equal(why, FB_REJECT_WRONG_ROUND);
+	/* Worker 0's trailer on worker 1's stream (both signed by w1 here,
+	 * so only the sender field differs). */
+	push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+	push_wire(&ctx0, f->w1, 2 * CH, 6, &other);
+	memcpy(w.trailer, other.trailer, sizeof(w.trailer));
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, in_order, w.nchunks, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_WRONG_SENDER);
+	/* Another run. */
+	assert_int_equal(fb_run_id_random(&run2), FB_OK);
+	ctx0 = ctx_of(&run2, 2, 1);
+	push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+	push_wire(&ctx0, f->w1, 2 * CH, 6, &other);
+	memcpy(w.trailer, other.trailer, sizeof(w.trailer));
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, in_order, w.nchunks, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_WRONG_RUN);
+	/* Chunks pulled under another context fail at the first MAC. */
+	push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+	assert_int_equal(
+	    pull_wire(&ctx3, &f->allowed[1], &w, in_order, w.nchunks, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	/* Short trailer. */
+	{
+		fb_stream_pull *p = NULL;
+		assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header,
+		                     sizeof(w.header), CH, &p, &why),
+		    FB_OK);
+		assert_int_equal(fb_stream_pull_final(p, &f->allowed[1],
+		                     w.trailer, 10, NULL, &why),
+		    FB_EPROTO);
+		assert_int_equal(why, FB_REJECT_MALFORMED);
+		fb_stream_pull_free(p);
+	}
+}
+
+static void
+test_stream_limits(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w;
+	fb_stream_pull *p = NULL;
+	fb_reject why;
+	uint8_t out[CH];
+	size_t mlen;
+	int final;
+
+	push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+	/* Header declares chunks bigger than the receiver allows. */
+	assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header,
+	                     sizeof(w.header), CH - 1, &p, &why),
+	    FB_EPROTO);
+	assert_int_equal(why, FB_REJECT_TOO_LARGE);
+	assert_null(p);
+	assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header, 31,
+	                     CH, &p, &why),
+	    FB_EPROTO);
+	assert_int_equal(why, FB_REJECT_MALFORMED);
+	assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header,
+	                     sizeof(w.header), CH, &p, &why),
+	    FB_OK);
+	/* Too short, then a dead stream stays dead. */
+	assert_int_equal(fb_stream_pull_chunk(p, w.chunks[0], 16, out,
+	                     sizeof(out), &mlen, &final, &why),
+	    FB_EPROTO);
+	assert_int_equal(why, FB_REJECT_MALFORMED);
+	assert_int_equal(fb_stream_pull_chunk(p, w.chunks[0], w.chunk_len[0],
+	                     out, sizeof(out), &mlen, &final, &why),
+	    FB_EPROTO);
+	fb_stream_pull_free(p);
+	/* A chunk longer than declared. */
+	assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header,
+	                     sizeof(w.header), CH, &p, &why),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_chunk(p, w.chunks[0],
+	                     CH + FB_STREAM_CHUNK_OVERHEAD + 1, out,
+	                     sizeof(out), &mlen, &final, &why),
+	    FB_EPROTO);
+	assert_int_equal(why, FB_REJECT_TOO_LARGE);
+	fb_stream_pull_free(p);
+	{
+		fb_stream_push *q = NULL;
+		uint8_t key[32], hdr[32];
+		assert_int_equal(fb_stream_push_alloc(&ctx, 0, key, hdr, &q),
+		    FB_EINVAL);
+		assert_int_equal(fb_stream_push_alloc(&ctx,
+		                     (size_t)FB_STREAM_CHUNK_MAX + 1, key,
+		                     hdr, &q),
+		    FB_EINVAL);
+		assert_int_equal(fb_stream_push_alloc(&ctx, 16, key, hdr, &q),
+		    FB_OK);
+		assert_int_equal(fb_stream_push_final(q, f->w1, w.trailer),
+		    FB_EINVAL);
+		assert_int_equal(fb_stream_push_chunk(q, out, 17, 0, out,
+		                     sizeof(out), &mlen),
+		    FB_ERANGE);
+		assert_int_equal(fb_stream_push_chunk(q, out, 16, 0, out,
+		                     32, &mlen),
+		    FB_ERANGE);
+		fb_stream_push_free(q);
+	}
+}
+
+static void
+test_broadcast(void **state)
+{
+	const fixture *f = fx();
+	fb_session *w0 = NULL, *c0 = NULL, *w1 = NULL, *c1 = NULL;
+	fb_stream_ctx ctx = ctx_of(&f->run, 5, FB_SENDER_COORDINATOR);
+	static wire w;
+	uint8_t m0[128], m1[128], key[64];
+	size_t n0, n1, klen;
+	fb_msg_info info;
+	fb_reject why;
+	fb_session *sess[2];
+	const uint8_t *msgs[2] = {m0, m1};
+	size_t lens[2];
+
+	pair(f, f->w0, &f->run, &w0, &c0);
+	pair(f, f->w1, &f->run, &w1, &c1);
+	/* The model is encrypted once, the round key sealed per worker. */
+	push_wire(&ctx, f->coord, 3 * CH + 3, 1, &w);
+	assert_int_equal(fb_msg_seal(c0, 7, 5, w.key, 32, m0, sizeof(m0), &n0),
+	    FB_OK);
+	assert_int_equal(fb_msg_seal(c1, 7, 5, w.key, 32, m1, sizeof(m1), &n1),
+	    FB_OK);
+	assert_memory_not_equal(m0 + FB_MSG_HEADER_LEN,
+	    m1 + FB_MSG_HEADER_LEN, 32);
+	sess[0] = w0;
+	sess[1] = w1;
+	lens[0] = n0;
+	lens[1] = n1;
+	for (int i = 0; i < 2; i++) {
+		static wire got;
+		assert_int_equal(fb_msg_open(sess[i], 5, msgs[i], lens[i], key,
+		                     sizeof(key), &klen, &info, &why),
+		    FB_OK);
+		assert_int_equal(klen, 32);
+		got = w;
+		memcpy(got.key, key, 32);
+		fb_wipe(key, sizeof(key));
+		assert_int_equal(pull_wire(&ctx, &f->coord_pk, &got, in_order,
+		                     w.nchunks, &why),
+		    FB_OK);
+		/* A worker's key cannot stand in for the coordinator's. */
+		assert_int_equal(pull_wire(&ctx, &f->allowed[i], &got,
+		                     in_order, w.nchunks, &why),
+		    FB_EAUTH);
+	}
+	/* Worker 0 cannot open worker 1's copy of the round key. */
+	assert_int_not_equal(fb_msg_open(w0, 5, m1, n1, key, sizeof(key),
+	                         &klen, &info, &why),
+	    FB_OK);
+	fb_session_free(w0);
+	fb_session_free(c0);
+	fb_session_free(w1);
+	fb_session_free(c1);
+}
+
+static void
+test_reject_names(void **state)
+{
+	for (int i = 0; i < FB_REJECT_COUNT_; i++) {
+		const char *a = fb_reject_name((fb_reject)i);
+		assert_non_null(a);
+		for (int j = 0; j < i; j++) {
+			assert_string_not_equal(a,
+			    fb_reject_name((fb_reject)j));
+		}
+	}
+	assert_string_equal(fb_reject_name(FB_REJECT_COUNT_), "unknown");
+}
+
+FB_TESTS = {
+	{"Ed25519 from a seed matches RFC 8032", test_kat_ed25519},
+	{"BLAKE2b matches RFC 7693", test_kat_blake2b},
+	{"identity survives save and load", test_identity_save_load},
+	{"saving refuses to overwrite without force",
+	    test_identity_no_overwrite},
+	{"secret key readable by others is refused with a chmod hint",
+	    test_key_mode_refused},
+	{"corrupt secret key file is refused", test_key_corrupt_refused},
+	{"public key line survives format and parse", test_publine_roundtrip},
+	{"malformed public key lines are refused", test_publine_errors},
+	{"domain signatures verify and bind key and domain",
+	    test_domain_signatures},
+	{"handshake gives both sides matching sessions",
+	    test_handshake_roundtrip},
+	{"worker key not on the allowlist is refused",
+	    test_handshake_unknown_key},
+	{"hello signed by another key is refused",
+	    test_handshake_forged_hello},
+	{"any flipped bit in a hello is rejected",
+	    test_handshake_hello_bitflips},
+	{"coordinator key that is not the pinned one is refused",
+	    test_handshake_unpinned},
+	{"any flipped bit in a reply is rejected and the real one still "
+	 "works",
+	    test_handshake_reply_bitflips},
+	{"sealed message survives seal and open both ways",
+	    test_msg_roundtrip},
+	{"sealed message opens in place", test_msg_in_place},
+	{"any flipped bit in header, body or MAC is rejected",
+	    test_msg_bitflips},
+	{"replayed and reordered messages are rejected", test_msg_replay},
+	{"message for another round is stale", test_msg_wrong_round},
+	{"message from another run is rejected", test_msg_wrong_run},
+	{"message from another sender is rejected", test_msg_wrong_sender},
+	{"stream survives push and pull in place", test_stream_roundtrip},
+	{"flipped bit in any stream chunk is rejected",
+	    test_stream_chunk_bitflips},
+	{"flipped bit in the stream header is rejected",
+	    test_stream_header_bitflips},
+	{"flipped bit in the trailer is rejected",
+	    test_stream_trailer_bitflips},
+	{"reordered, duplicated and truncated chunks are rejected",
+	    test_stream_reorder_dup_truncate},
+	{"trailers of other signers, streams, rounds, senders and runs are "
+	 "rejected",
+	    test_stream_bad_trailers},
+	{"stream sizes beyond the limits are rejected", test_stream_limits},
+	{"global model is encrypted once and opens for each selected worker",
+	    test_broadcast},
+	{"reject reasons have distinct names", test_reject_names},
+	{NULL, NULL},
+};
+
+FB_TEST_MAIN("crypto")
