@@ -15,11 +15,11 @@ gpu: $(B)/libfedbox-cuda.so $(GPU_PROGS)
 
 $(B)/tests/gpu/cuda_check: $(B)/tests/gpu/cuda_check.o \
     $(B)/libfedbox-cuda.so $(call libs_of,worker)
-	$(CC) $(LDFLAGS) -rdynamic -o $@ $< $(B)/libfedbox-cuda.so \
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $< -L$(B) -lfedbox-cuda \
 	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
 
 $(B)/bench/gpu/fedbox_bench: $(B)/bench/gpu/fedbox_bench.o \
     $(B)/libfedbox-cuda.so $(call libs_of,worker)
-	$(CC) $(LDFLAGS) -rdynamic -o $@ $< $(B)/libfedbox-cuda.so \
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $< -L$(B) -lfedbox-cuda \
 	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
 endif
