@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: Apache-2.0
+# tests/fuzz/fuzz.mk -- libFuzzer targets, included by the top Makefile.
+#
+# A target is one file tests/fuzz/targets/<module>_<what>.c defining
+# LLVMFuzzerTestOneInput; it builds to build/fuzz/<module>_<what> with clang
+# from the module's SOURCES (never from gcc-built archives), listed in
+# FUZZ_SRCS_<module> and linked with FUZZ_LIBS_<module>. Seed corpora live
+# in tests/fuzz/corpus/<module>_<what>/. See tests/fuzz/README.md.
+#
+#   make build/fuzz/crypto_msg_open     one target
+#   make fuzz-build                     all targets and corpus generators
+#   tests/fuzz/run 10                   build, then run each for 10 s
+
+FUZZ_CC      ?= clang
+FUZZ_CFLAGS  ?= -g -O1
+FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=all \
+                -fno-omit-frame-pointer
+FUZZ_CPPFLAGS = -std=c11 -D_GNU_SOURCE -I. -Ibuild
+
+FUZZ_SRCS_common = common/err.c common/log.c common/util.c
+
+# crypto/: the library sources, not the keygen program.
+FUZZ_SRCS_crypto = $(filter-out crypto/keygen.c,$(wildcard crypto/*.c)) \
+                   $(FUZZ_SRCS_common)
+FUZZ_LIBS_crypto = -lsodium -lm -lpthread
+
+# proto/: the decoders and the generated protobuf-c code. The owner of
+# proto/ may refine these two lines (e.g. leave out link.c).
+FUZZ_SRCS_proto = $(filter-out %/main.c,$(wildcard proto/*.c)) \
+                  $(B)/proto/fedbox.pb-c.c $(FUZZ_SRCS_common)
+FUZZ_LIBS_proto = -lprotobuf-c -lzmq -lsodium -lm -lpthread
+
+FUZZ_NAMES := $(patsubst tests/fuzz/targets/%.c,%,\
+                $(wildcard tests/fuzz/targets/*.c))
+FUZZ_GENS  := $(patsubst tests/fuzz/gen/%.c,%,$(wildcard tests/fuzz/gen/*.c))
+fuzz_module = $(firstword $(subst _, ,$(1)))
+
+define fuzz_target_rule
+$(B)/fuzz/$(1): tests/fuzz/targets/$(1).c \
+    $$(FUZZ_SRCS_$(call fuzz_module,$(1))) $$(wildcard tests/fuzz/*.h \
+    $(call fuzz_module,$(1))/*.h common/*.h)
+	@mkdir -p $$(@D)
+	$$(FUZZ_CC) $$(FUZZ_CPPFLAGS) $$(FUZZ_CFLAGS) $$(FUZZ_SAN) \
+	    -fsanitize=fuzzer -o $$@ $$< \
+	    $$(FUZZ_SRCS_$(call fuzz_module,$(1))) \
+	    $$(FUZZ_LIBS_$(call fuzz_module,$(1)))
+endef
+
+# Corpus generators: plain programs (no libFuzzer main), same sources.
+define fuzz_gen_rule
+$(B)/fuzz/gen/$(1): tests/fuzz/gen/$(1).c \
+    $$(FUZZ_SRCS_$(call fuzz_module,$(1))) $$(wildcard tests/fuzz/*.h \
+    $(call fuzz_module,$(1))/*.h common/*.h)
+	@mkdir -p $$(@D)
+	$$(FUZZ_CC) $$(FUZZ_CPPFLAGS) $$(FUZZ_CFLAGS) $$(FUZZ_SAN) \
+	    -o $$@ $$< $$(FUZZ_SRCS_$(call fuzz_module,$(1))) \
+	    $$(FUZZ_LIBS_$(call fuzz_module,$(1)))
+endef
+
+$(foreach t,$(FUZZ_NAMES),$(eval $(call fuzz_target_rule,$(t))))
+$(foreach g,$(FUZZ_GENS),$(eval $(call fuzz_gen_rule,$(g))))
+
+.PHONY: fuzz-build
+fuzz-build: $(FUZZ_NAMES:%=$(B)/fuzz/%) $(FUZZ_GENS:%=$(B)/fuzz/gen/%)
