@@ -1,0 +1,787 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * aggregation_test.c -- unit tests of aggregation/: the fixed-point
+ * streaming accumulator against known answers from an independent numpy
+ * reference (tests/vectors/fedavg.txt, written by tests/gen/
+ * fedavg_vectors.py), held to the quantisation bound that aggregation.h
+ * documents, and its contract: order independence, chunking, refusal of
+ * NaN/Inf and of weight sums above 1, clipping counts, per-chunk weights,
+ * apply, reset, large-magnitude stress and fb_fedavg_weights.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "aggregation/aggregation.h"
+#include "common/util.h"
+#include "tests/unit/harness.h"
+
+#define VECTORS "tests/vectors/fedavg.txt"
+
+/* ---- the known-answer file ---------------------------------------------- */
+
+typedef struct vcase {
+	char name[96];
+	char kind[32];
+	uint32_t k;
+	uint64_t n;
+	uint64_t chunk;
+	double clip;
+	double lr;
+	uint64_t *counts; /* NULL when the weights are given directly */
+	double *w;
+	float *x; /* k * n, update i at x + i * n */
+	float *model;
+	uint64_t clipped;
+	double *mean;
+	double *applied;
+} vcase;
+
+static void
+vcase_fini(vcase *c)
+{
+	free(c->counts);
+	free(c->w);
+	free(c->x);
+	free(c->model);
+	free(c->mean);
+	free(c->applied);
+	memset(c, 0, sizeof(*c));
+}
+
+/* Parses `count` numbers after the keyword into doubles. */
+static void
+parse_doubles(char *rest, double *out, uint64_t count)
+{
+	char *save = NULL;
+	uint64_t i = 0;
+	for (char *t = strtok_r(rest, " \n", &save); t != NULL;
+	     t = strtok_r(NULL, " \n", &save)) {
+		assert_true(i < count);
+		char *end;
+		out[i++] = strtod(t, &end);
+		assert_true(*end == '\0');
+	}
+	assert_int_equal(i, count);
+}
+
+static void
+parse_floats(char *rest, float *out, uint64_t count)
+{
+	double *d = calloc(count, sizeof(*d));
+	assert_non_null(d);
+	parse_doubles(rest, d, count);
+	for (uint64_t i = 0; i < count; i++) {
+		out[i] = (float)d[i];
+		/* float32 values must be written exactly */
+		assert_true((double)out[i] == d[i]);
+	}
+	free(d);
+}
+
+/* load_cases reads every case of the vector file; the caller frees. */
+static vcase *
+load_cases(size_t *ncases)
+{
+	FILE *fp = fopen(VECTORS, "r");
+	char *line = NULL;
+	size_t cap = 0;
+	vcase *cases = NULL, *c = NULL;
+	size_t n = 0;
+	uint32_t updates = 0;
+
+	if (fp == NULL) {
+		fail_msg("cannot open %s (tests run from the repo root)",
+		    VECTORS);
+	}
+	while (getline(&line, &cap, fp) > 0) {
+		char *sp = strchr(line, ' ');
+		char *rest = sp != NULL ? sp + 1 : line + strlen(line);
+		if (line[0] == '#' || line[0] == '\n') {
+			continue;
+		}
+		if (strncmp(line, "case ", 5) == 0) {
+			cases = realloc(cases, (n + 1) * sizeof(*cases));
+			assert_non_null(cases);
+			c = &cases[n++];
+			memset(c, 0, sizeof(*c));
+			assert_int_equal(
+			    sscanf(rest, "%95s %31s", c->name, c->kind), 2);
+			updates = 0;
+			continue;
+		}
+		assert_non_null(c);
+		if (strncmp(line, "dims ", 5) == 0) {
+			unsigned long long nn, ch;
+			assert_int_equal(sscanf(rest, "%u %llu %llu %lf %lf",
+			                     &c->k, &nn, &ch, &c->clip, &c->lr),
+			    5);
+			c->n = nn;
+			c->chunk = ch;
+			c->w = calloc(c->k, sizeof(*c->w));
+			c->x = calloc(c->k * c->n, sizeof(*c->x));
+			c->model = calloc(c->n, sizeof(*c->model));
+			c->mean = calloc(c->n, sizeof(*c->mean));
+			c->applied = calloc(c->n, sizeof(*c->applied));
+			assert_true(c->w && c->x && c->model && c->mean &&
+			    c->applied);
+		} else if (strncmp(line, "counts ", 7) == 0) {
+			if (rest[0] != '-') {
+				char *save = NULL;
+				uint32_t i = 0;
+				c->counts = calloc(c->k, sizeof(*c->counts));
+				assert_non_null(c->counts);
+				for (char *t = strtok_r(rest, " \n", &save);
+				     t != NULL; t = strtok_r(NULL, " \n", &save)) {
+					assert_true(i < c->k);
+					c->counts[i++] = strtoull(t, NULL, 10);
+				}
+				assert_int_equal(i, c->k);
+			}
+		} else if (strncmp(line, "weights ", 8) == 0) {
+			parse_doubles(rest, c->w, c->k);
+		} else if (strncmp(line, "update ", 7) == 0) {
+			assert_true(updates < c->k);
+			parse_floats(rest, c->x + updates * c->n, c->n);
+			updates++;
+		} else if (strncmp(line, "model ", 6) == 0) {
+			parse_floats(rest, c->model, c->n);
+		} else if (strncmp(line, "clipped ", 8) == 0) {
+			c->clipped = strtoull(rest, NULL, 10);
+		} else if (strncmp(line, "mean ", 5) == 0) {
+			parse_doubles(rest, c->mean, c->n);
+		} else if (strncmp(line, "applied ", 8) == 0) {
+			parse_doubles(rest, c->applied, c->n);
+		} else if (strncmp(line, "end", 3) == 0) {
+			assert_int_equal(updates, c->k);
+			c = NULL;
+		} else {
+			fail_msg("%s: unknown line: %.40s", VECTORS, line);
+		}
+	}
+	free(line);
+	fclose(fp);
+	assert_true(n > 0);
+	*ncases = n;
+	return cases;
+}
+
+static void
+free_cases(vcase *cases, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		vcase_fini(&cases[i]);
+	}
+	free(cases);
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* Half the float32 spacing at |v|: the rounding of a float result. */
+static double
+half_ulpf(double v)
+{
+	float f = (float)fabs(v);
+	return 0.5 * ((double)nextafterf(f, INFINITY) - (double)f);
+}
+
+/*
+ * quant_bound is aggregation.h's bound for one coordinate: K * clip /
+ * (2^31 * W), W the chunk's weight sum, plus the float32 rounding of the
+ * result (at the larger of the two values compared) and a few double
+ * roundings.
+ */
+static double
+quant_bound(uint32_t k, double clip, double w, double expect, double got)
+{
+	double m = fmax(fabs(expect), fabs(got));
+	return (double)k * clip / (ldexp(1.0, 31) * w) + half_ulpf(m) +
+	    8 * DBL_EPSILON * m;
+}
+
+/* add_update adds every chunk of update `x` (count floats) with weight w. */
+static void
+add_update(fb_accum *a, const float *x, double w, uint64_t *clipped)
+{
+	uint64_t off = 0;
+	for (uint32_t c = 0; c < fb_accum_chunk_count(a); c++) {
+		uint64_t len = fb_accum_chunk_len(a, c);
+		/* a copy of exactly the chunk's size, so ASan sees overreads */
+		float *chunk = malloc(len * sizeof(*chunk));
+		assert_non_null(chunk);
+		memcpy(chunk, x + off, len * sizeof(*chunk));
+		assert_int_equal(fb_accum_add(a, c, chunk, w, clipped), FB_OK);
+		free(chunk);
+		off += len;
+	}
+}
+
+/* Checks a case: mean and apply against the reference, within the bound.
+ * Returns the largest error / bound seen. */
+static double
+check_case(const vcase *c, bool assert_bound)
+{
+	fb_accum *a = NULL;
+	float *mean = calloc(c->n, sizeof(*mean));
+	float *params = calloc(c->n, sizeof(*params));
+	uint64_t clipped = 0;
+	double worst = 0;
+
+	assert_true(mean && params);
+	assert_int_equal(fb_accum_alloc(c->n, c->chunk, c->clip, &a), FB_OK);
+	if (c->counts != NULL) {
+		double *w = calloc(c->k, sizeof(*w));
+		assert_non_null(w);
+		assert_int_equal(fb_fedavg_weights(c->counts, c->k, w), FB_OK);
+		for (uint32_t i = 0; i < c->k; i++) {
+			/* n_i / sum(n): numpy and C must agree to an ulp */
+			assert_true(fabs(w[i] - c->w[i]) <=
+			    2 * DBL_EPSILON * c->w[i]);
+		}
+		free(w);
+	}
+	for (uint32_t i = 0; i < c->k; i++) {
+		add_update(a, c->x + (uint64_t)i * c->n, c->w[i], &clipped);
+	}
+	if (assert_bound) {
+		assert_int_equal(clipped, c->clipped);
+	}
+	fb_accum_mean(a, mean);
+	memcpy(params, c->model, c->n * sizeof(*params));
+	fb_accum_apply(a, params, c->lr);
+	for (uint64_t j = 0; j < c->n; j++) {
+		uint32_t ch = (uint32_t)(j / c->chunk);
+		double w = fb_accum_chunk_weight(a, ch);
+		double b = quant_bound(c->k, c->clip, w, c->mean[j], mean[j]);
+		double e = fabs((double)mean[j] - c->mean[j]);
+		double ba = c->lr * (double)c->k * c->clip /
+		        (ldexp(1.0, 31) * w) +
+		    half_ulpf(fmax(fabs(c->applied[j]), fabs(params[j]))) +
+		    8 * DBL_EPSILON * fabs(c->applied[j]);
+		double ea = fabs((double)params[j] - c->applied[j]);
+		worst = fmax(worst, e / b);
+		worst = fmax(worst, ea / ba);
+		if (assert_bound && (e > b || ea > ba)) {
+			fail_msg("%s[%llu]: mean %.9g want %.17g (err %.3g, "
+			         "bound %.3g); applied %.9g want %.17g (err "
+			         "%.3g, bound %.3g)",
+			    c->name, (unsigned long long)j, (double)mean[j],
+			    c->mean[j], e, b, (double)params[j],
+			    c->applied[j], ea, ba);
+		}
+	}
+	fb_accum_free(a);
+	free(mean);
+	free(params);
+	return worst;
+}
+
+/* ---- tests -------------------------------------------------------------- */
+
+static void
+test_vectors_within_bound(void **state)
+{
+	size_t n = 0, checked = 0;
+	vcase *cases = load_cases(&n);
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(cases[i].kind, "normal") != 0) {
+			continue;
+		}
+		double worst = check_case(&cases[i], true);
+		assert_true(worst <= 1.0);
+		checked++;
+	}
+	assert_true(checked >= 6);
+	free_cases(cases, n);
+}
+
+/*
+ * The header's bound is stated against "the exact weighted mean", and the
+ * caller passes weights w; the accumulator truncates them to w_q. The
+ * adversarial vector makes both the truncation and the rounding push the
+ * same way, with tiny weights, to check whether the bound still holds for
+ * the weights the caller gave.
+ */
+static void
+test_adversarial_vector_within_bound(void **state)
+{
+	size_t n = 0;
+	bool found = false;
+	vcase *cases = load_cases(&n);
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(cases[i].kind, "adversarial") != 0) {
+			continue;
+		}
+		found = true;
+		double worst = check_case(&cases[i], false);
+		if (worst > 1.0) {
+			fail_msg("%s: error is %.3f x the header's quantisation "
+			         "bound (weights truncated to 2^-32 are not "
+			         "covered by it)",
+			    cases[i].name, worst);
+		}
+	}
+	assert_true(found);
+	free_cases(cases, n);
+}
+
+static void
+test_order_independent(void **state)
+{
+	enum { K = 6, N = 29, CH = 8 };
+	static float x[K][N];
+	double w[K];
+	uint64_t counts[K] = {5, 17, 1, 300, 42, 9};
+	float ref[N], got[N];
+	int perm[K] = {0, 1, 2, 3, 4, 5};
+	fb_rng rng;
+	int perms = 0;
+
+	fb_rng_init(&rng, 7, 0);
+	for (int i = 0; i < K; i++) {
+		for (int j = 0; j < N; j++) {
+			x[i][j] = (float)(fb_rng_normal(&rng) * 3.0);
+		}
+	}
+	assert_int_equal(fb_fedavg_weights(counts, K, w), FB_OK);
+	/* every permutation (Heap's algorithm, iterative) */
+	int cnt[K] = {0};
+	int i = 0;
+	for (;;) {
+		fb_accum *a = NULL;
+		assert_int_equal(fb_accum_alloc(N, CH, 4.0, &a), FB_OK);
+		for (int p = 0; p < K; p++) {
+			add_update(a, x[perm[p]], w[perm[p]], NULL);
+		}
+		fb_accum_mean(a, perms == 0 ? ref : got);
+		if (perms > 0) {
+			assert_memory_equal(ref, got, sizeof(ref));
+		}
+		fb_accum_free(a);
+		perms++;
+		while (i < K && cnt[i] >= i) {
+			cnt[i] = 0;
+			i++;
+		}
+		if (i >= K) {
+			break;
+		}
+		int s = i % 2 == 0 ? 0 : cnt[i];
+		int t = perm[s];
+		perm[s] = perm[i];
+		perm[i] = t;
+		cnt[i]++;
+		i = 0;
+	}
+	assert_int_equal(perms, 720);
+}
+
+static void
+test_chunk_boundaries(void **state)
+{
+	fb_accum *a = NULL;
+	float x[10], mean[10];
+
+	assert_int_equal(fb_accum_alloc(10, 4, 8.0, &a), FB_OK);
+	assert_int_equal(fb_accum_chunk_count(a), 3);
+	assert_int_equal(fb_accum_chunk_len(a, 0), 4);
+	assert_int_equal(fb_accum_chunk_len(a, 1), 4);
+	assert_int_equal(fb_accum_chunk_len(a, 2), 2);
+	assert_int_equal(fb_accum_chunk_len(a, 3), 0);
+	for (int j = 0; j < 10; j++) {
+		x[j] = (float)j - 4.5f;
+	}
+	add_update(a, x, 1.0, NULL);
+	fb_accum_mean(a, mean);
+	for (int j = 0; j < 10; j++) {
+		assert_true(fabs(mean[j] - x[j]) <=
+		    quant_bound(1, 8.0, 1.0, x[j], mean[j]));
+	}
+	/* a chunk index past the end is refused */
+	assert_int_equal(fb_accum_add(a, 3, x, 0.5, NULL), FB_EINVAL);
+	fb_accum_free(a);
+
+	/* one chunk exactly; count a multiple of the chunk size */
+	assert_int_equal(fb_accum_alloc(8, 8, 1.0, &a), FB_OK);
+	assert_int_equal(fb_accum_chunk_count(a), 1);
+	assert_int_equal(fb_accum_chunk_len(a, 0), 8);
+	fb_accum_free(a);
+	assert_int_equal(fb_accum_alloc(12, 4, 1.0, &a), FB_OK);
+	assert_int_equal(fb_accum_chunk_count(a), 3);
+	assert_int_equal(fb_accum_chunk_len(a, 2), 4);
+	fb_accum_free(a);
+}
+
+static void
+test_chunk_larger_than_count(void **state)
+{
+	fb_accum *a = NULL;
+	uint64_t big[] = {6, 1000, UINT64_MAX / 2, UINT64_MAX - 2, UINT64_MAX};
+	for (size_t i = 0; i < FB_ARRAY_LEN(big); i++) {
+		assert_int_equal(fb_accum_alloc(5, big[i], 1.0, &a), FB_OK);
+		if (fb_accum_chunk_count(a) != 1 ||
+		    fb_accum_chunk_len(a, 0) != 5) {
+			fail_msg("count 5, chunk_elems %llu: %u chunks, first "
+			         "of %llu elements (want 1 of 5)",
+			    (unsigned long long)big[i],
+			    fb_accum_chunk_count(a),
+			    (unsigned long long)fb_accum_chunk_len(a, 0));
+		}
+		fb_accum_free(a);
+	}
+}
+
+static void
+test_bad_alloc_arguments(void **state)
+{
+	fb_accum *a = (fb_accum *)&a; /* must be reset to NULL */
+	assert_int_equal(fb_accum_alloc(0, 4, 1.0, &a), FB_EINVAL);
+	assert_null(a);
+	assert_int_equal(fb_accum_alloc(4, 0, 1.0, &a), FB_EINVAL);
+	assert_int_equal(fb_accum_alloc(4, 4, 0.0, &a), FB_EINVAL);
+	assert_int_equal(fb_accum_alloc(4, 4, -1.0, &a), FB_EINVAL);
+	assert_int_equal(fb_accum_alloc(4, 4, NAN, &a), FB_EINVAL);
+	assert_int_equal(fb_accum_alloc(4, 4, INFINITY, &a), FB_EINVAL);
+	assert_null(a);
+	fb_accum_free(NULL);
+}
+
+static void
+test_nonfinite_refused(void **state)
+{
+	fb_accum *a = NULL;
+	float good[6] = {1, 2, 3, -1, -2, -3}, bad[6], mean[6];
+	float poison[] = {NAN, INFINITY, -INFINITY, -NAN};
+	uint64_t clipped = 0;
+
+	assert_int_equal(fb_accum_alloc(6, 6, 2.0, &a), FB_OK);
+	for (size_t p = 0; p < FB_ARRAY_LEN(poison); p++) {
+		for (int pos = 0; pos < 6; pos += 5) {
+			memcpy(bad, good, sizeof(bad));
+			bad[pos] = poison[p];
+			assert_int_equal(fb_accum_add(a, 0, bad, 0.5, &clipped),
+			    FB_EINVAL);
+			assert_true(fb_accum_chunk_weight(a, 0) == 0.0);
+		}
+	}
+	assert_int_equal(clipped, 0);
+	fb_accum_mean(a, mean);
+	for (int j = 0; j < 6; j++) {
+		assert_true(mean[j] == 0.0f);
+	}
+	/* the refused chunks left nothing: a good one now gives its values */
+	assert_int_equal(fb_accum_add(a, 0, good, 1.0, &clipped), FB_OK);
+	assert_int_equal(clipped, 2);
+	fb_accum_mean(a, mean);
+	for (int j = 0; j < 6; j++) {
+		double want = fmax(-2.0, fmin(2.0, good[j]));
+		assert_true(fabs(mean[j] - want) <=
+		    quant_bound(1, 2.0, 1.0, want, mean[j]));
+	}
+	fb_accum_free(a);
+}
+
+static void
+test_weight_sum_above_one_refused(void **state)
+{
+	fb_accum *a = NULL;
+	float x[3] = {1, 1, 1}, y[3] = {-1, -1, -1}, mean[3];
+
+	assert_int_equal(fb_accum_alloc(3, 3, 1.0, &a), FB_OK);
+	assert_int_equal(fb_accum_add(a, 0, x, 0.6, NULL), FB_OK);
+	assert_int_equal(fb_accum_add(a, 0, y, 0.5, NULL), FB_ERANGE);
+	assert_true(fabs(fb_accum_chunk_weight(a, 0) - 0.6) < 1e-9);
+	fb_accum_mean(a, mean);
+	for (int j = 0; j < 3; j++) {
+		assert_true(fabs(mean[j] - 1.0) <=
+		    quant_bound(1, 1.0, 0.6, 1.0, mean[j]));
+	}
+	/* exactly up to 1 is fine; a further tiny weight is not */
+	assert_int_equal(fb_accum_add(a, 0, y, 0.4, NULL), FB_OK);
+	assert_int_equal(fb_accum_add(a, 0, y, 1e-6, NULL), FB_ERANGE);
+	assert_true(fb_accum_chunk_weight(a, 0) <= 1.0);
+	/* weights outside (0, 1] */
+	assert_int_equal(fb_accum_add(a, 0, x, 0.0, NULL), FB_EINVAL);
+	assert_int_equal(fb_accum_add(a, 0, x, -0.1, NULL), FB_EINVAL);
+	assert_int_equal(fb_accum_add(a, 0, x, 1.5, NULL), FB_EINVAL);
+	assert_int_equal(fb_accum_add(a, 0, x, NAN, NULL), FB_EINVAL);
+	fb_accum_reset(a);
+	assert_int_equal(fb_accum_add(a, 0, x, 1.0000001, NULL), FB_EINVAL);
+	assert_true(fb_accum_chunk_weight(a, 0) == 0.0);
+	/* a weight below 2^-32 cannot be represented; nothing is added */
+	assert_int_not_equal(fb_accum_add(a, 0, x, 1e-12, NULL), FB_OK);
+	assert_true(fb_accum_chunk_weight(a, 0) == 0.0);
+	fb_accum_free(a);
+}
+
+static void
+test_clipped_counted(void **state)
+{
+	fb_accum *a = NULL;
+	float x[8] = {0.5f, 1.0f, 1.0000001f, -1.0f, -1.0000001f, 7, -1e30f,
+	    0};
+	float mean[8];
+	uint64_t clipped = 5; /* increased, not overwritten */
+
+	assert_int_equal(fb_accum_alloc(8, 3, 1.0, &a), FB_OK);
+	add_update(a, x, 0.25, &clipped);
+	assert_int_equal(clipped, 5 + 4);
+	add_update(a, x, 0.25, NULL);
+	fb_accum_mean(a, mean);
+	for (int j = 0; j < 8; j++) {
+		double want = fmax(-1.0, fmin(1.0, x[j]));
+		assert_true(fabs(mean[j] - want) <=
+		    quant_bound(2, 1.0, 0.5, want, mean[j]));
+	}
+	fb_accum_free(a);
+}
+
+static void
+test_per_chunk_weights(void **state)
+{
+	fb_accum *a = NULL;
+	float u[4] = {1, 2, 3, 4}, v[4] = {-3, -2, -1, 0}, mean[4];
+	float params[4] = {10, 10, 10, 10};
+
+	assert_int_equal(fb_accum_alloc(4, 2, 8.0, &a), FB_OK);
+	/* u sends both chunks, v only chunk 0 (it was lost mid-stream) */
+	assert_int_equal(fb_accum_add(a, 0, u, 0.5, NULL), FB_OK);
+	assert_int_equal(fb_accum_add(a, 1, u + 2, 0.5, NULL), FB_OK);
+	assert_int_equal(fb_accum_add(a, 0, v, 0.25, NULL), FB_OK);
+	assert_true(fabs(fb_accum_chunk_weight(a, 0) - 0.75) < 1e-9);
+	assert_true(fabs(fb_accum_chunk_weight(a, 1) - 0.5) < 1e-9);
+	fb_accum_mean(a, mean);
+	double want[4] = {(0.5 * 1 + 0.25 * -3) / 0.75,
+	    (0.5 * 2 + 0.25 * -2) / 0.75, 3, 4};
+	for (int j = 0; j < 4; j++) {
+		double w = j < 2 ? 0.75 : 0.5;
+		int k = j < 2 ? 2 : 1;
+		assert_true(fabs(mean[j] - want[j]) <=
+		    quant_bound(k, 8.0, w, want[j], mean[j]));
+	}
+	fb_accum_apply(a, params, 0.5);
+	for (int j = 0; j < 4; j++) {
+		double w = j < 2 ? 0.75 : 0.5;
+		int k = j < 2 ? 2 : 1;
+		double exp = 10 - 0.5 * want[j];
+		assert_true(fabs(params[j] - exp) <=
+		    0.5 * quant_bound(k, 8.0, w, 0, 0) + half_ulpf(exp) * 2);
+	}
+	fb_accum_free(a);
+}
+
+static void
+test_apply_leaves_empty_chunks(void **state)
+{
+	fb_accum *a = NULL;
+	float u[5] = {0.25f, -0.5f, 1, 1, 1}, mean[5];
+	float params[5] = {1, 2, 3, 4, 5};
+
+	assert_int_equal(fb_accum_alloc(5, 2, 1.0, &a), FB_OK);
+	assert_int_equal(fb_accum_add(a, 0, u, 1.0, NULL), FB_OK);
+	fb_accum_apply(a, params, 2.0);
+	assert_true(fabs(params[0] - 0.5) <= 1e-6);
+	assert_true(fabs(params[1] - 3.0) <= 1e-6);
+	/* chunks 1 and 2 received nothing: untouched, mean 0 */
+	assert_true(params[2] == 3 && params[3] == 4 && params[4] == 5);
+	fb_accum_mean(a, mean);
+	assert_true(mean[2] == 0 && mean[3] == 0 && mean[4] == 0);
+	/* lr 0 changes nothing */
+	fb_accum_apply(a, params, 0.0);
+	assert_true(fabs(params[0] - 0.5) <= 1e-6);
+	fb_accum_free(a);
+}
+
+static void
+test_reset_clears(void **state)
+{
+	fb_accum *a = NULL;
+	float x[7] = {1, -1, 0.5f, 2, -2, 0.25f, 3}, mean[7];
+
+	assert_int_equal(fb_accum_alloc(7, 3, 4.0, &a), FB_OK);
+	add_update(a, x, 1.0, NULL);
+	fb_accum_reset(a);
+	for (uint32_t c = 0; c < fb_accum_chunk_count(a); c++) {
+		assert_true(fb_accum_chunk_weight(a, c) == 0.0);
+	}
+	fb_accum_mean(a, mean);
+	for (int j = 0; j < 7; j++) {
+		assert_true(mean[j] == 0.0f);
+	}
+	/* a full weight fits again after the reset */
+	for (int j = 0; j < 7; j++) {
+		x[j] = -x[j];
+	}
+	add_update(a, x, 1.0, NULL);
+	fb_accum_mean(a, mean);
+	for (int j = 0; j < 7; j++) {
+		assert_true(fabs(mean[j] - x[j]) <=
+		    quant_bound(1, 4.0, 1.0, x[j], mean[j]));
+	}
+	fb_accum_free(a);
+}
+
+/* Every update at +clip (or -clip), weights summing to 1 over 1000
+ * updates: the sum sits at the top of the ring and must not wrap. */
+static void
+stress(double clip, float sign, const double *w, uint32_t k)
+{
+	enum { N = 37 };
+	fb_accum *a = NULL;
+	float x[N], mean[N], params[N];
+	uint64_t clipped = 0;
+
+	for (int j = 0; j < N; j++) {
+		x[j] = sign * (float)clip * (j % 2 == 0 ? 1.0f : 4.0f);
+	}
+	assert_int_equal(fb_accum_alloc(N, 16, clip, &a), FB_OK);
+	for (uint32_t i = 0; i < k; i++) {
+		add_update(a, x, w[i], &clipped);
+	}
+	assert_int_equal(clipped, (uint64_t)k * (N / 2));
+	fb_accum_mean(a, mean);
+	for (int j = 0; j < N; j++) {
+		double want = sign * clip;
+		double b = quant_bound(k, clip,
+		    fb_accum_chunk_weight(a, (uint32_t)(j / 16)), want,
+		    mean[j]);
+		if (!(fabs(mean[j] - want) <= b)) {
+			fail_msg("clip %g sign %g: mean[%d] = %.9g, want %g "
+			         "within %.3g",
+			    clip, (double)sign, j, (double)mean[j], want, b);
+		}
+		params[j] = 0;
+	}
+	fb_accum_apply(a, params, 1.0);
+	for (int j = 0; j < N; j++) {
+		assert_true(fabs(params[j] + sign * clip) <= 1e-5 * clip);
+	}
+	fb_accum_free(a);
+}
+
+static void
+test_large_magnitude_stress(void **state)
+{
+	enum { K = 1000 };
+	static uint64_t ones[K];
+	static double w[K];
+	double clips[] = {1.0, 16.0, 0.1, 1e6};
+
+	for (int i = 0; i < K; i++) {
+		ones[i] = 1;
+	}
+	assert_int_equal(fb_fedavg_weights(ones, K, w), FB_OK);
+	for (size_t c = 0; c < FB_ARRAY_LEN(clips); c++) {
+		stress(clips[c], 1.0f, w, K);
+		stress(clips[c], -1.0f, w, K);
+	}
+	/* exact multiples of 2^-32 that sum to exactly 1: 2^32 = 1000 *
+	 * 4294967 + 296 */
+	for (int i = 0; i < K; i++) {
+		w[i] = ldexp(i < 296 ? 4294968.0 : 4294967.0, -32);
+	}
+	for (size_t c = 0; c < FB_ARRAY_LEN(clips); c++) {
+		stress(clips[c], 1.0f, w, K);
+		stress(clips[c], -1.0f, w, K);
+	}
+}
+
+static void
+test_fedavg_weights(void **state)
+{
+	uint64_t n[4] = {1, 3, 0, 4};
+	double w[4] = {-1, -1, -1, -1};
+	uint64_t big[3] = {UINT64_MAX / 4, UINT64_MAX / 4, UINT64_MAX / 2};
+
+	assert_int_equal(fb_fedavg_weights(n, 4, w), FB_EINVAL);
+	assert_int_equal(fb_fedavg_weights(n, 0, w), FB_EINVAL);
+	n[2] = 2;
+	assert_int_equal(fb_fedavg_weights(n, 4, w), FB_OK);
+	assert_true(w[0] == 0.1 && w[2] == 0.2 && w[3] == 0.4);
+	assert_true(fabs(w[1] - 0.3) <= DBL_EPSILON);
+	assert_int_equal(fb_fedavg_weights(big, 3, w), FB_OK);
+	assert_true(fabs(w[0] - 0.25) < 1e-15 && fabs(w[2] - 0.5) < 1e-15);
+	assert_true(w[0] + w[1] + w[2] <= 1.0 + 2 * DBL_EPSILON);
+	n[0] = 5;
+	assert_int_equal(fb_fedavg_weights(n, 1, w), FB_OK);
+	assert_true(w[0] == 1.0);
+}
+
+/*
+ * A value in (clip, (float)clip] -- clip 0.1 is not a float32 -- must be
+ * clamped to clip like any value beyond it (and counted).
+ */
+static void
+test_clip_not_a_float_is_honoured(void **state)
+{
+	fb_accum *a = NULL;
+	float x[2] = {0.1f, -0.1f}; /* 0.1f > 0.1 */
+	float y[2] = {-0.099999994f, 0.099999994f};
+	float mean[2];
+	uint64_t clipped = 0;
+
+	assert_true((double)x[0] > 0.1);
+	assert_int_equal(fb_accum_alloc(2, 2, 0.1, &a), FB_OK);
+	assert_int_equal(fb_accum_add(a, 0, x, 0.5, &clipped), FB_OK);
+	assert_int_equal(fb_accum_add(a, 0, y, 0.5, &clipped), FB_OK);
+	for (int j = 0; j < 2; j++) {
+		double want = 0.5 * (j == 0 ? 0.1 : -0.1) + 0.5 * (double)y[j];
+		fb_accum_mean(a, mean);
+		if (!(fabs(mean[j] - want) <=
+		        quant_bound(2, 0.1, 1.0, want, mean[j]))) {
+			fail_msg("mean[%d] = %.9g, want %.9g within %.3g "
+			         "(clamped at (float)clip, not clip)",
+			    j, (double)mean[j], want,
+			    quant_bound(2, 0.1, 1.0, want, mean[j]));
+		}
+	}
+	assert_int_equal(clipped, 2);
+	fb_accum_free(a);
+
+	/* and the known-answer case with clip 3.3 */
+	size_t n = 0, found = 0;
+	vcase *cases = load_cases(&n);
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(cases[i].kind, "clip_not_float32") == 0) {
+			(void)check_case(&cases[i], true);
+			found++;
+		}
+	}
+	assert_true(found > 0);
+	free_cases(cases, n);
+}
+
+FB_TESTS = {
+    {"known answers from the numpy reference are within the header's bound",
+        test_vectors_within_bound},
+    {"adversarial tiny weights stay within the header's bound",
+        test_adversarial_vector_within_bound},
+    {"the result is bitwise the same for every order of updates",
+        test_order_independent},
+    {"chunks split the vector and the last one is shorter",
+        test_chunk_boundaries},
+    {"a chunk size larger than the vector gives one chunk",
+        test_chunk_larger_than_count},
+    {"bad sizes and clips are refused", test_bad_alloc_arguments},
+    {"NaN or infinity in a chunk is refused and nothing is added",
+        test_nonfinite_refused},
+    {"weights summing above one are refused", test_weight_sum_above_one_refused},
+    {"clipped coordinates are counted", test_clipped_counted},
+    {"a chunk sent by only some updates is averaged over those",
+        test_per_chunk_weights},
+    {"apply moves params by lr times the mean and skips empty chunks",
+        test_apply_leaves_empty_chunks},
+    {"reset clears sums and weights", test_reset_clears},
+    {"a thousand updates at the clip do not overflow",
+        test_large_magnitude_stress},
+    {"fedavg weights are sample shares and zero counts are refused",
+        test_fedavg_weights},
+    {"a clip that is not a float32 is honoured exactly",
+        test_clip_not_a_float_is_honoured},
+    {NULL, NULL},
+};
+
+FB_TEST_MAIN("aggregation")
