@@ -15,7 +15,7 @@ FUZZ_CC      ?= clang
 FUZZ_CFLAGS  ?= -g -O1
 FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=all \
                 -fno-omit-frame-pointer
-FUZZ_CPPFLAGS = -std=c11 -D_GNU_SOURCE -I. -Ibuild
+FUZZ_CPPFLAGS = -std=c11 -D_GNU_SOURCE -I. -I$(B)
 
 FUZZ_SRCS_common = common/err.c common/log.c common/util.c
 
