@@ -4,7 +4,11 @@
  * issue 5, plus NCCL bus bandwidth inside the training step against a bare
  * ncclAllReduce of the same size on the same communicators.
  *
- *   fedbox_bench --gpus N [--rows abc] [--math fp32,tf32] [--seconds S]
+ *   fedbox_bench --gpus N [--rows abc[n]] [--math fp32,tf32] [--seconds S]
+ *
+ * With 'n' in --rows and more than one GPU, each row is also run (fp32)
+ * with FB_CUDA_BUCKET_MB=0: one all-reduce after the backward, no overlap
+ * (ROW lines with fw=fedbox-nooverlap).
  *
  * Rows: (a) 784-512-256-10, batch 256 per GPU; (b) 784-4096x3-10, batch
  * 4096 per GPU; (c) 784-8192x4-10, batch 1024 per GPU. Synthetic data
@@ -150,10 +154,12 @@ bench_row(const row *rw, uint32_t gpus, int math, double seconds)
 			goto out;
 		}
 	}
-	printf("ROW fw=fedbox row=%c gpus=%u math=%s batch_per_gpu=%u "
+	printf("ROW fw=%s row=%c gpus=%u math=%s batch_per_gpu=%u "
 	    "params=%llu samples_s=%.1f step_ms=%.4f steps=%llu loss=%.4f "
 	    "instep_ms=%.4f instep_calls=%.2f instep_busbw=%.1f "
-	    "bare_ms=%.4f bare_busbw=%.1f desc=\"%s\"\n", rw->name, gpus,
+	    "bare_ms=%.4f bare_busbw=%.1f graphs=%s desc=\"%s\"\n",
+	    getenv("FB_CUDA_BUCKET_MB") != NULL ? "fedbox-nooverlap" :
+	    "fedbox", rw->name, gpus,
 	    math == FB_MATH_TF32 ? "tf32" : math == FB_MATH_BF16 ? "bf16" :
 	    "fp32", rw->batch_per_gpu,
 	    (unsigned long long)fb_model_param_count(m), sps,
@@ -161,12 +167,15 @@ bench_row(const row *rw, uint32_t gpus, int math, double seconds)
 	    (unsigned long long)st.steps, st.loss_mean,
 	    prof.steps ? prof.allreduce_ms / (double)prof.steps : 0.0,
 	    prof.steps ? (double)prof.calls / (double)prof.steps : 0.0,
-	    prof.busbw_gbs, bare_ms, bare_bw, desc);
+	    prof.busbw_gbs, bare_ms, bare_bw,
+	    getenv("FB_CUDA_GRAPHS") != NULL ? "off" : "on", desc);
 	fflush(stdout);
 out:
 	if (rc != FB_OK) {
-		printf("ROW fw=fedbox row=%c gpus=%u math=%d error=%s\n",
-		    rw->name, gpus, math, fb_strerror(rc));
+		printf("ROW fw=fedbox row=%c gpus=%u math=%s error=%s\n",
+		    rw->name, gpus, math == FB_MATH_TF32 ? "tf32" :
+		    math == FB_MATH_BF16 ? "bf16" : "fp32",
+		    fb_strerror(rc));
 		fflush(stdout);
 	}
 	if (state != NULL) {
@@ -215,17 +224,30 @@ main(int argc, char **argv)
 		if (strchr(which, rows[r].name) == NULL) {
 			continue;
 		}
-		if (strstr(maths, "fp32") != NULL) {
+		for (int math = FB_MATH_FP32; math <= FB_MATH_BF16; math++) {
+			static const char *const names[] = {"fp32", "tf32",
+			    "bf16"};
+			if (strstr(maths, names[math]) == NULL) {
+				continue;
+			}
+			if (bench_row(&rows[r], gpus, math, seconds) == FB_OK) {
+				continue;
+			}
+			/* Once more without CUDA Graphs, so that a capture
+			 * problem still leaves a measurement (flagged). */
+			setenv("FB_CUDA_GRAPHS", "0", 1);
+			failed |= bench_row(&rows[r], gpus, math, seconds) !=
+			    FB_OK;
+			unsetenv("FB_CUDA_GRAPHS");
+			failed = 1;
+		}
+		if (gpus > 1 && strchr(which, 'n') != NULL) {
+			/* The same rows with one all-reduce after the whole
+			 * backward: what overlapping buys. */
+			setenv("FB_CUDA_BUCKET_MB", "0", 1);
 			failed |= bench_row(&rows[r], gpus, FB_MATH_FP32,
-			    seconds) != FB_OK;
-		}
-		if (strstr(maths, "tf32") != NULL) {
-			failed |= bench_row(&rows[r], gpus, FB_MATH_TF32,
-			    seconds) != FB_OK;
-		}
-		if (strstr(maths, "bf16") != NULL) {
-			failed |= bench_row(&rows[r], gpus, FB_MATH_BF16,
-			    seconds) != FB_OK;
+			    seconds / 2) != FB_OK;
+			unsetenv("FB_CUDA_BUCKET_MB");
 		}
 	}
 	return failed ? 1 : 0;

@@ -10,12 +10,14 @@
 # BENCH_ROWS (default abc), BENCH_MATH (default fp32,tf32), BENCH_GPUS (a
 # list, default "1 2 4 8" capped at the visible count).
 set -u
+# Each program runs under timeout(1), so that a hang (a lost NCCL peer)
+# costs minutes, not the whole call.
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=${1:-${OUT:-/tmp/fedbox-gpu}}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-    NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+    NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 secs=${BENCH_SECONDS:-2}
 rows=${BENCH_ROWS:-abc}
 maths=${BENCH_MATH:-fp32,tf32}
@@ -33,24 +35,30 @@ ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 } | tee "$out/machine.log"
 
 echo "== correctness: tests/gpu/cuda_check"
-"$B/tests/gpu/cuda_check" 2>&1 | tee "$out/check.log"
+timeout 180 "$B/tests/gpu/cuda_check" 2>&1 | tee "$out/check.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== compute-sanitizer memcheck: cuda_check --quick (1 GPU)"
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-"$cs" --tool memcheck --error-exitcode 3 "$B/tests/gpu/cuda_check" --quick \
+timeout 240 "$cs" --tool memcheck --error-exitcode 3 "$B/tests/gpu/cuda_check" --quick \
     2>&1 | tee "$out/sanitizer.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ "$ngpu" -gt 1 ]; then
+	echo "== compute-sanitizer memcheck: cuda_check --quick-all (NCCL)"
+	timeout 240 "$cs" --tool memcheck --error-exitcode 3 "$B/tests/gpu/cuda_check" \
+	    --quick-all 2>&1 | tee -a "$out/sanitizer.log"
+	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 : >"$out/bench.log"
 for g in ${BENCH_GPUS:-1 2 4 8}; do
 	[ "$g" -le "$ngpu" ] || continue
 	echo "== fedbox_bench --gpus $g"
-	"$B/bench/gpu/fedbox_bench" --gpus "$g" --rows "$rows" \
+	timeout 300 "$B/bench/gpu/fedbox_bench" --gpus "$g" --rows "${rows}n" \
 	    --math "$maths" --seconds "$secs" 2>&1 | tee -a "$out/bench.log"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 	echo "== ddp_bench.py --gpus $g"
-	python3 "$here/ddp_bench.py" --gpus "$g" --rows "$rows" \
+	timeout 300 python3 "$here/ddp_bench.py" --gpus "$g" --rows "$rows" \
 	    --math "$maths" --seconds "$secs" 2>&1 | tee -a "$out/bench.log"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done

@@ -29,6 +29,11 @@ def f(kv, k):
 
 def main():
     rows = parse(sys.argv[1])
+    if len(sys.argv) > 2:
+        for line in open(sys.argv[2]):
+            if "NVIDIA" in line and "," in line:
+                print(f"GPU: {line.strip()}  ")
+        print()
     print("| row | shape | batch/GPU | GPUs | math | fedbox samples/s | "
           "DDP samples/s | fedbox/DDP | fedbox scaling | DDP scaling | "
           "in-step busbw GB/s | bare busbw GB/s | in-step/bare |")
@@ -42,7 +47,9 @@ def main():
         f1 = f(one.get("fedbox", {}), "samples_s")
         t1 = f(one.get("torch", {}), "samples_s")
         ib, bb = f(fx, "instep_busbw"), f(fx, "bare_busbw")
-        err = fx.get("error", "")
+        err = fx.get("error", "").replace(" ", "_")
+        if fx.get("graphs") == "off":
+            err = f"{fs:.0f} (no graphs)"
         cell = lambda v, fmt: fmt.format(v) if v == v and v > 0 else "-"
         print(f"| {name} | {SHAPES[name]} | "
               f"{fx.get('batch_per_gpu', tx.get('batch_per_gpu', '?'))} | "
@@ -52,6 +59,26 @@ def main():
               f"{cell(ts / (g * t1) if t1 == t1 and t1 else 0, '{:.0%}')} | "
               f"{cell(ib, '{:.0f}')} | {cell(bb, '{:.0f}')} | "
               f"{cell(ib / bb if bb == bb and bb else 0, '{:.0%}')} |")
+    nooverlap(rows)
+
+
+def nooverlap(rows):
+    keys = [k for k in sorted(rows) if "fedbox-nooverlap" in rows[k]]
+    if not keys:
+        return
+    print()
+    print("Overlap of the gradient all-reduce with the backward pass "
+          "(fp32; default = buckets of 16 MB issued as each layer's "
+          "backward ends; off = one all-reduce after the backward):")
+    print()
+    print("| row | GPUs | samples/s overlap | samples/s off | "
+          "in-step busbw overlap | in-step busbw off | bare busbw |")
+    print("|---|---|---|---|---|---|---|")
+    for k in keys:
+        on, off = rows[k].get("fedbox", {}), rows[k]["fedbox-nooverlap"]
+        print(f"| {k[0]} | {k[1]} | {f(on, 'samples_s'):.0f} | "
+              f"{f(off, 'samples_s'):.0f} | {f(on, 'instep_busbw'):.0f} | "
+              f"{f(off, 'instep_busbw'):.0f} | {f(off, 'bare_busbw'):.0f} |")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
  *
  *   cuda_check           all checks (below)
  *   cuda_check --quick   a short run for compute-sanitizer: one small model,
- *                        gradient and 10 training steps, graphs and eager
+ *                        gradient and 10 training steps, graphs and eager,
+ *                        on GPU 0
+ *   cuda_check --quick-all  the same on all GPUs (NCCL), plus 1 vs all GPUs
  *
  * Checks: CPU vs CUDA loss and gradient on random data and weights for mlp
  * and logreg, on 1 GPU and on all GPUs (uneven batch split too), by the
@@ -266,7 +268,7 @@ check_training(int quick, int ngpus_avail)
 	memset(&o, 0, sizeof(o));
 	o.steps = quick ? 10 : 100;
 	o.batch = quick ? 32 : 256;
-	o.lr = 0.05f;
+	o.lr = 0.01f;
 	o.momentum = 0.9f;
 	o.weight_decay = 1e-4f;
 	o.seed = 42;
@@ -413,6 +415,7 @@ main(int argc, char **argv)
 {
 	char why[256] = "";
 	int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+	int quick_all = argc > 1 && strcmp(argv[1], "--quick-all") == 0;
 	int ngpus;
 	uint32_t h2[2] = {40, 30};
 	uint32_t h1[1] = {128};
@@ -423,10 +426,16 @@ main(int argc, char **argv)
 		printf("SKIP: CUDA backend tests: %s\n", why);
 		return 0;
 	}
-	printf("cuda_check: %d GPU(s)%s\n", ngpus, quick ? ", quick" : "");
+	printf("cuda_check: %d GPU(s)%s\n", ngpus,
+	    quick ? ", quick" : quick_all ? ", quick on all GPUs" : "");
 	if (quick) {
 		check_gradient("mlp", 50, h2, 2, 7, 33, 1);
 		check_training(1, 1);
+		goto done;
+	}
+	if (quick_all) {
+		check_gradient("mlp", 50, h2, 2, 7, 33, 0);
+		check_training(1, ngpus);
 		goto done;
 	}
 	check_gradient("mlp", 50, h2, 2, 7, 64, 1);

@@ -106,6 +106,7 @@ typedef struct replica {
 	cudaEvent_t ev_t1[MAX_LAYERS];
 	cudaGraphExec_t graph;
 	int graph_ok;          /* graph matches the trainer's graph key */
+	int warm;              /* an eager step ran (NCCL connected) */
 	float *losses_host;    /* pinned, CHUNK_MAX */
 	uint32_t rows;         /* this GPU's slice of the batch */
 	uint32_t row_off;
@@ -322,6 +323,9 @@ out:
 	if (graph != NULL) {
 		cudaGraphDestroy(graph);
 	}
+	if (rc != FB_OK) {
+		(void)cudaGetLastError(); /* do not leak into later calls */
+	}
 	return rc;
 }
 
@@ -372,6 +376,20 @@ job_main(void *arg)
 			    t->p_pad * sizeof(float), r->stream), rc, out);
 		}
 		if (t->use_graphs && !t->profile && !r->graph_ok) {
+			/* NCCL sets up connections lazily at a size's first
+			 * call, which cannot happen under capture: one eager
+			 * gradient-only step first (its results are
+			 * overwritten by step 0). */
+			if (!r->warm) {
+				step_args w = j->a;
+				w.update = 0;
+				if ((rc = replica_step(t, r, &w)) != FB_OK) {
+					goto out;
+				}
+				FB_CUDA_TRY(cudaStreamSynchronize(r->stream), rc,
+				    out);
+				r->warm = 1;
+			}
 			if ((rc = replica_capture(t, r, &j->a)) != FB_OK) {
 				goto out;
 			}
@@ -583,6 +601,8 @@ parse_layers(cuda_trainer *t, const fb_model *m, const fb_dataset *shard)
 	uint32_t nt = fb_model_tensor_count(m);
 	uint32_t prev = shard->dim;
 	int contiguous = 1;
+	uint64_t bucket_bytes;
+	const char *env;
 
 	if (ops != &fb_model_mlp_ops && ops != &fb_model_logreg_ops) {
 		fb_log_warn("cuda: model '%s' has no CUDA implementation (the "
@@ -638,9 +658,15 @@ parse_layers(cuda_trainer *t, const fb_model *m, const fb_dataset *shard)
 		goto out;
 	}
 
-	/* Buckets, from the last layer down (the order of the backward). */
+	/* Buckets, from the last layer down (the order of the backward).
+	 * FB_CUDA_BUCKET_MB overrides the size; 0 = one all-reduce after
+	 * the whole backward (no overlap). */
+	env = getenv("FB_CUDA_BUCKET_MB");
+	bucket_bytes = env != NULL ? strtoull(env, NULL, 10) << 20 :
+	    BUCKET_BYTES;
 	t->nbuckets = 0;
-	if (!contiguous || t->p * sizeof(float) < 2 * (uint64_t)BUCKET_BYTES) {
+	if (!contiguous || bucket_bytes == 0 ||
+	    t->p * sizeof(float) < 2 * bucket_bytes) {
 		t->buckets[0].last_layer = 0;
 		t->buckets[0].off = 0;
 		t->buckets[0].count = t->p;
@@ -652,7 +678,7 @@ parse_layers(cuda_trainer *t, const fb_model *m, const fb_dataset *shard)
 			const layer *ly = &t->layers[l];
 			bytes += ((uint64_t)ly->in + 1) * ly->out *
 			    sizeof(float);
-			if (bytes >= BUCKET_BYTES || l == 0) {
+			if (bytes >= bucket_bytes || l == 0) {
 				bucket *b = &t->buckets[t->nbuckets++];
 				b->last_layer = l;
 				b->off = ly->w_off;
@@ -676,6 +702,7 @@ replica_open(cuda_trainer *t, replica *r, const fb_dataset *shard)
 	uint32_t rm = t->rows_max;
 
 	FB_CUDA_TRY(cudaSetDevice(r->dev), rc, out);
+	(void)cudaGetLastError(); /* launchers report the last error */
 	FB_CUDA_TRY(cudaStreamCreateWithFlags(&r->stream,
 	    cudaStreamNonBlocking), rc, out);
 	FB_CUDA_TRY(cudaStreamCreateWithFlags(&r->comm,
@@ -848,6 +875,9 @@ cuda_open(const fb_model *m, const fb_dataset *shard,
 	FB_CUDA_TRY(cudaGetDeviceProperties(&prop, devs[0]), rc, out);
 	snprintf(t->gpu_name, sizeof(t->gpu_name), "%s", prop.name);
 	if (t->ngpus > 1) {
+		/* Connect every peer at init rather than at a first call
+		 * that may be under graph capture (the user's value wins). */
+		setenv("NCCL_RUNTIME_CONNECT", "0", 0);
 		FB_NCCL_TRY(ncclCommInitAll(comms, (int)t->ngpus, devs), rc,
 		    out);
 		for (uint32_t i = 0; i < t->ngpus; i++) {
