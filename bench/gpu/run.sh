@@ -40,12 +40,12 @@ timeout 180 "$B/tests/gpu/cuda_check" 2>&1 | tee "$out/check.log"
 
 echo "== compute-sanitizer memcheck: cuda_check --quick (1 GPU)"
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-timeout 240 "$cs" --tool memcheck --error-exitcode 3 "$B/tests/gpu/cuda_check" --quick \
+timeout 150 "$cs" --tool memcheck --error-exitcode 3 "$B/tests/gpu/cuda_check" --quick \
     2>&1 | tee "$out/sanitizer.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if [ "$ngpu" -gt 1 ]; then
 	echo "== compute-sanitizer memcheck: cuda_check --quick-all (NCCL)"
-	timeout 240 "$cs" --tool memcheck --error-exitcode 3 "$B/tests/gpu/cuda_check" \
+	timeout 150 "$cs" --tool memcheck --error-exitcode 3 "$B/tests/gpu/cuda_check" \
 	    --quick-all 2>&1 | tee -a "$out/sanitizer.log"
 	[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
