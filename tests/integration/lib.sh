@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+# lib.sh -- helpers for integration tests: temp folder, free ports, real
+# processes started in the background and always killed by PID on exit.
+set -euo pipefail
+ROOT=$(pwd)
+B=${FB_BUILD:-build}
+PY=${PYTHON:-/usr/bin/python3}
+T=$(mktemp -d /tmp/fbit.XXXXXX)
+PIDS=()
+
+cleanup() {
+	local p
+	for p in "${PIDS[@]}"; do
+		kill -KILL "$p" 2>/dev/null || true
+	done
+	wait 2>/dev/null || true
+	if [ -z "${FB_KEEP:-}" ]; then
+		rm -rf "$T"
+	else
+		echo "kept $T"
+	fi
+}
+trap cleanup EXIT
+
+fail() {
+	echo "FAIL: $*"
+	for f in "$T"/*.log "$T"/rounds.txt; do
+		[ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }
+	done
+	exit 1
+}
+
+skip() {
+	echo "SKIP: $*"
+	exit 77
+}
+
+free_port() {
+	"$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# wait_for FILE PATTERN SECONDS: waits until FILE has a line matching PATTERN.
+wait_for() {
+	local file=$1 pat=$2 secs=$3 i
+	for ((i = 0; i < secs * 10; i++)); do
+		grep -qE -- "$pat" "$file" 2>/dev/null && return 0
+		sleep 0.1
+	done
+	fail "timed out after ${secs}s waiting for '$pat' in $file"
+}
+
+# coord_yaml PORT OUT [ROUND-YAML-LINES]: a coordinator config for tests.
+coord_yaml() {
+	local port=$1 out=$2 extra=${3:-}
+	cat <<YAML
+listen: tcp://127.0.0.1:$port
+output_dir: $out
+seed: 7
+model:
+  arch: mlp
+  hidden: [32]
+round:
+${extra:-  rounds: 3}
+transport:
+  heartbeat: 200ms
+  liveness_timeout: 3s
+YAML
+}
+
+# worker_yaml PORT INDEX COUNT [TRAIN-YAML-LINES]
+worker_yaml() {
+	local port=$1 i=$2 n=$3 extra=${4:-}
+	cat <<YAML
+coordinator: tcp://127.0.0.1:$port
+name: w$i
+data:
+  partition: iid
+  index: $i
+  workers: $n
+  seed: 7
+train:
+  device: cpu
+${extra}
+YAML
+}
+
+# start_coordinator CONFIG: sets CPID; round lines in $T/rounds.txt.
+start_coordinator() {
+	"$B/fedbox-coordinator" --config "$1" >"$T/rounds.txt" 2>"$T/coord.log" &
+	CPID=$!
+	PIDS+=("$CPID")
+}
+
+# start_worker CONFIG NAME: sets WPID; log in $T/NAME.log.
+start_worker() {
+	"$B/fedbox-worker" --config "$1" >"$T/$2.log" 2>&1 &
+	WPID=$!
+	PIDS+=("$WPID")
+}
+
+# wait_exit PID SECONDS: waits for PID to exit, returns its status.
+wait_exit() {
+	local pid=$1 secs=$2 i
+	for ((i = 0; i < secs * 10; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -0 "$pid" 2>/dev/null && fail "process $pid still running after ${secs}s"
+	local st=0
+	wait "$pid" || st=$?
+	return "$st"
+}
+
+# metric ROUND KEY: prints a key of metrics.jsonl's line for ROUND.
+metric() {
+	"$PY" - "$OUT/metrics.jsonl" "$1" "$2" <<'PYEOF'
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if d["round"] == int(sys.argv[2]):
+        v = d
+        for k in sys.argv[3].split("."):
+            v = v[k]
+        print(v)
+        break
+PYEOF
+}
