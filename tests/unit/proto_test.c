@@ -1,0 +1,1105 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * proto_test.c -- unit tests of proto/: every message survives pack and
+ * unpack; every way a peer can get frame 0 wrong is FB_EPROTO (hand-built
+ * protobufs, truncations, random bytes, oversize frames and strings, payload
+ * flags); and the ZeroMQ link over real TCP sockets, including a raw libzmq
+ * DEALER that sends malformed multipart messages.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "common/util.h"
+#include "proto/proto.h"
+#include "tests/unit/harness.h"
+
+/* ---- helpers: messages -------------------------------------------------- */
+
+static void
+fill_text(char *dst, size_t cap, const char *s)
+{
+	assert_true(strlen(s) < cap);
+	memcpy(dst, s, strlen(s) + 1);
+}
+
+/* sample_msg fills *m (zeroed first) with non-default values in every
+ * field of type t. */
+static void
+sample_msg(fb_msg_type t, fb_msg *m)
+{
+	memset(m, 0, sizeof(*m));
+	m->type = t;
+	switch (t) {
+	case FB_MSG_HELLO:
+		m->u.hello.protocol_version = FB_PROTOCOL_VERSION;
+		fill_text(m->u.hello.name, FB_NAME_MAX, "worker-07 \xc3\xa9");
+		m->u.hello.worker_index = 7;
+		m->u.hello.num_samples = 60000ULL * 1000000ULL;
+		fill_text(m->u.hello.backend, FB_TEXT_MAX,
+		    "cuda: 2 x NVIDIA H200 (fp32)");
+		fill_text(m->u.hello.software, FB_NAME_MAX, "fedbox 0.1.0");
+		m->u.hello.session = 0xfedcba9876543210ULL;
+		break;
+	case FB_MSG_WELCOME:
+		m->u.welcome.protocol_version = 3;
+		m->u.welcome.run_id = UINT64_MAX - 5;
+		m->u.welcome.worker_id = 12;
+		m->u.welcome.heartbeat_ms = 500;
+		m->u.welcome.liveness_ms = 5000;
+		m->u.welcome.chunk_bytes = 1 << 20;
+		fill_text(m->u.welcome.model.arch, 32, "plugin");
+		m->u.welcome.model.input_dim = 784;
+		m->u.welcome.model.classes = 10;
+		for (uint32_t i = 0; i < FB_PROTO_MAX_HIDDEN; i++) {
+			m->u.welcome.model.hidden[i] = 100000 + i;
+		}
+		m->u.welcome.model.hidden_count = FB_PROTO_MAX_HIDDEN;
+		m->u.welcome.model.synthetic_params = 1ULL << 40;
+		fill_text(m->u.welcome.model.plugin, FB_TEXT_MAX,
+		    "tiny-tanh.so");
+		m->u.welcome.param_count = 123456789012ULL;
+		break;
+	case FB_MSG_REJECT:
+		fill_text(m->u.reject.reason, FB_TEXT_MAX,
+		    "duplicate worker name");
+		m->u.reject.protocol_version = 9;
+		break;
+	case FB_MSG_ROUND_START:
+		m->u.round_start.round = 41;
+		m->u.round_start.param_count = 5000000000ULL;
+		m->u.round_start.chunk_count = 4769;
+		m->u.round_start.chunk_bytes = 1 << 20;
+		m->u.round_start.local_steps = 1ULL << 33;
+		m->u.round_start.batch_size = 64;
+		m->u.round_start.lr = 0.05f;
+		m->u.round_start.momentum = 0.9f;
+		m->u.round_start.weight_decay = -1e-4f;
+		m->u.round_start.seed = 0x123456789abcdefULL;
+		m->u.round_start.deadline_ms = 30000;
+		m->u.round_start.synthetic = true;
+		break;
+	case FB_MSG_MODEL_FETCH:
+		m->u.model_fetch.round = 3;
+		m->u.model_fetch.chunk = 4;
+		break;
+	case FB_MSG_MODEL_CHUNK:
+		m->u.model_chunk.round = UINT32_MAX;
+		m->u.model_chunk.chunk = 77;
+		break;
+	case FB_MSG_UPDATE_BEGIN:
+		m->u.update_begin.round = 5;
+		m->u.update_begin.num_samples = 6000;
+		m->u.update_begin.param_count = 101770;
+		m->u.update_begin.chunk_count = 2;
+		m->u.update_begin.steps = 94;
+		m->u.update_begin.train_loss = 0.4321;
+		m->u.update_begin.train_seconds = 1.5e-3;
+		fill_text(m->u.update_begin.backend, FB_TEXT_MAX, "cpu");
+		break;
+	case FB_MSG_UPDATE_CHUNK:
+		m->u.update_chunk.round = 5;
+		m->u.update_chunk.chunk = 1;
+		break;
+	case FB_MSG_HEARTBEAT:
+		m->u.heartbeat.round = 8;
+		break;
+	case FB_MSG_ROUND_CANCEL:
+		m->u.round_cancel.round = 9;
+		fill_text(m->u.round_cancel.reason, FB_TEXT_MAX,
+		    "deadline passed");
+		break;
+	case FB_MSG_SHUTDOWN:
+		fill_text(m->u.shutdown.reason, FB_TEXT_MAX, "run complete");
+		break;
+	default:
+		fail_msg("no sample for type %d", (int)t);
+	}
+}
+
+/* A decoded message is sane: a known type, strings terminated in their
+ * fields, counts in range. */
+static void
+assert_msg_sane(const fb_msg *m)
+{
+	uint8_t buf[FB_MAX_CONTROL_LEN];
+	size_t len = 0;
+	assert_true(m->type > FB_MSG_NONE && m->type < FB_MSG_TYPE_COUNT_);
+	if (m->type == FB_MSG_WELCOME) {
+		assert_true(m->u.welcome.model.hidden_count <=
+		    FB_PROTO_MAX_HIDDEN);
+		assert_non_null(memchr(m->u.welcome.model.arch, 0, 32));
+		assert_non_null(
+		    memchr(m->u.welcome.model.plugin, 0, FB_TEXT_MAX));
+	}
+	if (m->type == FB_MSG_HELLO) {
+		assert_non_null(memchr(m->u.hello.name, 0, FB_NAME_MAX));
+		assert_non_null(memchr(m->u.hello.software, 0, FB_NAME_MAX));
+		assert_non_null(memchr(m->u.hello.backend, 0, FB_TEXT_MAX));
+	}
+	/* whatever decodes can be sent again */
+	assert_int_equal(fb_msg_pack(m, buf, sizeof(buf), &len), FB_OK);
+}
+
+/* ---- helpers: hand-built protobuf --------------------------------------- */
+
+typedef struct pbuf {
+	uint8_t b[3 * FB_MAX_CONTROL_LEN];
+	size_t n;
+} pbuf;
+
+static void
+pb_raw(pbuf *p, const void *d, size_t len)
+{
+	assert_true(p->n + len <= sizeof(p->b));
+	memcpy(p->b + p->n, d, len);
+	p->n += len;
+}
+
+static void
+pb_varint(pbuf *p, uint64_t v)
+{
+	uint8_t c;
+	do {
+		c = (uint8_t)(v & 0x7f);
+		v >>= 7;
+		c |= v ? 0x80 : 0;
+		pb_raw(p, &c, 1);
+	} while (v);
+}
+
+static void
+pb_uint(pbuf *p, unsigned field, uint64_t v)
+{
+	pb_varint(p, (uint64_t)field << 3);
+	pb_varint(p, v);
+}
+
+static void
+pb_bytes(pbuf *p, unsigned field, const void *d, size_t len)
+{
+	pb_varint(p, (uint64_t)field << 3 | 2);
+	pb_varint(p, len);
+	pb_raw(p, d, len);
+}
+
+static void
+pb_str(pbuf *p, unsigned field, const char *s)
+{
+	pb_bytes(p, field, s, strlen(s));
+}
+
+/* frame builds prefix + Envelope{ body_field: body }. */
+static void
+frame(pbuf *out, uint8_t flags, unsigned body_field, const pbuf *body)
+{
+	uint8_t prefix[4] = {'F', 'B', 1, flags};
+	out->n = 0;
+	pb_raw(out, prefix, 4);
+	if (body != NULL) {
+		pb_bytes(out, body_field, body->b, body->n);
+	}
+}
+
+static fb_err
+unpack_pbuf(const pbuf *p, fb_msg *m)
+{
+	const char *why = NULL;
+	fb_err rc = fb_msg_unpack(p->b, p->n, m, &why);
+	if (rc != FB_OK) {
+		assert_int_equal(rc, FB_EPROTO);
+		assert_non_null(why);
+	}
+	return rc;
+}
+
+/* A hello whose name is `name`. */
+static fb_err
+hello_named(const char *field_value, unsigned field)
+{
+	pbuf body = {0}, f;
+	fb_msg m;
+	pb_uint(&body, 1, 1);
+	pb_str(&body, field, field_value);
+	frame(&f, 0, 1, &body);
+	return unpack_pbuf(&f, &m);
+}
+
+/* ---- message tests ------------------------------------------------------ */
+
+static void
+test_roundtrip_every_type(void **state)
+{
+	for (int t = FB_MSG_HELLO; t < FB_MSG_TYPE_COUNT_; t++) {
+		fb_msg m, out;
+		uint8_t buf[FB_MAX_CONTROL_LEN];
+		size_t len = 0;
+		const char *why = NULL;
+
+		sample_msg((fb_msg_type)t, &m);
+		assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len),
+		    FB_OK);
+		assert_true(len > FB_WIRE_PREFIX_LEN && len <= sizeof(buf));
+		assert_int_equal(buf[3] & 1, fb_msg_has_payload(m.type));
+		memset(&out, 0xa5, sizeof(out));
+		assert_int_equal(fb_msg_unpack(buf, len, &out, &why), FB_OK);
+		assert_memory_equal(&m, &out, sizeof(m));
+		assert_string_not_equal(fb_msg_type_name((fb_msg_type)t),
+		    "unknown");
+		/* exact capacity is enough, one byte less is not */
+		size_t len2 = 0;
+		assert_int_equal(fb_msg_pack(&m, buf, len, &len2), FB_OK);
+		assert_int_equal(len2, len);
+		assert_int_equal(fb_msg_pack(&m, buf, len - 1, &len2),
+		    FB_ERANGE);
+	}
+	assert_true(fb_msg_has_payload(FB_MSG_MODEL_CHUNK));
+	assert_true(fb_msg_has_payload(FB_MSG_UPDATE_CHUNK));
+	assert_false(fb_msg_has_payload(FB_MSG_HELLO));
+	assert_string_equal(fb_msg_type_name(FB_MSG_ROUND_START),
+	    "round_start");
+	assert_string_equal(fb_msg_type_name((fb_msg_type)999), "unknown");
+}
+
+static void
+test_default_values_roundtrip(void **state)
+{
+	/* all-zero fields (proto3 omits them on the wire) come back zero */
+	for (int t = FB_MSG_HELLO; t < FB_MSG_TYPE_COUNT_; t++) {
+		fb_msg m, out;
+		uint8_t buf[FB_MAX_CONTROL_LEN];
+		size_t len = 0;
+		memset(&m, 0, sizeof(m));
+		m.type = (fb_msg_type)t;
+		assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len),
+		    FB_OK);
+		assert_int_equal(fb_msg_unpack(buf, len, &out, NULL), FB_OK);
+		assert_memory_equal(&m, &out, sizeof(m));
+	}
+}
+
+static void
+test_pack_refuses_unknown_type(void **state)
+{
+	fb_msg m;
+	uint8_t buf[FB_MAX_CONTROL_LEN];
+	size_t len = 99;
+	int bad[] = {FB_MSG_NONE, FB_MSG_TYPE_COUNT_, 200, -1};
+
+	for (size_t i = 0; i < FB_ARRAY_LEN(bad); i++) {
+		memset(&m, 0, sizeof(m));
+		m.type = (fb_msg_type)bad[i];
+		len = 99;
+		assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len),
+		    FB_EINVAL);
+		assert_int_equal(len, 0);
+	}
+	/* too many hidden sizes cannot be packed either */
+	sample_msg(FB_MSG_WELCOME, &m);
+	m.u.welcome.model.hidden_count = FB_PROTO_MAX_HIDDEN + 1;
+	assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len), FB_EINVAL);
+}
+
+static void
+test_bad_prefix(void **state)
+{
+	fb_msg m;
+	uint8_t buf[FB_MAX_CONTROL_LEN];
+	size_t len = 0;
+	const char *why = NULL;
+
+	sample_msg(FB_MSG_HEARTBEAT, &m);
+	assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len), FB_OK);
+	for (size_t short_len = 0; short_len < FB_WIRE_PREFIX_LEN;
+	     short_len++) {
+		why = NULL;
+		assert_int_equal(fb_msg_unpack(buf, short_len, &m, &why),
+		    FB_EPROTO);
+		assert_non_null(why);
+		assert_int_equal(m.type, FB_MSG_NONE);
+	}
+	for (int i = 0; i < 2; i++) {
+		uint8_t save = buf[i];
+		buf[i] ^= 0x20;
+		assert_int_equal(fb_msg_unpack(buf, len, &m, NULL), FB_EPROTO);
+		buf[i] = save;
+	}
+	assert_int_equal(fb_msg_unpack(buf, len, &m, NULL), FB_OK);
+}
+
+static void
+test_wrong_wire_version(void **state)
+{
+	fb_msg m;
+	uint8_t buf[FB_MAX_CONTROL_LEN];
+	size_t len = 0;
+	const char *why = NULL;
+	uint8_t versions[] = {0, 2, 255};
+
+	sample_msg(FB_MSG_HELLO, &m);
+	assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len), FB_OK);
+	assert_int_equal(buf[2], 1);
+	for (size_t i = 0; i < FB_ARRAY_LEN(versions); i++) {
+		buf[2] = versions[i];
+		assert_int_equal(fb_msg_unpack(buf, len, &m, &why), FB_EPROTO);
+		assert_non_null(strstr(why, "version"));
+	}
+}
+
+static void
+test_every_truncation(void **state)
+{
+	for (int t = FB_MSG_HELLO; t < FB_MSG_TYPE_COUNT_; t++) {
+		fb_msg m, out;
+		uint8_t buf[FB_MAX_CONTROL_LEN];
+		size_t len = 0;
+		sample_msg((fb_msg_type)t, &m);
+		assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len),
+		    FB_OK);
+		for (size_t cut = 0; cut < len; cut++) {
+			/* a fresh heap copy of exactly `cut` bytes, so ASan
+			 * catches any read past the end */
+			uint8_t *p = malloc(cut ? cut : 1);
+			assert_non_null(p);
+			memcpy(p, buf, cut);
+			fb_err rc = fb_msg_unpack(p, cut, &out, NULL);
+			if (rc == FB_OK) {
+				assert_msg_sane(&out);
+			} else {
+				assert_int_equal(rc, FB_EPROTO);
+				assert_int_equal(out.type, FB_MSG_NONE);
+			}
+			free(p);
+		}
+	}
+}
+
+static void
+test_random_bytes(void **state)
+{
+	int ok = 0;
+	for (uint64_t seed = 1; seed <= 20000; seed++) {
+		fb_rng r;
+		fb_msg out;
+		size_t len;
+		uint8_t *p;
+
+		fb_rng_init(&r, seed, 0x9e7);
+		len = (size_t)fb_rng_below(&r, 300);
+		p = malloc(len ? len : 1);
+		assert_non_null(p);
+		for (size_t i = 0; i < len; i++) {
+			p[i] = (uint8_t)fb_rng_u64(&r);
+		}
+		/* mostly give them a good prefix so the protobuf is reached */
+		if (seed % 8 != 0 && len >= 4) {
+			p[0] = 'F';
+			p[1] = 'B';
+			p[2] = 1;
+			p[3] &= 1;
+		}
+		/* and sometimes a plausible envelope tag and length */
+		if (seed % 3 == 0 && len >= 6) {
+			p[4] = (uint8_t)((1 + fb_rng_below(&r, 11)) << 3 | 2);
+			p[5] = (uint8_t)(len - 6);
+		}
+		fb_err rc = fb_msg_unpack(p, len, &out, NULL);
+		if (rc == FB_OK) {
+			assert_msg_sane(&out);
+			ok++;
+		} else {
+			assert_int_equal(rc, FB_EPROTO);
+		}
+		free(p);
+	}
+	(void)ok;
+}
+
+static void
+test_frame_too_long(void **state)
+{
+	pbuf body = {0}, f;
+	fb_msg m;
+	uint8_t pad[FB_MAX_CONTROL_LEN];
+	size_t fixed;
+
+	memset(pad, 'x', sizeof(pad));
+	/* hello + an unknown field sized so the frame is exactly the limit */
+	pb_uint(&body, 1, 1);
+	pb_str(&body, 2, "w");
+	frame(&f, 0, 1, &body);
+	fixed = f.n;
+	/* unknown field 15 of length L costs 1 (tag) + 2 (length) + L */
+	size_t l = FB_MAX_CONTROL_LEN - fixed - 3;
+	pb_bytes(&f, 15, pad, l);
+	assert_int_equal(f.n, FB_MAX_CONTROL_LEN);
+	assert_int_equal(unpack_pbuf(&f, &m), FB_OK);
+	assert_int_equal(m.type, FB_MSG_HELLO);
+	assert_string_equal(m.u.hello.name, "w");
+	/* one byte more is too long */
+	frame(&f, 0, 1, &body);
+	pb_bytes(&f, 15, pad, l + 1);
+	assert_int_equal(f.n, FB_MAX_CONTROL_LEN + 1);
+	assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+	/* and much longer */
+	frame(&f, 0, 1, &body);
+	pb_bytes(&f, 15, pad, sizeof(pad));
+	pb_bytes(&f, 15, pad, sizeof(pad));
+	assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+}
+
+static void
+test_bad_strings(void **state)
+{
+	char s[FB_TEXT_MAX + 8];
+
+	assert_int_equal(hello_named("plain name", 2), FB_OK);
+	assert_int_equal(hello_named("caf\xc3\xa9", 2), FB_OK);
+	/* control bytes anywhere, and DEL */
+	assert_int_equal(hello_named("a\nb", 2), FB_EPROTO);
+	assert_int_equal(hello_named("\x1b[31mred", 2), FB_EPROTO);
+	assert_int_equal(hello_named("tab\t", 2), FB_EPROTO);
+	assert_int_equal(hello_named("del\x7f", 2), FB_EPROTO);
+	assert_int_equal(hello_named("\r", 5), FB_EPROTO);
+	assert_int_equal(hello_named("\x01", 6), FB_EPROTO);
+	/* lengths: name and software hold 63 bytes, backend 255 */
+	memset(s, 'n', sizeof(s));
+	s[FB_NAME_MAX - 1] = '\0';
+	assert_int_equal(hello_named(s, 2), FB_OK);
+	assert_int_equal(hello_named(s, 6), FB_OK);
+	s[FB_NAME_MAX - 1] = 'n';
+	s[FB_NAME_MAX] = '\0';
+	assert_int_equal(hello_named(s, 2), FB_EPROTO);
+	assert_int_equal(hello_named(s, 6), FB_EPROTO);
+	assert_int_equal(hello_named(s, 5), FB_OK);
+	memset(s, 'b', sizeof(s));
+	s[FB_TEXT_MAX - 1] = '\0';
+	assert_int_equal(hello_named(s, 5), FB_OK);
+	s[FB_TEXT_MAX - 1] = 'b';
+	s[FB_TEXT_MAX] = '\0';
+	assert_int_equal(hello_named(s, 5), FB_EPROTO);
+
+	/* the other text fields: reject, round_cancel, shutdown,
+	 * update_begin, model spec arch and plugin */
+	struct {
+		unsigned body_field, str_field;
+		size_t cap;
+	} fields[] = {
+	    {3, 1, FB_TEXT_MAX},
+	    {10, 2, FB_TEXT_MAX},
+	    {11, 1, FB_TEXT_MAX},
+	    {7, 8, FB_TEXT_MAX},
+	};
+	for (size_t i = 0; i < FB_ARRAY_LEN(fields); i++) {
+		pbuf body = {0}, f;
+		fb_msg m;
+		memset(s, 'r', sizeof(s));
+		s[fields[i].cap - 1] = '\0';
+		pb_str(&body, fields[i].str_field, s);
+		frame(&f, 0, fields[i].body_field, &body);
+		assert_int_equal(unpack_pbuf(&f, &m), FB_OK);
+		body.n = 0;
+		s[fields[i].cap - 1] = 'r';
+		s[fields[i].cap] = '\0';
+		pb_str(&body, fields[i].str_field, s);
+		frame(&f, 0, fields[i].body_field, &body);
+		assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+		body.n = 0;
+		pb_str(&body, fields[i].str_field, "bad\x02");
+		frame(&f, 0, fields[i].body_field, &body);
+		assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+	}
+	for (unsigned sf = 1; sf <= 6; sf += 5) { /* arch = 1, plugin = 6 */
+		size_t cap = sf == 1 ? 32 : FB_TEXT_MAX;
+		pbuf spec = {0}, body = {0}, f;
+		fb_msg m;
+		memset(s, 'a', sizeof(s));
+		s[cap - 1] = '\0';
+		pb_str(&spec, sf, s);
+		pb_bytes(&body, 7, spec.b, spec.n);
+		frame(&f, 0, 2, &body);
+		assert_int_equal(unpack_pbuf(&f, &m), FB_OK);
+		s[cap - 1] = 'a';
+		s[cap] = '\0';
+		spec.n = 0;
+		body.n = 0;
+		pb_str(&spec, sf, s);
+		pb_bytes(&body, 7, spec.b, spec.n);
+		frame(&f, 0, 2, &body);
+		assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+		spec.n = 0;
+		body.n = 0;
+		pb_str(&spec, sf, "x\ny");
+		pb_bytes(&body, 7, spec.b, spec.n);
+		frame(&f, 0, 2, &body);
+		assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+	}
+}
+
+/* A welcome whose model has `count` hidden sizes, packed or not. */
+static fb_err
+welcome_hidden(uint32_t count, bool packed, fb_msg *m)
+{
+	pbuf spec = {0}, body = {0}, f, list = {0};
+	pb_str(&spec, 1, "mlp");
+	if (packed) {
+		for (uint32_t i = 0; i < count; i++) {
+			pb_varint(&list, 10 + i);
+		}
+		pb_bytes(&spec, 4, list.b, list.n);
+	} else {
+		for (uint32_t i = 0; i < count; i++) {
+			pb_uint(&spec, 4, 10 + i);
+		}
+	}
+	pb_uint(&body, 1, 1);
+	pb_bytes(&body, 7, spec.b, spec.n);
+	frame(&f, 0, 2, &body);
+	return unpack_pbuf(&f, m);
+}
+
+static void
+test_too_many_hidden_sizes(void **state)
+{
+	fb_msg m;
+	for (int packed = 0; packed < 2; packed++) {
+		assert_int_equal(welcome_hidden(FB_PROTO_MAX_HIDDEN,
+		                     packed != 0, &m),
+		    FB_OK);
+		assert_int_equal(m.u.welcome.model.hidden_count,
+		    FB_PROTO_MAX_HIDDEN);
+		assert_int_equal(m.u.welcome.model.hidden[15], 25);
+		assert_int_equal(welcome_hidden(FB_PROTO_MAX_HIDDEN + 1,
+		                     packed != 0, &m),
+		    FB_EPROTO);
+		assert_int_equal(welcome_hidden(1000, packed != 0, &m),
+		    FB_EPROTO);
+	}
+}
+
+static void
+test_payload_flag_mismatch(void **state)
+{
+	for (int t = FB_MSG_HELLO; t < FB_MSG_TYPE_COUNT_; t++) {
+		fb_msg m;
+		uint8_t buf[FB_MAX_CONTROL_LEN];
+		size_t len = 0;
+		const char *why = NULL;
+		sample_msg((fb_msg_type)t, &m);
+		assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len),
+		    FB_OK);
+		buf[3] ^= 1;
+		assert_int_equal(fb_msg_unpack(buf, len, &m, &why), FB_EPROTO);
+		assert_non_null(why);
+	}
+}
+
+static void
+test_envelope_without_body(void **state)
+{
+	pbuf f, body = {0};
+	fb_msg m;
+
+	frame(&f, 0, 0, NULL); /* just the prefix */
+	assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+	/* only unknown fields */
+	pb_uint(&f, 20, 5);
+	pb_str(&f, 12, "future body");
+	assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+	/* an unknown body number with a valid-looking message inside */
+	pb_uint(&body, 1, 1);
+	frame(&f, 0, 12, &body);
+	assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+	/* wrong wire type for the body field */
+	frame(&f, 0, 0, NULL);
+	pb_uint(&f, 1, 7);
+	assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+}
+
+static void
+test_two_bodies(void **state)
+{
+	/* A oneof seen twice: protobuf keeps the last; either that or
+	 * FB_EPROTO is fine, but nothing may leak (ASan) or mix. */
+	pbuf f, hello = {0}, hb = {0};
+	fb_msg m;
+
+	pb_uint(&hello, 1, 1);
+	pb_str(&hello, 2, "first");
+	pb_uint(&hb, 1, 77);
+	frame(&f, 0, 1, &hello);
+	pb_bytes(&f, 9, hb.b, hb.n);
+	fb_err rc = unpack_pbuf(&f, &m);
+	if (rc == FB_OK) {
+		assert_int_equal(m.type, FB_MSG_HEARTBEAT);
+		assert_int_equal(m.u.heartbeat.round, 77);
+	}
+	frame(&f, 0, 9, &hb);
+	pb_bytes(&f, 1, hello.b, hello.n);
+	rc = unpack_pbuf(&f, &m);
+	if (rc == FB_OK) {
+		assert_int_equal(m.type, FB_MSG_HELLO);
+		assert_string_equal(m.u.hello.name, "first");
+	}
+}
+
+/* ---- link helpers ------------------------------------------------------- */
+
+static const fb_link_opts opts = {
+    .max_payload = 4096,
+    .send_timeout_ms = 1000,
+    .hwm = 16,
+};
+
+/* bind_router binds a ROUTER on a random free loopback port. */
+static fb_link *
+bind_router(char *endpoint, size_t cap)
+{
+	fb_link *l = NULL;
+	fb_rng r;
+	fb_rng_init(&r, (uint64_t)getpid() ^ (uint64_t)fb_now_ms(), 1);
+	for (int tries = 0; tries < 100; tries++) {
+		unsigned port = 20000 + (unsigned)fb_rng_below(&r, 40000);
+		snprintf(endpoint, cap, "tcp://127.0.0.1:%u", port);
+		fb_err rc = fb_link_bind(endpoint, &opts, &l);
+		if (rc == FB_OK) {
+			return l;
+		}
+		assert_int_equal(rc, FB_EZMQ);
+	}
+	fail_msg("no free port found");
+	return NULL;
+}
+
+/* recv_wait waits up to 5 s for anything but a timeout. */
+static fb_err
+recv_wait(fb_link *l, fb_frame *f, const char **why)
+{
+	int64_t end = fb_now_ms() + 5000;
+	fb_err rc;
+	do {
+		rc = fb_link_recv(l, 100, -1, NULL, f, why);
+	} while (rc == FB_ETIMEDOUT && fb_now_ms() < end);
+	return rc;
+}
+
+static void
+raw_send(void *sock, const void *const *parts, const size_t *lens, int n)
+{
+	for (int i = 0; i < n; i++) {
+		assert_true(zmq_send(sock, parts[i], lens[i],
+		                i + 1 < n ? ZMQ_SNDMORE : 0) >= 0);
+	}
+}
+
+/* ---- link tests --------------------------------------------------------- */
+
+static void
+test_link_exchange(void **state)
+{
+	char ep[64];
+	fb_link *router = bind_router(ep, sizeof(ep));
+	fb_link *dealer = NULL;
+	fb_msg m;
+	fb_frame f;
+	const char *why = NULL;
+	uint8_t payload[3000];
+	uint8_t buf[FB_MAX_CONTROL_LEN];
+	size_t hello_len = 0, chunk_len = 0;
+
+	for (size_t i = 0; i < sizeof(payload); i++) {
+		payload[i] = (uint8_t)(i * 7 + 1);
+	}
+	assert_int_equal(fb_link_connect(ep, &opts, &dealer), FB_OK);
+	assert_int_equal(fb_link_bytes_sent(dealer), 0);
+	assert_int_equal(fb_link_bytes_received(router), 0);
+
+	sample_msg(FB_MSG_HELLO, &m);
+	assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &hello_len), FB_OK);
+	assert_int_equal(fb_link_send(dealer, NULL, &m, NULL, 0), FB_OK);
+	assert_int_equal(fb_link_bytes_sent(dealer), hello_len);
+	assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+	assert_int_equal(f.msg.type, FB_MSG_HELLO);
+	assert_memory_equal(&f.msg, &m, sizeof(m));
+	assert_true(f.peer.len > 0 && f.peer.len <= FB_PEER_ID_MAX);
+	assert_null(f.payload);
+	assert_true(f.wire_len >= hello_len);
+	assert_true(fb_link_bytes_received(router) >= hello_len);
+	fb_peer peer = f.peer;
+
+	/* the ROUTER answers the peer it learned */
+	sample_msg(FB_MSG_WELCOME, &m);
+	assert_int_equal(fb_link_send(router, &peer, &m, NULL, 0), FB_OK);
+	assert_int_equal(recv_wait(dealer, &f, &why), FB_OK);
+	assert_memory_equal(&f.msg, &m, sizeof(m));
+	assert_true(fb_link_bytes_received(dealer) > 0);
+
+	/* a chunk with payload, both ways */
+	sample_msg(FB_MSG_UPDATE_CHUNK, &m);
+	assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &chunk_len), FB_OK);
+	assert_int_equal(
+	    fb_link_send(dealer, NULL, &m, payload, sizeof(payload)), FB_OK);
+	assert_int_equal(fb_link_bytes_sent(dealer),
+	    hello_len + chunk_len + sizeof(payload));
+	assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+	assert_int_equal(f.msg.type, FB_MSG_UPDATE_CHUNK);
+	assert_true(fb_peer_equal(&f.peer, &peer));
+	assert_int_equal(f.payload_len, sizeof(payload));
+	assert_memory_equal(f.payload, payload, sizeof(payload));
+	assert_true(f.wire_len >= chunk_len + sizeof(payload));
+	assert_true(fb_link_bytes_received(router) >=
+	    hello_len + chunk_len + sizeof(payload));
+
+	sample_msg(FB_MSG_MODEL_CHUNK, &m);
+	assert_int_equal(
+	    fb_link_send(router, &peer, &m, payload, opts.max_payload > 100
+	                                        ? 100
+	                                        : 1),
+	    FB_OK);
+	assert_int_equal(recv_wait(dealer, &f, &why), FB_OK);
+	assert_int_equal(f.msg.type, FB_MSG_MODEL_CHUNK);
+	assert_int_equal(f.payload_len, 100);
+	assert_memory_equal(f.payload, payload, 100);
+	/* an empty payload is still a payload frame */
+	assert_int_equal(fb_link_send(router, &peer, &m, NULL, 0), FB_OK);
+	assert_int_equal(recv_wait(dealer, &f, &why), FB_OK);
+	assert_int_equal(f.payload_len, 0);
+
+	/* misuse */
+	assert_int_equal(fb_link_send(dealer, &peer, &m, payload, 1),
+	    FB_EINVAL);
+	assert_int_equal(fb_link_send(router, NULL, &m, payload, 1),
+	    FB_EINVAL);
+	assert_int_equal(fb_link_send(router, &peer, &m, payload,
+	                     opts.max_payload + 1),
+	    FB_EINVAL);
+	fb_peer ghost = {.id = {0, 1, 2, 3, 4}, .len = 5};
+	sample_msg(FB_MSG_HEARTBEAT, &m);
+	assert_int_equal(fb_link_send(router, &ghost, &m, NULL, 0),
+	    FB_ECLOSED);
+	m.type = FB_MSG_NONE;
+	assert_int_equal(fb_link_send(dealer, NULL, &m, NULL, 0), FB_EINVAL);
+
+	fb_link_close(dealer);
+	fb_link_close(router);
+	fb_link_close(NULL);
+}
+
+static void
+test_link_recv_times_out(void **state)
+{
+	char ep[64];
+	fb_link *router = bind_router(ep, sizeof(ep));
+	fb_frame f;
+	bool woke = true;
+	int fds[2];
+	int64_t t0;
+
+	t0 = fb_now_ms();
+	assert_int_equal(fb_link_recv(router, 200, -1, &woke, &f, NULL),
+	    FB_ETIMEDOUT);
+	int64_t dt = fb_now_ms() - t0;
+	assert_true(dt >= 150 && dt < 2000);
+	assert_false(woke);
+	/* 0 polls */
+	t0 = fb_now_ms();
+	assert_int_equal(fb_link_recv(router, 0, -1, NULL, &f, NULL),
+	    FB_ETIMEDOUT);
+	assert_true(fb_now_ms() - t0 < 100);
+	/* a readable wake_fd returns at once */
+	assert_int_equal(pipe(fds), 0);
+	assert_int_equal(write(fds[1], "x", 1), 1);
+	t0 = fb_now_ms();
+	assert_int_equal(fb_link_recv(router, 5000, fds[0], &woke, &f, NULL),
+	    FB_ETIMEDOUT);
+	assert_true(woke);
+	assert_true(fb_now_ms() - t0 < 1000);
+	close(fds[0]);
+	close(fds[1]);
+	assert_int_equal(fb_link_bytes_received(router), 0);
+	fb_link_close(router);
+}
+
+/* expect_bad: the raw dealer sends `parts`; the ROUTER drops it with
+ * FB_EPROTO, then still receives a good hello from the same dealer. */
+static void
+expect_bad(fb_link *router, void *raw, const void *const *parts,
+    const size_t *lens, int n, const char *what)
+{
+	fb_frame f;
+	const char *why = NULL;
+	uint8_t hello[FB_MAX_CONTROL_LEN];
+	size_t hello_len = 0;
+	fb_msg m;
+	uint64_t before = fb_link_bytes_received(router);
+
+	raw_send(raw, parts, lens, n);
+	fb_err rc = recv_wait(router, &f, &why);
+	if (rc != FB_EPROTO) {
+		fail_msg("%s: got %s, want FB_EPROTO", what, fb_strerror(rc));
+	}
+	assert_non_null(why);
+	assert_true(f.peer.len > 0);
+	assert_null(f.payload);
+	assert_true(f.wire_len > 0);
+	assert_true(fb_link_bytes_received(router) >= before + f.wire_len);
+
+	sample_msg(FB_MSG_HELLO, &m);
+	assert_int_equal(fb_msg_pack(&m, hello, sizeof(hello), &hello_len),
+	    FB_OK);
+	const void *ok[] = {hello};
+	size_t ok_len[] = {hello_len};
+	raw_send(raw, ok, ok_len, 1);
+	rc = recv_wait(router, &f, &why);
+	if (rc != FB_OK) {
+		fail_msg("%s: next good message: %s (%s)", what,
+		    fb_strerror(rc), why);
+	}
+	assert_memory_equal(&f.msg, &m, sizeof(m));
+}
+
+static void
+test_link_raw_dealer_garbage(void **state)
+{
+	char ep[64];
+	fb_link *router = bind_router(ep, sizeof(ep));
+	void *ctx = zmq_ctx_new();
+	void *raw = zmq_socket(ctx, ZMQ_DEALER);
+	int zero = 0;
+	uint8_t hello[FB_MAX_CONTROL_LEN], chunk[FB_MAX_CONTROL_LEN];
+	size_t hello_len = 0, chunk_len = 0;
+	fb_msg m;
+	static uint8_t big[4096 + 2000];
+	const char garbage[] = "GET / HTTP/1.1\r\n\r\n";
+
+	assert_non_null(raw);
+	assert_int_equal(zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof(zero)),
+	    0);
+	assert_int_equal(zmq_connect(raw, ep), 0);
+	sample_msg(FB_MSG_HELLO, &m);
+	assert_int_equal(fb_msg_pack(&m, hello, sizeof(hello), &hello_len),
+	    FB_OK);
+	sample_msg(FB_MSG_UPDATE_CHUNK, &m);
+	assert_int_equal(fb_msg_pack(&m, chunk, sizeof(chunk), &chunk_len),
+	    FB_OK);
+
+	{
+		const void *p[] = {garbage};
+		size_t l[] = {sizeof(garbage)};
+		expect_bad(router, raw, p, l, 1, "garbage frame");
+	}
+	{
+		const void *p[] = {""};
+		size_t l[] = {0};
+		expect_bad(router, raw, p, l, 1, "empty frame");
+	}
+	{
+		const void *p[] = {hello, "extra", "more"};
+		size_t l[] = {hello_len, 5, 4};
+		expect_bad(router, raw, p, l, 3, "hello with two extra frames");
+	}
+	{
+		const void *p[] = {hello, big};
+		size_t l[] = {hello_len, 10};
+		expect_bad(router, raw, p, l, 2, "hello with a payload");
+	}
+	{
+		const void *p[] = {chunk};
+		size_t l[] = {chunk_len};
+		expect_bad(router, raw, p, l, 1, "chunk without payload");
+	}
+	{
+		const void *p[] = {chunk, big, "x"};
+		size_t l[] = {chunk_len, 16, 1};
+		expect_bad(router, raw, p, l, 3, "chunk with a third frame");
+	}
+	{
+		const void *p[] = {chunk, big};
+		size_t l[] = {chunk_len, opts.max_payload + 1};
+		expect_bad(router, raw, p, l, 2, "payload over max_payload");
+	}
+	{
+		const void *p[] = {chunk, big};
+		size_t l[] = {chunk_len, sizeof(big)};
+		expect_bad(router, raw, p, l, 2, "payload well over max");
+	}
+	{
+		const void *p[] = {garbage, big};
+		size_t l[] = {sizeof(garbage), 100};
+		expect_bad(router, raw, p, l, 2, "garbage with a payload");
+	}
+	/* a payload of exactly max_payload is fine */
+	{
+		const void *p[] = {chunk, big};
+		size_t l[] = {chunk_len, opts.max_payload};
+		fb_frame f;
+		const char *why = NULL;
+		raw_send(raw, p, l, 2);
+		assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+		assert_int_equal(f.payload_len, opts.max_payload);
+	}
+	/* random frames, many seeds */
+	for (uint64_t seed = 1; seed <= 200; seed++) {
+		fb_rng r;
+		uint8_t junk[64];
+		fb_rng_init(&r, seed, 77);
+		size_t len = 1 + (size_t)fb_rng_below(&r, sizeof(junk));
+		for (size_t i = 0; i < len; i++) {
+			junk[i] = (uint8_t)fb_rng_u64(&r);
+		}
+		junk[0] = 'G'; /* never a valid prefix */
+		const void *p[] = {junk};
+		size_t l[] = {len};
+		expect_bad(router, raw, p, l, 1, "random frame");
+	}
+	zmq_close(raw);
+	zmq_ctx_term(ctx);
+	fb_link_close(router);
+}
+
+static void
+test_link_oversize_message_costs_the_sender(void **state)
+{
+	/* A frame over max_payload + FB_MAX_CONTROL_LEN is cut by ZeroMQ
+	 * itself; the ROUTER must keep serving other peers. */
+	char ep[64];
+	fb_link *router = bind_router(ep, sizeof(ep));
+	fb_link *dealer = NULL;
+	void *ctx = zmq_ctx_new();
+	void *raw = zmq_socket(ctx, ZMQ_DEALER);
+	int zero = 0;
+	size_t huge_len = 1 << 20;
+	uint8_t *huge = calloc(1, huge_len);
+	uint8_t chunk[FB_MAX_CONTROL_LEN];
+	size_t chunk_len = 0;
+	fb_msg m;
+	fb_frame f;
+	const char *why = NULL;
+
+	assert_non_null(huge);
+	assert_int_equal(zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof(zero)),
+	    0);
+	assert_int_equal(zmq_connect(raw, ep), 0);
+	sample_msg(FB_MSG_UPDATE_CHUNK, &m);
+	assert_int_equal(fb_msg_pack(&m, chunk, sizeof(chunk), &chunk_len),
+	    FB_OK);
+	const void *p[] = {chunk, huge};
+	size_t l[] = {chunk_len, huge_len};
+	raw_send(raw, p, l, 2);
+	fb_err rc = fb_link_recv(router, 300, -1, NULL, &f, &why);
+	assert_true(rc == FB_ETIMEDOUT || rc == FB_EPROTO);
+
+	assert_int_equal(fb_link_connect(ep, &opts, &dealer), FB_OK);
+	sample_msg(FB_MSG_HEARTBEAT, &m);
+	assert_int_equal(fb_link_send(dealer, NULL, &m, NULL, 0), FB_OK);
+	assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+	assert_int_equal(f.msg.type, FB_MSG_HEARTBEAT);
+	free(huge);
+	zmq_close(raw);
+	zmq_ctx_term(ctx);
+	fb_link_close(dealer);
+	fb_link_close(router);
+}
+
+static void
+test_link_long_routing_id(void **state)
+{
+	/* A peer may pick its own routing id, up to 255 bytes; one longer
+	 * than FB_PEER_ID_MAX must not overflow fb_peer. */
+	char ep[64];
+	fb_link *router = bind_router(ep, sizeof(ep));
+	fb_link *dealer = NULL;
+	void *ctx = zmq_ctx_new();
+	void *raw = zmq_socket(ctx, ZMQ_DEALER);
+	int zero = 0;
+	uint8_t id[200];
+	uint8_t hello[FB_MAX_CONTROL_LEN];
+	size_t hello_len = 0;
+	fb_msg m;
+	fb_frame f;
+	const char *why = NULL;
+
+	memset(id, 'i', sizeof(id));
+	assert_int_equal(zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof(zero)),
+	    0);
+	assert_int_equal(zmq_setsockopt(raw, ZMQ_ROUTING_ID, id, sizeof(id)),
+	    0);
+	assert_int_equal(zmq_connect(raw, ep), 0);
+	sample_msg(FB_MSG_HELLO, &m);
+	assert_int_equal(fb_msg_pack(&m, hello, sizeof(hello), &hello_len),
+	    FB_OK);
+	const void *p[] = {hello};
+	size_t l[] = {hello_len};
+	raw_send(raw, p, l, 1);
+	fb_err rc = recv_wait(router, &f, &why);
+	assert_true(rc == FB_EPROTO || rc == FB_OK);
+	assert_true(f.peer.len <= FB_PEER_ID_MAX);
+	/* others still get through */
+	assert_int_equal(fb_link_connect(ep, &opts, &dealer), FB_OK);
+	assert_int_equal(fb_link_send(dealer, NULL, &m, NULL, 0), FB_OK);
+	assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+	assert_memory_equal(&f.msg, &m, sizeof(m));
+	zmq_close(raw);
+	zmq_ctx_term(ctx);
+	fb_link_close(dealer);
+	fb_link_close(router);
+}
+
+static void
+test_link_bind_refuses_busy_endpoint(void **state)
+{
+	char ep[64];
+	fb_link *router = bind_router(ep, sizeof(ep));
+	fb_link *second = (fb_link *)&second;
+	assert_int_equal(fb_link_bind(ep, &opts, &second), FB_EZMQ);
+	assert_null(second);
+	assert_int_equal(fb_link_bind("nonsense://x", &opts, &second),
+	    FB_EZMQ);
+	assert_null(second);
+	fb_link_close(router);
+}
+
+FB_TESTS = {
+    {"every message type survives pack and unpack with all fields",
+        test_roundtrip_every_type},
+    {"messages with default fields survive pack and unpack",
+        test_default_values_roundtrip},
+    {"pack refuses an unknown type and too many hidden sizes",
+        test_pack_refuses_unknown_type},
+    {"a bad prefix is malformed", test_bad_prefix},
+    {"a wrong wire version is malformed", test_wrong_wire_version},
+    {"every truncation of a valid frame is malformed or valid",
+        test_every_truncation},
+    {"random bytes are malformed or valid, never a crash",
+        test_random_bytes},
+    {"a frame longer than the control limit is malformed",
+        test_frame_too_long},
+    {"strings with control bytes or too long are malformed",
+        test_bad_strings},
+    {"more hidden sizes than the limit are malformed",
+        test_too_many_hidden_sizes},
+    {"a payload flag that does not match the type is malformed",
+        test_payload_flag_mismatch},
+    {"an envelope with no known body is malformed",
+        test_envelope_without_body},
+    {"an envelope with two bodies keeps one or is malformed",
+        test_two_bodies},
+    {"dealer and router exchange hello, welcome and chunks",
+        test_link_exchange},
+    {"recv times out, polls, and wakes on its fd", test_link_recv_times_out},
+    {"a raw dealer's malformed messages are dropped and the router goes on",
+        test_link_raw_dealer_garbage},
+    {"an oversize message costs only its sender",
+        test_link_oversize_message_costs_the_sender},
+    {"a routing id longer than the peer id limit is handled",
+        test_link_long_routing_id},
+    {"binding a busy endpoint fails", test_link_bind_refuses_busy_endpoint},
+    {NULL, NULL},
+};
+
+FB_TEST_MAIN("proto")
