@@ -18,9 +18,9 @@
 #include "common/util.h"
 
 typedef struct bench_cfg {
-	size_t total;  /* bytes of plaintext per pass */
-	size_t chunk;  /* bytes of plaintext per chunk */
-	int reps;      /* passes; the best is reported */
+	size_t total; /* bytes of plaintext per pass */
+	size_t chunk; /* bytes of plaintext per chunk */
+	int reps;     /* passes; the best is reported */
 } bench_cfg;
 
 typedef struct stream_times {
@@ -45,16 +45,18 @@ time_stream(const bench_cfg *cfg, uint8_t *pt, uint8_t *ct, size_t nchunks,
 	crypto_secretstream_xchacha20poly1305_state st;
 	uint8_t key[crypto_secretstream_xchacha20poly1305_KEYBYTES];
 	uint8_t hdr[crypto_secretstream_xchacha20poly1305_HEADERBYTES];
-	size_t cstride = cfg->chunk + crypto_secretstream_xchacha20poly1305_ABYTES;
+	size_t cstride =
+	    cfg->chunk + crypto_secretstream_xchacha20poly1305_ABYTES;
 	double t0;
 
 	crypto_secretstream_xchacha20poly1305_keygen(key);
 	t0 = fb_now_s();
 	crypto_secretstream_xchacha20poly1305_init_push(&st, hdr, key);
 	for (size_t i = 0; i < nchunks; i++) {
-		uint8_t tag = i + 1 == nchunks
-		    ? crypto_secretstream_xchacha20poly1305_TAG_FINAL
-		    : 0;
+		uint8_t tag =
+		    i + 1 == nchunks
+		        ? crypto_secretstream_xchacha20poly1305_TAG_FINAL
+		        : 0;
 		crypto_secretstream_xchacha20poly1305_push(&st,
 		    ct + i * cstride, NULL, pt + i * cfg->chunk, cfg->chunk,
 		    NULL, 0, tag);
@@ -67,8 +69,8 @@ time_stream(const bench_cfg *cfg, uint8_t *pt, uint8_t *ct, size_t nchunks,
 		uint8_t d[32];
 		crypto_generichash_init(&h, NULL, 0, 32);
 		for (size_t i = 0; i < nchunks; i++) {
-			crypto_generichash_update(&h, ct + i * cstride,
-			    cstride);
+			crypto_generichash_update(
+			    &h, ct + i * cstride, cstride);
 		}
 		crypto_generichash_final(&h, d, sizeof(d));
 	}
@@ -82,8 +84,8 @@ time_stream(const bench_cfg *cfg, uint8_t *pt, uint8_t *ct, size_t nchunks,
 	for (size_t i = 0; i < nchunks; i++) {
 		uint8_t *c = ct + i * cstride;
 		unsigned char tag;
-		if (crypto_secretstream_xchacha20poly1305_pull(&st, c + 1,
-		        NULL, &tag, c, cstride, NULL, 0) != 0) {
+		if (crypto_secretstream_xchacha20poly1305_pull(
+		        &st, c + 1, NULL, &tag, c, cstride, NULL, 0) != 0) {
 			return -1;
 		}
 	}
@@ -131,11 +133,11 @@ int
 main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{"size", required_argument, NULL, 's'},
-		{"chunk", required_argument, NULL, 'c'},
-		{"reps", required_argument, NULL, 'r'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+	    {"size", required_argument, NULL, 's'},
+	    {"chunk", required_argument, NULL, 'c'},
+	    {"reps", required_argument, NULL, 'r'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	bench_cfg cfg = {.total = 1024u << 20, .chunk = 1u << 20, .reps = 3};
 	stream_times t = {1e30, 1e30, 1e30};
@@ -164,7 +166,8 @@ main(int argc, char **argv)
 		}
 	}
 	if (cfg.chunk == 0 || cfg.total < cfg.chunk || cfg.reps < 1) {
-		fprintf(stderr, "crypto_raw: need 0 < chunk <= size, reps >= 1\n");
+		fprintf(
+		    stderr, "crypto_raw: need 0 < chunk <= size, reps >= 1\n");
 		return 2;
 	}
 	if (sodium_init() < 0) {

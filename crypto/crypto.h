@@ -43,7 +43,8 @@
  *     sender->receiver session key, nonce = sequence (LE64) || 16 zeros
  *     (sequence numbers start at 1 and never repeat under one key).
  *   stream header (FB_STREAM_HEADER_LEN = 32)
- *     0:1 version  1:1 kind=3  2:2 reserved, zero  4:4 max chunk length
+ *     0:1 version  1:1 kind=3  2:1 digest mode (fb_stream_digest)
+ *     3:1 reserved, zero  4:4 max chunk length
  *     8:24 secretstream header
  *   stream chunk: secretstream ciphertext of up to `max chunk length`
  *     bytes (+17); AD = run id || round || sender; last chunk tagged FINAL.
@@ -54,6 +55,8 @@
  *     76:64 Ed25519 sig by the sender over "fedbox/trailr/v1" || 0..76
  *     digest = BLAKE2b-256("fedbox/stream/v1" || stream header ||
  *              for each chunk: LE64(ciphertext length) || ciphertext)
+ *     (digest mode TAGS: the last 16 bytes of each chunk, its Poly1305
+ *     tag, stand in for the whole ciphertext)
  *
  * Session keys: worker = crypto_kx client, coordinator = server, over the
  * two ephemeral keys; each direction's key is then
@@ -62,12 +65,15 @@
  * reply). Ephemeral secrets are wiped after the handshake: forward secrecy.
  *
  * Global model broadcast (one ciphertext for all workers):
- *   coordinator: fb_stream_push_alloc(ctx{run, round, FB_SENDER_COORDINATOR})
- *     -> round key; fb_msg_seal the key to each selected worker's session;
- *     push the model once; fb_stream_push_final(coordinator identity).
- *   worker: fb_msg_open -> round key; fb_stream_pull_alloc with the same
- *     ctx; pull chunks; fb_stream_pull_final(pinned coordinator pk).
- * Worker updates use the same calls with sender = the worker's id.
+ *   coordinator: fb_stream_push_alloc with ctx = {run, round,
+ *     FB_SENDER_COORDINATOR} and FB_STREAM_DIGEST_FULL gives the round key;
+ *     fb_msg_seal it to each selected worker's session; push the model
+ *     once; fb_stream_push_final with the coordinator identity.
+ *   worker: fb_msg_open gives the round key; fb_stream_pull_alloc with the
+ *     same ctx and FULL; pull the chunks; fb_stream_pull_final with the
+ *     pinned coordinator key.
+ * Worker updates use the same calls with sender = the worker's id, and
+ * FB_STREAM_DIGEST_TAGS where the ingest rate matters (see the enum).
  */
 #ifndef FB_CRYPTO_CRYPTO_H
 #define FB_CRYPTO_CRYPTO_H
@@ -99,7 +105,7 @@
 
 #define FB_STREAM_KEY_LEN 32
 #define FB_STREAM_HEADER_LEN 32
-#define FB_STREAM_CHUNK_OVERHEAD 17 /* ciphertext = plaintext + this */
+#define FB_STREAM_CHUNK_OVERHEAD 17     /* ciphertext = plaintext + this */
 #define FB_STREAM_CHUNK_MAX (64u << 20) /* bytes of plaintext per chunk */
 #define FB_STREAM_TRAILER_LEN 140
 
@@ -135,11 +141,11 @@ typedef enum fb_reject {
 	FB_REJECT_UNPINNED_KEY,  /* coordinator key not the pinned one: EAUTH */
 	FB_REJECT_BAD_SIGNATURE, /* Ed25519 signature or digest wrong: EAUTH */
 	FB_REJECT_BAD_MAC,       /* tampered, reordered or duplicated: EAUTH */
-	FB_REJECT_REPLAY,        /* sequence number not above last seen: EAUTH */
-	FB_REJECT_WRONG_RUN,     /* other run id: EAUTH */
-	FB_REJECT_WRONG_ROUND,   /* other round than the caller accepts: ESTALE */
-	FB_REJECT_WRONG_SENDER,  /* sender id is not the session's peer: EAUTH */
-	FB_REJECT_TRUNCATED,     /* stream ended before FINAL, counts off: EPROTO */
+	FB_REJECT_REPLAY,      /* sequence number not above last seen: EAUTH */
+	FB_REJECT_WRONG_RUN,   /* other run id: EAUTH */
+	FB_REJECT_WRONG_ROUND, /* other round than the caller accepts: ESTALE */
+	FB_REJECT_WRONG_SENDER, /* sender id is not the session's peer: EAUTH */
+	FB_REJECT_TRUNCATED, /* stream ended before FINAL, counts off: EPROTO */
 	FB_REJECT_COUNT_
 } fb_reject;
 
@@ -169,13 +175,12 @@ FB_MUST_CHECK fb_err fb_run_id_random(fb_run_id *run);
  * An fb_identity is thread-safe: sign from any number of threads.
  * Errors: FB_ENOMEM, FB_EINVAL (bad comment), FB_EIO (libsodium init).
  */
-FB_MUST_CHECK fb_err fb_identity_alloc(const char *comment,
-    fb_identity **out);
+FB_MUST_CHECK fb_err fb_identity_alloc(const char *comment, fb_identity **out);
 
 /* fb_identity_alloc_from_seed is fb_identity_alloc with a caller-chosen
  * 32-byte seed: for tests, fuzzing and known answers, never for real keys.*/
-FB_MUST_CHECK fb_err fb_identity_alloc_from_seed(const uint8_t seed[32],
-    const char *comment, fb_identity **out);
+FB_MUST_CHECK fb_err fb_identity_alloc_from_seed(
+    const uint8_t seed[32], const char *comment, fb_identity **out);
 
 /*
  * fb_identity_load reads a secret key file written by fb_identity_save.
@@ -196,8 +201,8 @@ FB_MUST_CHECK fb_err fb_identity_load(const char *path, fb_identity **out);
  * Blocks on file I/O. Errors: FB_EIO (logged, e.g. file exists),
  * FB_EINVAL (name too long).
  */
-FB_MUST_CHECK fb_err fb_identity_save(const fb_identity *id,
-    const char *name, int force);
+FB_MUST_CHECK fb_err fb_identity_save(
+    const fb_identity *id, const char *name, int force);
 
 /* fb_identity_free wipes and frees `id`; NULL is a no-op. */
 void fb_identity_free(fb_identity *id);
@@ -215,15 +220,13 @@ const char *fb_identity_comment(const fb_identity *id);
  * short ASCII name of what is signed (e.g. "secagg-keys"), at most 32
  * bytes. Thread-safe. Errors: FB_EINVAL (domain too long).
  */
-FB_MUST_CHECK fb_err fb_identity_sign(const fb_identity *id,
-    const char *domain, const uint8_t *msg, size_t len,
-    uint8_t sig[FB_SIG_LEN]);
+FB_MUST_CHECK fb_err fb_identity_sign(const fb_identity *id, const char *domain,
+    const uint8_t *msg, size_t len, uint8_t sig[FB_SIG_LEN]);
 
 /* fb_pubkey_verify checks a signature made by fb_identity_sign.
  * Errors: FB_EAUTH (bad signature), FB_EINVAL (domain too long). */
-FB_MUST_CHECK fb_err fb_pubkey_verify(const fb_pubkey *pk,
-    const char *domain, const uint8_t *msg, size_t len,
-    const uint8_t sig[FB_SIG_LEN]);
+FB_MUST_CHECK fb_err fb_pubkey_verify(const fb_pubkey *pk, const char *domain,
+    const uint8_t *msg, size_t len, const uint8_t sig[FB_SIG_LEN]);
 
 /* ---- public keys as text ------------------------------------------------- */
 
@@ -235,18 +238,18 @@ FB_MUST_CHECK fb_err fb_pubkey_verify(const fb_pubkey *pk,
  * comment ("" if none), truncated to `comment_cap`. Does not log.
  * Errors: FB_EINVAL (any malformation).
  */
-FB_MUST_CHECK fb_err fb_pubkey_parse(const char *line, fb_pubkey *pk,
-    char *comment, size_t comment_cap);
+FB_MUST_CHECK fb_err fb_pubkey_parse(
+    const char *line, fb_pubkey *pk, char *comment, size_t comment_cap);
 
 /* fb_pubkey_format writes the line (no newline) into `buf`.
  * Errors: FB_ERANGE (buf too small), FB_EINVAL (comment not printable). */
-FB_MUST_CHECK fb_err fb_pubkey_format(const fb_pubkey *pk,
-    const char *comment, char *buf, size_t cap);
+FB_MUST_CHECK fb_err fb_pubkey_format(
+    const fb_pubkey *pk, const char *comment, char *buf, size_t cap);
 
 /* fb_pubkey_load reads the first line of a .pub file and parses it.
  * Errors: FB_EIO (logged), FB_EINVAL (malformed, logged with the path). */
-FB_MUST_CHECK fb_err fb_pubkey_load(const char *path, fb_pubkey *pk,
-    char *comment, size_t comment_cap);
+FB_MUST_CHECK fb_err fb_pubkey_load(
+    const char *path, fb_pubkey *pk, char *comment, size_t comment_cap);
 
 /* fb_pubkey_fingerprint writes "fb:" + 16 hex digits of BLAKE2b(pk): short,
  * safe for logs. */
@@ -262,8 +265,8 @@ int fb_pubkey_equal(const fb_pubkey *a, const fb_pubkey *b);
  * (< FB_SENDER_COORDINATOR) and returns 1, or returns 0 for an unknown key.
  * Called from fb_handshake_accept on the caller's thread.
  */
-typedef int (*fb_peer_lookup_cb)(void *arg, const fb_pubkey *pk,
-    uint32_t *worker_id);
+typedef int (*fb_peer_lookup_cb)(
+    void *arg, const fb_pubkey *pk, uint32_t *worker_id);
 
 /* An allowlist as an array; fb_allowlist_lookup_cb with arg = the list
  * gives worker id = index in `keys`. */
@@ -271,8 +274,7 @@ typedef struct fb_allowlist {
 	const fb_pubkey *keys;
 	size_t count;
 } fb_allowlist;
-int fb_allowlist_lookup_cb(void *arg, const fb_pubkey *pk,
-    uint32_t *worker_id);
+int fb_allowlist_lookup_cb(void *arg, const fb_pubkey *pk, uint32_t *worker_id);
 
 /* What the coordinator side of a handshake needs; borrowed, not owned. */
 typedef struct fb_hs_accept_cfg {
@@ -305,8 +307,8 @@ FB_MUST_CHECK fb_err fb_handshake_start(const fb_identity *self,
  * FB_SENDER_COORDINATOR). *out = NULL and `reply` zeroed on error.
  */
 FB_MUST_CHECK fb_err fb_handshake_accept(const fb_hs_accept_cfg *cfg,
-    const uint8_t *hello, size_t hello_len,
-    uint8_t reply[FB_HS_REPLY_LEN], fb_session **out, fb_reject *why);
+    const uint8_t *hello, size_t hello_len, uint8_t reply[FB_HS_REPLY_LEN],
+    fb_session **out, fb_reject *why);
 
 /*
  * fb_handshake_finish (worker) verifies the reply: size and version,
@@ -316,9 +318,8 @@ FB_MUST_CHECK fb_err fb_handshake_accept(const fb_hs_accept_cfg *cfg,
  * Errors (with *why): FB_EPROTO (MALFORMED), FB_ENOTSUP (VERSION),
  * FB_EAUTH (UNPINNED_KEY, BAD_SIGNATURE); FB_ENOMEM.
  */
-FB_MUST_CHECK fb_err fb_handshake_finish(fb_handshake *hs,
-    const uint8_t *reply, size_t reply_len, fb_session **out,
-    fb_reject *why);
+FB_MUST_CHECK fb_err fb_handshake_finish(fb_handshake *hs, const uint8_t *reply,
+    size_t reply_len, fb_session **out, fb_reject *why);
 
 /* fb_handshake_free wipes and frees; NULL is a no-op. */
 void fb_handshake_free(fb_handshake *hs);
@@ -376,10 +377,26 @@ FB_MUST_CHECK fb_err fb_msg_open(fb_session *s, uint32_t round,
 
 /* fb_msg_peek parses the clear header WITHOUT authenticating it, to route a
  * message to its session. Errors: FB_EPROTO (malformed). */
-FB_MUST_CHECK fb_err fb_msg_peek(const uint8_t *in, size_t in_len,
-    fb_msg_info *info);
+FB_MUST_CHECK fb_err fb_msg_peek(
+    const uint8_t *in, size_t in_len, fb_msg_info *info);
 
 /* ---- payload streams ----------------------------------------------------- */
+
+/*
+ * What the signed digest of a stream covers. FULL: all the ciphertext, so
+ * the signature binds the content even against holders of the stream key;
+ * required when the key is shared (the global model broadcast). TAGS: each
+ * chunk's Poly1305 tag only; as strong against anyone without the key and
+ * close to raw secretstream speed (BLAKE2b costs about as much as the
+ * cipher), but the receiver, holding the key, could forge chunks with the
+ * same tags, so the signature no longer binds the content against it. For
+ * worker updates, whose key only the worker and the coordinator know. The
+ * mode is in the stream header; the receiver states the mode it requires.
+ */
+typedef enum fb_stream_digest {
+	FB_STREAM_DIGEST_FULL = 0,
+	FB_STREAM_DIGEST_TAGS = 1,
+} fb_stream_digest;
 
 /* Who and what a stream belongs to; both ends must agree on it. */
 typedef struct fb_stream_ctx {
@@ -392,12 +409,13 @@ typedef struct fb_stream_ctx {
  * fb_stream_push_alloc starts a payload stream under a fresh random key,
  * written to `key` (send it inside an fb_msg_seal'd message, then fb_wipe
  * it), and writes the stream header to `header`. Chunks carry at most
- * `chunk_len` bytes (1..FB_STREAM_CHUNK_MAX; ~1 MiB is a good size).
+ * `chunk_len` bytes (1..FB_STREAM_CHUNK_MAX; ~1 MiB is a good size);
+ * `digest` picks what the trailer's digest covers (fb_stream_digest).
  * On FB_OK the caller owns *out (fb_stream_push_free). One thread at a time.
- * Errors: FB_EINVAL (chunk_len), FB_ENOMEM, FB_EIO.
+ * Errors: FB_EINVAL (chunk_len, digest), FB_ENOMEM, FB_EIO.
  */
 FB_MUST_CHECK fb_err fb_stream_push_alloc(const fb_stream_ctx *ctx,
-    size_t chunk_len, uint8_t key[FB_STREAM_KEY_LEN],
+    size_t chunk_len, fb_stream_digest digest, uint8_t key[FB_STREAM_KEY_LEN],
     uint8_t header[FB_STREAM_HEADER_LEN], fb_stream_push **out);
 
 /*
@@ -407,9 +425,8 @@ FB_MUST_CHECK fb_err fb_stream_push_alloc(const fb_stream_ctx *ctx,
  * place); otherwise `m` and `c` must not overlap.
  * Errors: FB_ERANGE (sizes), FB_EINVAL (after the final chunk).
  */
-FB_MUST_CHECK fb_err fb_stream_push_chunk(fb_stream_push *p,
-    const uint8_t *m, size_t m_len, int final, uint8_t *c, size_t c_cap,
-    size_t *c_len);
+FB_MUST_CHECK fb_err fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m,
+    size_t m_len, int final, uint8_t *c, size_t c_cap, size_t *c_len);
 
 /*
  * fb_stream_push_final signs the trailer with `signer` (whose key the
@@ -424,14 +441,15 @@ void fb_stream_push_free(fb_stream_push *p);
 
 /*
  * fb_stream_pull_alloc starts decrypting a stream given its key and header.
- * `max_chunk_len` bounds the chunk length the header may declare (memory).
+ * `max_chunk_len` bounds the chunk length the header may declare (memory);
+ * a header of another digest mode than `digest` is MALFORMED (no downgrade).
  * On FB_OK the caller owns *out (fb_stream_pull_free). One thread at a time.
  * Errors (with *why): FB_EPROTO (MALFORMED, TOO_LARGE); FB_ENOMEM, FB_EIO.
  */
 FB_MUST_CHECK fb_err fb_stream_pull_alloc(const fb_stream_ctx *ctx,
-    const uint8_t key[FB_STREAM_KEY_LEN], const uint8_t *header,
-    size_t header_len, size_t max_chunk_len, fb_stream_pull **out,
-    fb_reject *why);
+    fb_stream_digest digest, const uint8_t key[FB_STREAM_KEY_LEN],
+    const uint8_t *header, size_t header_len, size_t max_chunk_len,
+    fb_stream_pull **out, fb_reject *why);
 
 /*
  * fb_stream_pull_chunk verifies (MAC first) and decrypts one chunk into `m`
@@ -444,9 +462,9 @@ FB_MUST_CHECK fb_err fb_stream_pull_alloc(const fb_stream_ctx *ctx,
  * after FINAL; TOO_LARGE), FB_EAUTH (BAD_MAC: tampered, reordered,
  * duplicated or from another stream), FB_ERANGE (m_cap too small).
  */
-FB_MUST_CHECK fb_err fb_stream_pull_chunk(fb_stream_pull *p,
-    const uint8_t *c, size_t c_len, uint8_t *m, size_t m_cap, size_t *m_len,
-    int *final, fb_reject *why);
+FB_MUST_CHECK fb_err fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c,
+    size_t c_len, uint8_t *m, size_t m_cap, size_t *m_len, int *final,
+    fb_reject *why);
 
 /*
  * fb_stream_pull_final verifies the trailer: signature by `signer`, then

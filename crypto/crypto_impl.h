@@ -35,7 +35,7 @@ enum {
 };
 
 struct fb_identity {
-	uint8_t *sk;      /* sodium_malloc'd seed||pk, PROT_NONE when idle */
+	uint8_t *sk; /* sodium_malloc'd seed||pk, PROT_NONE when idle */
 	fb_pubkey pk;
 	pthread_mutex_t lock; /* serialises the protection flips of sk */
 	char comment[FB_COMMENT_MAX];
@@ -43,9 +43,9 @@ struct fb_identity {
 
 /* Whole struct in sodium_malloc memory: it holds the session keys. */
 struct fb_session {
-	uint8_t tx[32];     /* key for messages this side seals */
-	uint8_t rx[32];     /* key for messages this side opens */
-	uint8_t th[32];     /* transcript hash (public) */
+	uint8_t tx[32]; /* key for messages this side seals */
+	uint8_t rx[32]; /* key for messages this side opens */
+	uint8_t th[32]; /* transcript hash (public) */
 	fb_run_id run;
 	fb_pubkey peer;     /* the peer's identity */
 	uint32_t self_id;   /* sender id this side writes */
@@ -59,8 +59,8 @@ struct fb_session {
 fb_err fb_crypto_ready(void);
 
 /* fb_identity_sign_raw signs `len` bytes as they are (no prefix). */
-void fb_identity_sign_raw(const fb_identity *id, const uint8_t *msg,
-    size_t len, uint8_t sig[FB_SIG_LEN]);
+void fb_identity_sign_raw(const fb_identity *id, const uint8_t *msg, size_t len,
+    uint8_t sig[FB_SIG_LEN]);
 
 /* fb_session_alloc_keys makes a session from explicit keys (handshake,
  * tests, fuzz targets). Errors: FB_ENOMEM. */
@@ -71,7 +71,7 @@ fb_err fb_session_alloc_keys(const uint8_t tx[32], const uint8_t rx[32],
 /* fb_stream_push_alloc_key is fb_stream_push_alloc with a caller key (tests
  * and fuzz targets only). */
 fb_err fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
-    const uint8_t key[FB_STREAM_KEY_LEN],
+    fb_stream_digest digest, const uint8_t key[FB_STREAM_KEY_LEN],
     uint8_t header[FB_STREAM_HEADER_LEN], fb_stream_push **out);
 
 static inline void
@@ -98,8 +98,8 @@ le32_store(uint8_t *p, uint32_t v)
 static inline uint32_t
 le32_load(const uint8_t *p)
 {
-	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) |
-	    ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+	       ((uint32_t)p[3] << 24);
 }
 
 static inline void

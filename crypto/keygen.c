@@ -41,8 +41,8 @@ print_pub(const fb_identity *id)
 	char line[FB_PUBLINE_MAX];
 
 	fb_identity_pubkey(id, &pk);
-	if (fb_pubkey_format(&pk, fb_identity_comment(id), line,
-	        sizeof(line)) != FB_OK) {
+	if (fb_pubkey_format(
+	        &pk, fb_identity_comment(id), line, sizeof(line)) != FB_OK) {
 		return 1;
 	}
 	printf("%s\n", line);
@@ -53,13 +53,13 @@ int
 main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{"out", required_argument, NULL, 'o'},
-		{"comment", required_argument, NULL, 'C'},
-		{"force", no_argument, NULL, 'f'},
-		{"pub", required_argument, NULL, 'p'},
-		{"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, 'V'},
-		{NULL, 0, NULL, 0},
+	    {"out", required_argument, NULL, 'o'},
+	    {"comment", required_argument, NULL, 'C'},
+	    {"force", no_argument, NULL, 'f'},
+	    {"pub", required_argument, NULL, 'p'},
+	    {"help", no_argument, NULL, 'h'},
+	    {"version", no_argument, NULL, 'V'},
+	    {NULL, 0, NULL, 0},
 	};
 	const char *out = NULL, *comment = NULL, *pub = NULL;
 	int force = 0, c, rc = 1;
@@ -122,8 +122,9 @@ main(int argc, char **argv)
 		for (size_t i = 0; i < FB_ARRAY_LEN(ext); i++) {
 			snprintf(path, sizeof(path), "%s%s", out, ext[i]);
 			if (lstat(path, &st) == 0) {
-				fprintf(stderr, "fedbox-keygen: %s exists; "
-				                "use --force to overwrite it\n",
+				fprintf(stderr,
+				    "fedbox-keygen: %s exists; "
+				    "use --force to overwrite it\n",
 				    path);
 				goto out;
 			}
@@ -135,8 +136,9 @@ main(int argc, char **argv)
 			                "printable text on one line\n");
 			rc = 2;
 		} else {
-			fprintf(stderr, "fedbox-keygen: cannot make a key: "
-			                "%s\n",
+			fprintf(stderr,
+			    "fedbox-keygen: cannot make a key: "
+			    "%s\n",
 			    fb_strerror(err));
 		}
 		goto out;

@@ -24,7 +24,7 @@
 
 #define KEYFILE_TAG "fedbox-ed25519-secret v1"
 #define PUBLINE_TAG "fedbox-ed25519 "
-#define B64_32_LEN 44   /* base64 (with padding) of 32 bytes */
+#define B64_32_LEN 44    /* base64 (with padding) of 32 bytes */
 #define KEYFILE_MAX 1024 /* bytes; a real key file is < 300 */
 #define SIGN_DOMAIN_MAX 32
 
@@ -37,19 +37,19 @@ const uint8_t fb_dom_stream[FB_DOMAIN_LEN] = "fedbox/stream/v1";
 const uint8_t fb_dom_trailer[FB_DOMAIN_LEN] = "fedbox/trailr/v1";
 
 static const char *const reject_names[FB_REJECT_COUNT_] = {
-	[FB_REJECT_NONE] = "none",
-	[FB_REJECT_MALFORMED] = "malformed",
-	[FB_REJECT_TOO_LARGE] = "too_large",
-	[FB_REJECT_VERSION] = "version",
-	[FB_REJECT_UNKNOWN_KEY] = "unknown_key",
-	[FB_REJECT_UNPINNED_KEY] = "unpinned_key",
-	[FB_REJECT_BAD_SIGNATURE] = "bad_signature",
-	[FB_REJECT_BAD_MAC] = "bad_mac",
-	[FB_REJECT_REPLAY] = "replay",
-	[FB_REJECT_WRONG_RUN] = "wrong_run",
-	[FB_REJECT_WRONG_ROUND] = "wrong_round",
-	[FB_REJECT_WRONG_SENDER] = "wrong_sender",
-	[FB_REJECT_TRUNCATED] = "truncated",
+    [FB_REJECT_NONE] = "none",
+    [FB_REJECT_MALFORMED] = "malformed",
+    [FB_REJECT_TOO_LARGE] = "too_large",
+    [FB_REJECT_VERSION] = "version",
+    [FB_REJECT_UNKNOWN_KEY] = "unknown_key",
+    [FB_REJECT_UNPINNED_KEY] = "unpinned_key",
+    [FB_REJECT_BAD_SIGNATURE] = "bad_signature",
+    [FB_REJECT_BAD_MAC] = "bad_mac",
+    [FB_REJECT_REPLAY] = "replay",
+    [FB_REJECT_WRONG_RUN] = "wrong_run",
+    [FB_REJECT_WRONG_ROUND] = "wrong_round",
+    [FB_REJECT_WRONG_SENDER] = "wrong_sender",
+    [FB_REJECT_TRUNCATED] = "truncated",
 };
 
 const char *
@@ -178,8 +178,8 @@ fb_identity_alloc(const char *comment, fb_identity **out)
 }
 
 fb_err
-fb_identity_alloc_from_seed(const uint8_t seed[32], const char *comment,
-    fb_identity **out)
+fb_identity_alloc_from_seed(
+    const uint8_t seed[32], const char *comment, fb_identity **out)
 {
 	return identity_new(seed, comment, out);
 }
@@ -265,8 +265,8 @@ domain_msg(const char *domain, const uint8_t *msg, size_t len, uint8_t **buf,
 }
 
 fb_err
-fb_identity_sign(const fb_identity *id, const char *domain,
-    const uint8_t *msg, size_t len, uint8_t sig[FB_SIG_LEN])
+fb_identity_sign(const fb_identity *id, const char *domain, const uint8_t *msg,
+    size_t len, uint8_t sig[FB_SIG_LEN])
 {
 	fb_err rc;
 	uint8_t *buf = NULL;
@@ -329,8 +329,8 @@ pubkey_point_ok(const fb_pubkey *pk)
 }
 
 fb_err
-fb_pubkey_parse(const char *line, fb_pubkey *pk, char *comment,
-    size_t comment_cap)
+fb_pubkey_parse(
+    const char *line, fb_pubkey *pk, char *comment, size_t comment_cap)
 {
 	fb_err rc = FB_OK;
 	size_t len, taglen = strlen(PUBLINE_TAG);
@@ -400,8 +400,8 @@ out:
 }
 
 fb_err
-fb_pubkey_format(const fb_pubkey *pk, const char *comment, char *buf,
-    size_t cap)
+fb_pubkey_format(
+    const fb_pubkey *pk, const char *comment, char *buf, size_t cap)
 {
 	char b64[B64_32_LEN + 1];
 	int n;
@@ -429,8 +429,8 @@ fb_pubkey_format(const fb_pubkey *pk, const char *comment, char *buf,
 }
 
 fb_err
-fb_pubkey_load(const char *path, fb_pubkey *pk, char *comment,
-    size_t comment_cap)
+fb_pubkey_load(
+    const char *path, fb_pubkey *pk, char *comment, size_t comment_cap)
 {
 	fb_err rc = FB_OK;
 	char line[FB_PUBLINE_MAX + 8];
@@ -499,8 +499,8 @@ write_all(int fd, const char *p, size_t len)
  * O_EXCL|0600, then renames it (force) or hard-links it (no overwrite).
  */
 static fb_err
-write_file(const char *path, const char *buf, size_t len, mode_t mode,
-    int force)
+write_file(
+    const char *path, const char *buf, size_t len, mode_t mode, int force)
 {
 	fb_err rc = FB_OK;
 	char tmp[4096];
@@ -572,8 +572,8 @@ fb_identity_save(const fb_identity *id, const char *name, int force)
 			return FB_EIO;
 		}
 	}
-	if ((rc = fb_pubkey_format(&id->pk, id->comment, publine,
-	         sizeof(publine))) != FB_OK) {
+	if ((rc = fb_pubkey_format(
+	         &id->pk, id->comment, publine, sizeof(publine))) != FB_OK) {
 		goto out;
 	}
 	if ((secret = sodium_malloc(secret_cap)) == NULL) {
@@ -602,8 +602,7 @@ fb_identity_save(const fb_identity *id, const char *name, int force)
 	key_written = 1;
 	n = strlen(publine);
 	publine[n] = '\n';
-	if ((rc = write_file(pub_path, publine, n + 1, 0644, force)) !=
-	    FB_OK) {
+	if ((rc = write_file(pub_path, publine, n + 1, 0644, force)) != FB_OK) {
 		goto out;
 	}
 out:
@@ -653,8 +652,8 @@ fb_identity_load(const char *path, fb_identity **out)
 		goto out;
 	}
 	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-		fb_log_error("cannot open secret key %s: %s", path,
-		    strerror(errno));
+		fb_log_error(
+		    "cannot open secret key %s: %s", path, strerror(errno));
 		rc = FB_EIO;
 		goto out;
 	}
@@ -687,8 +686,8 @@ fb_identity_load(const char *path, fb_identity **out)
 			continue;
 		}
 		if (k < 0) {
-			fb_log_error("cannot read %s: %s", path,
-			    strerror(errno));
+			fb_log_error(
+			    "cannot read %s: %s", path, strerror(errno));
 			rc = FB_EIO;
 			goto out;
 		}

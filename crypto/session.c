@@ -154,8 +154,7 @@ reply_signed_msg(const uint8_t *hello, const uint8_t *reply,
 
 fb_err
 fb_handshake_start(const fb_identity *self, const fb_pubkey *coordinator,
-    uint16_t proto_version, uint8_t hello[FB_HS_HELLO_LEN],
-    fb_handshake **out)
+    uint16_t proto_version, uint8_t hello[FB_HS_HELLO_LEN], fb_handshake **out)
 {
 	fb_err rc = FB_OK;
 	fb_handshake *hs = NULL;
@@ -239,8 +238,8 @@ fb_handshake_accept(const fb_hs_accept_cfg *cfg, const uint8_t *hello,
 	}
 	memcpy(msg, fb_dom_hello, FB_DOMAIN_LEN);
 	memcpy(msg + FB_DOMAIN_LEN, hello, H_SIG);
-	if (crypto_sign_verify_detached(hello + H_SIG, msg,
-	        FB_DOMAIN_LEN + H_SIG, worker.b) != 0) {
+	if (crypto_sign_verify_detached(
+	        hello + H_SIG, msg, FB_DOMAIN_LEN + H_SIG, worker.b) != 0) {
 		fb_set_why(why, FB_REJECT_BAD_SIGNATURE);
 		rc = FB_EAUTH;
 		goto out;
@@ -251,8 +250,8 @@ fb_handshake_accept(const fb_hs_accept_cfg *cfg, const uint8_t *hello,
 	}
 	crypto_kx_keypair(k + 32, k);
 	/* Server side: rx = worker->coordinator, tx = coordinator->worker. */
-	if (crypto_kx_server_session_keys(k + 64, k + 96, k + 32, k,
-	        hello + H_EPH) != 0) {
+	if (crypto_kx_server_session_keys(
+	        k + 64, k + 96, k + 32, k, hello + H_EPH) != 0) {
 		fb_set_why(why, FB_REJECT_MALFORMED); /* weak ephemeral key */
 		rc = FB_EPROTO;
 		goto out;
@@ -307,8 +306,8 @@ fb_handshake_finish(fb_handshake *hs, const uint8_t *reply, size_t reply_len,
 		goto out;
 	}
 	reply_signed_msg(hs->hello, reply, msg);
-	if (crypto_sign_verify_detached(reply + R_SIG, msg, sizeof(msg),
-	        hs->coordinator.b) != 0) {
+	if (crypto_sign_verify_detached(
+	        reply + R_SIG, msg, sizeof(msg), hs->coordinator.b) != 0) {
 		fb_set_why(why, FB_REJECT_BAD_SIGNATURE);
 		rc = FB_EAUTH;
 		goto out;
@@ -324,8 +323,8 @@ fb_handshake_finish(fb_handshake *hs, const uint8_t *reply, size_t reply_len,
 		goto out;
 	}
 	/* Client side: rx = coordinator->worker, tx = worker->coordinator. */
-	if (crypto_kx_client_session_keys(k, k + 32, hs->eph_pk, hs->eph_sk,
-	        reply + R_EPH) != 0) {
+	if (crypto_kx_client_session_keys(
+	        k, k + 32, hs->eph_pk, hs->eph_sk, reply + R_EPH) != 0) {
 		fb_set_why(why, FB_REJECT_MALFORMED);
 		rc = FB_EPROTO;
 		goto out;
@@ -380,8 +379,7 @@ fb_msg_seal(fb_session *s, uint8_t type, uint32_t round, const uint8_t *body,
 
 	*out_len = 0;
 	if (body_len > FB_MSG_BODY_MAX || out_cap < FB_MSG_OVERHEAD ||
-	    out_cap - FB_MSG_OVERHEAD < body_len ||
-	    s->send_seq == UINT64_MAX) {
+	    out_cap - FB_MSG_OVERHEAD < body_len || s->send_seq == UINT64_MAX) {
 		return FB_ERANGE;
 	}
 	s->send_seq++;

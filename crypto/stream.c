@@ -10,8 +10,12 @@
  * length-prefixed ciphertext chunks; the sender signs it in the trailer, so
  * the receiver can attribute the payload to an identity even when the key
  * is shared (the broadcast's round key is known to every selected worker).
- * Work per chunk: one ChaCha20 + Poly1305 pass and one BLAKE2b pass over
- * the ciphertext, in place, no copies.
+ * Work per chunk: one ChaCha20 + Poly1305 pass and, in the FULL digest
+ * mode, one BLAKE2b pass over the ciphertext; in place, no copies. The TAGS
+ * mode hashes only each chunk's length and Poly1305 tag: as strong against
+ * anyone without the stream key, and nearly as fast as raw secretstream,
+ * but a key holder could forge chunks with the same tags, so it is only for
+ * streams whose key is private to the two ends (see crypto.h).
  */
 #include <string.h>
 
@@ -30,8 +34,8 @@
 #define T_SIG 76
 
 _Static_assert(SS_HEADER_LEN == 24, "secretstream header size");
-_Static_assert(FB_STREAM_CHUNK_OVERHEAD ==
-        crypto_secretstream_xchacha20poly1305_ABYTES,
+_Static_assert(
+    FB_STREAM_CHUNK_OVERHEAD == crypto_secretstream_xchacha20poly1305_ABYTES,
     "chunk overhead");
 
 /* Both ends' state; sodium_malloc'd (it holds the stream key). The
@@ -43,6 +47,7 @@ typedef struct stream_core {
 	fb_stream_ctx ctx;
 	uint8_t ad[AD_LEN]; /* run id || round || sender */
 	uint8_t digest[32]; /* valid once `finished` */
+	int tags_only;      /* FB_STREAM_DIGEST_TAGS: hash only the MACs */
 	size_t chunk_len;   /* max plaintext bytes per chunk */
 	uint64_t payload_len;
 	uint64_t chunk_count;
@@ -64,6 +69,7 @@ core_start(stream_core *c, const fb_stream_ctx *ctx, size_t chunk_len,
     const uint8_t header[FB_STREAM_HEADER_LEN])
 {
 	c->ctx = *ctx;
+	c->tags_only = header[2] == FB_STREAM_DIGEST_TAGS;
 	c->chunk_len = chunk_len;
 	memcpy(c->ad, ctx->run.b, FB_RUN_ID_LEN);
 	le32_store(c->ad + FB_RUN_ID_LEN, ctx->round);
@@ -80,7 +86,13 @@ core_hash_chunk(stream_core *c, const uint8_t *ct, size_t len)
 
 	fb_store_le64(l, (uint64_t)len);
 	crypto_generichash_update(&c->hash, l, sizeof(l));
-	crypto_generichash_update(&c->hash, ct, len);
+	if (c->tags_only) {
+		/* The Poly1305 tag closes every chunk (len >= 17 here). */
+		crypto_generichash_update(
+		    &c->hash, ct + len - FB_MSG_MAC_LEN, FB_MSG_MAC_LEN);
+	} else {
+		crypto_generichash_update(&c->hash, ct, len);
+	}
 }
 
 static void
@@ -101,7 +113,7 @@ trailer_body(const stream_core *c, uint8_t t[FB_STREAM_TRAILER_LEN])
 
 fb_err
 fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
-    const uint8_t key[FB_STREAM_KEY_LEN],
+    fb_stream_digest digest, const uint8_t key[FB_STREAM_KEY_LEN],
     uint8_t header[FB_STREAM_HEADER_LEN], fb_stream_push **out)
 {
 	fb_err rc = FB_OK;
@@ -109,7 +121,9 @@ fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
 
 	*out = NULL;
 	memset(header, 0, FB_STREAM_HEADER_LEN);
-	if (chunk_len == 0 || chunk_len > FB_STREAM_CHUNK_MAX) {
+	if (chunk_len == 0 || chunk_len > FB_STREAM_CHUNK_MAX ||
+	    (digest != FB_STREAM_DIGEST_FULL &&
+	        digest != FB_STREAM_DIGEST_TAGS)) {
 		rc = FB_EINVAL;
 		goto out;
 	}
@@ -123,9 +137,10 @@ fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
 	memset(p, 0, sizeof(*p));
 	header[0] = FB_CRYPTO_WIRE_VERSION;
 	header[1] = FB_KIND_STREAM_HEADER;
+	header[2] = (uint8_t)digest;
 	le32_store(header + 4, (uint32_t)chunk_len);
-	crypto_secretstream_xchacha20poly1305_init_push(&p->c.ss, header + 8,
-	    key);
+	crypto_secretstream_xchacha20poly1305_init_push(
+	    &p->c.ss, header + 8, key);
 	core_start(&p->c, ctx, chunk_len, header);
 	*out = p;
 	p = NULL;
@@ -136,8 +151,8 @@ out:
 
 fb_err
 fb_stream_push_alloc(const fb_stream_ctx *ctx, size_t chunk_len,
-    uint8_t key[FB_STREAM_KEY_LEN], uint8_t header[FB_STREAM_HEADER_LEN],
-    fb_stream_push **out)
+    fb_stream_digest digest, uint8_t key[FB_STREAM_KEY_LEN],
+    uint8_t header[FB_STREAM_HEADER_LEN], fb_stream_push **out)
 {
 	fb_err rc;
 
@@ -148,7 +163,7 @@ fb_stream_push_alloc(const fb_stream_ctx *ctx, size_t chunk_len,
 		return rc;
 	}
 	crypto_secretstream_xchacha20poly1305_keygen(key);
-	rc = fb_stream_push_alloc_key(ctx, chunk_len, key, header, out);
+	rc = fb_stream_push_alloc_key(ctx, chunk_len, digest, key, header, out);
 	if (rc != FB_OK) {
 		sodium_memzero(key, FB_STREAM_KEY_LEN);
 	}
@@ -171,8 +186,8 @@ fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m, size_t m_len,
 	    c_cap < m_len + FB_STREAM_CHUNK_OVERHEAD) {
 		return FB_ERANGE;
 	}
-	crypto_secretstream_xchacha20poly1305_push(&p->c.ss, c, &clen, m,
-	    m_len, p->c.ad, AD_LEN, tag);
+	crypto_secretstream_xchacha20poly1305_push(
+	    &p->c.ss, c, &clen, m, m_len, p->c.ad, AD_LEN, tag);
 	core_hash_chunk(&p->c, c, (size_t)clen);
 	p->c.payload_len += m_len;
 	p->c.chunk_count++;
@@ -210,7 +225,7 @@ fb_stream_push_free(fb_stream_push *p)
 /* ---- pull ---------------------------------------------------------------- */
 
 fb_err
-fb_stream_pull_alloc(const fb_stream_ctx *ctx,
+fb_stream_pull_alloc(const fb_stream_ctx *ctx, fb_stream_digest digest,
     const uint8_t key[FB_STREAM_KEY_LEN], const uint8_t *header,
     size_t header_len, size_t max_chunk_len, fb_stream_pull **out,
     fb_reject *why)
@@ -226,7 +241,8 @@ fb_stream_pull_alloc(const fb_stream_ctx *ctx,
 	}
 	if (header_len != FB_STREAM_HEADER_LEN ||
 	    header[0] != FB_CRYPTO_WIRE_VERSION ||
-	    header[1] != FB_KIND_STREAM_HEADER || le16_load(header + 2) != 0) {
+	    header[1] != FB_KIND_STREAM_HEADER || header[2] != digest ||
+	    header[3] != 0) {
 		fb_set_why(why, FB_REJECT_MALFORMED);
 		rc = FB_EPROTO;
 		goto out;
@@ -243,8 +259,8 @@ fb_stream_pull_alloc(const fb_stream_ctx *ctx,
 		goto out;
 	}
 	memset(p, 0, sizeof(*p));
-	if (crypto_secretstream_xchacha20poly1305_init_pull(&p->c.ss,
-	        header + 8, key) != 0) {
+	if (crypto_secretstream_xchacha20poly1305_init_pull(
+	        &p->c.ss, header + 8, key) != 0) {
 		fb_set_why(why, FB_REJECT_MALFORMED);
 		rc = FB_EPROTO;
 		goto out;
@@ -294,8 +310,8 @@ fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	}
 	/* Hash first: with m == c + 1 the pull overwrites the ciphertext. */
 	core_hash_chunk(&p->c, c, c_len);
-	if (crypto_secretstream_xchacha20poly1305_pull(&p->c.ss, m, &mlen,
-	        &tag, c, c_len, p->c.ad, AD_LEN) != 0) {
+	if (crypto_secretstream_xchacha20poly1305_pull(
+	        &p->c.ss, m, &mlen, &tag, c, c_len, p->c.ad, AD_LEN) != 0) {
 		return pull_die(p, FB_EAUTH, FB_REJECT_BAD_MAC, why);
 	}
 	if (tag != crypto_secretstream_xchacha20poly1305_TAG_MESSAGE &&
@@ -338,8 +354,8 @@ fb_stream_pull_final(fb_stream_pull *p, const fb_pubkey *signer,
 	}
 	memcpy(msg, fb_dom_trailer, FB_DOMAIN_LEN);
 	memcpy(msg + FB_DOMAIN_LEN, trailer, T_SIG);
-	if (crypto_sign_verify_detached(trailer + T_SIG, msg, sizeof(msg),
-	        signer->b) != 0) {
+	if (crypto_sign_verify_detached(
+	        trailer + T_SIG, msg, sizeof(msg), signer->b) != 0) {
 		fb_set_why(why, FB_REJECT_BAD_SIGNATURE);
 		return FB_EAUTH;
 	}

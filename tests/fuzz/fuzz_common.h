@@ -20,7 +20,7 @@
 #define FZ_PROTO 3
 #define FZ_WORKER_ID 0u /* index of the worker in the allowlist */
 #define FZ_ROUND 1u
-#define FZ_CHUNK 64     /* stream chunk length of the seeds */
+#define FZ_CHUNK 64      /* stream chunk length of the seeds */
 #define FZ_MAX_CHUNK 256 /* what the stream target accepts */
 
 /* ---- deterministic RNG (splitmix64), installed before sodium_init ---- */
@@ -69,12 +69,12 @@ fz_close(void)
 }
 
 static randombytes_implementation fz_rng = {
-	.implementation_name = fz_name,
-	.random = fz_random,
-	.stir = fz_stir,
-	.uniform = fz_uniform,
-	.buf = fz_buf,
-	.close = fz_close,
+    .implementation_name = fz_name,
+    .random = fz_random,
+    .stir = fz_stir,
+    .uniform = fz_uniform,
+    .buf = fz_buf,
+    .close = fz_close,
 };
 
 /* ---- the fixture ---- */
@@ -86,12 +86,12 @@ typedef struct fz_fixture {
 	fb_pubkey worker_pk;
 	fb_allowlist allow;
 	fb_run_id run;
-	fb_handshake *hs;   /* the worker's handshake, hello in `hello` */
+	fb_handshake *hs; /* the worker's handshake, hello in `hello` */
 	uint8_t hello[FB_HS_HELLO_LEN];
-	fb_session *coord_s; /* coordinator side, fixed keys */
+	fb_session *coord_s;  /* coordinator side, fixed keys */
 	fb_session *worker_s; /* worker side, the same keys mirrored */
 	uint8_t stream_key[FB_STREAM_KEY_LEN];
-	fb_stream_ctx ctx;  /* worker update stream of round FZ_ROUND */
+	fb_stream_ctx ctx; /* worker update stream of round FZ_ROUND */
 } fz_fixture;
 
 static fz_fixture fz;
@@ -132,8 +132,8 @@ fz_setup(void)
 	fz.allow.keys = &fz.worker_pk;
 	fz.allow.count = 1;
 	memset(fz.run.b, 0x5a, sizeof(fz.run.b));
-	if (fb_handshake_start(fz.worker, &fz.coord_pk, FZ_PROTO, fz.hello,
-	        &fz.hs) != FB_OK) {
+	if (fb_handshake_start(
+	        fz.worker, &fz.coord_pk, FZ_PROTO, fz.hello, &fz.hs) != FB_OK) {
 		fz_die("hello");
 	}
 	memset(k1, 0x11, sizeof(k1));
@@ -156,11 +156,11 @@ static fb_hs_accept_cfg
 fz_accept_cfg(void)
 {
 	fb_hs_accept_cfg cfg = {
-		.self = fz.coord,
-		.run = fz.run,
-		.proto_version = FZ_PROTO,
-		.lookup = fb_allowlist_lookup_cb,
-		.lookup_arg = &fz.allow,
+	    .self = fz.coord,
+	    .run = fz.run,
+	    .proto_version = FZ_PROTO,
+	    .lookup = fb_allowlist_lookup_cb,
+	    .lookup_arg = &fz.allow,
 	};
 	return cfg;
 }

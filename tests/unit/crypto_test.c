@@ -39,8 +39,8 @@ fx(void)
 		return &fx_;
 	}
 	memset(seed, 1, sizeof(seed));
-	assert_int_equal(fb_identity_alloc_from_seed(seed, "coord", &fx_.coord),
-	    FB_OK);
+	assert_int_equal(
+	    fb_identity_alloc_from_seed(seed, "coord", &fx_.coord), FB_OK);
 	assert_int_equal(fb_identity_alloc(NULL, &fx_.w0), FB_OK);
 	assert_int_equal(fb_identity_alloc("w1", &fx_.w1), FB_OK);
 	assert_int_equal(fb_identity_alloc(NULL, &fx_.outsider), FB_OK);
@@ -58,11 +58,11 @@ static fb_hs_accept_cfg
 accept_cfg(const fixture *f, const fb_run_id *run)
 {
 	fb_hs_accept_cfg cfg = {
-		.self = f->coord,
-		.run = *run,
-		.proto_version = PROTO,
-		.lookup = fb_allowlist_lookup_cb,
-		.lookup_arg = (void *)(uintptr_t)&f->allow,
+	    .self = f->coord,
+	    .run = *run,
+	    .proto_version = PROTO,
+	    .lookup = fb_allowlist_lookup_cb,
+	    .lookup_arg = (void *)(uintptr_t)&f->allow,
 	};
 	return cfg;
 }
@@ -77,8 +77,8 @@ pair(const fixture *f, const fb_identity *w, const fb_run_id *run,
 	fb_hs_accept_cfg cfg = accept_cfg(f, run);
 	fb_reject why;
 
-	assert_int_equal(fb_handshake_start(w, &f->coord_pk, PROTO, hello, &hs),
-	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_start(w, &f->coord_pk, PROTO, hello, &hs), FB_OK);
 	assert_int_equal(
 	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, cs, &why),
 	    FB_OK);
@@ -175,8 +175,8 @@ test_identity_save_load(void **state)
 	fb_identity_free(id);
 
 	snprintf(path, sizeof(path), "%s.pub", name);
-	assert_int_equal(fb_pubkey_load(path, &pk2, comment, sizeof(comment)),
-	    FB_OK);
+	assert_int_equal(
+	    fb_pubkey_load(path, &pk2, comment, sizeof(comment)), FB_OK);
 	assert_true(fb_pubkey_equal(&pk2, &f->allowed[1]));
 	assert_string_equal(comment, "w1");
 }
@@ -247,22 +247,22 @@ test_key_corrupt_refused(void **state)
 	char path[700];
 	fb_identity *id = NULL;
 	const char *bad[] = {
-		"",
-		"fedbox-ed25519-secret v1\n",
-		"fedbox-ed25519-secret v2\nAAAA\n",
-		/* seed does not match the public line */
-		"fedbox-ed25519-secret v1\n"
-		"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\n"
-		"fedbox-ed25519 "
-		"g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=\n",
+	    "",
+	    "fedbox-ed25519-secret v1\n",
+	    "fedbox-ed25519-secret v2\nAAAA\n",
+	    /* seed does not match the public line */
+	    "fedbox-ed25519-secret v1\n"
+	    "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\n"
+	    "fedbox-ed25519 "
+	    "g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=\n",
 	};
 
 	snprintf(path, sizeof(path), "%s/bad.key", fb_test_tmpdir());
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
 		assert_true(fd >= 0);
-		assert_int_equal(write(fd, bad[i], strlen(bad[i])),
-		    (ssize_t)strlen(bad[i]));
+		assert_int_equal(
+		    write(fd, bad[i], strlen(bad[i])), (ssize_t)strlen(bad[i]));
 		close(fd);
 		assert_int_equal(fb_identity_load(path, &id), FB_EFORMAT);
 		assert_null(id);
@@ -277,27 +277,26 @@ test_publine_roundtrip(void **state)
 	char line[FB_PUBLINE_MAX], comment[FB_COMMENT_MAX], fp[40];
 	fb_pubkey pk;
 
-	assert_int_equal(fb_pubkey_format(&f->coord_pk, "lab server #1", line,
-	                     sizeof(line)),
+	assert_int_equal(
+	    fb_pubkey_format(&f->coord_pk, "lab server #1", line, sizeof(line)),
 	    FB_OK);
 	assert_int_equal(strncmp(line, "fedbox-ed25519 ", 15), 0);
-	assert_int_equal(fb_pubkey_parse(line, &pk, comment, sizeof(comment)),
-	    FB_OK);
+	assert_int_equal(
+	    fb_pubkey_parse(line, &pk, comment, sizeof(comment)), FB_OK);
 	assert_true(fb_pubkey_equal(&pk, &f->coord_pk));
 	assert_string_equal(comment, "lab server #1");
 	strcat(line, "\r\n");
 	assert_int_equal(fb_pubkey_parse(line, &pk, NULL, 0), FB_OK);
 
-	assert_int_equal(fb_pubkey_format(&f->coord_pk, NULL, line,
-	                     sizeof(line)),
-	    FB_OK);
-	assert_int_equal(fb_pubkey_parse(line, &pk, comment, sizeof(comment)),
-	    FB_OK);
+	assert_int_equal(
+	    fb_pubkey_format(&f->coord_pk, NULL, line, sizeof(line)), FB_OK);
+	assert_int_equal(
+	    fb_pubkey_parse(line, &pk, comment, sizeof(comment)), FB_OK);
 	assert_string_equal(comment, "");
-	assert_int_equal(fb_pubkey_format(&f->coord_pk, NULL, line, 20),
-	    FB_ERANGE);
-	assert_int_equal(fb_pubkey_format(&f->coord_pk, "a\nb", line,
-	                     sizeof(line)),
+	assert_int_equal(
+	    fb_pubkey_format(&f->coord_pk, NULL, line, 20), FB_ERANGE);
+	assert_int_equal(
+	    fb_pubkey_format(&f->coord_pk, "a\nb", line, sizeof(line)),
 	    FB_EINVAL);
 
 	fb_pubkey_fingerprint(&f->coord_pk, fp);
@@ -312,29 +311,29 @@ test_publine_errors(void **state)
 	char line[512];
 	fb_pubkey pk;
 	const char *bad[] = {
-		"",
-		"fedbox-ed25519",
-		"fedbox-ed25519 ",
-		"ssh-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=",
-		"fedbox-ed25519  g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=",
-		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSM=",
-		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs",
-		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSM*=",
-		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=x",
-		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=\tc",
-		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs= a\tb",
-		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=\n\n",
-		/* all-zero key: small order, not a usable identity */
-		"fedbox-ed25519 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
-		/* 33 bytes */
-		"fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMsA",
+	    "",
+	    "fedbox-ed25519",
+	    "fedbox-ed25519 ",
+	    "ssh-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=",
+	    "fedbox-ed25519  g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=",
+	    "fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSM=",
+	    "fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs",
+	    "fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSM*=",
+	    "fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=x",
+	    "fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=\tc",
+	    "fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs= a\tb",
+	    "fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMs=\n\n",
+	    /* all-zero key: small order, not a usable identity */
+	    "fedbox-ed25519 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+	    /* 33 bytes */
+	    "fedbox-ed25519 g62hDdZ23aziWtrJ7NArTwE85W5UYpPUzIWLItjqSMsA",
 	};
 
 	snprintf(line, sizeof(line), "fedbox-ed25519 %s", good);
 	assert_int_equal(fb_pubkey_parse(line, &pk, NULL, 0), FB_OK);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		assert_int_equal(fb_pubkey_parse(bad[i], &pk, NULL, 0),
-		    FB_EINVAL);
+		assert_int_equal(
+		    fb_pubkey_parse(bad[i], &pk, NULL, 0), FB_EINVAL);
 	}
 	/* A comment longer than FB_COMMENT_MAX - 1. */
 	snprintf(line, sizeof(line), "fedbox-ed25519 %s ", good);
@@ -350,21 +349,20 @@ test_domain_signatures(void **state)
 	uint8_t sig[FB_SIG_LEN];
 	const uint8_t msg[] = "mask seeds";
 
-	assert_int_equal(fb_identity_sign(f->w0, "secagg", msg, sizeof(msg),
-	                     sig),
+	assert_int_equal(
+	    fb_identity_sign(f->w0, "secagg", msg, sizeof(msg), sig), FB_OK);
+	assert_int_equal(
+	    fb_pubkey_verify(&f->allowed[0], "secagg", msg, sizeof(msg), sig),
 	    FB_OK);
-	assert_int_equal(fb_pubkey_verify(&f->allowed[0], "secagg", msg,
-	                     sizeof(msg), sig),
-	    FB_OK);
-	assert_int_equal(fb_pubkey_verify(&f->allowed[0], "secagh", msg,
-	                     sizeof(msg), sig),
+	assert_int_equal(
+	    fb_pubkey_verify(&f->allowed[0], "secagh", msg, sizeof(msg), sig),
 	    FB_EAUTH);
-	assert_int_equal(fb_pubkey_verify(&f->allowed[1], "secagg", msg,
-	                     sizeof(msg), sig),
+	assert_int_equal(
+	    fb_pubkey_verify(&f->allowed[1], "secagg", msg, sizeof(msg), sig),
 	    FB_EAUTH);
 	sig[5] ^= 1;
-	assert_int_equal(fb_pubkey_verify(&f->allowed[0], "secagg", msg,
-	                     sizeof(msg), sig),
+	assert_int_equal(
+	    fb_pubkey_verify(&f->allowed[0], "secagg", msg, sizeof(msg), sig),
 	    FB_EAUTH);
 }
 
@@ -410,8 +408,8 @@ test_handshake_unknown_key(void **state)
 	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
 	fb_reject why;
 
-	assert_int_equal(fb_handshake_start(f->outsider, &f->coord_pk, PROTO,
-	                     hello, &hs),
+	assert_int_equal(
+	    fb_handshake_start(f->outsider, &f->coord_pk, PROTO, hello, &hs),
 	    FB_OK);
 	assert_int_equal(
 	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
@@ -433,8 +431,8 @@ test_handshake_forged_hello(void **state)
 	uint8_t msg[FB_DOMAIN_LEN + 100];
 
 	/* The outsider claims worker 0's key and signs with its own. */
-	assert_int_equal(fb_handshake_start(f->outsider, &f->coord_pk, PROTO,
-	                     hello, &hs),
+	assert_int_equal(
+	    fb_handshake_start(f->outsider, &f->coord_pk, PROTO, hello, &hs),
 	    FB_OK);
 	memcpy(hello + 4, f->allowed[0].b, 32);
 	memcpy(msg, fb_dom_hello, FB_DOMAIN_LEN);
@@ -459,21 +457,20 @@ test_handshake_hello_bitflips(void **state)
 	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
 	fb_reject why;
 
-	assert_int_equal(fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello,
-	                     &hs),
-	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello, &hs), FB_OK);
 	for (size_t bit = 0; bit < 8 * sizeof(hello); bit++) {
 		memcpy(bad, hello, sizeof(bad));
 		bad[bit / 8] ^= (uint8_t)(1u << (bit % 8));
-		assert_int_not_equal(fb_handshake_accept(&cfg, bad,
-		                         sizeof(bad), reply, &cs, &why),
+		assert_int_not_equal(fb_handshake_accept(&cfg, bad, sizeof(bad),
+		                         reply, &cs, &why),
 		    FB_OK);
 		assert_int_not_equal(why, FB_REJECT_NONE);
 		assert_null(cs);
 	}
 	for (size_t len = 0; len < sizeof(hello); len += 7) {
-		assert_int_equal(fb_handshake_accept(&cfg, hello, len, reply,
-		                     &cs, &why),
+		assert_int_equal(
+		    fb_handshake_accept(&cfg, hello, len, reply, &cs, &why),
 		    FB_EPROTO);
 		assert_int_equal(why, FB_REJECT_MALFORMED);
 	}
@@ -497,22 +494,19 @@ test_handshake_unpinned(void **state)
 
 	/* A coordinator with another key answers the worker. */
 	cfg.self = f->outsider;
-	assert_int_equal(fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello,
-	                     &hs),
-	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello, &hs), FB_OK);
 	assert_int_equal(
 	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
 	    FB_OK);
 	assert_int_equal(
-	    fb_handshake_finish(hs, reply, sizeof(reply), &ws, &why),
-	    FB_EAUTH);
+	    fb_handshake_finish(hs, reply, sizeof(reply), &ws, &why), FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_UNPINNED_KEY);
 	assert_null(ws);
 	/* ... and claims the pinned key: the signature gives it away. */
 	memcpy(reply + 24, f->coord_pk.b, 32);
 	assert_int_equal(
-	    fb_handshake_finish(hs, reply, sizeof(reply), &ws, &why),
-	    FB_EAUTH);
+	    fb_handshake_finish(hs, reply, sizeof(reply), &ws, &why), FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_BAD_SIGNATURE);
 	fb_session_free(cs);
 	fb_handshake_free(hs);
@@ -529,9 +523,8 @@ test_handshake_reply_bitflips(void **state)
 	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
 	fb_reject why;
 
-	assert_int_equal(fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello,
-	                     &hs),
-	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello, &hs), FB_OK);
 	assert_int_equal(
 	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
 	    FB_OK);
@@ -544,8 +537,8 @@ test_handshake_reply_bitflips(void **state)
 		assert_int_not_equal(why, FB_REJECT_NONE);
 		assert_null(ws);
 	}
-	assert_int_equal(fb_handshake_finish(hs, reply, 10, &ws, &why),
-	    FB_EPROTO);
+	assert_int_equal(
+	    fb_handshake_finish(hs, reply, 10, &ws, &why), FB_EPROTO);
 	/* The genuine reply still completes after the forgeries. */
 	assert_int_equal(
 	    fb_handshake_finish(hs, reply, sizeof(reply), &ws, &why), FB_OK);
@@ -588,16 +581,16 @@ test_msg_roundtrip(void **state)
 		assert_int_equal(info.seq, i + 1);
 	}
 	/* The other direction, empty body, any round. */
-	assert_int_equal(fb_msg_seal(cs, 9, 4, NULL, 0, buf, sizeof(buf), &n),
-	    FB_OK);
+	assert_int_equal(
+	    fb_msg_seal(cs, 9, 4, NULL, 0, buf, sizeof(buf), &n), FB_OK);
 	assert_int_equal(fb_msg_open(ws, FB_ROUND_ANY, buf, n, body,
 	                     sizeof(body), &blen, &info, &why),
 	    FB_OK);
 	assert_int_equal(blen, 0);
 	assert_int_equal(info.sender, FB_SENDER_COORDINATOR);
 	/* Seal into a buffer that is too small. */
-	assert_int_equal(fb_msg_seal(ws, 5, 3, body, 200, buf, 200 + 55, &n),
-	    FB_ERANGE);
+	assert_int_equal(
+	    fb_msg_seal(ws, 5, 3, body, 200, buf, 200 + 55, &n), FB_ERANGE);
 	fb_session_free(ws);
 	fb_session_free(cs);
 }
@@ -660,8 +653,8 @@ test_msg_bitflips(void **state)
 		}
 	}
 	/* The untouched message is still accepted afterwards. */
-	assert_int_equal(fb_msg_open(cs, 1, buf, n, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(cs, 1, buf, n, body, sizeof(body), &blen, &info, &why),
 	    FB_OK);
 	/* Short, long and inconsistent lengths are malformed. */
 	assert_int_equal(fb_msg_open(cs, 1, buf, FB_MSG_OVERHEAD - 1, body,
@@ -673,8 +666,7 @@ test_msg_bitflips(void **state)
 	    FB_EPROTO);
 	assert_int_equal(why, FB_REJECT_MALFORMED);
 	assert_int_equal(
-	    fb_msg_open(cs, 1, buf, n, body, 4, &blen, &info, &why),
-	    FB_EPROTO);
+	    fb_msg_open(cs, 1, buf, n, body, 4, &blen, &info, &why), FB_EPROTO);
 	assert_int_equal(why, FB_REJECT_TOO_LARGE);
 	fb_session_free(ws);
 	fb_session_free(cs);
@@ -691,28 +683,28 @@ test_msg_replay(void **state)
 	fb_reject why;
 
 	pair(f, f->w0, &f->run, &ws, &cs);
-	assert_int_equal(fb_msg_seal(ws, 1, 1, (const uint8_t *)"a", 1, m1,
-	                     sizeof(m1), &n1),
+	assert_int_equal(
+	    fb_msg_seal(ws, 1, 1, (const uint8_t *)"a", 1, m1, sizeof(m1), &n1),
 	    FB_OK);
-	assert_int_equal(fb_msg_seal(ws, 1, 1, (const uint8_t *)"b", 1, m2,
-	                     sizeof(m2), &n2),
+	assert_int_equal(
+	    fb_msg_seal(ws, 1, 1, (const uint8_t *)"b", 1, m2, sizeof(m2), &n2),
 	    FB_OK);
 	/* Reordered: m2 first, then m1 is older than what was seen. */
-	assert_int_equal(fb_msg_open(cs, 1, m2, n2, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(cs, 1, m2, n2, body, sizeof(body), &blen, &info, &why),
 	    FB_OK);
-	assert_int_equal(fb_msg_open(cs, 1, m1, n1, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(cs, 1, m1, n1, body, sizeof(body), &blen, &info, &why),
 	    FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_REPLAY);
 	assert_int_equal(blen, 0);
 	/* Replayed later, in the same round and in a later one. */
-	assert_int_equal(fb_msg_open(cs, 1, m2, n2, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(cs, 1, m2, n2, body, sizeof(body), &blen, &info, &why),
 	    FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_REPLAY);
-	assert_int_equal(fb_msg_open(cs, 2, m2, n2, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(cs, 2, m2, n2, body, sizeof(body), &blen, &info, &why),
 	    FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_REPLAY);
 	fb_session_free(ws);
@@ -730,12 +722,12 @@ test_msg_wrong_round(void **state)
 	fb_reject why;
 
 	pair(f, f->w0, &f->run, &ws, &cs);
-	assert_int_equal(fb_msg_seal(ws, 1, 3, (const uint8_t *)"late", 4, m,
-	                     sizeof(m), &n),
+	assert_int_equal(
+	    fb_msg_seal(ws, 1, 3, (const uint8_t *)"late", 4, m, sizeof(m), &n),
 	    FB_OK);
 	memset(body, 0x55, sizeof(body));
-	assert_int_equal(fb_msg_open(cs, 4, m, n, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(cs, 4, m, n, body, sizeof(body), &blen, &info, &why),
 	    FB_ESTALE);
 	assert_int_equal(why, FB_REJECT_WRONG_ROUND);
 	assert_int_equal(blen, 0);
@@ -759,17 +751,17 @@ test_msg_wrong_run(void **state)
 	assert_int_equal(fb_run_id_random(&other), FB_OK);
 	pair(f, f->w0, &other, &ws, &cs);
 	pair(f, f->w0, &f->run, &ws2, &cs2);
-	assert_int_equal(fb_msg_seal(ws, 1, 1, (const uint8_t *)"x", 1, m,
-	                     sizeof(m), &n),
+	assert_int_equal(
+	    fb_msg_seal(ws, 1, 1, (const uint8_t *)"x", 1, m, sizeof(m), &n),
 	    FB_OK);
-	assert_int_equal(fb_msg_open(cs2, 1, m, n, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(cs2, 1, m, n, body, sizeof(body), &blen, &info, &why),
 	    FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_WRONG_RUN);
 	/* Same run id but another session's key: bad MAC. */
 	memcpy(m + 4, f->run.b, FB_RUN_ID_LEN);
-	assert_int_equal(fb_msg_open(cs2, 1, m, n, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(cs2, 1, m, n, body, sizeof(body), &blen, &info, &why),
 	    FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_BAD_MAC);
 	fb_session_free(ws);
@@ -791,25 +783,25 @@ test_msg_wrong_sender(void **state)
 	pair(f, f->w0, &f->run, &w0, &c0);
 	pair(f, f->w1, &f->run, &w1, &c1);
 	/* Worker 1's message delivered as if worker 0 sent it. */
-	assert_int_equal(fb_msg_seal(w1, 1, 1, (const uint8_t *)"x", 1, m,
-	                     sizeof(m), &n),
+	assert_int_equal(
+	    fb_msg_seal(w1, 1, 1, (const uint8_t *)"x", 1, m, sizeof(m), &n),
 	    FB_OK);
-	assert_int_equal(fb_msg_open(c0, 1, m, n, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(c0, 1, m, n, body, sizeof(body), &blen, &info, &why),
 	    FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_WRONG_SENDER);
 	/* Worker 1 rewrites its header to claim worker 0: bad MAC. */
 	le32_store(m + 24, 0);
-	assert_int_equal(fb_msg_open(c0, 1, m, n, body, sizeof(body), &blen,
-	                     &info, &why),
+	assert_int_equal(
+	    fb_msg_open(c0, 1, m, n, body, sizeof(body), &blen, &info, &why),
 	    FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_BAD_MAC);
 	/* A worker cannot speak as the coordinator to another worker. */
-	assert_int_equal(fb_msg_seal(w1, 1, 1, (const uint8_t *)"x", 1, m,
-	                     sizeof(m), &n),
+	assert_int_equal(
+	    fb_msg_seal(w1, 1, 1, (const uint8_t *)"x", 1, m, sizeof(m), &n),
 	    FB_OK);
-	assert_int_not_equal(fb_msg_open(w0, 1, m, n, body, sizeof(body),
-	                         &blen, &info, &why),
+	assert_int_not_equal(
+	    fb_msg_open(w0, 1, m, n, body, sizeof(body), &blen, &info, &why),
 	    FB_OK);
 	fb_session_free(w0);
 	fb_session_free(c0);
@@ -820,6 +812,9 @@ test_msg_wrong_sender(void **state)
 /* ---- streams ------------------------------------------------------------- */
 
 #define CH 1000 /* chunk length in these tests */
+
+/* The digest mode push_wire and pull_wire use. */
+static fb_stream_digest cur_mode = FB_STREAM_DIGEST_FULL;
 
 typedef struct wire {
 	uint8_t key[FB_STREAM_KEY_LEN];
@@ -853,15 +848,16 @@ push_wire(const fb_stream_ctx *ctx, const fb_identity *signer, size_t len,
 		w->plain[i] = (uint8_t)(seed + i * 31);
 	}
 	w->plain_len = len;
-	assert_int_equal(fb_stream_push_alloc(ctx, CH, w->key, w->header, &p),
+	assert_int_equal(
+	    fb_stream_push_alloc(ctx, CH, cur_mode, w->key, w->header, &p),
 	    FB_OK);
 	do {
 		size_t k = len - off > CH ? CH : len - off;
 		int final = off + k == len;
-		assert_int_equal(fb_stream_push_chunk(p, w->plain + off, k,
-		                     final, w->chunks[w->nchunks],
-		                     sizeof(w->chunks[0]),
-		                     &w->chunk_len[w->nchunks]),
+		assert_int_equal(
+		    fb_stream_push_chunk(p, w->plain + off, k, final,
+		        w->chunks[w->nchunks], sizeof(w->chunks[0]),
+		        &w->chunk_len[w->nchunks]),
 		    FB_OK);
 		w->nchunks++;
 		off += k;
@@ -888,8 +884,8 @@ pull_wire(const fb_stream_ctx *ctx, const fb_pubkey *signer, const wire *w,
 	int final = 0;
 	uint64_t total = 0;
 
-	rc = fb_stream_pull_alloc(ctx, w->key, w->header, sizeof(w->header),
-	    CH, &p, why);
+	rc = fb_stream_pull_alloc(
+	    ctx, cur_mode, w->key, w->header, sizeof(w->header), CH, &p, why);
 	if (rc != FB_OK) {
 		return rc;
 	}
@@ -905,8 +901,8 @@ pull_wire(const fb_stream_ctx *ctx, const fb_pubkey *signer, const wire *w,
 		assert_memory_equal(buf + 1, w->plain + off, mlen);
 		off += mlen;
 	}
-	rc = fb_stream_pull_final(p, signer, w->trailer, sizeof(w->trailer),
-	    &total, why);
+	rc = fb_stream_pull_final(
+	    p, signer, w->trailer, sizeof(w->trailer), &total, why);
 	if (rc == FB_OK) {
 		assert_int_equal(total, w->plain_len);
 		assert_int_equal(off, w->plain_len);
@@ -957,9 +953,9 @@ test_stream_chunk_bitflips(void **state)
 			for (int b = 0; b < 8; b += 3) {
 				bad = w;
 				bad.chunks[c][pos[i]] ^= (uint8_t)(1u << b);
-				assert_int_equal(pull_wire(&ctx,
-				                     &f->allowed[1], &bad,
-				                     in_order, w.nchunks, &why),
+				assert_int_equal(
+				    pull_wire(&ctx, &f->allowed[1], &bad,
+				        in_order, w.nchunks, &why),
 				    FB_EAUTH);
 				assert_int_equal(why, FB_REJECT_BAD_MAC);
 			}
@@ -1002,7 +998,7 @@ test_stream_trailer_bitflips(void **state)
 		                         in_order, w.nchunks, &why),
 		    FB_OK);
 		assert_true(why == FB_REJECT_BAD_SIGNATURE ||
-		    why == FB_REJECT_MALFORMED);
+		            why == FB_REJECT_MALFORMED);
 	}
 }
 
@@ -1021,22 +1017,20 @@ test_stream_reorder_dup_truncate(void **state)
 
 	push_wire(&ctx, f->w1, 4 * CH, 5, &w);
 	assert_int_equal(w.nchunks, 4);
-	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, swapped, 4, &why),
-	    FB_EAUTH);
-	assert_int_equal(why, FB_REJECT_BAD_MAC);
-	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, dup, 5, &why),
-	    FB_EAUTH);
-	assert_int_equal(why, FB_REJECT_BAD_MAC);
-	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, skip, 3, &why),
-	    FB_EAUTH);
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, swapped, 4, &why), FB_EAUTH);
 	assert_int_equal(why, FB_REJECT_BAD_MAC);
 	assert_int_equal(
-	    pull_wire(&ctx, &f->allowed[1], &w, last_first, 1, &why),
-	    FB_EAUTH);
+	    pull_wire(&ctx, &f->allowed[1], &w, dup, 5, &why), FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, skip, 3, &why), FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, last_first, 1, &why), FB_EAUTH);
 	/* Chunk after FINAL. */
 	assert_int_equal(
-	    pull_wire(&ctx, &f->allowed[1], &w, dup_last, 5, &why),
-	    FB_EPROTO);
+	    pull_wire(&ctx, &f->allowed[1], &w, dup_last, 5, &why), FB_EPROTO);
 	assert_int_equal(why, FB_REJECT_MALFORMED);
 	/* Truncated: the trailer arrives before the FINAL chunk. */
 	for (size_t n = 0; n < 4; n++) {
@@ -1107,8 +1101,8 @@ test_stream_bad_trailers(void **state)
 	/* Short trailer. */
 	{
 		fb_stream_pull *p = NULL;
-		assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header,
-		                     sizeof(w.header), CH, &p, &why),
+		assert_int_equal(fb_stream_pull_alloc(&ctx, cur_mode, w.key,
+		                     w.header, sizeof(w.header), CH, &p, &why),
 		    FB_OK);
 		assert_int_equal(fb_stream_pull_final(p, &f->allowed[1],
 		                     w.trailer, 10, NULL, &why),
@@ -1132,16 +1126,16 @@ test_stream_limits(void **state)
 
 	push_wire(&ctx, f->w1, 2 * CH, 6, &w);
 	/* Header declares chunks bigger than the receiver allows. */
-	assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header,
+	assert_int_equal(fb_stream_pull_alloc(&ctx, cur_mode, w.key, w.header,
 	                     sizeof(w.header), CH - 1, &p, &why),
 	    FB_EPROTO);
 	assert_int_equal(why, FB_REJECT_TOO_LARGE);
 	assert_null(p);
-	assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header, 31,
-	                     CH, &p, &why),
+	assert_int_equal(fb_stream_pull_alloc(
+	                     &ctx, cur_mode, w.key, w.header, 31, CH, &p, &why),
 	    FB_EPROTO);
 	assert_int_equal(why, FB_REJECT_MALFORMED);
-	assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header,
+	assert_int_equal(fb_stream_pull_alloc(&ctx, cur_mode, w.key, w.header,
 	                     sizeof(w.header), CH, &p, &why),
 	    FB_OK);
 	/* Too short, then a dead stream stays dead. */
@@ -1154,7 +1148,7 @@ test_stream_limits(void **state)
 	    FB_EPROTO);
 	fb_stream_pull_free(p);
 	/* A chunk longer than declared. */
-	assert_int_equal(fb_stream_pull_alloc(&ctx, w.key, w.header,
+	assert_int_equal(fb_stream_pull_alloc(&ctx, cur_mode, w.key, w.header,
 	                     sizeof(w.header), CH, &p, &why),
 	    FB_OK);
 	assert_int_equal(fb_stream_pull_chunk(p, w.chunks[0],
@@ -1166,24 +1160,56 @@ test_stream_limits(void **state)
 	{
 		fb_stream_push *q = NULL;
 		uint8_t key[32], hdr[32];
-		assert_int_equal(fb_stream_push_alloc(&ctx, 0, key, hdr, &q),
+		assert_int_equal(
+		    fb_stream_push_alloc(&ctx, 0, cur_mode, key, hdr, &q),
 		    FB_EINVAL);
-		assert_int_equal(fb_stream_push_alloc(&ctx,
-		                     (size_t)FB_STREAM_CHUNK_MAX + 1, key,
-		                     hdr, &q),
+		assert_int_equal(
+		    fb_stream_push_alloc(&ctx, (size_t)FB_STREAM_CHUNK_MAX + 1,
+		        cur_mode, key, hdr, &q),
 		    FB_EINVAL);
-		assert_int_equal(fb_stream_push_alloc(&ctx, 16, key, hdr, &q),
+		assert_int_equal(
+		    fb_stream_push_alloc(&ctx, 16, cur_mode, key, hdr, &q),
 		    FB_OK);
-		assert_int_equal(fb_stream_push_final(q, f->w1, w.trailer),
-		    FB_EINVAL);
-		assert_int_equal(fb_stream_push_chunk(q, out, 17, 0, out,
-		                     sizeof(out), &mlen),
+		assert_int_equal(
+		    fb_stream_push_final(q, f->w1, w.trailer), FB_EINVAL);
+		assert_int_equal(fb_stream_push_chunk(
+		                     q, out, 17, 0, out, sizeof(out), &mlen),
 		    FB_ERANGE);
-		assert_int_equal(fb_stream_push_chunk(q, out, 16, 0, out,
-		                     32, &mlen),
+		assert_int_equal(
+		    fb_stream_push_chunk(q, out, 16, 0, out, 32, &mlen),
 		    FB_ERANGE);
 		fb_stream_push_free(q);
 	}
+}
+
+static void
+test_stream_tags_mode(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w;
+	fb_reject why;
+
+	cur_mode = FB_STREAM_DIGEST_TAGS;
+	test_stream_roundtrip(state);
+	test_stream_chunk_bitflips(state);
+	test_stream_trailer_bitflips(state);
+	test_stream_reorder_dup_truncate(state);
+	test_stream_bad_trailers(state);
+	/* A receiver that requires FULL refuses a TAGS stream... */
+	push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+	cur_mode = FB_STREAM_DIGEST_FULL;
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, in_order, w.nchunks, &why),
+	    FB_EPROTO);
+	assert_int_equal(why, FB_REJECT_MALFORMED);
+	/* ... and a TAGS receiver a FULL stream. */
+	push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+	cur_mode = FB_STREAM_DIGEST_TAGS;
+	assert_int_equal(
+	    pull_wire(&ctx, &f->allowed[1], &w, in_order, w.nchunks, &why),
+	    FB_EPROTO);
+	cur_mode = FB_STREAM_DIGEST_FULL;
 }
 
 static void
@@ -1205,12 +1231,12 @@ test_broadcast(void **state)
 	pair(f, f->w1, &f->run, &w1, &c1);
 	/* The model is encrypted once, the round key sealed per worker. */
 	push_wire(&ctx, f->coord, 3 * CH + 3, 1, &w);
-	assert_int_equal(fb_msg_seal(c0, 7, 5, w.key, 32, m0, sizeof(m0), &n0),
-	    FB_OK);
-	assert_int_equal(fb_msg_seal(c1, 7, 5, w.key, 32, m1, sizeof(m1), &n1),
-	    FB_OK);
-	assert_memory_not_equal(m0 + FB_MSG_HEADER_LEN,
-	    m1 + FB_MSG_HEADER_LEN, 32);
+	assert_int_equal(
+	    fb_msg_seal(c0, 7, 5, w.key, 32, m0, sizeof(m0), &n0), FB_OK);
+	assert_int_equal(
+	    fb_msg_seal(c1, 7, 5, w.key, 32, m1, sizeof(m1), &n1), FB_OK);
+	assert_memory_not_equal(
+	    m0 + FB_MSG_HEADER_LEN, m1 + FB_MSG_HEADER_LEN, 32);
 	sess[0] = w0;
 	sess[1] = w1;
 	lens[0] = n0;
@@ -1228,13 +1254,13 @@ test_broadcast(void **state)
 		                     w.nchunks, &why),
 		    FB_OK);
 		/* A worker's key cannot stand in for the coordinator's. */
-		assert_int_equal(pull_wire(&ctx, &f->allowed[i], &got,
-		                     in_order, w.nchunks, &why),
+		assert_int_equal(pull_wire(&ctx, &f->allowed[i], &got, in_order,
+		                     w.nchunks, &why),
 		    FB_EAUTH);
 	}
 	/* Worker 0 cannot open worker 1's copy of the round key. */
-	assert_int_not_equal(fb_msg_open(w0, 5, m1, n1, key, sizeof(key),
-	                         &klen, &info, &why),
+	assert_int_not_equal(
+	    fb_msg_open(w0, 5, m1, n1, key, sizeof(key), &klen, &info, &why),
 	    FB_OK);
 	fb_session_free(w0);
 	fb_session_free(c0);
@@ -1249,65 +1275,58 @@ test_reject_names(void **state)
 		const char *a = fb_reject_name((fb_reject)i);
 		assert_non_null(a);
 		for (int j = 0; j < i; j++) {
-			assert_string_not_equal(a,
-			    fb_reject_name((fb_reject)j));
+			assert_string_not_equal(
+			    a, fb_reject_name((fb_reject)j));
 		}
 	}
 	assert_string_equal(fb_reject_name(FB_REJECT_COUNT_), "unknown");
 }
 
 FB_TESTS = {
-	{"Ed25519 from a seed matches RFC 8032", test_kat_ed25519},
-	{"BLAKE2b matches RFC 7693", test_kat_blake2b},
-	{"identity survives save and load", test_identity_save_load},
-	{"saving refuses to overwrite without force",
-	    test_identity_no_overwrite},
-	{"secret key readable by others is refused with a chmod hint",
-	    test_key_mode_refused},
-	{"corrupt secret key file is refused", test_key_corrupt_refused},
-	{"public key line survives format and parse", test_publine_roundtrip},
-	{"malformed public key lines are refused", test_publine_errors},
-	{"domain signatures verify and bind key and domain",
-	    test_domain_signatures},
-	{"handshake gives both sides matching sessions",
-	    test_handshake_roundtrip},
-	{"worker key not on the allowlist is refused",
-	    test_handshake_unknown_key},
-	{"hello signed by another key is refused",
-	    test_handshake_forged_hello},
-	{"any flipped bit in a hello is rejected",
-	    test_handshake_hello_bitflips},
-	{"coordinator key that is not the pinned one is refused",
-	    test_handshake_unpinned},
-	{"any flipped bit in a reply is rejected and the real one still "
-	 "works",
-	    test_handshake_reply_bitflips},
-	{"sealed message survives seal and open both ways",
-	    test_msg_roundtrip},
-	{"sealed message opens in place", test_msg_in_place},
-	{"any flipped bit in header, body or MAC is rejected",
-	    test_msg_bitflips},
-	{"replayed and reordered messages are rejected", test_msg_replay},
-	{"message for another round is stale", test_msg_wrong_round},
-	{"message from another run is rejected", test_msg_wrong_run},
-	{"message from another sender is rejected", test_msg_wrong_sender},
-	{"stream survives push and pull in place", test_stream_roundtrip},
-	{"flipped bit in any stream chunk is rejected",
-	    test_stream_chunk_bitflips},
-	{"flipped bit in the stream header is rejected",
-	    test_stream_header_bitflips},
-	{"flipped bit in the trailer is rejected",
-	    test_stream_trailer_bitflips},
-	{"reordered, duplicated and truncated chunks are rejected",
-	    test_stream_reorder_dup_truncate},
-	{"trailers of other signers, streams, rounds, senders and runs are "
-	 "rejected",
-	    test_stream_bad_trailers},
-	{"stream sizes beyond the limits are rejected", test_stream_limits},
-	{"global model is encrypted once and opens for each selected worker",
-	    test_broadcast},
-	{"reject reasons have distinct names", test_reject_names},
-	{NULL, NULL},
+    {"Ed25519 from a seed matches RFC 8032", test_kat_ed25519},
+    {"BLAKE2b matches RFC 7693", test_kat_blake2b},
+    {"identity survives save and load", test_identity_save_load},
+    {"saving refuses to overwrite without force", test_identity_no_overwrite},
+    {"secret key readable by others is refused with a chmod hint",
+        test_key_mode_refused},
+    {"corrupt secret key file is refused", test_key_corrupt_refused},
+    {"public key line survives format and parse", test_publine_roundtrip},
+    {"malformed public key lines are refused", test_publine_errors},
+    {"domain signatures verify and bind key and domain",
+        test_domain_signatures},
+    {"handshake gives both sides matching sessions", test_handshake_roundtrip},
+    {"worker key not on the allowlist is refused", test_handshake_unknown_key},
+    {"hello signed by another key is refused", test_handshake_forged_hello},
+    {"any flipped bit in a hello is rejected", test_handshake_hello_bitflips},
+    {"coordinator key that is not the pinned one is refused",
+        test_handshake_unpinned},
+    {"any flipped bit in a reply is rejected and the real one still "
+     "works",
+        test_handshake_reply_bitflips},
+    {"sealed message survives seal and open both ways", test_msg_roundtrip},
+    {"sealed message opens in place", test_msg_in_place},
+    {"any flipped bit in header, body or MAC is rejected", test_msg_bitflips},
+    {"replayed and reordered messages are rejected", test_msg_replay},
+    {"message for another round is stale", test_msg_wrong_round},
+    {"message from another run is rejected", test_msg_wrong_run},
+    {"message from another sender is rejected", test_msg_wrong_sender},
+    {"stream survives push and pull in place", test_stream_roundtrip},
+    {"flipped bit in any stream chunk is rejected", test_stream_chunk_bitflips},
+    {"flipped bit in the stream header is rejected",
+        test_stream_header_bitflips},
+    {"flipped bit in the trailer is rejected", test_stream_trailer_bitflips},
+    {"reordered, duplicated and truncated chunks are rejected",
+        test_stream_reorder_dup_truncate},
+    {"trailers of other signers, streams, rounds, senders and runs are "
+     "rejected",
+        test_stream_bad_trailers},
+    {"stream sizes beyond the limits are rejected", test_stream_limits},
+    {"TAGS digest streams pass the same checks and cannot be downgraded",
+        test_stream_tags_mode},
+    {"global model is encrypted once and opens for each selected worker",
+        test_broadcast},
+    {"reject reasons have distinct names", test_reject_names},
+    {NULL, NULL},
 };
 
 FB_TEST_MAIN("crypto")

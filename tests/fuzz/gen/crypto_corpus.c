@@ -43,8 +43,8 @@ gen_handshake(const fz_fixture *f)
 	uint8_t hello2[FB_HS_HELLO_LEN];
 
 	put("crypto_hs_hello", "valid", f->hello, sizeof(f->hello));
-	if (fb_handshake_accept(&cfg, f->hello, sizeof(f->hello), reply, &cs,
-	        NULL) != FB_OK ||
+	if (fb_handshake_accept(
+	        &cfg, f->hello, sizeof(f->hello), reply, &cs, NULL) != FB_OK ||
 	    fb_handshake_finish(f->hs, reply, sizeof(reply), &ws, NULL) !=
 	        FB_OK) {
 		fz_die("handshake");
@@ -56,8 +56,8 @@ gen_handshake(const fz_fixture *f)
 	reply[4] = 0xff; /* changed worker id: bad signature */
 	put("crypto_hs_reply", "badsig", reply, sizeof(reply));
 	/* A hello of a key not on the allowlist. */
-	if (fb_handshake_start(f->coord, &f->coord_pk, FZ_PROTO, hello2,
-	        &hs) != FB_OK) {
+	if (fb_handshake_start(f->coord, &f->coord_pk, FZ_PROTO, hello2, &hs) !=
+	    FB_OK) {
 		fz_die("hello2");
 	}
 	put("crypto_hs_hello", "unknown", hello2, sizeof(hello2));
@@ -71,8 +71,9 @@ gen_msgs(const fz_fixture *f)
 {
 	uint8_t buf[1 + 512];
 	size_t n;
-	const char *bodies[] = {"", "join", "a somewhat longer control message "
-	                                    "body of the fuzz corpus"};
+	const char *bodies[] = {"", "join",
+	    "a somewhat longer control message "
+	    "body of the fuzz corpus"};
 	char name[32];
 
 	for (size_t i = 0; i < 3; i++) {
@@ -100,7 +101,8 @@ frame(uint8_t *out, const uint8_t *p, size_t n)
 }
 
 static void
-gen_stream(const fz_fixture *f, size_t len, const char *name)
+gen_stream(
+    const fz_fixture *f, size_t len, fb_stream_digest mode, const char *name)
 {
 	uint8_t out[4096], hdr[FB_STREAM_HEADER_LEN];
 	uint8_t m[FZ_CHUNK], c[FZ_CHUNK + FB_STREAM_CHUNK_OVERHEAD];
@@ -108,8 +110,8 @@ gen_stream(const fz_fixture *f, size_t len, const char *name)
 	fb_stream_push *p = NULL;
 	size_t pos = 0, off = 0, clen;
 
-	if (fb_stream_push_alloc_key(&f->ctx, FZ_CHUNK, f->stream_key, hdr,
-	        &p) != FB_OK) {
+	if (fb_stream_push_alloc_key(
+	        &f->ctx, FZ_CHUNK, mode, f->stream_key, hdr, &p) != FB_OK) {
 		fz_die("push");
 	}
 	pos += frame(out + pos, hdr, sizeof(hdr));
@@ -146,9 +148,10 @@ main(int argc, char **argv)
 	f = fz_setup();
 	gen_handshake(f);
 	gen_msgs(f);
-	gen_stream(f, 0, "empty");
-	gen_stream(f, 10, "one");
-	gen_stream(f, 3 * FZ_CHUNK, "three");
-	gen_stream(f, 5 * FZ_CHUNK + 7, "six");
+	gen_stream(f, 0, FB_STREAM_DIGEST_FULL, "empty");
+	gen_stream(f, 10, FB_STREAM_DIGEST_FULL, "one");
+	gen_stream(f, 3 * FZ_CHUNK, FB_STREAM_DIGEST_FULL, "three");
+	gen_stream(f, 5 * FZ_CHUNK + 7, FB_STREAM_DIGEST_FULL, "six");
+	gen_stream(f, 2 * FZ_CHUNK + 1, FB_STREAM_DIGEST_TAGS, "tags");
 	return 0;
 }

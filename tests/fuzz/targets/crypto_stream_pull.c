@@ -2,10 +2,10 @@
 /*
  * crypto_stream_pull.c -- libFuzzer target: receiving a payload stream
  * (fb_stream_pull_alloc/_chunk/_final) under the fixture's key and context,
- * signed by the fixture worker. Input: frames of [u16 LE length][bytes]:
- * the stream header, the chunks, and last the trailer. Chunks are pulled
- * in place (plaintext at c + 1) and the trailer is checked only after the
- * last frame, as a receiver would.
+ * signed by the fixture worker, in the digest mode its header names. Input:
+ * frames of [u16 LE length][bytes]: the stream header, the chunks, and last the
+ * trailer. Chunks are pulled in place (plaintext at c + 1) and the trailer is
+ * checked only after the last frame, as a receiver would.
  */
 #include "tests/fuzz/fuzz_common.h"
 
@@ -39,8 +39,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (n == 0) {
 		return 0;
 	}
-	rc = fb_stream_pull_alloc(&f->ctx, f->stream_key, frame[0], len[0],
-	    FZ_MAX_CHUNK, &p, &why);
+	/* Require the digest mode the header names, so both get fuzzed. */
+	rc = fb_stream_pull_alloc(&f->ctx,
+	    len[0] > 2 && (frame[0][2] & 1) ? FB_STREAM_DIGEST_TAGS
+	                                    : FB_STREAM_DIGEST_FULL,
+	    f->stream_key, frame[0], len[0], FZ_MAX_CHUNK, &p, &why);
 	if ((rc == FB_OK) != (p != NULL) ||
 	    (rc == FB_OK) != (why == FB_REJECT_NONE)) {
 		abort();
@@ -56,8 +59,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		memcpy(buf, frame[i], len[i]);
 		rc = fb_stream_pull_chunk(p, buf, len[i],
-		    len[i] > 0 ? buf + 1 : buf,
-		    len[i] > 0 ? len[i] - 1 : 0, &mlen, &final, &why);
+		    len[i] > 0 ? buf + 1 : buf, len[i] > 0 ? len[i] - 1 : 0,
+		    &mlen, &final, &why);
 		free(buf);
 		if (rc != FB_OK) {
 			if (why == FB_REJECT_NONE || mlen != 0) {
@@ -68,8 +71,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		seen += mlen;
 	}
 	if (n >= 2) {
-		rc = fb_stream_pull_final(p, &f->worker_pk, frame[n - 1],
-		    len[n - 1], &total, &why);
+		rc = fb_stream_pull_final(
+		    p, &f->worker_pk, frame[n - 1], len[n - 1], &total, &why);
 		if ((rc == FB_OK) != (why == FB_REJECT_NONE)) {
 			abort();
 		}
