@@ -31,10 +31,12 @@ fb_accum_alloc(uint64_t count, uint64_t chunk_elems, double clip,
 	uint64_t chunks;
 
 	*out = NULL;
-	if (count == 0 || chunk_elems == 0 || !(clip > 0) || !isfinite(clip)) {
+	/* clip below 1e-30 would make S = 2^30 / clip overflow a double. */
+	if (count == 0 || chunk_elems == 0 || !(clip >= 1e-30) ||
+	    !isfinite(clip)) {
 		return FB_EINVAL;
 	}
-	chunks = (count + chunk_elems - 1) / chunk_elems;
+	chunks = count / chunk_elems + (count % chunk_elems != 0);
 	if (chunks > UINT32_MAX || count > SIZE_MAX / sizeof(uint32_t)) {
 		return FB_EINVAL;
 	}
@@ -91,7 +93,8 @@ fb_accum_chunk_len(const fb_accum *a, uint32_t chunk)
 	                                         : a->chunk_elems;
 }
 
-/* Returns the largest |x| of the chunk, or NaN/inf if there is one. */
+/* Returns the largest |x| of the chunk, or infinity if there is a NaN or
+ * an infinity. */
 static float
 chunk_max_abs(const float *x, uint64_t n)
 {
@@ -112,8 +115,8 @@ fb_accum_add(fb_accum *a, uint32_t chunk, const float *x, double weight,
 	uint64_t n = fb_accum_chunk_len(a, chunk);
 	uint32_t *sum;
 	uint64_t wq;
-	double k;
-	float clip = (float)a->clip, maxabs;
+	double k, clip = a->clip;
+	float maxabs;
 
 	if (chunk >= a->chunks || !(weight > 0) || weight > 1.0) {
 		return FB_EINVAL;
@@ -129,14 +132,14 @@ fb_accum_add(fb_accum *a, uint32_t chunk, const float *x, double weight,
 	}
 	k = (double)wq / (double)WEIGHT_ONE * a->scale;
 	sum = a->sum + (uint64_t)chunk * a->chunk_elems;
-	if (maxabs > clip) {
+	if ((double)maxabs > clip) {
 		uint64_t c = 0;
 		for (uint64_t j = 0; j < n; j++) {
-			float v = x[j];
+			double v = x[j];
 			c += (v > clip) | (v < -clip);
 			v = v > clip ? clip : v;
 			v = v < -clip ? -clip : v;
-			double t = (double)v * k;
+			double t = v * k;
 			int32_t q = (int32_t)(t + (t >= 0 ? 0.5 : -0.5));
 			sum[j] += (uint32_t)q;
 		}

@@ -17,10 +17,14 @@
  * fewer than 2^29 updates this stays below 2^31.
  *
  * Quantisation bound: each added value is within 1/2 of its exact w_q*x*S,
- * so a chunk's mean (sum / (W*S), W its weight sum) is within
- * K * clip / (2^31 * W) of the exact weighted mean of the clamped values,
- * K being the number of updates added (plus the float32 rounding of the
- * result). With clip 16, W = 1 and K = 8 that is 6e-8.
+ * which puts a chunk's mean (sum / (W_q*S)) within K * clip / (2^31 * W)
+ * of the weighted mean under the truncated weights w_q; truncating each
+ * weight by less than 2^-32 moves that mean by at most another
+ * K * 2^-32 * 2 * clip / W. Together: the mean is within
+ *     K * clip / (2^30 * W)
+ * of the exact weighted mean of the clamped values, W the chunk's weight
+ * sum and K the number of updates added (plus the float32 rounding of the
+ * result). With clip 16, W = 1 and K = 8 that is 1.2e-7.
  *
  * An update interrupted mid-stream (worker lost, deadline, bad chunk) keeps
  * the chunks already added: each chunk remembers its own weight sum, and
@@ -38,7 +42,8 @@ typedef struct fb_accum fb_accum;
 /*
  * fb_accum_alloc makes an accumulator for vectors of `count` floats split in
  * chunks of `chunk_count_elems` elements (the last may be shorter), values
- * clamped to [-clip, clip] (clip > 0, finite). Errors: FB_EINVAL, FB_ENOMEM.
+ * clamped to [-clip, clip] (1e-30 <= clip, finite). Errors: FB_EINVAL,
+ * FB_ENOMEM.
  */
 FB_MUST_CHECK fb_err fb_accum_alloc(uint64_t count, uint64_t chunk_elems,
     double clip, fb_accum **out);
@@ -58,7 +63,8 @@ uint64_t fb_accum_chunk_len(const fb_accum *a, uint32_t chunk);
  * (fb_accum_chunk_len(a, chunk) floats). It checks the chunk first: a NaN
  * or infinity is FB_EINVAL and nothing is added; a weight that would bring
  * the chunk's weight sum above 1 is FB_ERANGE, nothing added. `weight` is
- * in (0, 1]. *clipped (if non-NULL) is increased by the number of
+ * in (0, 1]; a weight below 2^-32 rounds to nothing and is FB_ERANGE.
+ * *clipped (if non-NULL) is increased by the number of
  * coordinates that had to be clamped. Not thread-safe.
  */
 FB_MUST_CHECK fb_err fb_accum_add(fb_accum *a, uint32_t chunk, const float *x,
