@@ -38,7 +38,7 @@ CUDA := $(if $(wildcard $(NVCC)),1,0)
 endif
 
 .DEFAULT_GOAL := all
-.PHONY: all test demo fuzz bench clean bootstrap check-format
+.PHONY: all test demo fuzz bench clean bootstrap
 
 bootstrap:
 ifneq ($(BOOTSTRAP),0)
@@ -164,9 +164,15 @@ build-all: $(BINS) $(UNIT_BINS) $(TOOL_BINS) $(PLUGINS)
 test: all
 	@FB_BUILD=$(B) tests/run
 
+# The demo's federated run, then an independent check of the exported model
+# (numpy reading the safetensors file; a test tool, not part of the product).
+DEMO_PORT ?= 5555
 demo: all
+	@rm -rf runs/demo
 	scripts/fedbox-local --workers 4 --rounds 20 --alpha 0.5 \
-	    --out runs/demo --port 5555
+	    --out runs/demo --port $(DEMO_PORT)
+	@echo "independent evaluation of runs/demo/model.safetensors:"
+	@/usr/bin/python3 tests/tools/st_eval.py runs/demo/model.safetensors
 
 bench: all
 	bench/round_overhead
