@@ -73,6 +73,7 @@ DEPS_crypto      = crypto common
 DEPS_aggregation = aggregation common
 DEPS_worker      = worker model data aggregation crypto proto common
 DEPS_coordinator = coordinator model data aggregation crypto proto common
+DEPS_rules       = aggregation common
 
 libs_of = $(foreach d,$(DEPS_$(1)),$(B)/lib/libfb_$(d).a)
 

@@ -13,15 +13,7 @@
 
 #define WEIGHT_ONE (1ULL << 32) /* weights are fixed point, 32 fraction bits */
 
-struct fb_accum {
-	uint64_t count;
-	uint64_t chunk_elems;
-	uint32_t chunks;
-	double clip;
-	double scale;        /* S = 2^30 / clip */
-	uint32_t *sum;       /* count ring elements (int32 two's complement) */
-	uint64_t *weight_q;  /* per chunk, weight sum in units of 2^-32 */
-};
+#include "aggregation/aggregation_impl.h"
 
 fb_err
 fb_accum_alloc(uint64_t count, uint64_t chunk_elems, double clip,

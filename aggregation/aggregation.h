@@ -95,4 +95,173 @@ double fb_accum_resolution(const fb_accum *a);
 FB_MUST_CHECK fb_err fb_fedavg_weights(const uint64_t *n, uint32_t count,
     double *w);
 
+/* ======================================================================== */
+/*
+ * Aggregation rules (rules.c): FedNova normalisation and server optimisers.
+ *
+ * Sign convention: a worker's update is x_global - x_local (it points
+ * uphill), and the round's aggregated update is
+ *     D = scale * mean,   mean = the accumulator's per-chunk weighted mean,
+ * scale = 1 for FedAvg-style weighting and tau_eff for FedNova. A server
+ * optimiser then moves the model against D (Reddi et al. 2021, "Adaptive
+ * Federated Optimization", Algorithm 2, with their D negated):
+ *     sgd  (FedAvg, FedNova)  x -= lr * D
+ *     avgm (FedAvgM)          m = beta1 * m + D;                x -= lr * m
+ *     adam (FedAdam)          m = beta1 * m + (1 - beta1) * D;
+ *                             v = beta2 * v + (1 - beta2) * D^2;
+ *                             x -= lr * m / (sqrt(v) + tau)
+ *     yogi (FedYogi)          m as adam;
+ *                             v = v - (1 - beta2) * D^2 * sign(v - D^2);
+ *                             x -= lr * m / (sqrt(v) + tau)
+ * State starts at m = 0 and v = tau^2 (the paper's v_{-1} >= tau^2, taken
+ * with equality); there is no bias correction (the paper has none). A chunk
+ * that received no weight this round leaves its coordinates of x, m and v
+ * untouched (momentum does not decay where nobody reported).
+ *
+ * FedNova (Wang et al. 2020, "Tackling the Objective Inconsistency Problem
+ * in Heterogeneous Federated Optimization"): worker i runs tau_i local steps
+ * of SGD with PyTorch momentum rho (v = rho v + g; x -= lr v; v = 0 at round
+ * start) on its loss plus an optional FedProx term mu/2 ||x - x_global||^2
+ * (Li et al. 2020). Its update is then lr * sum_s a_s g_s (g_s the loss
+ * gradients), with a_s depending only on tau_i - s:
+ *     plain SGD       a_s = 1                            ||a||_1 = tau
+ *     momentum        a_s = (1 - rho^(tau-s)) / (1 - rho)
+ *                     ||a||_1 = (tau - rho (1 - rho^tau) / (1 - rho))
+ *                               / (1 - rho)
+ *     proximal        a_s = (1 - lr mu)^(tau-1-s)
+ *                     ||a||_1 = (1 - (1 - lr mu)^tau) / (lr mu)
+ *     both            a_s = -e_(tau-s) / lr, e_j the first component of
+ *                     M^(j-1) (-lr, 1)^T, M = [[1 - lr mu, -lr rho],
+ *                     [mu, rho]] (the local step as a linear map of
+ *                     (x - x_global, velocity)); ||a||_1 = sum |a_s|.
+ * The worker sends d_i = update_i / ||a_i||_1 with weight p_i = n_i / sum n;
+ * the server steps with scale tau_eff = sum p_i ||a_i||_1 / sum p_i over the
+ * updates included, i.e. x -= lr * tau_eff * mean(d) for sgd.
+ */
+
+#include <stdbool.h>
+
+/*
+ * fb_accum_mean_chunk writes chunk `chunk`'s weighted mean (0 everywhere if
+ * it received no weight) into `out` (fb_accum_chunk_len(a, chunk) floats).
+ * Errors: FB_EINVAL (no such chunk). Not thread-safe against fb_accum_add.
+ */
+FB_MUST_CHECK fb_err fb_accum_mean_chunk(const fb_accum *a, uint32_t chunk,
+    float *out);
+
+/*
+ * fb_fednova_a_norm computes ||a||_1 for tau local steps (>= 1) with
+ * momentum in [0, 1), local learning rate lr and proximal coefficient
+ * prox_mu >= 0 (lr > 0 and lr * prox_mu < 1 when prox_mu > 0; lr is not
+ * used otherwise), as above. O(1) without both momentum and prox_mu,
+ * otherwise O(min(tau, steps until the impulse response underflows)).
+ * *norm is 0 on error. Errors: FB_EINVAL.
+ */
+FB_MUST_CHECK fb_err fb_fednova_a_norm(uint64_t tau, double momentum,
+    double lr, double prox_mu, double *norm);
+
+/*
+ * fb_fednova_normalise divides the `count` floats of an update by a_norm
+ * (> 0, finite, from fb_fednova_a_norm) in place: the worker's d_i.
+ * Errors: FB_EINVAL, update untouched.
+ */
+FB_MUST_CHECK fb_err fb_fednova_normalise(float *update, uint64_t count,
+    double a_norm);
+
+/*
+ * fb_fednova_tau_eff computes sum p_i a_norm_i / sum p_i over `count`
+ * updates (p_i > 0, a_norm_i > 0, all finite). In secure mode the
+ * coordinator cannot see the terms: workers put a_norm_i / A (A a public
+ * bound keeping it within the clip) in an extra coordinate of the masked
+ * vector, whose accumulated mean is then tau_eff / A. Errors: FB_EINVAL
+ * (*tau_eff = 0).
+ */
+FB_MUST_CHECK fb_err fb_fednova_tau_eff(const double *p, const double *a_norm,
+    uint32_t count, double *tau_eff);
+
+typedef enum fb_server_opt_kind {
+	FB_SERVER_SGD = 0, /* x -= lr * D: FedAvg, FedNova */
+	FB_SERVER_AVGM,    /* server momentum: FedAvgM */
+	FB_SERVER_ADAM,    /* FedAdam */
+	FB_SERVER_YOGI,    /* FedYogi */
+	FB_SERVER_KIND_COUNT_
+} fb_server_opt_kind;
+
+typedef struct fb_server_opt_params {
+	fb_server_opt_kind kind;
+	double lr;    /* server learning rate, > 0 */
+	double beta1; /* avgm: momentum; adam, yogi: first moment; [0, 1) */
+	double beta2; /* adam, yogi: second moment decay, [0, 1) */
+	double tau;   /* adam, yogi: adaptivity (epsilon), > 0 */
+} fb_server_opt_params;
+
+/*
+ * fb_server_opt_params_default fills the defaults for `kind`: lr 1 (sgd,
+ * avgm) or 0.01 (adam, yogi; Reddi et al. tune it in 10^-3 .. 10^0), beta1
+ * 0.9, beta2 0.99, tau 1e-3 (the paper's defaults). With avgm the step on
+ * a steady D is lr / (1 - beta1) times D.
+ */
+void fb_server_opt_params_default(fb_server_opt_params *p,
+    fb_server_opt_kind kind);
+
+typedef struct fb_server_opt fb_server_opt;
+
+/*
+ * fb_server_opt_alloc makes an optimiser for models of `count` floats; it
+ * keeps m (avgm, adam, yogi) and v (adam, yogi), count floats each, and
+ * nothing else of model size. The parameters are copied. Errors:
+ * FB_EINVAL (bad params or count == 0), FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_server_opt_alloc(const fb_server_opt_params *p,
+    uint64_t count, fb_server_opt **out);
+
+/* fb_server_opt_free releases it; NULL is a no-op. */
+void fb_server_opt_free(fb_server_opt *opt);
+
+/* fb_server_opt_reset puts the state back to m = 0, v = tau^2. */
+void fb_server_opt_reset(fb_server_opt *opt);
+
+/*
+ * fb_server_opt_state gives the state vectors (count floats each; NULL for
+ * those the kind does not keep), owned by opt, so that a checkpoint can
+ * save them and a resume restore them.
+ */
+void fb_server_opt_state(fb_server_opt *opt, float **m, float **v);
+
+/*
+ * fb_server_opt_step applies one round: D = scale * (chunk mean of `a`),
+ * then the optimiser's update of its state and of params (count floats) in
+ * place, chunk by chunk, straight from the accumulator's sums (no buffer).
+ * scale is tau_eff for FedNova and 1 otherwise (> 0, finite). Chunks with
+ * no weight are skipped. Errors: FB_EINVAL (bad scale, or `a` not of the
+ * optimiser's count), nothing changed. Not thread-safe; does not block.
+ */
+FB_MUST_CHECK fb_err fb_server_opt_step(fb_server_opt *opt, const fb_accum *a,
+    float *params, double scale);
+
+/* The rules a config names (coordinator `rule:`); see fb_rule_names. */
+typedef enum fb_rule {
+	FB_RULE_FEDAVG = 0, /* sgd, scale 1 */
+	FB_RULE_FEDNOVA,    /* sgd, workers normalise, scale tau_eff */
+	FB_RULE_FEDAVGM,    /* avgm, scale 1 */
+	FB_RULE_FEDADAM,    /* adam, scale 1 */
+	FB_RULE_FEDYOGI,    /* yogi, scale 1 */
+	FB_RULE_COUNT_
+} fb_rule;
+
+/* fb_rule_names lists the config names, NULL-terminated, in fb_rule
+ * order: "fedavg", "fednova", "fedavgm", "fedadam", "fedyogi". */
+extern const char *const fb_rule_names[];
+
+/* fb_rule_parse maps a name of fb_rule_names to its rule (exact match).
+ * Errors: FB_EINVAL (unknown or NULL; *rule left FB_RULE_FEDAVG). */
+FB_MUST_CHECK fb_err fb_rule_parse(const char *name, fb_rule *rule);
+
+/* fb_rule_server_kind returns the server optimiser `rule` uses. */
+fb_server_opt_kind fb_rule_server_kind(fb_rule rule);
+
+/* fb_rule_is_fednova says whether workers normalise by ||a_i||_1 and the
+ * server scales by tau_eff. */
+bool fb_rule_is_fednova(fb_rule rule);
+
 #endif
