@@ -78,6 +78,7 @@ bench_row(const row *rw, uint32_t gpus, int math, double seconds)
 	fb_trainer_config cfg;
 	fb_train_opts o;
 	fb_train_stats st;
+	fb_train_stats pst;
 	fb_cuda_profile prof;
 	void *state = NULL;
 	float *p = NULL;
@@ -142,8 +143,7 @@ bench_row(const row *rw, uint32_t gpus, int math, double seconds)
 	if (gpus > 1) {
 		fb_cuda_trainer_set_profile(state, 1);
 		o.steps = 20;
-		if ((rc = be->train(state, &o, &st,
-		    NULL)) != FB_OK) {
+		if ((rc = be->train(state, &o, &pst, NULL)) != FB_OK) {
 			goto out;
 		}
 		fb_cuda_trainer_get_profile(state, &prof);

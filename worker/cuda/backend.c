@@ -375,7 +375,7 @@ job_main(void *arg)
 			FB_CUDA_TRY(cudaMemsetAsync(r->buf + 2 * t->p_pad, 0,
 			    t->p_pad * sizeof(float), r->stream), rc, out);
 		}
-		if (t->use_graphs && !t->profile && !r->graph_ok) {
+		if (t->use_graphs && !r->graph_ok) {
 			/* NCCL sets up connections lazily at a size's first
 			 * call, which cannot happen under capture: one eager
 			 * gradient-only step first (its results are
@@ -395,9 +395,13 @@ job_main(void *arg)
 			}
 		}
 		for (uint32_t s = 0; s < j->steps; s++) {
-			if (t->use_graphs && !t->profile) {
+			if (t->use_graphs) {
 				FB_CUDA_TRY(cudaGraphLaunch(r->graph,
 				    r->stream), rc, out);
+				if (t->profile && (rc = replica_profile_collect(
+				    t, r)) != FB_OK) {
+					goto out;
+				}
 				continue;
 			}
 			if ((rc = replica_step(t, r, &j->a)) != FB_OK) {
@@ -523,6 +527,18 @@ cuda_close(void *state)
 
 	if (t == NULL) {
 		return;
+	}
+	/* Graphs that captured NCCL calls hold the communicators' persistent
+	 * work until they are destroyed, and ncclCommFinalize waits for it:
+	 * destroy them first. */
+	for (uint32_t i = 0; i < t->ngpus; i++) {
+		replica *r = &t->rep[i];
+		if (r->graph != NULL && cudaSetDevice(r->dev) == cudaSuccess) {
+			cudaStreamSynchronize(r->stream);
+			cudaGraphExecDestroy(r->graph);
+			r->graph = NULL;
+			cudaDeviceSynchronize();
+		}
 	}
 	/* O5: communicators are finalized (together: they are peers driven
 	 * from this one thread), then destroyed. */
@@ -1170,6 +1186,7 @@ fb_cuda_trainer_set_profile(void *state, int on)
 	t->profile = on != 0;
 	for (uint32_t i = 0; i < t->ngpus; i++) {
 		replica *r = &t->rep[i];
+		r->graph_ok = 0; /* recapture with or without the events */
 		r->prof_ms = 0.0;
 		r->prof_calls = 0;
 		r->prof_bytes = 0;

@@ -54,10 +54,10 @@ typedef struct fb_cuda_profile {
 
 /*
  * fb_cuda_trainer_set_profile turns profiling on (non-zero) or off. While
- * on, train() runs without CUDA Graphs, records CUDA events around each
- * gradient all-reduce and synchronizes after each step, so that the
- * counters below fill; turning it on resets them. Not thread-safe against
- * a concurrent train().
+ * on, train() records CUDA events around each gradient all-reduce (inside
+ * the captured graph when graphs are on) and synchronizes after each step
+ * to read them, so that the counters below fill; turning it on resets
+ * them. Not thread-safe against a concurrent train().
  */
 void fb_cuda_trainer_set_profile(void *state, int on);
 void fb_cuda_trainer_get_profile(void *state, fb_cuda_profile *out);
