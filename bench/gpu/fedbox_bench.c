@@ -68,6 +68,15 @@ make_shard(fb_dataset *d, uint32_t count, uint32_t dim, uint32_t classes)
 	return FB_OK;
 }
 
+/* Mirrors the backend's default: graphs on 1 GPU unless FB_CUDA_GRAPHS. */
+static int
+graphs_on(uint32_t gpus)
+{
+	const char *env = getenv("FB_CUDA_GRAPHS");
+
+	return env != NULL ? strcmp(env, "0") != 0 : gpus == 1;
+}
+
 static fb_err
 bench_row(const row *rw, uint32_t gpus, int math, double seconds)
 {
@@ -168,7 +177,7 @@ bench_row(const row *rw, uint32_t gpus, int math, double seconds)
 	    prof.steps ? prof.allreduce_ms / (double)prof.steps : 0.0,
 	    prof.steps ? (double)prof.calls / (double)prof.steps : 0.0,
 	    prof.busbw_gbs, bare_ms, bare_bw,
-	    getenv("FB_CUDA_GRAPHS") != NULL ? "off" : "on", desc);
+	    graphs_on(gpus) ? "on" : "off", desc);
 	fflush(stdout);
 out:
 	if (rc != FB_OK) {

@@ -48,8 +48,8 @@ def main():
         t1 = f(one.get("torch", {}), "samples_s")
         ib, bb = f(fx, "instep_busbw"), f(fx, "bare_busbw")
         err = fx.get("error", "").replace(" ", "_")
-        if fx.get("graphs") == "off":
-            err = f"{fs:.0f} (no graphs)"
+        if fx.get("graphs") == "on" and g > 1:
+            err = f"{fs:.0f} (graphs)"
         cell = lambda v, fmt: fmt.format(v) if v == v and v > 0 else "-"
         print(f"| {name} | {SHAPES[name]} | "
               f"{fx.get('batch_per_gpu', tx.get('batch_per_gpu', '?'))} | "

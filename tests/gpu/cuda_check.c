@@ -402,6 +402,45 @@ check_training(int quick, int ngpus_avail)
 	    1e-4 * fabs(sc.loss_mean), "CPU backend vs CUDA 1 GPU after "
 	    "training (within the rounding floor)", detail);
 
+	/* Diagnostics (no gate): where CPU and CUDA part, by step count,
+	 * with one chunk (FB_CUDA_CHUNK_STEPS=4096) and the adaptive one. */
+	if (!quick) {
+		static const uint64_t counts[] = {10, 12, 16, 17, 32, 100};
+		fb_train_opts od = o;
+		for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]);
+		     k++) {
+			double e1 = -1.0, e2 = -1.0, ma;
+			od.steps = counts[k];
+			if (cpu->open(m, &d, &cfg, o.batch, &st) != FB_OK) {
+				break;
+			}
+			rc = train_with(cpu, st, p0, pc, &od, &sc);
+			cpu->close(st);
+			st = NULL;
+			for (int fixed = 0; fixed < 2 && rc == FB_OK; fixed++) {
+				if (fixed) {
+					setenv("FB_CUDA_CHUNK_STEPS", "4096", 1);
+				}
+				rc = cuda_open_n(m, &d, 1, FB_MATH_FP32, o.batch,
+				    &st);
+				unsetenv("FB_CUDA_CHUNK_STEPS");
+				if (rc == FB_OK) {
+					rc = train_with(cu, st, p0, pb, &od, &s2);
+					cu->close(st);
+					st = NULL;
+				}
+				if (rc == FB_OK) {
+					*(fixed ? &e2 : &e1) = rel_err(pb, pc, n,
+					    &ma);
+				}
+			}
+			printf("INFO: CPU vs CUDA after %3llu steps: norm-wise "
+			    "rel %.2e (adaptive chunks), %.2e (one chunk)\n",
+			    (unsigned long long)od.steps, e1, e2);
+		}
+		fflush(stdout);
+	}
+
 	if (ngpus_avail < 2) {
 		printf("SKIP: 1 GPU vs %d GPUs (one GPU visible)\n",
 		    ngpus_avail);

@@ -19,7 +19,8 @@
  * drives one communicator, so NCCL calls need no group and a thread can
  * capture its whole step (NCCL included) into a CUDA Graph, the supported
  * one-rank-per-thread pattern; launch work also runs in parallel instead of
- * serially on one thread. Chunks are sized to about 0.2 s, and the host
+ * serially on one thread. (Graphs are on by default for one GPU only; see
+ * cuda_open.) Chunks are sized to about 0.2 s, and the host
  * checks `cancel` between chunks, where all GPUs are idle and agree on the
  * step count (a per-GPU check could leave one rank waiting in NCCL).
  *
@@ -132,6 +133,7 @@ typedef struct cuda_trainer {
 	cublasComputeType_t compute;
 	int use_graphs;
 	int profile;
+	uint32_t chunk_fixed; /* FB_CUDA_CHUNK_STEPS; 0 = adaptive */
 	uint32_t ngpus;
 	replica rep[MAX_GPUS];
 	char gpu_name[256];
@@ -839,8 +841,11 @@ cuda_open(const fb_model *m, const fb_dataset *shard,
 	t->compute = cfg->math == FB_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 :
 	    cfg->math == FB_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF :
 	    CUBLAS_COMPUTE_32F;
-	env = getenv("FB_CUDA_GRAPHS");
-	t->use_graphs = env == NULL || strcmp(env, "0") != 0;
+	env = getenv("FB_CUDA_CHUNK_STEPS");
+	t->chunk_fixed = env != NULL ? (uint32_t)strtoul(env, NULL, 10) : 0;
+	if (t->chunk_fixed > CHUNK_MAX) {
+		t->chunk_fixed = CHUNK_MAX;
+	}
 
 	if (cfg->gpu_count == 0) {
 		t->ngpus = (uint32_t)(ndev < MAX_GPUS ? ndev : MAX_GPUS);
@@ -867,6 +872,12 @@ cuda_open(const fb_model *m, const fb_dataset *shard,
 			}
 		}
 	}
+	/* CUDA Graphs: on for one GPU. With several, a process that closed a
+	 * trainer whose graphs captured NCCL calls was seen to hang (2 x
+	 * H200, NCCL 2.28.3; see README.md), so they are opt-in there:
+	 * FB_CUDA_GRAPHS=1 forces them on, =0 off. */
+	env = getenv("FB_CUDA_GRAPHS");
+	t->use_graphs = env != NULL ? strcmp(env, "0") != 0 : t->ngpus == 1;
 	if ((rc = parse_layers(t, m, shard)) != FB_OK) {
 		t->ngpus = 0; /* nothing allocated yet */
 		goto out;
@@ -987,7 +998,7 @@ cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
 	uint64_t done = 0;
 	uint64_t epoch = 0;
 	uint32_t pos = 0;
-	uint32_t chunk = 16;
+	uint32_t chunk = t->chunk_fixed ? t->chunk_fixed : 16;
 	double loss_total = 0.0;
 	double t0 = now_s();
 	job jobs[MAX_GPUS];
@@ -1066,7 +1077,7 @@ cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
 			loss_total += l;
 		}
 		done += n;
-		{
+		if (t->chunk_fixed == 0) {
 			double per = (now_s() - c0) / n;
 			double want = per > 0.0 ? CHUNK_SECONDS / per : 1e9;
 			chunk = want < 1.0 ? 1 : want > CHUNK_MAX ? CHUNK_MAX :
