@@ -66,13 +66,13 @@ OBJS_proto += $(B)/proto/fedbox.pb-c.o
 
 # What each module may use (dependencies point down).
 DEPS_common      = common
-DEPS_proto       = proto common
+DEPS_proto       = proto crypto common
 DEPS_data        = data common
 DEPS_model       = model common
 DEPS_crypto      = crypto common
 DEPS_aggregation = aggregation common
-DEPS_worker      = worker model data aggregation crypto proto common
-DEPS_coordinator = coordinator model data aggregation crypto proto common
+DEPS_worker      = worker model data aggregation proto crypto common
+DEPS_coordinator = coordinator model data aggregation proto crypto common
 DEPS_rules       = aggregation common
 
 libs_of = $(foreach d,$(DEPS_$(1)),$(B)/lib/libfb_$(d).a)

@@ -78,6 +78,14 @@ const fb_cfg_field fb_coord_config_schema[] = {
         10, 3600000, MB, "a send to a full peer queue gives up after this"},
     {"transport.max_workers", FB_CFG_INT, F(max_workers), "1024", 1, 65536,
         MB, "most workers admitted at once"},
+    {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,
+        "encrypt and sign every message; false only for benchmarks"},
+    {"security.key", FB_CFG_STRING, F(key), "", NOB, MB,
+        "the coordinator's secret key file (fedbox-keygen), mode 0600"},
+    {"security.allowlist", FB_CFG_STRING, F(allowlist), "", NOB, MB,
+        "file of admitted workers' public key lines (comment = name)"},
+    {"security.workers", FB_CFG_STR_LIST, F(workers), "[]", NOB, MB,
+        "admitted workers' public key lines, inline"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 

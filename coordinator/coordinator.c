@@ -30,6 +30,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "coordinator/coordinator.h"
+#include "crypto/crypto.h"
 #include "data/data.h"
 #include "model/model.h"
 #include "proto/proto.h"
@@ -68,6 +69,11 @@ typedef struct worker {
 	double train_loss;
 	double train_seconds;
 	const char *fail_reason;
+	/* secure mode: slot i is allowlist entry i */
+	fb_session *sess;    /* current session; NULL until a handshake */
+	fb_session *pending; /* a newer handshake, promoted on first use */
+	fb_stream_pull *pull; /* the update stream of this round */
+	bool final_seen;     /* the update stream's FINAL chunk came */
 } worker;
 
 /* Reasons a message is dropped, counted per round in metrics.jsonl. */
@@ -80,13 +86,79 @@ typedef enum drop_reason {
 	DROP_WRONG_SIZE,
 	DROP_NONFINITE,
 	DROP_VERSION,
+	DROP_UNKNOWN_KEY,
+	DROP_BAD_SIGNATURE,
+	DROP_BAD_MAC,
+	DROP_REPLAY,
+	DROP_WRONG_RUN,
+	DROP_WRONG_SENDER,
+	DROP_TRUNCATED,
+	DROP_IDENTITY,
+	DROP_INSECURE,
+	DROP_RATE_LIMITED,
 	DROP_REASON_COUNT_
 } drop_reason;
 
 static const char *const drop_names[DROP_REASON_COUNT_] = {
 	"malformed", "unknown_peer", "stale_round", "unexpected",
-	"out_of_order", "wrong_size", "non_finite", "version",
+	"out_of_order", "wrong_size", "non_finite", "version", "unknown_key",
+	"bad_signature", "bad_mac", "replay", "wrong_run", "wrong_sender",
+	"truncated", "wrong_identity", "not_sealed", "rate_limited",
 };
+
+/* Reasons that honest peers never cause: they count against the sender's
+ * rate limit. (A late chunk from a slow honest worker is merely stale.) */
+static bool
+drop_is_hostile(drop_reason r)
+{
+	return r != DROP_STALE_ROUND && r != DROP_UNEXPECTED &&
+	    r != DROP_RATE_LIMITED;
+}
+
+static drop_reason
+drop_of_reject(int why)
+{
+	switch ((fb_reject)why) {
+	case FB_REJECT_VERSION:
+		return DROP_VERSION;
+	case FB_REJECT_UNKNOWN_KEY:
+	case FB_REJECT_UNPINNED_KEY:
+		return DROP_UNKNOWN_KEY;
+	case FB_REJECT_BAD_SIGNATURE:
+		return DROP_BAD_SIGNATURE;
+	case FB_REJECT_BAD_MAC:
+		return DROP_BAD_MAC;
+	case FB_REJECT_REPLAY:
+		return DROP_REPLAY;
+	case FB_REJECT_WRONG_RUN:
+		return DROP_WRONG_RUN;
+	case FB_REJECT_WRONG_ROUND:
+		return DROP_STALE_ROUND;
+	case FB_REJECT_WRONG_SENDER:
+		return DROP_WRONG_SENDER;
+	case FB_REJECT_TRUNCATED:
+		return DROP_TRUNCATED;
+	case FB_REJECT_TOO_LARGE:
+		return DROP_WRONG_SIZE;
+	default:
+		return DROP_MALFORMED;
+	}
+}
+
+/* Peers sending bad messages fast are ignored for a while, so that a
+ * flood costs one table lookup per message, not a decode or a MAC. */
+#define RL_SLOTS 256
+#define RL_WINDOW_MS 1000
+#define RL_MAX_BAD 20   /* bad messages per window before blocking */
+#define RL_BLOCK_MS 10000
+#define HELLO_CACHE 4096 /* remembered handshake nonces (replays) */
+
+typedef struct rl_entry {
+	fb_peer peer;
+	int64_t window_ms;
+	uint32_t bad;
+	int64_t blocked_until_ms;
+} rl_entry;
 
 typedef struct coord {
 	const fb_coord_config *cfg;
@@ -112,14 +184,78 @@ typedef struct coord {
 	int64_t round_started_ms;
 	int64_t deadline_ms;
 	int64_t last_heartbeat_ms;
-	uint64_t drops[DROP_REASON_COUNT_];
+	uint64_t drops[DROP_REASON_COUNT_];          /* since the start */
+	uint64_t drops_reported[DROP_REASON_COUNT_]; /* up to the last line */
 	int64_t drop_logged_ms[DROP_REASON_COUNT_];
 	uint64_t drops_unlogged[DROP_REASON_COUNT_];
 	uint64_t clipped;
 	uint64_t up_bytes;
 	uint64_t down_bytes;
 	volatile sig_atomic_t *stop;
+	const fb_peer *cur_peer; /* sender of the message being handled */
+	rl_entry rl[RL_SLOTS];
+	/* secure mode */
+	bool secure;
+	fb_identity *self;
+	fb_run_id run;
+	fb_pubkey *allow;        /* allowlist keys; slot i = worker id i */
+	char (*allow_names)[FB_NAME_MAX];
+	uint32_t allow_count;
+	uint8_t (*hello_nonces)[32];
+	uint32_t hello_next;
+	uint8_t *bcast;          /* the round's model, encrypted once */
+	uint64_t bcast_stride;   /* bytes per chunk slot in bcast */
+	uint32_t *bcast_len;     /* ciphertext bytes of each chunk */
+	uint8_t round_key[FB_STREAM_KEY_LEN];
+	uint8_t stream_header[FB_STREAM_HEADER_LEN];
+	uint8_t stream_trailer[FB_STREAM_TRAILER_LEN];
+	float *scratch;          /* one decrypted update chunk */
 } coord;
+
+static rl_entry *
+rl_find(coord *c, const fb_peer *p, bool create)
+{
+	uint32_t h = 2166136261u;
+	for (uint8_t i = 0; i < p->len; i++) {
+		h = (h ^ p->id[i]) * 16777619u;
+	}
+	rl_entry *e = &c->rl[h % RL_SLOTS];
+	if (fb_peer_equal(&e->peer, p)) {
+		return e;
+	}
+	if (!create) {
+		return NULL;
+	}
+	memset(e, 0, sizeof(*e));
+	e->peer = *p;
+	return e;
+}
+
+/* Whether messages from `p` are being ignored right now. */
+static bool
+rl_blocked(coord *c, const fb_peer *p)
+{
+	rl_entry *e = rl_find(c, p, false);
+	return e != NULL && e->blocked_until_ms > fb_now_ms();
+}
+
+static void
+rl_penalize(coord *c, const fb_peer *p)
+{
+	int64_t now = fb_now_ms();
+	rl_entry *e = rl_find(c, p, true);
+
+	if (now - e->window_ms > RL_WINDOW_MS) {
+		e->window_ms = now;
+		e->bad = 0;
+	}
+	if (++e->bad > RL_MAX_BAD && e->blocked_until_ms <= now) {
+		e->blocked_until_ms = now + RL_BLOCK_MS;
+		fb_log_warn("peer sending bad messages (%u in %dms): ignoring "
+		            "it for %ds",
+		    e->bad, RL_WINDOW_MS, RL_BLOCK_MS / 1000);
+	}
+}
 
 /* Logs a dropped message at most once a second per reason; counts all. */
 static void
@@ -134,6 +270,9 @@ drop(coord *c, drop_reason r, const char *fmt, ...)
 	int64_t now = fb_now_ms();
 
 	c->drops[r]++;
+	if (c->cur_peer != NULL && drop_is_hostile(r)) {
+		rl_penalize(c, c->cur_peer);
+	}
 	if (now - c->drop_logged_ms[r] < 1000) {
 		c->drops_unlogged[r]++;
 		return;
@@ -177,7 +316,10 @@ static fb_err
 send_to(coord *c, worker *w, const fb_msg *m, const void *payload,
     size_t len)
 {
-	fb_err rc = fb_link_send(c->link, &w->peer, m, payload, len);
+	fb_err rc = c->secure
+	    ? fb_secure_send(c->link, &w->peer, w->sess, c->round, m, payload,
+	          len)
+	    : fb_link_send(c->link, &w->peer, m, payload, len);
 	if (rc != FB_OK) {
 		fb_log_warn("cannot send %s to %s: %s", fb_msg_type_name(m->type),
 		    w->name, fb_strerror(rc));
@@ -219,14 +361,21 @@ worker_forget(coord *c, worker *w, const char *why)
 {
 	worker_fail(c, w, why);
 	fb_log_info("worker %s removed: %s", w->name, why);
+	fb_stream_pull_free(w->pull);
+	fb_session_free(w->sess);
+	fb_session_free(w->pending);
 	memset(w, 0, sizeof(*w));
 }
 
+/*
+ * on_hello admits a worker. Plain mode: `w` is the slot of its connection
+ * (or NULL). Secure mode: `w` is the slot of the identity whose session
+ * opened this sealed hello, so the name must be the allowlist's.
+ */
 static void
-on_hello(coord *c, const fb_frame *f)
+on_hello(coord *c, worker *w, const fb_frame *f)
 {
 	const fb_msg *m = &f->msg;
-	worker *w = find_peer(c, &f->peer);
 	fb_msg out = {.type = FB_MSG_WELCOME};
 	char reason[FB_TEXT_MAX];
 
@@ -245,7 +394,25 @@ on_hello(coord *c, const fb_frame *f)
 		send_reject(c, &f->peer, "hello needs a name and samples > 0");
 		return;
 	}
-	if (w != NULL && w->session == m->u.hello.session) {
+	if (c->secure) {
+		uint32_t id = (uint32_t)(w - c->workers);
+		if (strcmp(m->u.hello.name, c->allow_names[id]) != 0) {
+			snprintf(reason, sizeof(reason),
+			    "this key belongs to worker '%s', not '%s'",
+			    c->allow_names[id], m->u.hello.name);
+			drop(c, DROP_IDENTITY, "hello: %s", reason);
+			send_reject(c, &f->peer, reason);
+			return;
+		}
+		if (!w->used) {
+			w->used = true;
+			w->id = id;
+			w->state = W_IDLE;
+		} else if (w->session != m->u.hello.session) {
+			worker_fail(c, w, "worker restarted its session");
+		}
+		w->peer = f->peer;
+	} else if (w != NULL && w->session == m->u.hello.session) {
 		/* A repeated hello of the same session: welcome it again. */
 		w->last_seen_ms = fb_now_ms();
 	} else if (w != NULL) {
@@ -317,6 +484,7 @@ on_model_fetch(coord *c, worker *w, const fb_msg *m)
 	fb_msg out = {.type = FB_MSG_MODEL_CHUNK};
 	uint32_t k = m->u.model_fetch.chunk;
 	uint64_t first, n;
+	fb_err rc;
 
 	if (m->u.model_fetch.round != c->round) {
 		drop(c, DROP_STALE_ROUND, "model_fetch for round %u from %s "
@@ -338,7 +506,13 @@ on_model_fetch(coord *c, worker *w, const fb_msg *m)
 	n = fb_accum_chunk_len(c->accum, k);
 	out.u.model_chunk.round = c->round;
 	out.u.model_chunk.chunk = k;
-	if (send_to(c, w, &out, c->params + first, n * 4) != FB_OK) {
+	if (c->secure) {
+		rc = send_to(c, w, &out, c->bcast + (uint64_t)k * c->bcast_stride,
+		    c->bcast_len[k]);
+	} else {
+		rc = send_to(c, w, &out, c->params + first, n * 4);
+	}
+	if (rc != FB_OK) {
 		worker_fail(c, w, "model download failed");
 	}
 }
@@ -373,6 +547,33 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 		    m->u.update_begin.num_samples, w->num_samples);
 		worker_fail(c, w, "sample count changed");
 		return;
+	}
+	if (c->secure) {
+		fb_stream_ctx ctx = {.run = c->run, .round = c->round,
+		    .sender = w->id};
+		fb_reject why = FB_REJECT_NONE;
+		fb_err rc;
+
+		fb_stream_pull_free(w->pull);
+		w->pull = NULL;
+		w->final_seen = false;
+		if (m->u.update_begin.stream_key.len != FB_STREAM_KEY_LEN) {
+			drop(c, DROP_MALFORMED, "update from %s without a stream "
+			    "key", w->name);
+			worker_fail(c, w, "update without a stream key");
+			return;
+		}
+		rc = fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+		    m->u.update_begin.stream_key.b,
+		    m->u.update_begin.stream_header.b,
+		    m->u.update_begin.stream_header.len, c->chunk_elems * 4,
+		    &w->pull, &why);
+		if (rc != FB_OK) {
+			drop(c, drop_of_reject(why), "update stream header from "
+			    "%s: %s", w->name, fb_reject_name(why));
+			worker_fail(c, w, "bad update stream header");
+			return;
+		}
 	}
 	w->state = W_UPLOADING;
 	w->next_chunk = 0;
@@ -409,16 +610,34 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 		worker_fail(c, w, "update chunks out of order");
 		return;
 	}
-	if (f->payload_len != fb_accum_chunk_len(c->accum, k) * 4) {
+	if (f->payload_len != fb_accum_chunk_len(c->accum, k) * 4 +
+	        (c->secure ? FB_STREAM_CHUNK_OVERHEAD : 0)) {
 		drop(c, DROP_WRONG_SIZE, "update chunk %u from %s has %zu "
 		    "bytes, expected %" PRIu64, k, w->name, f->payload_len,
 		    fb_accum_chunk_len(c->accum, k) * 4);
 		worker_fail(c, w, "update chunk of the wrong size");
 		return;
 	}
-	/* The payload is a zmq buffer of unknown alignment: add from a
-	 * float view only when aligned, else through a bounce copy. */
-	if (((uintptr_t)f->payload & 3) == 0) {
+	if (c->secure) {
+		size_t mlen = 0;
+		int final = 0;
+		fb_reject why = FB_REJECT_NONE;
+		rc = fb_stream_pull_chunk(w->pull, f->payload, f->payload_len,
+		    (uint8_t *)c->scratch, c->chunk_elems * 4, &mlen, &final,
+		    &why);
+		if (rc != FB_OK || (final != 0) != (k + 1 == c->chunk_count)) {
+			drop(c, rc != FB_OK ? drop_of_reject(why)
+			                    : DROP_TRUNCATED,
+			    "update chunk %u from %s: %s", k, w->name,
+			    rc != FB_OK ? fb_reject_name(why)
+			                : "final mark on the wrong chunk");
+			worker_fail(c, w, "update stream rejected");
+			return;
+		}
+		w->final_seen = final != 0;
+		rc = fb_accum_add(c->accum, k, c->scratch, w->weight,
+		    &c->clipped);
+	} else if (((uintptr_t)f->payload & 3) == 0) {
 		const void *p = f->payload;
 		rc = fb_accum_add(c->accum, k, (const float *)p, w->weight,
 		    &c->clipped);
@@ -444,7 +663,7 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 		worker_fail(c, w, "update could not be added");
 		return;
 	}
-	if (++w->next_chunk == c->chunk_count) {
+	if (++w->next_chunk == c->chunk_count && !c->secure) {
 		w->state = W_DONE;
 		fb_log_debug("round %u: update from %s complete", c->round,
 		    w->name);
@@ -452,20 +671,45 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 }
 
 static void
-handle_frame(coord *c, const fb_frame *f)
+on_update_end(coord *c, worker *w, const fb_msg *m)
 {
-	worker *w;
+	fb_reject why = FB_REJECT_NONE;
+	fb_pubkey pk;
 
-	if (f->msg.type == FB_MSG_HELLO) {
-		on_hello(c, f);
+	if (m->u.update_end.round != c->round) {
+		drop(c, DROP_STALE_ROUND, "update end for round %u from %s",
+		    m->u.update_end.round, w->name);
 		return;
 	}
-	w = find_peer(c, &f->peer);
-	if (w == NULL) {
-		drop(c, DROP_UNKNOWN_PEER, "%s from a peer that has not said "
-		    "hello", fb_msg_type_name(f->msg.type));
+	if (!c->secure) {
+		return; /* plain updates are complete at their last chunk */
+	}
+	if (w->state != W_UPLOADING || w->next_chunk != c->chunk_count ||
+	    !w->final_seen) {
+		drop(c, DROP_TRUNCATED, "update end from %s after %u of %u "
+		    "chunks", w->name, w->next_chunk, c->chunk_count);
+		worker_fail(c, w, "update truncated");
 		return;
 	}
+	pk = c->allow[w->id];
+	if (fb_stream_pull_final(w->pull, &pk, m->u.update_end.stream_trailer.b,
+	        m->u.update_end.stream_trailer.len, NULL, &why) != FB_OK) {
+		drop(c, drop_of_reject(why), "update trailer from %s: %s",
+		    w->name, fb_reject_name(why));
+		worker_fail(c, w, "update signature rejected");
+		return;
+	}
+	fb_stream_pull_free(w->pull);
+	w->pull = NULL;
+	w->state = W_DONE;
+	fb_log_debug("round %u: signed update from %s complete", c->round,
+	    w->name);
+}
+
+/* Dispatches an authenticated (or, in plain mode, admitted) message. */
+static void
+dispatch(coord *c, worker *w, const fb_frame *f)
+{
 	w->last_seen_ms = fb_now_ms();
 	switch (f->msg.type) {
 	case FB_MSG_HEARTBEAT:
@@ -479,11 +723,185 @@ handle_frame(coord *c, const fb_frame *f)
 	case FB_MSG_UPDATE_CHUNK:
 		on_update_chunk(c, w, f);
 		break;
+	case FB_MSG_UPDATE_END:
+		on_update_end(c, w, &f->msg);
+		break;
 	default:
 		drop(c, DROP_UNEXPECTED, "%s from worker %s",
 		    fb_msg_type_name(f->msg.type), w->name);
 		break;
 	}
+}
+
+/* Secure mode: a signed hello from a worker; answer with our reply. */
+static void
+on_handshake(coord *c, const fb_frame *f)
+{
+	const fb_blob *h = &f->msg.u.handshake.data;
+	fb_hs_accept_cfg cfg = {
+	    .self = c->self,
+	    .run = c->run,
+	    .proto_version = FB_PROTOCOL_VERSION,
+	    .lookup = fb_allowlist_lookup_cb,
+	};
+	fb_allowlist al = {c->allow, c->allow_count};
+	fb_msg out = {.type = FB_MSG_HANDSHAKE};
+	fb_session *sess = NULL;
+	fb_reject why = FB_REJECT_NONE;
+	uint32_t id;
+	worker *w;
+
+	cfg.lookup_arg = &al;
+	if (h->len == FB_HS_HELLO_LEN) {
+		/* A hello seen before is a replay (nonce at 68..100). */
+		for (uint32_t i = 0; i < HELLO_CACHE; i++) {
+			if (memcmp(c->hello_nonces[i], h->b + 68, 32) == 0) {
+				drop(c, DROP_REPLAY, "replayed handshake hello");
+				return;
+			}
+		}
+	}
+	if (fb_handshake_accept(&cfg, h->b, h->len, out.u.handshake.data.b,
+	        &sess, &why) != FB_OK) {
+		char fp[FB_FINGERPRINT_SIZE] = "?";
+		if (why == FB_REJECT_UNKNOWN_KEY && h->len == FB_HS_HELLO_LEN) {
+			fb_pubkey pk;
+			memcpy(pk.b, h->b + 4, FB_PUBKEY_LEN);
+			fb_pubkey_fingerprint(&pk, fp);
+		}
+		drop(c, drop_of_reject(why), "handshake refused: %s (key %s)",
+		    fb_reject_name(why), fp);
+		if (why == FB_REJECT_UNKNOWN_KEY) {
+			char reason[FB_TEXT_MAX];
+			snprintf(reason, sizeof(reason),
+			    "key %s is not on this coordinator's allowlist", fp);
+			send_reject(c, &f->peer, reason);
+		} else if (why == FB_REJECT_VERSION) {
+			send_reject(c, &f->peer, "protocol version not supported");
+		}
+		return;
+	}
+	memcpy(c->hello_nonces[c->hello_next], h->b + 68, 32);
+	c->hello_next = (c->hello_next + 1) % HELLO_CACHE;
+	id = fb_session_worker_id(sess);
+	w = &c->workers[id];
+	if (w->sess == NULL) {
+		w->sess = sess;
+		w->peer = f->peer;
+	} else {
+		/* The live session stays until the new one is used: a replayed
+		 * or stray hello cannot knock a worker out. */
+		fb_session_free(w->pending);
+		w->pending = sess;
+	}
+	out.u.handshake.data.len = FB_HS_REPLY_LEN;
+	send_quiet(c, &f->peer, &out);
+}
+
+/* Secure mode: authenticate a sealed frame and hand it on. */
+static void
+on_sealed(coord *c, fb_frame *f)
+{
+	uint32_t id = 0;
+	worker *w;
+	int reject = 0;
+	const char *why = NULL;
+	uint8_t copy[FB_MAX_CONTROL_LEN + 256];
+	bool have_copy = false;
+	fb_err rc;
+
+	if (fb_secure_sender(f, &id) != FB_OK) {
+		drop(c, DROP_MALFORMED, "sealed frame without a header");
+		return;
+	}
+	if (id >= c->allow_count || (c->workers[id].sess == NULL &&
+	                                c->workers[id].pending == NULL)) {
+		drop(c, DROP_UNKNOWN_PEER, "sealed frame from sender %u, which "
+		    "has no session", id);
+		return;
+	}
+	w = &c->workers[id];
+	if (w->pending != NULL && f->sealed_len <= sizeof(copy)) {
+		memcpy(copy, f->sealed_data, f->sealed_len);
+		have_copy = true;
+	}
+	rc = w->sess != NULL ? fb_secure_open(w->sess, f, &reject, &why)
+	                     : FB_EAUTH;
+	if (rc != FB_OK && have_copy) {
+		memcpy(f->sealed_data, copy, f->sealed_len);
+		if (fb_secure_open(w->pending, f, &reject, &why) == FB_OK) {
+			/* The worker restarted: its new session takes over. */
+			if (w->used) {
+				worker_fail(c, w, "worker restarted its session");
+			}
+			fb_session_free(w->sess);
+			w->sess = w->pending;
+			w->pending = NULL;
+			w->peer = f->peer;
+			rc = FB_OK;
+		}
+	}
+	if (rc != FB_OK) {
+		drop(c, drop_of_reject(reject), "sealed %s for worker %u: %s",
+		    reject == FB_REJECT_NONE ? "frame" : "message", id,
+		    why != NULL ? why : "rejected");
+		return;
+	}
+	if (!fb_peer_equal(&w->peer, &f->peer)) {
+		/* Authentic and fresh from another connection: reconnected. */
+		fb_log_info("worker %u reconnected", id);
+		w->peer = f->peer;
+	}
+	if (f->msg.type == FB_MSG_HELLO) {
+		on_hello(c, w, f);
+		return;
+	}
+	if (!w->used) {
+		drop(c, DROP_UNEXPECTED, "%s before hello from worker %u",
+		    fb_msg_type_name(f->msg.type), id);
+		return;
+	}
+	dispatch(c, w, f);
+}
+
+static void
+handle_frame(coord *c, fb_frame *f)
+{
+	worker *w;
+
+	if (c->secure) {
+		if (f->sealed) {
+			on_sealed(c, f);
+		} else if (f->msg.type == FB_MSG_HANDSHAKE) {
+			on_handshake(c, f);
+		} else if (f->msg.type == FB_MSG_HELLO) {
+			drop(c, DROP_INSECURE, "plain hello from '%s'",
+			    f->msg.u.hello.name);
+			send_reject(c, &f->peer,
+			    "this coordinator only speaks encrypted, signed "
+			    "sessions: give the worker security.key and "
+			    "security.coordinator_key");
+		} else {
+			drop(c, DROP_INSECURE, "plain %s",
+			    fb_msg_type_name(f->msg.type));
+		}
+		return;
+	}
+	if (f->sealed) {
+		drop(c, DROP_MALFORMED, "sealed frame, but security is off");
+		return;
+	}
+	w = find_peer(c, &f->peer);
+	if (f->msg.type == FB_MSG_HELLO) {
+		on_hello(c, w, f);
+		return;
+	}
+	if (w == NULL) {
+		drop(c, DROP_UNKNOWN_PEER, "%s from a peer that has not said "
+		    "hello", fb_msg_type_name(f->msg.type));
+		return;
+	}
+	dispatch(c, w, f);
 }
 
 /* Heartbeats to every worker, and the liveness check of each. */
@@ -497,7 +915,7 @@ tick(coord *c)
 		hb.u.heartbeat.round = c->round;
 		for (uint32_t i = 0; i < c->worker_cap; i++) {
 			if (c->workers[i].used) {
-				send_quiet(c, &c->workers[i].peer, &hb);
+				(void)send_to(c, &c->workers[i], &hb, NULL, 0);
 			}
 		}
 		c->last_heartbeat_ms = now;
@@ -523,12 +941,18 @@ pump(coord *c, int timeout_ms)
 	fb_err rc;
 
 	rc = fb_link_recv(c->link, timeout_ms, -1, NULL, &f, &why);
-	if (rc == FB_OK) {
+	if ((rc == FB_OK || rc == FB_EPROTO) && rl_blocked(c, &f.peer)) {
+		c->drops[DROP_RATE_LIMITED]++;
+	} else if (rc == FB_OK) {
+		c->cur_peer = &f.peer;
 		handle_frame(c, &f);
+		c->cur_peer = NULL;
 	} else if (rc == FB_EPROTO) {
 		worker *w = find_peer(c, &f.peer);
+		c->cur_peer = &f.peer;
 		drop(c, DROP_MALFORMED, "%s (from %s)", why,
 		    w != NULL ? w->name : "an unknown peer");
+		c->cur_peer = NULL;
 	} else if (rc != FB_ETIMEDOUT) {
 		return rc;
 	}
@@ -567,6 +991,40 @@ wait_for_workers(coord *c)
 	return FB_OK;
 }
 
+/*
+ * Secure mode: encrypts the global model ONCE for the round, under a fresh
+ * round key, into the broadcast buffer; every selected worker gets the same
+ * ciphertext and the key sealed to its own session.
+ */
+static fb_err
+encrypt_broadcast(coord *c)
+{
+	fb_stream_ctx ctx = {.run = c->run, .round = c->round,
+	    .sender = FB_SENDER_COORDINATOR};
+	fb_stream_push *p = NULL;
+	const uint8_t *src = (const uint8_t *)c->params;
+	fb_err rc;
+
+	rc = fb_stream_push_alloc(&ctx, c->chunk_elems * 4,
+	    FB_STREAM_DIGEST_FULL, c->round_key, c->stream_header, &p);
+	if (rc != FB_OK) {
+		return rc;
+	}
+	for (uint32_t k = 0; k < c->chunk_count && rc == FB_OK; k++) {
+		uint64_t len = fb_accum_chunk_len(c->accum, k) * 4;
+		uint8_t *dst = c->bcast + (uint64_t)k * c->bcast_stride;
+		size_t clen = 0;
+		rc = fb_stream_push_chunk(p, src + (uint64_t)k * c->chunk_elems * 4,
+		    len, k + 1 == c->chunk_count, dst, c->bcast_stride, &clen);
+		c->bcast_len[k] = (uint32_t)clen;
+	}
+	if (rc == FB_OK) {
+		rc = fb_stream_push_final(p, c->self, c->stream_trailer);
+	}
+	fb_stream_push_free(p);
+	return rc;
+}
+
 /* Picks this round's workers and tells each its work. */
 static uint32_t
 start_round(coord *c)
@@ -597,6 +1055,10 @@ start_round(coord *c)
 		total += c->workers[cand[s]].num_samples;
 	}
 	fb_accum_reset(c->accum);
+	if (c->secure && encrypt_broadcast(c) != FB_OK) {
+		fb_log_error("round %u: cannot encrypt the model", c->round);
+		nsel = 0;
+	}
 	c->round_started_ms = fb_now_ms();
 	c->deadline_ms = c->round_started_ms + cfg->deadline_ms;
 	for (uint32_t s = 0; s < nsel; s++) {
@@ -627,10 +1089,23 @@ start_round(coord *c)
 		m.u.round_start.deadline_ms = (uint32_t)cfg->deadline_ms;
 		m.u.round_start.synthetic =
 		    strcmp(cfg->model_arch, "synthetic") == 0;
+		if (c->secure) {
+			memcpy(m.u.round_start.round_key.b, c->round_key,
+			    FB_STREAM_KEY_LEN);
+			m.u.round_start.round_key.len = FB_STREAM_KEY_LEN;
+			memcpy(m.u.round_start.stream_header.b, c->stream_header,
+			    FB_STREAM_HEADER_LEN);
+			m.u.round_start.stream_header.len = FB_STREAM_HEADER_LEN;
+			memcpy(m.u.round_start.stream_trailer.b,
+			    c->stream_trailer, FB_STREAM_TRAILER_LEN);
+			m.u.round_start.stream_trailer.len =
+			    FB_STREAM_TRAILER_LEN;
+		}
 		w->state = W_TRAINING;
 		if (send_to(c, w, &m, NULL, 0) != FB_OK) {
 			worker_fail(c, w, "round start could not be sent");
 		}
+		fb_wipe(&m.u.round_start.round_key, sizeof(m.u.round_start.round_key));
 		selected++;
 	}
 	free(cand);
@@ -723,7 +1198,7 @@ write_metrics(coord *c, const round_result *r)
 	    r->train_loss, r->seconds, c->up_bytes, c->down_bytes, c->clipped);
 	for (int i = 0; i < DROP_REASON_COUNT_; i++) {
 		fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", drop_names[i],
-		    c->drops[i]);
+		    c->drops[i] - c->drops_reported[i]);
 	}
 	fprintf(f, "}, \"workers\": [");
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
@@ -747,6 +1222,7 @@ write_metrics(coord *c, const round_result *r)
 		first = false;
 	}
 	fprintf(f, "]}\n");
+	memcpy(c->drops_reported, c->drops, sizeof(c->drops));
 	if (fflush(f) != 0 || ferror(f)) {
 		fclose(f);
 		fb_log_error("cannot write %s", c->metrics_path);
@@ -792,7 +1268,6 @@ run_round(coord *c, uint32_t rounds_total)
 	bool cancelled = false, mixed = false;
 	const char *backend = NULL;
 
-	memset(c->drops, 0, sizeof(c->drops));
 	c->clipped = 0;
 	r.selected = start_round(c);
 	while (!round_finished(c)) {
@@ -886,11 +1361,128 @@ shutdown_workers(coord *c, const char *reason)
 	    reason);
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		if (c->workers[i].used) {
-			send_quiet(c, &c->workers[i].peer, &m);
+			(void)send_to(c, &c->workers[i], &m, NULL, 0);
 		}
 	}
 	/* Give the I/O thread a moment to flush before the socket closes. */
 	fb_sleep_ms(200);
+}
+
+/* Adds one allowlist line ("fedbox-ed25519 KEY NAME") as worker id n. */
+static fb_err
+allow_add(coord *c, const char *line, const char *where)
+{
+	fb_pubkey pk;
+	char name[FB_COMMENT_MAX];
+	uint32_t n = c->allow_count;
+
+	if (fb_pubkey_parse(line, &pk, name, sizeof(name)) != FB_OK) {
+		fb_log_error("%s: not a fedbox public key line: '%.60s'", where,
+		    line);
+		return FB_ECONFIG;
+	}
+	if (name[0] == '\0' || strlen(name) >= FB_NAME_MAX ||
+	    strchr(name, ' ') != NULL) {
+		fb_log_error("%s: the key's comment must be the worker's name "
+		             "(one word, < %d bytes): '%.60s'",
+		    where, FB_NAME_MAX, line);
+		return FB_ECONFIG;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (fb_pubkey_equal(&c->allow[i], &pk) ||
+		    strcmp(c->allow_names[i], name) == 0) {
+			fb_log_error("%s: worker '%s' or its key is listed twice",
+			    where, name);
+			return FB_ECONFIG;
+		}
+	}
+	c->allow = realloc(c->allow, (n + 1) * sizeof(*c->allow));
+	c->allow_names = realloc(c->allow_names,
+	    (n + 1) * sizeof(*c->allow_names));
+	if (c->allow == NULL || c->allow_names == NULL) {
+		return FB_ENOMEM;
+	}
+	c->allow[n] = pk;
+	snprintf(c->allow_names[n], FB_NAME_MAX, "%s", name);
+	c->allow_count = n + 1;
+	return FB_OK;
+}
+
+static fb_err
+load_security(coord *c, const fb_coord_config *cfg)
+{
+	fb_err rc;
+	char line[FB_PUBLINE_MAX + 64];
+	FILE *f;
+	unsigned lineno = 0;
+
+	if (cfg->key[0] == '\0') {
+		fb_log_error("security.key is required (the coordinator's "
+		             "identity; make one with fedbox-keygen -o NAME), "
+		             "or set security.enabled: false");
+		return FB_ECONFIG;
+	}
+	if ((rc = fb_identity_load(cfg->key, &c->self)) != FB_OK) {
+		return rc == FB_ENOMEM ? rc : FB_ECONFIG;
+	}
+	for (size_t i = 0; i < cfg->workers.count; i++) {
+		if ((rc = allow_add(c, cfg->workers.v[i], "security.workers")) !=
+		    FB_OK) {
+			return rc;
+		}
+	}
+	if (cfg->allowlist[0] != '\0') {
+		if ((f = fopen(cfg->allowlist, "r")) == NULL) {
+			fb_log_error("security.allowlist: cannot open %s",
+			    cfg->allowlist);
+			return FB_ECONFIG;
+		}
+		while (fgets(line, sizeof(line), f) != NULL) {
+			char where[4200];
+			size_t n = strcspn(line, "\r\n");
+			lineno++;
+			line[n] = '\0';
+			if (line[0] == '\0' || line[0] == '#') {
+				continue;
+			}
+			snprintf(where, sizeof(where), "%s:%u", cfg->allowlist,
+			    lineno);
+			if ((rc = allow_add(c, line, where)) != FB_OK) {
+				fclose(f);
+				return rc;
+			}
+		}
+		fclose(f);
+	}
+	if (c->allow_count == 0) {
+		fb_log_error("no worker may join: list their public keys in "
+		             "security.allowlist (a file) or security.workers");
+		return FB_ECONFIG;
+	}
+	if ((c->hello_nonces = calloc(HELLO_CACHE, 32)) == NULL) {
+		return FB_ENOMEM;
+	}
+	if ((rc = fb_run_id_random(&c->run)) != FB_OK) {
+		return rc;
+	}
+	memcpy(&c->run_id, c->run.b, sizeof(c->run_id));
+	c->bcast_stride = (uint64_t)c->chunk_elems * 4 + FB_STREAM_CHUNK_OVERHEAD;
+	c->bcast = fb_alloc(c->bcast_stride * c->chunk_count);
+	c->bcast_len = calloc(c->chunk_count, sizeof(*c->bcast_len));
+	c->scratch = fb_alloc((size_t)c->chunk_elems * 4);
+	if (c->bcast == NULL || c->bcast_len == NULL || c->scratch == NULL) {
+		return FB_ENOMEM;
+	}
+	c->secure = true;
+	{
+		fb_pubkey pk;
+		char fp[FB_FINGERPRINT_SIZE];
+		fb_identity_pubkey(c->self, &pk);
+		fb_pubkey_fingerprint(&pk, fp);
+		fb_log_info("secure sessions on: identity %s, %u workers on the "
+		            "allowlist", fp, c->allow_count);
+	}
+	return FB_OK;
 }
 
 static fb_err
@@ -975,14 +1567,25 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 			return rc;
 		}
 	}
-	c->worker_cap = (uint32_t)cfg->max_workers;
+	if (cfg->security) {
+		if ((rc = load_security(c, cfg)) != FB_OK) {
+			return rc;
+		}
+		c->worker_cap = c->allow_count;
+		lo.max_payload += FB_STREAM_CHUNK_OVERHEAD;
+	} else {
+		c->worker_cap = (uint32_t)cfg->max_workers;
+		fb_log_warn("security.enabled is false: messages and updates "
+		            "travel unencrypted and unsigned");
+		if (getrandom(&c->run_id, sizeof(c->run_id), 0) !=
+		    (ssize_t)sizeof(c->run_id)) {
+			c->run_id = (uint64_t)fb_now_ms() ^
+			    ((uint64_t)getpid() << 32);
+		}
+	}
 	if ((c->workers = calloc(c->worker_cap, sizeof(*c->workers))) ==
 	    NULL) {
 		return FB_ENOMEM;
-	}
-	if (getrandom(&c->run_id, sizeof(c->run_id), 0) !=
-	    (ssize_t)sizeof(c->run_id)) {
-		c->run_id = (uint64_t)fb_now_ms() ^ ((uint64_t)getpid() << 32);
 	}
 	fb_rng_init(&c->rng, (uint64_t)cfg->seed, 0xc00d);
 	if ((rc = fb_link_bind(cfg->listen, &lo, &c->link)) != FB_OK) {
@@ -1001,7 +1604,20 @@ coord_fini(coord *c)
 	fb_free(c->params);
 	fb_model_close(c->model);
 	fb_dataset_fini(&c->test);
+	for (uint32_t i = 0; c->workers != NULL && i < c->worker_cap; i++) {
+		fb_stream_pull_free(c->workers[i].pull);
+		fb_session_free(c->workers[i].sess);
+		fb_session_free(c->workers[i].pending);
+	}
 	free(c->workers);
+	fb_identity_free(c->self);
+	free(c->allow);
+	free(c->allow_names);
+	free(c->hello_nonces);
+	fb_free(c->bcast);
+	free(c->bcast_len);
+	fb_free(c->scratch);
+	fb_wipe(c->round_key, sizeof(c->round_key));
 }
 
 fb_err

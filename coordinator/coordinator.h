@@ -51,6 +51,11 @@ typedef struct fb_coord_config {
 	int64_t liveness_ms;
 	int64_t send_timeout_ms;
 	int64_t max_workers;
+	/* security */
+	bool security;             /* encrypted, signed sessions (default) */
+	char *key;                 /* identity secret key file */
+	char *allowlist;           /* file of workers' public key lines */
+	fb_cfg_str_list workers;   /* the same, inline */
 } fb_coord_config;
 
 /* fb_coord_config_schema describes every key (see configs/README.md). */

@@ -25,6 +25,8 @@ struct fb_link {
 	fb_link_opts opts;
 	zmq_msg_t payload; /* last received payload frame */
 	bool payload_live;
+	zmq_msg_t head; /* last received sealed frame 0 */
+	bool head_live;
 	uint64_t sent;
 	uint64_t received;
 };
@@ -136,6 +138,9 @@ fb_link_close(fb_link *l)
 	if (l->payload_live) {
 		zmq_msg_close(&l->payload);
 	}
+	if (l->head_live) {
+		zmq_msg_close(&l->head);
+	}
 	if (l->sock != NULL) {
 		zmq_close(l->sock);
 	}
@@ -162,6 +167,33 @@ send_errno(int err)
 }
 
 fb_err
+fb_link_send_raw(fb_link *l, const fb_peer *peer, const uint8_t *head,
+    size_t head_len, const void *payload, size_t payload_len)
+{
+	bool with_payload = payload != NULL;
+
+	if (l->router != (peer != NULL)) {
+		return FB_EINVAL;
+	}
+	if (with_payload && payload_len > l->opts.max_payload) {
+		return FB_EINVAL;
+	}
+	if (peer != NULL &&
+	    zmq_send(l->sock, peer->id, peer->len, ZMQ_SNDMORE) < 0) {
+		return send_errno(errno);
+	}
+	if (zmq_send(l->sock, head, head_len, with_payload ? ZMQ_SNDMORE : 0) <
+	    0) {
+		return send_errno(errno);
+	}
+	if (with_payload && zmq_send(l->sock, payload, payload_len, 0) < 0) {
+		return send_errno(errno);
+	}
+	l->sent += head_len + (with_payload ? payload_len : 0);
+	return FB_OK;
+}
+
+fb_err
 fb_link_send(fb_link *l, const fb_peer *peer, const fb_msg *m,
     const void *payload, size_t payload_len)
 {
@@ -170,27 +202,12 @@ fb_link_send(fb_link *l, const fb_peer *peer, const fb_msg *m,
 	size_t len = 0;
 	bool with_payload = fb_msg_has_payload(m->type);
 
-	if (l->router != (peer != NULL)) {
-		return FB_EINVAL;
-	}
-	if (with_payload && payload_len > l->opts.max_payload) {
-		return FB_EINVAL;
-	}
 	if ((rc = fb_msg_pack(m, buf, sizeof(buf), &len)) != FB_OK) {
 		return rc;
 	}
-	if (peer != NULL &&
-	    zmq_send(l->sock, peer->id, peer->len, ZMQ_SNDMORE) < 0) {
-		return send_errno(errno);
-	}
-	if (zmq_send(l->sock, buf, len, with_payload ? ZMQ_SNDMORE : 0) < 0) {
-		return send_errno(errno);
-	}
-	if (with_payload && zmq_send(l->sock, payload, payload_len, 0) < 0) {
-		return send_errno(errno);
-	}
-	l->sent += len + (with_payload ? payload_len : 0);
-	return FB_OK;
+	return fb_link_send_raw(l, peer, buf, len,
+	    with_payload ? (payload != NULL ? payload : "") : NULL,
+	    with_payload ? payload_len : 0);
 }
 
 /* Reads and discards the rest of a multipart message. */
@@ -248,6 +265,10 @@ fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
 		zmq_msg_close(&l->payload);
 		l->payload_live = false;
 	}
+	if (l->head_live) {
+		zmq_msg_close(&l->head);
+		l->head_live = false;
+	}
 	n = zmq_poll(items, wake_fd >= 0 ? 2 : 1, timeout_ms);
 	if (n < 0) {
 		if (errno == EINTR) {
@@ -286,32 +307,58 @@ fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
 		goto out;
 	}
 	f->wire_len += zmq_msg_size(&part);
-	rc = fb_msg_unpack(zmq_msg_data(&part), zmq_msg_size(&part), &f->msg,
-	    why);
-	if (rc != FB_OK) {
-		goto out;
-	}
-	if (fb_msg_has_payload(f->msg.type)) {
-		if (!has_more(l->sock)) {
-			*why = "payload frame missing";
-			rc = FB_EPROTO;
-			goto out;
+	{
+		const uint8_t *h = zmq_msg_data(&part);
+		size_t hl = zmq_msg_size(&part);
+		bool want_payload;
+
+		if (hl >= FB_WIRE_PREFIX_LEN && h[0] == 'F' && h[1] == 'B' &&
+		    h[2] == 1 && (h[3] & FB_WIRE_SEALED) &&
+		    !(h[3] & ~(FB_WIRE_SEALED | FB_WIRE_PAYLOAD))) {
+			if (hl > FB_MAX_CONTROL_LEN + 128) {
+				*why = "sealed frame too long";
+				rc = FB_EPROTO;
+				goto out;
+			}
+			/* Keep frame 0: the caller opens it in place. */
+			zmq_msg_init(&l->head);
+			zmq_msg_move(&l->head, &part);
+			l->head_live = true;
+			f->sealed = true;
+			f->sealed_data = (uint8_t *)zmq_msg_data(&l->head) +
+			    FB_WIRE_PREFIX_LEN;
+			f->sealed_len = hl - FB_WIRE_PREFIX_LEN;
+			want_payload = (h[3] & FB_WIRE_PAYLOAD) != 0;
+		} else {
+			rc = fb_msg_unpack(h, hl, &f->msg, why);
+			if (rc != FB_OK) {
+				goto out;
+			}
+			want_payload = fb_msg_has_payload(f->msg.type);
 		}
-		zmq_msg_init(&l->payload);
-		if (zmq_msg_recv(&l->payload, l->sock, ZMQ_DONTWAIT) < 0) {
-			zmq_msg_close(&l->payload);
-			*why = "payload frame missing";
-			rc = FB_EPROTO;
-			goto out;
-		}
-		l->payload_live = true;
-		f->payload = zmq_msg_data(&l->payload);
-		f->payload_len = zmq_msg_size(&l->payload);
-		f->wire_len += f->payload_len;
-		if (f->payload_len > l->opts.max_payload) {
-			*why = "payload frame too long";
-			rc = FB_EPROTO;
-			goto out;
+		if (want_payload) {
+			if (!has_more(l->sock)) {
+				*why = "payload frame missing";
+				rc = FB_EPROTO;
+				goto out;
+			}
+			zmq_msg_init(&l->payload);
+			if (zmq_msg_recv(&l->payload, l->sock, ZMQ_DONTWAIT) <
+			    0) {
+				zmq_msg_close(&l->payload);
+				*why = "payload frame missing";
+				rc = FB_EPROTO;
+				goto out;
+			}
+			l->payload_live = true;
+			f->payload = zmq_msg_data(&l->payload);
+			f->payload_len = zmq_msg_size(&l->payload);
+			f->wire_len += f->payload_len;
+			if (f->payload_len > l->opts.max_payload) {
+				*why = "payload frame too long";
+				rc = FB_EPROTO;
+				goto out;
+			}
 		}
 	}
 	if (has_more(l->sock)) {
@@ -335,8 +382,15 @@ out:
 			zmq_msg_close(&l->payload);
 			l->payload_live = false;
 		}
+		if (l->head_live) {
+			zmq_msg_close(&l->head);
+			l->head_live = false;
+		}
 		f->payload = NULL;
 		f->payload_len = 0;
+		f->sealed = false;
+		f->sealed_data = NULL;
+		f->sealed_len = 0;
 	}
 	return rc;
 }

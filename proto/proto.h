@@ -28,6 +28,17 @@
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
 #define FB_PROTO_MAX_HIDDEN 16
 #define FB_MAX_CONTROL_LEN 4096 /* frame 0 longer than this is malformed */
+#define FB_BLOB_MAX 256         /* handshake blobs, keys, stream headers */
+
+/* Frame 0 flags (byte 3 of the prefix). */
+#define FB_WIRE_PAYLOAD 0x01 /* a payload frame follows */
+#define FB_WIRE_SEALED 0x02  /* the envelope is sealed (crypto/) */
+
+/* A short opaque byte string carried in a message. */
+typedef struct fb_blob {
+	uint8_t b[FB_BLOB_MAX];
+	uint32_t len;
+} fb_blob;
 
 typedef enum fb_msg_type {
 	FB_MSG_NONE = 0,
@@ -42,6 +53,8 @@ typedef enum fb_msg_type {
 	FB_MSG_HEARTBEAT,
 	FB_MSG_ROUND_CANCEL,
 	FB_MSG_SHUTDOWN,
+	FB_MSG_HANDSHAKE,
+	FB_MSG_UPDATE_END,
 	FB_MSG_TYPE_COUNT_
 } fb_msg_type;
 
@@ -97,6 +110,9 @@ typedef struct fb_msg {
 			uint64_t seed;
 			uint32_t deadline_ms;
 			bool synthetic;
+			fb_blob round_key;
+			fb_blob stream_header;
+			fb_blob stream_trailer;
 		} round_start;
 		struct {
 			uint32_t round;
@@ -111,7 +127,16 @@ typedef struct fb_msg {
 			double train_loss;
 			double train_seconds;
 			char backend[FB_TEXT_MAX];
+			fb_blob stream_key;
+			fb_blob stream_header;
 		} update_begin;
+		struct {
+			uint32_t round;
+			fb_blob stream_trailer;
+		} update_end;
+		struct {
+			fb_blob data;
+		} handshake;
 		struct {
 			uint32_t round;
 		} heartbeat;
@@ -135,6 +160,18 @@ bool fb_msg_has_payload(fb_msg_type t);
  */
 FB_MUST_CHECK fb_err fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap,
     size_t *len);
+
+/*
+ * fb_msg_pack_envelope encodes `m` as a bare Envelope (no prefix), for
+ * sealing. Errors as fb_msg_pack.
+ */
+FB_MUST_CHECK fb_err fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf,
+    size_t cap, size_t *len);
+
+/* fb_msg_unpack_envelope decodes a bare Envelope (an opened sealed body);
+ * `with_payload` says whether the frame carried a payload. */
+FB_MUST_CHECK fb_err fb_msg_unpack_envelope(const uint8_t *buf, size_t len,
+    bool with_payload, fb_msg *m, const char **why);
 
 /*
  * fb_msg_unpack decodes frame 0 bytes into *m (zeroed on entry). Anything a
@@ -192,12 +229,18 @@ void fb_link_close(fb_link *l);
 FB_MUST_CHECK fb_err fb_link_send(fb_link *l, const fb_peer *peer,
     const fb_msg *m, const void *payload, size_t payload_len);
 
-/* A received message. Its payload points into the link's receive buffer
- * and stays valid until the next fb_link_recv or fb_link_close. */
+/* A received message. Its payload (and sealed frame 0) point into the
+ * link's receive buffers and stay valid until the next fb_link_recv or
+ * fb_link_close. A sealed frame is returned undecoded (msg.type NONE,
+ * `sealed` set): the caller opens it with the sender's session. */
 typedef struct fb_frame {
 	fb_peer peer;        /* ROUTER: sender's routing id */
 	fb_msg msg;
-	const uint8_t *payload;
+	bool sealed;
+	uint8_t *sealed_data; /* frame 0 after the prefix (mutable: opened in
+	                       * place) */
+	size_t sealed_len;
+	uint8_t *payload;     /* mutable, so it can be decrypted in place */
 	size_t payload_len;
 	size_t wire_len;     /* bytes of all frames, for traffic metrics */
 } fb_frame;
@@ -214,9 +257,45 @@ typedef struct fb_frame {
 FB_MUST_CHECK fb_err fb_link_recv(fb_link *l, int timeout_ms, int wake_fd,
     bool *woke, fb_frame *f, const char **why);
 
+/*
+ * fb_link_send_raw sends a prepared frame 0 (`head`, with its prefix) and,
+ * when `payload` is non-NULL, a payload frame. Same blocking and errors as
+ * fb_link_send. Used for sealed messages.
+ */
+FB_MUST_CHECK fb_err fb_link_send_raw(fb_link *l, const fb_peer *peer,
+    const uint8_t *head, size_t head_len, const void *payload,
+    size_t payload_len);
+
 /* fb_link_bytes_sent/received count all traffic since open. */
 uint64_t fb_link_bytes_sent(const fb_link *l);
 uint64_t fb_link_bytes_received(const fb_link *l);
 
+
+/* ---- sealed messages (secure mode) ---- */
+
+struct fb_session; /* crypto/crypto.h */
+
+/*
+ * fb_secure_send packs `m`, seals it with session `s` for `round` and sends
+ * it with `payload` (already encrypted by the caller, or NULL). Same
+ * blocking and errors as fb_link_send, plus FB_ERANGE from sealing.
+ */
+FB_MUST_CHECK fb_err fb_secure_send(fb_link *l, const fb_peer *peer,
+    struct fb_session *s, uint32_t round, const fb_msg *m,
+    const void *payload, size_t payload_len);
+
+/* fb_secure_sender reads the (unauthenticated) sender id of a sealed frame,
+ * to find its session. Errors: FB_EPROTO. */
+FB_MUST_CHECK fb_err fb_secure_sender(const fb_frame *f, uint32_t *sender);
+
+/*
+ * fb_secure_open authenticates and decrypts f's sealed frame 0 with `s`
+ * (in place) and decodes it into f->msg. The sealed header's round must
+ * equal the round inside the message for round-scoped messages. On error
+ * *reject (a fb_reject value, see crypto.h) and *why say what was wrong.
+ * Errors: FB_EAUTH, FB_ESTALE, FB_EPROTO.
+ */
+FB_MUST_CHECK fb_err fb_secure_open(struct fb_session *s, fb_frame *f,
+    int *reject, const char **why);
 
 #endif

@@ -18,7 +18,7 @@
 static const char *const type_names[FB_MSG_TYPE_COUNT_] = {
 	"none", "hello", "welcome", "reject", "round_start", "model_fetch",
 	"model_chunk", "update_begin", "update_chunk", "heartbeat",
-	"round_cancel", "shutdown",
+	"round_cancel", "shutdown", "handshake", "update_end",
 };
 
 const char *
@@ -58,6 +58,26 @@ copy_text(char *dst, size_t cap, const char *src)
 	return true;
 }
 
+static ProtobufCBinaryData
+blob_to_pb(const fb_blob *b)
+{
+	ProtobufCBinaryData d = {b->len, (uint8_t *)(uintptr_t)b->b};
+	return d;
+}
+
+static bool
+blob_from_pb(fb_blob *b, ProtobufCBinaryData d)
+{
+	if (d.len > sizeof(b->b)) {
+		return false;
+	}
+	if (d.len > 0) {
+		memcpy(b->b, d.data, d.len);
+	}
+	b->len = (uint32_t)d.len;
+	return true;
+}
+
 static void
 spec_to_pb(const fb_wire_model_spec *s, Fedbox__ModelSpec *pb)
 {
@@ -72,7 +92,7 @@ spec_to_pb(const fb_wire_model_spec *s, Fedbox__ModelSpec *pb)
 }
 
 fb_err
-fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
+fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 {
 	Fedbox__Envelope env = FEDBOX__ENVELOPE__INIT;
 	Fedbox__Hello hello;
@@ -87,6 +107,8 @@ fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 	Fedbox__Heartbeat hb;
 	Fedbox__RoundCancel rc;
 	Fedbox__Shutdown sd;
+	Fedbox__Handshake hs;
+	Fedbox__UpdateEnd ue;
 	size_t need;
 
 	*len = 0;
@@ -141,6 +163,9 @@ fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		rs.seed = m->u.round_start.seed;
 		rs.deadline_ms = m->u.round_start.deadline_ms;
 		rs.synthetic = m->u.round_start.synthetic;
+		rs.round_key = blob_to_pb(&m->u.round_start.round_key);
+		rs.stream_header = blob_to_pb(&m->u.round_start.stream_header);
+		rs.stream_trailer = blob_to_pb(&m->u.round_start.stream_trailer);
 		env.body_case = FEDBOX__ENVELOPE__BODY_ROUND_START;
 		env.round_start = &rs;
 		break;
@@ -168,6 +193,8 @@ fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		ub.train_loss = m->u.update_begin.train_loss;
 		ub.train_seconds = m->u.update_begin.train_seconds;
 		ub.backend = (char *)(uintptr_t)m->u.update_begin.backend;
+		ub.stream_key = blob_to_pb(&m->u.update_begin.stream_key);
+		ub.stream_header = blob_to_pb(&m->u.update_begin.stream_header);
 		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_BEGIN;
 		env.update_begin = &ub;
 		break;
@@ -197,19 +224,51 @@ fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		env.body_case = FEDBOX__ENVELOPE__BODY_SHUTDOWN;
 		env.shutdown = &sd;
 		break;
+	case FB_MSG_HANDSHAKE:
+		fedbox__handshake__init(&hs);
+		hs.data = blob_to_pb(&m->u.handshake.data);
+		env.body_case = FEDBOX__ENVELOPE__BODY_HANDSHAKE;
+		env.handshake = &hs;
+		break;
+	case FB_MSG_UPDATE_END:
+		fedbox__update_end__init(&ue);
+		ue.round = m->u.update_end.round;
+		ue.stream_trailer = blob_to_pb(&m->u.update_end.stream_trailer);
+		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_END;
+		env.update_end = &ue;
+		break;
 	default:
 		return FB_EINVAL;
 	}
-	need = FB_WIRE_PREFIX_LEN + fedbox__envelope__get_packed_size(&env);
-	if (need > cap || need > FB_MAX_CONTROL_LEN) {
+	need = fedbox__envelope__get_packed_size(&env);
+	if (need > cap || need + FB_WIRE_PREFIX_LEN > FB_MAX_CONTROL_LEN) {
 		return FB_ERANGE;
+	}
+	fedbox__envelope__pack(&env, buf);
+	*len = need;
+	return FB_OK;
+}
+
+fb_err
+fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
+{
+	fb_err rc;
+	size_t n = 0;
+
+	*len = 0;
+	if (cap < FB_WIRE_PREFIX_LEN) {
+		return FB_ERANGE;
+	}
+	rc = fb_msg_pack_envelope(m, buf + FB_WIRE_PREFIX_LEN,
+	    cap - FB_WIRE_PREFIX_LEN, &n);
+	if (rc != FB_OK) {
+		return rc;
 	}
 	buf[0] = WIRE_MAGIC0;
 	buf[1] = WIRE_MAGIC1;
 	buf[2] = WIRE_VERSION;
-	buf[3] = fb_msg_has_payload(m->type) ? 1 : 0;
-	fedbox__envelope__pack(&env, buf + FB_WIRE_PREFIX_LEN);
-	*len = need;
+	buf[3] = fb_msg_has_payload(m->type) ? FB_WIRE_PAYLOAD : 0;
+	*len = n + FB_WIRE_PREFIX_LEN;
 	return FB_OK;
 }
 
@@ -236,26 +295,45 @@ spec_from_pb(const Fedbox__ModelSpec *pb, fb_wire_model_spec *s)
 fb_err
 fb_msg_unpack(const uint8_t *buf, size_t len, fb_msg *m, const char **why)
 {
-	fb_err rc = FB_EPROTO;
-	Fedbox__Envelope *env = NULL;
-	const char *reason = "malformed";
+	const char *reason = NULL;
 
 	memset(m, 0, sizeof(*m));
 	if (len < FB_WIRE_PREFIX_LEN || buf[0] != WIRE_MAGIC0 ||
 	    buf[1] != WIRE_MAGIC1) {
 		reason = "not a fedbox frame (bad prefix)";
-		goto out;
-	}
-	if (buf[2] != WIRE_VERSION) {
+	} else if (buf[2] != WIRE_VERSION) {
 		reason = "unsupported wire version";
-		goto out;
+	} else if (len > FB_MAX_CONTROL_LEN) {
+		reason = "control frame too long";
+	} else if (buf[3] & ~(FB_WIRE_PAYLOAD | FB_WIRE_SEALED)) {
+		reason = "unknown frame flags";
+	} else if (buf[3] & FB_WIRE_SEALED) {
+		reason = "sealed frame where a plain one was expected";
 	}
-	if (len > FB_MAX_CONTROL_LEN) {
+	if (reason != NULL) {
+		if (why != NULL) {
+			*why = reason;
+		}
+		return FB_EPROTO;
+	}
+	return fb_msg_unpack_envelope(buf + FB_WIRE_PREFIX_LEN,
+	    len - FB_WIRE_PREFIX_LEN, (buf[3] & FB_WIRE_PAYLOAD) != 0, m, why);
+}
+
+fb_err
+fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
+    fb_msg *m, const char **why)
+{
+	fb_err rc = FB_EPROTO;
+	Fedbox__Envelope *env = NULL;
+	const char *reason = "malformed";
+
+	memset(m, 0, sizeof(*m));
+	if (len + FB_WIRE_PREFIX_LEN > FB_MAX_CONTROL_LEN) {
 		reason = "control frame too long";
 		goto out;
 	}
-	env = fedbox__envelope__unpack(NULL, len - FB_WIRE_PREFIX_LEN,
-	    buf + FB_WIRE_PREFIX_LEN);
+	env = fedbox__envelope__unpack(NULL, len, buf);
 	if (env == NULL) {
 		reason = "protobuf does not decode";
 		goto out;
@@ -316,6 +394,14 @@ fb_msg_unpack(const uint8_t *buf, size_t len, fb_msg *m, const char **why)
 		m->u.round_start.seed = p->seed;
 		m->u.round_start.deadline_ms = p->deadline_ms;
 		m->u.round_start.synthetic = p->synthetic;
+		if (!blob_from_pb(&m->u.round_start.round_key, p->round_key) ||
+		    !blob_from_pb(&m->u.round_start.stream_header,
+		        p->stream_header) ||
+		    !blob_from_pb(&m->u.round_start.stream_trailer,
+		        p->stream_trailer)) {
+			reason = "round_start: blob too long";
+			goto out;
+		}
 		break;
 	}
 	case FEDBOX__ENVELOPE__BODY_MODEL_FETCH:
@@ -341,6 +427,12 @@ fb_msg_unpack(const uint8_t *buf, size_t len, fb_msg *m, const char **why)
 		if (!copy_text(m->u.update_begin.backend,
 		        sizeof(m->u.update_begin.backend), p->backend)) {
 			reason = "update_begin: bad backend text";
+			goto out;
+		}
+		if (!blob_from_pb(&m->u.update_begin.stream_key, p->stream_key) ||
+		    !blob_from_pb(&m->u.update_begin.stream_header,
+		        p->stream_header)) {
+			reason = "update_begin: blob too long";
 			goto out;
 		}
 		break;
@@ -372,11 +464,27 @@ fb_msg_unpack(const uint8_t *buf, size_t len, fb_msg *m, const char **why)
 			goto out;
 		}
 		break;
+	case FEDBOX__ENVELOPE__BODY_HANDSHAKE:
+		m->type = FB_MSG_HANDSHAKE;
+		if (!blob_from_pb(&m->u.handshake.data, env->handshake->data)) {
+			reason = "handshake: blob too long";
+			goto out;
+		}
+		break;
+	case FEDBOX__ENVELOPE__BODY_UPDATE_END:
+		m->type = FB_MSG_UPDATE_END;
+		m->u.update_end.round = env->update_end->round;
+		if (!blob_from_pb(&m->u.update_end.stream_trailer,
+		        env->update_end->stream_trailer)) {
+			reason = "update_end: blob too long";
+			goto out;
+		}
+		break;
 	default:
 		reason = "envelope has no known body";
 		goto out;
 	}
-	if ((buf[3] & 1) != (fb_msg_has_payload(m->type) ? 1 : 0)) {
+	if (with_payload != fb_msg_has_payload(m->type)) {
 		reason = "payload flag does not match the message type";
 		goto out;
 	}

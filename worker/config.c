@@ -60,6 +60,12 @@ const fb_cfg_field fb_worker_config_schema[] = {
         10, 3600000, MB, "a send to a full queue gives up after this"},
     {"transport.fetch_window", FB_CFG_INT, F(fetch_window), "8", 1, 1024,
         MB, "model chunks requested ahead while downloading"},
+    {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,
+        "encrypt and sign every message; false only for benchmarks"},
+    {"security.key", FB_CFG_STRING, F(key), "", NOB, MB,
+        "this worker's secret key file (fedbox-keygen), mode 0600"},
+    {"security.coordinator_key", FB_CFG_STRING, F(coordinator_key), "",
+        NOB, MB, "the coordinator's public key: its .pub file or the line"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 

@@ -21,6 +21,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "crypto/crypto.h"
 #include "data/data.h"
 #include "model/model.h"
 #include "proto/proto.h"
@@ -32,6 +33,7 @@
 #endif
 
 #define HELLO_RETRY_MS 2000
+#define HANDSHAKE_RETRY_MS 5000
 
 typedef enum wk_state {
 	S_HELLO = 0, /* waiting for Welcome */
@@ -81,12 +83,23 @@ typedef struct wk {
 	int64_t last_hello_ms;
 	int64_t hello_since_ms;
 	volatile sig_atomic_t *stop;
+	/* secure mode */
+	bool secure;
+	fb_identity *self;
+	fb_pubkey coord_pk;
+	fb_handshake *hs;
+	fb_session *sess;
+	fb_stream_pull *mpull; /* this round's model stream */
+	fb_blob model_trailer;
+	uint8_t *sendbuf;      /* one encrypted update chunk */
 } wk;
 
 static fb_err
 wk_send(wk *w, const fb_msg *m, const void *payload, size_t len)
 {
-	fb_err rc = fb_link_send(w->link, NULL, m, payload, len);
+	fb_err rc = w->secure
+	    ? fb_secure_send(w->link, NULL, w->sess, w->round, m, payload, len)
+	    : fb_link_send(w->link, NULL, m, payload, len);
 	if (rc != FB_OK) {
 		fb_log_warn("cannot send %s to the coordinator: %s",
 		    fb_msg_type_name(m->type), fb_strerror(rc));
@@ -113,6 +126,68 @@ send_hello(wk *w)
 	m.u.hello.session = w->session;
 	w->last_hello_ms = fb_now_ms();
 	return wk_send(w, &m, NULL, 0);
+}
+
+/* Secure mode: starts a fresh handshake (new ephemeral key). */
+static fb_err
+send_handshake(wk *w)
+{
+	fb_msg m = {.type = FB_MSG_HANDSHAKE};
+	fb_err rc;
+
+	fb_handshake_free(w->hs);
+	w->hs = NULL;
+	rc = fb_handshake_start(w->self, &w->coord_pk, FB_PROTOCOL_VERSION,
+	    m.u.handshake.data.b, &w->hs);
+	if (rc != FB_OK) {
+		return rc;
+	}
+	m.u.handshake.data.len = FB_HS_HELLO_LEN;
+	w->last_hello_ms = fb_now_ms();
+	rc = fb_link_send(w->link, NULL, &m, NULL, 0);
+	if (rc != FB_OK) {
+		fb_log_warn("cannot send the handshake: %s", fb_strerror(rc));
+	}
+	return rc;
+}
+
+/* Starts (or restarts) joining: handshake first when secure. */
+static void
+join(wk *w)
+{
+	if (w->secure) {
+		fb_session_free(w->sess);
+		w->sess = NULL;
+		(void)send_handshake(w);
+	} else {
+		(void)send_hello(w);
+	}
+}
+
+static void
+on_handshake_reply(wk *w, const fb_msg *m)
+{
+	fb_reject why = FB_REJECT_NONE;
+	fb_session *s = NULL;
+
+	if (!w->secure || w->hs == NULL || w->sess != NULL) {
+		return;
+	}
+	if (fb_handshake_finish(w->hs, m->u.handshake.data.b,
+	        m->u.handshake.data.len, &s, &why) != FB_OK) {
+		fb_log_warn("handshake reply refused: %s%s", fb_reject_name(why),
+		    why == FB_REJECT_UNPINNED_KEY
+		        ? " (the coordinator's key is not the one in "
+		          "security.coordinator_key)"
+		        : "");
+		return;
+	}
+	fb_handshake_free(w->hs);
+	w->hs = NULL;
+	w->sess = s;
+	fb_log_info("secure session established (worker id %u)",
+	    fb_session_worker_id(s));
+	(void)send_hello(w);
 }
 
 static void
@@ -261,6 +336,13 @@ on_welcome(wk *w, const fb_msg *m)
 			return FB_ENOMEM;
 		}
 	}
+	if (w->secure && w->sendbuf == NULL) {
+		w->sendbuf = fb_alloc((size_t)m->u.welcome.chunk_bytes +
+		    FB_STREAM_CHUNK_OVERHEAD);
+		if (w->sendbuf == NULL) {
+			return FB_ENOMEM;
+		}
+	}
 	w->welcomed = true;
 	w->run_id = m->u.welcome.run_id;
 	w->heartbeat_ms = m->u.welcome.heartbeat_ms;
@@ -337,6 +419,26 @@ on_round_start(wk *w, const fb_msg *m)
 	w->chunk_count = m->u.round_start.chunk_count;
 	w->next_chunk = 0;
 	w->next_fetch = 0;
+	if (w->secure) {
+		fb_stream_ctx ctx = {.round = w->round,
+		    .sender = FB_SENDER_COORDINATOR};
+		fb_reject why = FB_REJECT_NONE;
+		fb_session_run_id(w->sess, &ctx.run);
+		fb_stream_pull_free(w->mpull);
+		w->mpull = NULL;
+		if (m->u.round_start.round_key.len != FB_STREAM_KEY_LEN ||
+		    fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_FULL,
+		        m->u.round_start.round_key.b,
+		        m->u.round_start.stream_header.b,
+		        m->u.round_start.stream_header.len, w->chunk_bytes,
+		        &w->mpull, &why) != FB_OK) {
+			fb_log_warn("round %u: unusable model stream (%s); "
+			            "skipping the round",
+			    w->round, fb_reject_name(why));
+			return;
+		}
+		w->model_trailer = m->u.round_start.stream_trailer;
+	}
 	w->st = S_FETCHING;
 	fb_log_debug("round %u: fetching the model (%u chunks)", w->round,
 	    w->chunk_count);
@@ -353,6 +455,7 @@ send_update(wk *w, const float *update, double seconds, double loss,
 	fb_err rc;
 	uint64_t total = w->param_count * 4;
 	const uint8_t *p = (const uint8_t *)update;
+	fb_stream_push *push = NULL;
 
 	m.u.update_begin.round = w->round;
 	m.u.update_begin.num_samples = w->cfg->dataset == 0
@@ -365,8 +468,23 @@ send_update(wk *w, const float *update, double seconds, double loss,
 	m.u.update_begin.train_seconds = seconds;
 	snprintf(m.u.update_begin.backend, sizeof(m.u.update_begin.backend),
 	    "%s", w->backend);
-	if ((rc = wk_send(w, &m, NULL, 0)) != FB_OK) {
-		return rc;
+	if (w->secure) {
+		fb_stream_ctx ctx = {.round = w->round,
+		    .sender = fb_session_worker_id(w->sess)};
+		fb_session_run_id(w->sess, &ctx.run);
+		rc = fb_stream_push_alloc(&ctx, w->chunk_bytes,
+		    FB_STREAM_DIGEST_TAGS, m.u.update_begin.stream_key.b,
+		    m.u.update_begin.stream_header.b, &push);
+		if (rc != FB_OK) {
+			return rc;
+		}
+		m.u.update_begin.stream_key.len = FB_STREAM_KEY_LEN;
+		m.u.update_begin.stream_header.len = FB_STREAM_HEADER_LEN;
+	}
+	rc = wk_send(w, &m, NULL, 0);
+	fb_wipe(&m.u.update_begin.stream_key, sizeof(m.u.update_begin.stream_key));
+	if (rc != FB_OK) {
+		goto out;
 	}
 	for (uint32_t k = 0; k < w->chunk_count; k++) {
 		uint64_t off = (uint64_t)k * w->chunk_bytes;
@@ -375,11 +493,36 @@ send_update(wk *w, const float *update, double seconds, double loss,
 		fb_msg c = {.type = FB_MSG_UPDATE_CHUNK};
 		c.u.update_chunk.round = w->round;
 		c.u.update_chunk.chunk = k;
-		if ((rc = wk_send(w, &c, p + off, len)) != FB_OK) {
-			return rc;
+		if (w->secure) {
+			size_t clen = 0;
+			memcpy(w->sendbuf + 1, p + off, len);
+			rc = fb_stream_push_chunk(push, w->sendbuf + 1, len,
+			    k + 1 == w->chunk_count, w->sendbuf,
+			    (size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD,
+			    &clen);
+			if (rc == FB_OK) {
+				rc = wk_send(w, &c, w->sendbuf, clen);
+			}
+		} else {
+			rc = wk_send(w, &c, p + off, len);
+		}
+		if (rc != FB_OK) {
+			goto out;
 		}
 	}
-	return FB_OK;
+	if (w->secure) {
+		fb_msg e = {.type = FB_MSG_UPDATE_END};
+		e.u.update_end.round = w->round;
+		rc = fb_stream_push_final(push, w->self,
+		    e.u.update_end.stream_trailer.b);
+		if (rc == FB_OK) {
+			e.u.update_end.stream_trailer.len = FB_STREAM_TRAILER_LEN;
+			rc = wk_send(w, &e, NULL, 0);
+		}
+	}
+out:
+	fb_stream_push_free(push);
+	return rc;
 }
 
 /* Benchmark rounds: no training; the update is fixed small noise. */
@@ -443,15 +586,44 @@ on_model_chunk(wk *w, const fb_frame *f)
 	}
 	off = (uint64_t)w->next_chunk * w->chunk_bytes;
 	len = total - off < w->chunk_bytes ? total - off : w->chunk_bytes;
-	if (f->payload_len != len) {
+	if (f->payload_len != len + (w->secure ? FB_STREAM_CHUNK_OVERHEAD : 0)) {
 		fb_log_warn("round %u: model chunk %u has %zu bytes, expected "
 		            "%" PRIu64 "; abandoning the round",
 		    w->round, w->next_chunk, f->payload_len, len);
 		w->st = S_IDLE;
 		return;
 	}
-	memcpy((uint8_t *)w->global + off, f->payload, len);
+	if (w->secure) {
+		size_t mlen = 0;
+		int final = 0;
+		fb_reject why = FB_REJECT_NONE;
+		if (fb_stream_pull_chunk(w->mpull, f->payload, f->payload_len,
+		        (uint8_t *)w->global + off, len, &mlen, &final,
+		        &why) != FB_OK ||
+		    mlen != len ||
+		    (final != 0) != (w->next_chunk + 1 == w->chunk_count)) {
+			fb_log_warn("round %u: model chunk %u rejected (%s); "
+			            "abandoning the round",
+			    w->round, w->next_chunk, fb_reject_name(why));
+			w->st = S_IDLE;
+			return;
+		}
+	} else {
+		memcpy((uint8_t *)w->global + off, f->payload, len);
+	}
 	w->next_chunk++;
+	if (w->next_chunk == w->chunk_count && w->secure) {
+		fb_reject why = FB_REJECT_NONE;
+		if (fb_stream_pull_final(w->mpull, &w->coord_pk,
+		        w->model_trailer.b, w->model_trailer.len, NULL, &why) !=
+		    FB_OK) {
+			fb_log_warn("round %u: the model's signature does not "
+			            "verify (%s); abandoning the round",
+			    w->round, fb_reject_name(why));
+			w->st = S_IDLE;
+			return;
+		}
+	}
 	if (w->next_chunk == w->chunk_count) {
 		fb_log_debug("round %u: model received; training %" PRIu64
 		             " steps", w->round, w->steps);
@@ -519,6 +691,9 @@ on_message(wk *w, const fb_frame *f)
 		on_model_chunk(w, f);
 		return FB_OK;
 	case FB_MSG_HEARTBEAT:
+		return FB_OK;
+	case FB_MSG_HANDSHAKE:
+		on_handshake_reply(w, m);
 		return FB_OK;
 	case FB_MSG_ROUND_CANCEL:
 		if (m->u.round_cancel.round == w->round &&
@@ -590,7 +765,11 @@ tick(wk *w)
 		if (now - w->hello_since_ms > w->cfg->connect_timeout_ms) {
 			return;
 		}
-		if (now - w->last_hello_ms >= HELLO_RETRY_MS) {
+		if (w->secure && w->sess == NULL) {
+			if (now - w->last_hello_ms >= HANDSHAKE_RETRY_MS) {
+				(void)send_handshake(w);
+			}
+		} else if (now - w->last_hello_ms >= HELLO_RETRY_MS) {
 			(void)send_hello(w);
 		}
 		return;
@@ -608,8 +787,80 @@ tick(wk *w)
 		w->st = S_HELLO;
 		new_session(w);
 		w->hello_since_ms = now;
-		(void)send_hello(w);
+		join(w);
 	}
+}
+
+/*
+ * Secure mode: opens sealed frames with the session; of plain frames only
+ * the handshake reply and a refusal are taken. Returns false to drop.
+ */
+static bool
+accept_frame(wk *w, fb_frame *f)
+{
+	int reject = 0;
+	const char *why = NULL;
+
+	if (!w->secure) {
+		if (f->sealed) {
+			fb_log_warn("dropped a sealed message: security is off "
+			            "here but on at the coordinator?");
+			return false;
+		}
+		return true;
+	}
+	if (!f->sealed) {
+		if (f->msg.type == FB_MSG_HANDSHAKE ||
+		    f->msg.type == FB_MSG_REJECT) {
+			return true;
+		}
+		fb_log_warn("dropped a plain %s: this worker only accepts "
+		            "sealed messages", fb_msg_type_name(f->msg.type));
+		return false;
+	}
+	if (w->sess == NULL) {
+		return false;
+	}
+	if (fb_secure_open(w->sess, f, &reject, &why) != FB_OK) {
+		fb_log_warn("dropped a sealed message: %s", why);
+		return false;
+	}
+	return true;
+}
+
+static fb_err
+load_keys(wk *w)
+{
+	const fb_worker_config *cfg = w->cfg;
+	char comment[FB_COMMENT_MAX];
+	fb_err rc;
+
+	if (cfg->key[0] == '\0' || cfg->coordinator_key[0] == '\0') {
+		fb_log_error("security.key and security.coordinator_key are "
+		             "required (make a key with fedbox-keygen -o NAME), "
+		             "or set security.enabled: false");
+		return FB_ECONFIG;
+	}
+	if ((rc = fb_identity_load(cfg->key, &w->self)) != FB_OK) {
+		return rc;
+	}
+	/* The pinned key: a public key line, or a file holding one. */
+	if (strncmp(cfg->coordinator_key, "fedbox-ed25519 ", 15) == 0) {
+		rc = fb_pubkey_parse(cfg->coordinator_key, &w->coord_pk, comment,
+		    sizeof(comment));
+		if (rc != FB_OK) {
+			fb_log_error("security.coordinator_key: not a valid "
+			             "public key line");
+		}
+	} else {
+		rc = fb_pubkey_load(cfg->coordinator_key, &w->coord_pk, comment,
+		    sizeof(comment));
+	}
+	if (rc != FB_OK) {
+		return FB_ECONFIG;
+	}
+	w->secure = true;
+	return FB_OK;
 }
 
 fb_err
@@ -618,7 +869,7 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 	fb_err rc;
 	wk w;
 	fb_link_opts lo = {
-	    .max_payload = 256u << 20,
+	    .max_payload = (256u << 20) + FB_STREAM_CHUNK_OVERHEAD,
 	    .send_timeout_ms = (int)cfg->send_timeout_ms,
 	    .hwm = 16,
 	};
@@ -628,6 +879,9 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 	w.stop = stop;
 	w.efd = -1;
 	new_session(&w);
+	if (cfg->security && (rc = load_keys(&w)) != FB_OK) {
+		goto out;
+	}
 	if ((rc = load_shard(&w)) != FB_OK) {
 		goto out;
 	}
@@ -639,9 +893,10 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 	if ((rc = fb_link_connect(cfg->coordinator, &lo, &w.link)) != FB_OK) {
 		goto out;
 	}
-	fb_log_info("connecting to %s as %s", cfg->coordinator, cfg->name);
+	fb_log_info("connecting to %s as %s%s", cfg->coordinator, cfg->name,
+	    w.secure ? "" : " (security off: unencrypted, unsigned)");
 	w.hello_since_ms = fb_now_ms();
-	(void)send_hello(&w);
+	join(&w);
 	while (!*stop) {
 		fb_frame f;
 		const char *why = NULL;
@@ -650,6 +905,9 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 		rc = fb_link_recv(w.link, 100, w.efd, &woke, &f, &why);
 		if (woke && w.thread_live) {
 			on_trained(&w);
+		}
+		if (rc == FB_OK && !accept_frame(&w, &f)) {
+			rc = FB_ETIMEDOUT; /* dropped: nothing to handle */
 		}
 		if (rc == FB_OK) {
 			rc = on_message(&w, &f);
@@ -688,6 +946,11 @@ out:
 	fb_dataset_fini(&w.shard);
 	fb_free(w.global);
 	fb_free(w.local);
+	fb_free(w.sendbuf);
+	fb_stream_pull_free(w.mpull);
+	fb_handshake_free(w.hs);
+	fb_session_free(w.sess);
+	fb_identity_free(w.self);
 	if (w.efd >= 0) {
 		close(w.efd);
 	}

@@ -38,6 +38,10 @@ typedef struct fb_worker_config {
 	int64_t connect_timeout_ms;
 	int64_t send_timeout_ms;
 	int64_t fetch_window;
+	/* security */
+	bool security;
+	char *key;                /* this worker's secret key file */
+	char *coordinator_key;    /* pinned key: .pub file or the line */
 } fb_worker_config;
 
 extern const fb_cfg_field fb_worker_config_schema[];

@@ -18,13 +18,16 @@ done
 # coordinator is pointed at a port of ours; --config-reference does not
 # load, so start it and stop it once it listens.
 port=$(free_port)
+mkdir -p "$T/keys"
+"$B/fedbox-keygen" -o "$T/keys/coordinator" >/dev/null
+"$B/fedbox-keygen" -o "$T/keys/box-0" -C box-0 >"$T/keys/allowlist"
 sed -e "s|tcp://0.0.0.0:5555|tcp://127.0.0.1:$port|" -e "s|runs/example|$T/ex|" \
-	configs/coordinator.yaml >"$T/c.yaml"
+	-e "s|keys/|$T/keys/|" configs/coordinator.yaml >"$T/c.yaml"
 start_coordinator "$T/c.yaml"
 wait_for "$T/coord.log" "listening on" 20
 kill -TERM "$CPID"
 wait_exit "$CPID" 10 || fail "example coordinator config: exit $?"
-sed -e "s|5555|$port|" configs/worker.yaml >"$T/w.yaml"
+sed -e "s|5555|$port|" -e "s|keys/|$T/keys/|" configs/worker.yaml >"$T/w.yaml"
 "$B/fedbox-worker" --config "$T/w.yaml" --help >/dev/null || fail "worker --help"
 timeout 8 "$B/fedbox-worker" --config "$T/w.yaml" >"$T/w.log" 2>&1 || true
 grep -q "connecting to" "$T/w.log" || fail "example worker config did not load: $(cat "$T/w.log")"

@@ -1,10 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-# While rounds are in progress, a separate attacker program sends random
+# With security off, while rounds are in progress, a separate attacker program sends random
 # bytes, random protobufs, truncated and multi-part garbage, a hello with the
 # wrong protocol version, and (as an admitted peer) stale, missized,
 # out-of-order and NaN update traffic. The coordinator drops all of it,
 # counts it in metrics.jsonl, answers the version mismatch with a clear
 # reject, and every round completes with the honest workers.
+# Plain mode: the attacker's "mallory" peers must be admitted to reach the
+# round-level checks (secure mode refuses them at the door: see
+# tests/integration/secure_attacks.sh).
+SECURE=0
 source tests/integration/lib.sh
 port=$(free_port)
 OUT=$T/out

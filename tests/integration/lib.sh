@@ -7,6 +7,8 @@ B=${FB_BUILD:-build}
 PY=${PYTHON:-/usr/bin/python3}
 T=$(mktemp -d /tmp/fbit.XXXXXX)
 PIDS=()
+SECURE=${SECURE:-1} # tests run with encrypted, signed sessions by default
+KEYS=$T/keys
 
 cleanup() {
 	local p
@@ -49,9 +51,44 @@ wait_for() {
 	fail "timed out after ${secs}s waiting for '$pat' in $file"
 }
 
+# make_keys N: coordinator and worker identities w0..w(N-1), allowlist.
+make_keys() {
+	local n=$1 i
+	mkdir -p "$KEYS"
+	[ -f "$KEYS/coordinator.key" ] ||
+		"$B/fedbox-keygen" -o "$KEYS/coordinator" -C coordinator >/dev/null
+	: >"$KEYS/allowlist"
+	for ((i = 0; i < n; i++)); do
+		[ -f "$KEYS/w$i.key" ] ||
+			"$B/fedbox-keygen" -o "$KEYS/w$i" -C "w$i" >/dev/null
+		cat "$KEYS/w$i.pub" >>"$KEYS/allowlist"
+	done
+}
+
+coord_security() {
+	if [ "$SECURE" = 1 ]; then
+		[ -f "$KEYS/allowlist" ] || make_keys 8
+		printf 'security:\n  key: %s\n  allowlist: %s\n' \
+			"$KEYS/coordinator.key" "$KEYS/allowlist"
+	else
+		printf 'security:\n  enabled: false\n'
+	fi
+}
+
+worker_security() { # INDEX
+	if [ "$SECURE" = 1 ]; then
+		[ -f "$KEYS/allowlist" ] || make_keys 8
+		printf 'security:\n  key: %s\n  coordinator_key: %s\n' \
+			"$KEYS/w$1.key" "$KEYS/coordinator.pub"
+	else
+		printf 'security:\n  enabled: false\n'
+	fi
+}
+
 # coord_yaml PORT OUT [ROUND-YAML-LINES]: a coordinator config for tests.
 coord_yaml() {
 	local port=$1 out=$2 extra=${3:-}
+	coord_security
 	cat <<YAML
 listen: tcp://127.0.0.1:$port
 output_dir: $out
@@ -70,6 +107,7 @@ YAML
 # worker_yaml PORT INDEX COUNT [TRAIN-YAML-LINES]
 worker_yaml() {
 	local port=$1 i=$2 n=$3 extra=${4:-}
+	worker_security "$i"
 	cat <<YAML
 coordinator: tcp://127.0.0.1:$port
 name: w$i

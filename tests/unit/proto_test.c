@@ -83,6 +83,12 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		m->u.round_start.seed = 0x123456789abcdefULL;
 		m->u.round_start.deadline_ms = 30000;
 		m->u.round_start.synthetic = true;
+		memset(m->u.round_start.round_key.b, 0xab, 32);
+		m->u.round_start.round_key.len = 32;
+		memset(m->u.round_start.stream_header.b, 0x5c, 32);
+		m->u.round_start.stream_header.len = 32;
+		memset(m->u.round_start.stream_trailer.b, 0x01, 140);
+		m->u.round_start.stream_trailer.len = 140;
 		break;
 	case FB_MSG_MODEL_FETCH:
 		m->u.model_fetch.round = 3;
@@ -101,6 +107,21 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		m->u.update_begin.train_loss = 0.4321;
 		m->u.update_begin.train_seconds = 1.5e-3;
 		fill_text(m->u.update_begin.backend, FB_TEXT_MAX, "cpu");
+		memset(m->u.update_begin.stream_key.b, 0x77, 32);
+		m->u.update_begin.stream_key.len = 32;
+		memset(m->u.update_begin.stream_header.b, 0x78, 32);
+		m->u.update_begin.stream_header.len = 32;
+		break;
+	case FB_MSG_UPDATE_END:
+		m->u.update_end.round = 5;
+		memset(m->u.update_end.stream_trailer.b, 0xee, 140);
+		m->u.update_end.stream_trailer.len = 140;
+		break;
+	case FB_MSG_HANDSHAKE:
+		for (int i = 0; i < 164; i++) {
+			m->u.handshake.data.b[i] = (uint8_t)(i * 7);
+		}
+		m->u.handshake.data.len = 164;
 		break;
 	case FB_MSG_UPDATE_CHUNK:
 		m->u.update_chunk.round = 5;
