@@ -99,5 +99,8 @@ main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	rc = fb_worker_run(&cfg, &stop_flag);
 	fb_worker_config_fini(&cfg);
+	if (rc == FB_ECONFIG) {
+		return 2;
+	}
 	return rc == FB_OK ? 0 : 1;
 }

@@ -842,7 +842,7 @@ load_keys(wk *w)
 		return FB_ECONFIG;
 	}
 	if ((rc = fb_identity_load(cfg->key, &w->self)) != FB_OK) {
-		return rc;
+		return rc == FB_ENOMEM ? rc : FB_ECONFIG;
 	}
 	/* The pinned key: a public key line, or a file holding one. */
 	if (strncmp(cfg->coordinator_key, "fedbox-ed25519 ", 15) == 0) {
