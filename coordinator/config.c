@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "aggregation/aggregation.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
 
@@ -11,6 +12,8 @@
 
 static const char *const log_levels[] = {"debug", "info", "warn", "error",
     NULL};
+static const char *const local_works[] = {"fixed", "time_budget", NULL};
+static const char *const straggler_modes[] = {"drop", "wait", NULL};
 #define MB NULL
 
 const fb_cfg_field fb_coord_config_schema[] = {
@@ -60,7 +63,31 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"round.weight_decay", FB_CFG_FLOAT, F(weight_decay), "0", 0, 1, MB,
         "workers' L2 weight decay"},
     {"round.server_lr", FB_CFG_FLOAT, F(server_lr), "1", 0, 100, MB,
-        "server learning rate: model -= server_lr * mean update"},
+        "server learning rate (fedadam/fedyogi want ~0.01)"},
+    {"round.local_work", FB_CFG_ENUM, F(local_work), "fixed", NOB,
+        local_works, "fixed (local_epochs/local_steps) or time_budget "
+        "(steps from each worker's measured speed)"},
+    {"round.time_budget", FB_CFG_DURATION, F(time_budget_ms), "10s", 10,
+        8.64e7, MB, "time_budget: local training time each worker gets"},
+    {"round.min_steps", FB_CFG_INT, F(min_steps), "1", 1, 1e9, MB,
+        "time_budget: fewest local steps assigned"},
+    {"round.max_steps", FB_CFG_INT, F(max_steps), "100000", 1, 1e9, MB,
+        "time_budget: most local steps assigned"},
+    {"round.stragglers", FB_CFG_ENUM, F(stragglers), "drop", NOB,
+        straggler_modes, "at the deadline: drop (close with those done) "
+        "or wait (for every selected worker still alive)"},
+    {"round.over_select", FB_CFG_INT, F(over_select), "0", 0, 1e6, MB,
+        "extra workers started each round; the first finishers are kept"},
+    {"round.prox_mu", FB_CFG_FLOAT, F(prox_mu), "0", 0, 1e3, MB,
+        "FedProx: proximal term mu/2 |x - x_global|^2 on the workers"},
+    {"aggregation.rule", FB_CFG_ENUM, F(rule), "fedavg", NOB, fb_rule_names,
+        "server rule: fedavg, fednova, fedavgm, fedadam or fedyogi"},
+    {"aggregation.beta1", FB_CFG_FLOAT, F(beta1), "0.9", 0, 0.999999, MB,
+        "fedavgm: server momentum; fedadam/fedyogi: first moment decay"},
+    {"aggregation.beta2", FB_CFG_FLOAT, F(beta2), "0.99", 0, 0.999999, MB,
+        "fedadam/fedyogi: second moment decay"},
+    {"aggregation.tau", FB_CFG_FLOAT, F(tau), "0.001", 1e-12, 10, MB,
+        "fedadam/fedyogi: adaptivity (epsilon)"},
     {"aggregation.clip", FB_CFG_FLOAT, F(clip), "16", 1e-6, 1e6, MB,
         "update coordinates are clamped to [-clip, clip] (fixed point)"},
     {"evaluation.every", FB_CFG_INT, F(eval_every), "1", 0, 1e6, MB,
@@ -125,6 +152,12 @@ fb_coord_config_load(const char *path, fb_coord_config *cfg)
 	} else if (cfg->local_steps == 0 && !(cfg->local_epochs > 0)) {
 		fb_log_error("%s: round.local_epochs must be > 0 when "
 		             "round.local_steps is 0", path);
+		rc = FB_ECONFIG;
+	} else if (cfg->min_steps > cfg->max_steps) {
+		fb_log_error("%s: round.min_steps exceeds round.max_steps", path);
+		rc = FB_ECONFIG;
+	} else if (cfg->server_lr <= 0) {
+		fb_log_error("%s: round.server_lr must be > 0", path);
 		rc = FB_ECONFIG;
 	} else if (cfg->lr <= 0) {
 		fb_log_error("%s: round.lr must be > 0", path);

@@ -74,6 +74,12 @@ typedef struct worker {
 	fb_session *pending; /* a newer handshake, promoted on first use */
 	fb_stream_pull *pull; /* the update stream of this round */
 	bool final_seen;     /* the update stream's FINAL chunk came */
+	/* heterogeneity */
+	double speed;        /* smoothed local steps per second */
+	bool has_speed;
+	double round_speed;  /* this round's measured steps per second */
+	double a_norm;       /* FedNova ||a_i||_1 of this round's update */
+	int64_t done_ms;     /* when its update completed */
 } worker;
 
 /* Reasons a message is dropped, counted per round in metrics.jsonl. */
@@ -210,6 +216,11 @@ typedef struct coord {
 	uint8_t stream_header[FB_STREAM_HEADER_LEN];
 	uint8_t stream_trailer[FB_STREAM_TRAILER_LEN];
 	float *scratch;          /* one decrypted update chunk */
+	/* round policy */
+	fb_server_opt *opt;      /* the server rule's optimiser */
+	uint32_t target_updates; /* updates that close a round early */
+	bool waiting_logged;
+	double tau_eff;
 } coord;
 
 static rl_entry *
@@ -517,6 +528,18 @@ on_model_fetch(coord *c, worker *w, const fb_msg *m)
 	}
 }
 
+/* Updates complete or streaming in: over-selection keeps the first. */
+static uint32_t
+updates_claimed(const coord *c)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		const worker *w = &c->workers[i];
+		n += w->used && (w->state == W_DONE || w->state == W_UPLOADING);
+	}
+	return n;
+}
+
 static void
 on_update_begin(coord *c, worker *w, const fb_msg *m)
 {
@@ -574,6 +597,35 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 			worker_fail(c, w, "bad update stream header");
 			return;
 		}
+	}
+	if (updates_claimed(c) >= c->target_updates) {
+		fb_msg cm = {.type = FB_MSG_ROUND_CANCEL};
+		cm.u.round_cancel.round = c->round;
+		snprintf(cm.u.round_cancel.reason, sizeof(cm.u.round_cancel.reason),
+		    "the round has its %u updates (over-selection)",
+		    c->target_updates);
+		(void)send_to(c, w, &cm, NULL, 0);
+		worker_fail(c, w, "not needed: over-selected and later");
+		fb_stream_pull_free(w->pull);
+		w->pull = NULL;
+		return;
+	}
+	if (fb_rule_is_fednova((fb_rule)c->cfg->rule) &&
+	    !(m->u.update_begin.a_norm > 0 &&
+	        isfinite(m->u.update_begin.a_norm))) {
+		drop(c, DROP_MALFORMED, "FedNova update from %s without a "
+		    "normaliser", w->name);
+		worker_fail(c, w, "FedNova update without a normaliser");
+		return;
+	}
+	w->a_norm = m->u.update_begin.a_norm;
+	if (m->u.update_begin.steps > 0 && m->u.update_begin.train_seconds > 0 &&
+	    isfinite(m->u.update_begin.train_seconds)) {
+		double sp = (double)m->u.update_begin.steps /
+		    m->u.update_begin.train_seconds;
+		w->round_speed = sp;
+		w->speed = w->has_speed ? 0.5 * w->speed + 0.5 * sp : sp;
+		w->has_speed = true;
 	}
 	w->state = W_UPLOADING;
 	w->next_chunk = 0;
@@ -665,6 +717,7 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 	}
 	if (++w->next_chunk == c->chunk_count && !c->secure) {
 		w->state = W_DONE;
+		w->done_ms = fb_now_ms();
 		fb_log_debug("round %u: update from %s complete", c->round,
 		    w->name);
 	}
@@ -702,6 +755,7 @@ on_update_end(coord *c, worker *w, const fb_msg *m)
 	fb_stream_pull_free(w->pull);
 	w->pull = NULL;
 	w->state = W_DONE;
+	w->done_ms = fb_now_ms();
 	fb_log_debug("round %u: signed update from %s complete", c->round,
 	    w->name);
 }
@@ -1046,11 +1100,15 @@ start_round(coord *c)
 		}
 	}
 	nsel = ncand;
+	c->target_updates = ncand;
 	if (cfg->workers_per_round > 0 &&
 	    (uint32_t)cfg->workers_per_round < ncand) {
-		nsel = (uint32_t)cfg->workers_per_round;
+		c->target_updates = (uint32_t)cfg->workers_per_round;
+		nsel = c->target_updates + (uint32_t)cfg->over_select;
+		nsel = nsel < ncand ? nsel : ncand;
 		fb_rng_shuffle_u32(&c->rng, cand, ncand);
 	}
+	c->waiting_logged = false;
 	for (uint32_t s = 0; s < nsel; s++) {
 		total += c->workers[cand[s]].num_samples;
 	}
@@ -1070,6 +1128,21 @@ start_round(coord *c)
 			    (double)w->num_samples / (double)cfg->batch_size);
 			steps = steps == 0 ? 1 : steps;
 		}
+		if (cfg->local_work == 1 && w->has_speed) {
+			/* time_budget: as many steps as fit in the budget at the
+			 * worker's measured speed (the first round, without a
+			 * measurement, uses the fixed local work). */
+			double fit = floor(w->speed *
+			    (double)cfg->time_budget_ms / 1000.0);
+			fit = fit < (double)cfg->min_steps ? (double)cfg->min_steps
+			                                   : fit;
+			fit = fit > (double)cfg->max_steps ? (double)cfg->max_steps
+			                                   : fit;
+			steps = (uint64_t)fit;
+		}
+		w->round_speed = 0;
+		w->a_norm = 0;
+		w->done_ms = 0;
 		w->weight = (double)w->num_samples / (double)total;
 		w->assigned_steps = steps;
 		w->next_chunk = 0;
@@ -1087,6 +1160,8 @@ start_round(coord *c)
 		m.u.round_start.weight_decay = (float)cfg->weight_decay;
 		m.u.round_start.seed = (uint64_t)cfg->seed;
 		m.u.round_start.deadline_ms = (uint32_t)cfg->deadline_ms;
+		m.u.round_start.prox_mu = (float)cfg->prox_mu;
+		m.u.round_start.fednova = fb_rule_is_fednova((fb_rule)cfg->rule);
 		m.u.round_start.synthetic =
 		    strcmp(cfg->model_arch, "synthetic") == 0;
 		if (c->secure) {
@@ -1115,6 +1190,13 @@ start_round(coord *c)
 static bool
 round_finished(const coord *c)
 {
+	uint32_t done = 0;
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		done += c->workers[i].used && c->workers[i].state == W_DONE;
+	}
+	if (done >= c->target_updates) {
+		return true;
+	}
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		const worker *w = &c->workers[i];
 		if (w->used && (w->state == W_TRAINING ||
@@ -1126,7 +1208,7 @@ round_finished(const coord *c)
 }
 
 static void
-cancel_stragglers(coord *c)
+cancel_stragglers(coord *c, bool deadline)
 {
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		worker *w = &c->workers[i];
@@ -1135,10 +1217,12 @@ cancel_stragglers(coord *c)
 			fb_msg m = {.type = FB_MSG_ROUND_CANCEL};
 			m.u.round_cancel.round = c->round;
 			snprintf(m.u.round_cancel.reason,
-			    sizeof(m.u.round_cancel.reason),
-			    "round deadline passed");
+			    sizeof(m.u.round_cancel.reason), "%s",
+			    deadline ? "round deadline passed"
+			             : "the round has the updates it needs");
 			(void)send_to(c, w, &m, NULL, 0);
-			worker_fail(c, w, w->state == W_UPLOADING
+			worker_fail(c, w, !deadline ? "not needed (over-selected)"
+			        : w->state == W_UPLOADING
 			        ? "deadline passed during upload"
 			        : "deadline passed during training");
 		}
@@ -1192,6 +1276,8 @@ write_metrics(coord *c, const round_result *r)
 		fprintf(f, "\"test_accuracy\": %.6f, \"test_loss\": %.6f, ",
 		    r->test_accuracy, r->test_loss);
 	}
+	fprintf(f, "\"rule\": \"%s\", \"tau_eff\": %.6g, ",
+	    fb_rule_names[c->cfg->rule], c->tau_eff);
 	fprintf(f, "\"train_loss\": %.6f, \"seconds\": %.3f, \"bytes_up\": %"
 	           PRIu64 ", \"bytes_down\": %" PRIu64 ", \"clipped\": %" PRIu64
 	           ", \"rejected\": {",
@@ -1212,6 +1298,13 @@ write_metrics(coord *c, const round_result *r)
 		           ", \"steps\": %" PRIu64 ", \"train_seconds\": %.3f",
 		    wstate_names[w->state], w->assigned_steps, w->steps,
 		    w->train_seconds);
+		fprintf(f, ", \"steps_per_s\": %.3f, \"made_deadline\": %s",
+		    w->round_speed,
+		    w->state == W_DONE && w->done_ms <= c->deadline_ms ? "true"
+		                                                      : "false");
+		if (fb_rule_is_fednova((fb_rule)c->cfg->rule)) {
+			fprintf(f, ", \"a_norm\": %.6g", w->a_norm);
+		}
 		fprintf(f, ", \"backend\": ");
 		json_str(f, w->backend);
 		if (w->fail_reason != NULL) {
@@ -1273,13 +1366,23 @@ run_round(coord *c, uint32_t rounds_total)
 	while (!round_finished(c)) {
 		int64_t left = c->deadline_ms - fb_now_ms();
 		if (*c->stop) {
-			cancel_stragglers(c);
+			cancel_stragglers(c, true);
 			return FB_ECLOSED;
 		}
-		if (left <= 0) {
+		if (left <= 0 && c->cfg->stragglers == 1) {
+			if (!c->waiting_logged) {
+				fb_log_warn("round %u: deadline (%.1fs) passed; "
+				            "waiting for the stragglers "
+				            "(round.stragglers: wait)",
+				    c->round,
+				    (double)c->cfg->deadline_ms / 1000.0);
+				c->waiting_logged = true;
+			}
+			left = 100;
+		} else if (left <= 0) {
 			fb_log_warn("round %u: deadline (%.1fs) reached",
 			    c->round, (double)c->cfg->deadline_ms / 1000.0);
-			cancel_stragglers(c);
+			cancel_stragglers(c, true);
 			cancelled = true;
 			break;
 		}
@@ -1288,6 +1391,8 @@ run_round(coord *c, uint32_t rounds_total)
 		}
 	}
 	(void)cancelled;
+	/* Over-selection: the round has its updates; stop the others. */
+	cancel_stragglers(c, false);
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		const worker *w = &c->workers[i];
 		if (w->used && w->state == W_DONE) {
@@ -1305,7 +1410,27 @@ run_round(coord *c, uint32_t rounds_total)
 	}
 	r.train_loss = wsum > 0 ? wloss / wsum : NAN;
 	if (r.participants >= (uint32_t)c->cfg->min_updates) {
-		fb_accum_apply(c->accum, c->params, c->cfg->server_lr);
+		double scale = 1.0;
+		if (fb_rule_is_fednova((fb_rule)c->cfg->rule)) {
+			/* tau_eff = sum p_i ||a_i||_1 / sum p_i over the updates
+			 * included (their weights p_i are the sample shares). */
+			double pa = 0, p = 0;
+			for (uint32_t i = 0; i < c->worker_cap; i++) {
+				const worker *w = &c->workers[i];
+				if (w->used && w->state == W_DONE) {
+					pa += w->weight * w->a_norm;
+					p += w->weight;
+				}
+			}
+			scale = p > 0 ? pa / p : 1.0;
+		}
+		c->tau_eff = scale;
+		if ((rc = fb_server_opt_step(c->opt, c->accum, c->params, scale)) !=
+		    FB_OK) {
+			fb_log_error("round %u: server step failed: %s", c->round,
+			    fb_strerror(rc));
+			return rc;
+		}
 		if (c->evaluate && c->cfg->eval_every > 0 &&
 		    (c->round % c->cfg->eval_every == 0 ||
 		        c->round == rounds_total)) {
@@ -1526,6 +1651,19 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 		return rc;
 	}
 	c->chunk_count = fb_accum_chunk_count(c->accum);
+	{
+		fb_server_opt_params op;
+		fb_server_opt_params_default(&op,
+		    fb_rule_server_kind((fb_rule)cfg->rule));
+		op.lr = cfg->server_lr;
+		op.beta1 = cfg->beta1;
+		op.beta2 = cfg->beta2;
+		op.tau = cfg->tau;
+		if ((rc = fb_server_opt_alloc(&op, c->param_count, &c->opt)) !=
+		    FB_OK) {
+			return rc;
+		}
+	}
 	if ((c->params = fb_alloc(c->param_count * 4)) == NULL) {
 		return FB_ENOMEM;
 	}
@@ -1601,6 +1739,7 @@ coord_fini(coord *c)
 {
 	fb_link_close(c->link);
 	fb_accum_free(c->accum);
+	fb_server_opt_free(c->opt);
 	fb_free(c->params);
 	fb_model_close(c->model);
 	fb_dataset_fini(&c->test);

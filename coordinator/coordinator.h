@@ -40,7 +40,18 @@ typedef struct fb_coord_config {
 	double momentum;
 	double weight_decay;
 	double server_lr;
+	int local_work;            /* 0 fixed, 1 time_budget */
+	int64_t time_budget_ms;    /* time_budget: local training time */
+	int64_t min_steps;
+	int64_t max_steps;
+	int stragglers;            /* 0 drop, 1 wait */
+	int64_t over_select;       /* extra workers started, first kept */
+	double prox_mu;            /* FedProx proximal term on workers */
 	/* aggregation */
+	int rule;                  /* fb_rule */
+	double beta1;
+	double beta2;
+	double tau;
 	double clip;
 	/* evaluation */
 	int64_t eval_every;        /* 0 = never */

@@ -113,6 +113,8 @@ typedef struct fb_msg {
 			fb_blob round_key;
 			fb_blob stream_header;
 			fb_blob stream_trailer;
+			float prox_mu;
+			bool fednova;
 		} round_start;
 		struct {
 			uint32_t round;
@@ -129,6 +131,7 @@ typedef struct fb_msg {
 			char backend[FB_TEXT_MAX];
 			fb_blob stream_key;
 			fb_blob stream_header;
+			double a_norm;
 		} update_begin;
 		struct {
 			uint32_t round;

@@ -166,6 +166,8 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		rs.round_key = blob_to_pb(&m->u.round_start.round_key);
 		rs.stream_header = blob_to_pb(&m->u.round_start.stream_header);
 		rs.stream_trailer = blob_to_pb(&m->u.round_start.stream_trailer);
+		rs.prox_mu = m->u.round_start.prox_mu;
+		rs.fednova = m->u.round_start.fednova;
 		env.body_case = FEDBOX__ENVELOPE__BODY_ROUND_START;
 		env.round_start = &rs;
 		break;
@@ -195,6 +197,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		ub.backend = (char *)(uintptr_t)m->u.update_begin.backend;
 		ub.stream_key = blob_to_pb(&m->u.update_begin.stream_key);
 		ub.stream_header = blob_to_pb(&m->u.update_begin.stream_header);
+		ub.a_norm = m->u.update_begin.a_norm;
 		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_BEGIN;
 		env.update_begin = &ub;
 		break;
@@ -394,6 +397,8 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.round_start.seed = p->seed;
 		m->u.round_start.deadline_ms = p->deadline_ms;
 		m->u.round_start.synthetic = p->synthetic;
+		m->u.round_start.prox_mu = p->prox_mu;
+		m->u.round_start.fednova = p->fednova;
 		if (!blob_from_pb(&m->u.round_start.round_key, p->round_key) ||
 		    !blob_from_pb(&m->u.round_start.stream_header,
 		        p->stream_header) ||
@@ -424,6 +429,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.update_begin.steps = p->steps;
 		m->u.update_begin.train_loss = p->train_loss;
 		m->u.update_begin.train_seconds = p->train_seconds;
+		m->u.update_begin.a_norm = p->a_norm;
 		if (!copy_text(m->u.update_begin.backend,
 		        sizeof(m->u.update_begin.backend), p->backend)) {
 			reason = "update_begin: bad backend text";

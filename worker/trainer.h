@@ -28,6 +28,8 @@ typedef struct fb_train_opts {
 	float lr;           /* > 0 */
 	float momentum;     /* [0, 1); 0 = plain SGD; state reset each round */
 	float weight_decay; /* >= 0, L2 added to the gradient */
+	float prox_mu;      /* >= 0: FedProx, mu * (w - w_start) added to the
+	                     * gradient (w_start = the params set last) */
 	uint64_t seed;      /* batch-order seed (federation seed) */
 	uint32_t round;     /* mixes into the batch order */
 	uint32_t worker_index;

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "aggregation/aggregation.h"
 #include "common/util.h"
 #include "crypto/crypto.h"
 #include "data/data.h"
@@ -65,7 +66,9 @@ typedef struct wk {
 	uint32_t round;
 	uint64_t steps;
 	uint32_t batch;
-	float lr, momentum, weight_decay;
+	float lr, momentum, weight_decay, prox_mu;
+	bool fednova;
+	double a_norm;
 	uint64_t seed;
 	bool synthetic;
 	uint32_t next_chunk; /* next chunk expected from the coordinator */
@@ -209,6 +212,7 @@ train_main(void *arg)
 	    .lr = w->lr,
 	    .momentum = w->momentum,
 	    .weight_decay = w->weight_decay,
+	    .prox_mu = w->prox_mu,
 	    .seed = w->seed,
 	    .round = w->round,
 	    .worker_index = (uint32_t)w->cfg->index,
@@ -414,6 +418,8 @@ on_round_start(wk *w, const fb_msg *m)
 	w->lr = m->u.round_start.lr;
 	w->momentum = m->u.round_start.momentum;
 	w->weight_decay = m->u.round_start.weight_decay;
+	w->prox_mu = m->u.round_start.prox_mu;
+	w->fednova = m->u.round_start.fednova;
 	w->seed = m->u.round_start.seed;
 	w->synthetic = m->u.round_start.synthetic;
 	w->chunk_count = m->u.round_start.chunk_count;
@@ -466,6 +472,7 @@ send_update(wk *w, const float *update, double seconds, double loss,
 	m.u.update_begin.steps = steps;
 	m.u.update_begin.train_loss = loss;
 	m.u.update_begin.train_seconds = seconds;
+	m.u.update_begin.a_norm = w->a_norm;
 	snprintf(m.u.update_begin.backend, sizeof(m.u.update_begin.backend),
 	    "%s", w->backend);
 	if (w->secure) {
@@ -658,6 +665,19 @@ on_trained(wk *w)
 	}
 	for (uint64_t j = 0; j < w->param_count; j++) {
 		w->local[j] = w->global[j] - w->local[j];
+	}
+	w->a_norm = 0;
+	if (w->fednova) {
+		/* FedNova: send d_i = update / ||a_i||_1; the coordinator
+		 * scales the mean back by tau_eff. */
+		if (fb_fednova_a_norm(w->stats.steps, w->momentum, w->lr,
+		        w->prox_mu, &w->a_norm) != FB_OK ||
+		    fb_fednova_normalise(w->local, w->param_count, w->a_norm) !=
+		        FB_OK) {
+			fb_log_error("round %u: FedNova normaliser failed",
+			    w->round);
+			return;
+		}
 	}
 	fb_log_info("round %u: %" PRIu64 " steps in %.2fs, loss %.4f; "
 	            "sending update",

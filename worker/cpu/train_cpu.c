@@ -15,6 +15,7 @@
  * v = mu * v + g; w -= lr * v, with v zeroed at the start of every train().
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -32,6 +33,8 @@ typedef struct cpu_state {
 	double throttle;            /* >= 1 */
 	uint64_t np;                /* parameter count */
 	float *params, *grad, *mom; /* np floats each */
+	float *anchor;              /* FedProx: params at round start */
+	bool anchor_valid;          /* anchor holds the last set params */
 	void *ws;                   /* model workspace for max_batch */
 	float *xb;                  /* max_batch * dim: the gathered batch */
 	uint8_t *yb;                /* max_batch labels */
@@ -113,6 +116,7 @@ cpu_close(void *state)
 		return;
 	}
 	fb_free(s->params);
+	fb_free(s->anchor);
 	fb_free(s->grad);
 	fb_free(s->mom);
 	fb_free(s->ws);
@@ -128,6 +132,7 @@ cpu_set_params(void *state, const float *params)
 	cpu_state *s = state;
 
 	memcpy(s->params, params, (size_t)s->np * sizeof(float));
+	s->anchor_valid = false;
 	return FB_OK;
 }
 
@@ -180,7 +185,8 @@ check_opts(const cpu_state *s, const fb_train_opts *o)
 	if (o->steps < 1 || o->batch < 1 || o->batch > s->max_batch ||
 	    !(o->lr > 0.0f) || !isfinite(o->lr) || !(o->momentum >= 0.0f) ||
 	    !(o->momentum < 1.0f) || !(o->weight_decay >= 0.0f) ||
-	    !isfinite(o->weight_decay)) {
+	    !isfinite(o->weight_decay) || !(o->prox_mu >= 0.0f) ||
+	    !isfinite(o->prox_mu)) {
 		fb_log_error(
 		    "trainer: bad options (steps %llu >= 1, batch %u "
 		    "in 1..%u, lr %g > 0, momentum %g in [0, 1), weight "
@@ -203,6 +209,7 @@ cpu_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 	uint64_t pos = 0, epoch = UINT64_MAX;
 	double t_start = fb_now_s(), loss_sum = 0.0;
 	const float lr = opts->lr, mu = opts->momentum, wd = opts->weight_decay;
+	const float prox = opts->prox_mu;
 
 	memset(stats, 0, sizeof(*stats));
 	if ((rc = check_opts(s, opts)) != FB_OK) {
@@ -214,6 +221,16 @@ cpu_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 		    s->throttle, s->throttle - 1.0);
 	}
 	memset(s->mom, 0, (size_t)s->np * sizeof(float));
+	if (prox > 0.0f && !s->anchor_valid) {
+		if (s->anchor == NULL &&
+		    (s->anchor = fb_alloc((size_t)s->np * sizeof(float))) ==
+		        NULL) {
+			rc = FB_ENOMEM;
+			goto out;
+		}
+		memcpy(s->anchor, s->params, (size_t)s->np * sizeof(float));
+		s->anchor_valid = true;
+	}
 	for (uint64_t step = 0; step < opts->steps; step++) {
 		double t0 = fb_now_s();
 		float loss = 0.0f;
@@ -240,6 +257,13 @@ cpu_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 		    opts->batch, s->grad, &loss, s->ws);
 		if (rc != FB_OK) {
 			goto out;
+		}
+		if (prox > 0.0f) {
+			/* FedProx: the proximal term's gradient joins the
+			 * loss gradient before weight decay and momentum. */
+			for (uint64_t i = 0; i < s->np; i++) {
+				s->grad[i] += prox * (s->params[i] - s->anchor[i]);
+			}
 		}
 		if (mu > 0.0f) {
 			for (uint64_t i = 0; i < s->np; i++) {

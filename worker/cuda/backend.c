@@ -1005,6 +1005,12 @@ cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
 	step_args a;
 
 	memset(st, 0, sizeof(*st));
+	if (o->prox_mu != 0.0f) {
+		fb_log_error("cuda: the FedProx proximal term is not "
+		    "implemented on the CUDA backend yet (round.prox_mu)");
+		rc = FB_ENOTSUP;
+		goto out;
+	}
 	if (o->steps == 0 || B == 0 || B > t->max_batch || B < t->ngpus ||
 	    !(o->lr > 0.0f) || o->momentum < 0.0f || o->momentum >= 1.0f ||
 	    o->weight_decay < 0.0f) {
