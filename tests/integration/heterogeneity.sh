@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: Apache-2.0
+# Heterogeneity-aware rounds with real processes: with a time budget a
+# throttled (simulated slow) worker is assigned fewer steps than a fast one;
+# a straggler past the deadline is dropped in `drop` mode and waited for in
+# `wait` mode; with over-selection the round keeps the first finishers and
+# cancels the rest; FedNova rounds report tau_eff and each worker's
+# normaliser. (Security off here; the secure-mode variants come with secure
+# aggregation.)
+SECURE=0
+source tests/integration/lib.sh
+
+run() { # NAME ROUND-YAML [THROTTLE-OF-W2]
+	local name=$1 round=$2 t2=${3:-1} port
+	port=$(free_port)
+	OUT=$T/$name
+	mkdir -p "$OUT"
+	coord_yaml "$port" "$OUT" "$round" >"$OUT/c.yaml"
+	start_coordinator "$OUT/c.yaml"
+	for i in 0 1 2; do
+		local extra=""
+		[ "$i" = 2 ] && extra="  throttle: $t2"
+		worker_yaml "$port" "$i" 3 "$extra" >"$OUT/w$i.yaml"
+		start_worker "$OUT/w$i.yaml" "$name-w$i"
+	done
+	wait_exit "$CPID" 120 || fail "$name: coordinator exited with status $?"
+	cp "$T/rounds.txt" "$OUT/rounds.txt"
+	echo "== $name"
+	cat "$OUT/rounds.txt"
+}
+
+check() { # NAME PYTHON
+	"$PY" - "$T/$1/metrics.jsonl" <<PYEOF || fail "$1: $(cat "$T/$1/rounds.txt")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def ws(r): return {w["name"]: w for w in r["workers"]}
+$2
+PYEOF
+}
+
+run budget "  rounds: 3
+  min_workers: 3
+  local_work: time_budget
+  time_budget: 500ms
+  local_steps: 40
+  batch_size: 32
+aggregation:
+  rule: fednova" 6
+check budget '
+for r in rows[1:]:
+    w = ws(r)
+    assert w["w2"]["assigned_steps"] * 2 < w["w0"]["assigned_steps"], w
+    assert r["tau_eff"] > 0 and all(x["a_norm"] > 0 for x in w.values()), r
+print("time budget: round 3 assigned", {k: v["assigned_steps"] for k, v in ws(rows[-1]).items()})
+'
+
+run drop "  rounds: 2
+  min_workers: 3
+  min_updates: 2
+  local_steps: 40
+  batch_size: 32
+  deadline: 2s
+  stragglers: drop" 200
+check drop '
+for r in rows:
+    w = ws(r)
+    assert r["participants"] == 2 and w["w2"]["status"] == "failed", r
+    assert r["seconds"] < 6, r
+print("drop: rounds closed at the deadline without w2:", [r["seconds"] for r in rows])
+'
+
+run wait "  rounds: 2
+  min_workers: 3
+  local_steps: 40
+  batch_size: 32
+  deadline: 1s
+  stragglers: wait" 60
+check wait '
+for r in rows:
+    w = ws(r)
+    assert r["participants"] == 3 and w["w2"]["status"] == "done", r
+    assert not w["w2"]["made_deadline"] and w["w0"]["made_deadline"], w
+    assert r["seconds"] > 1.0, r
+print("wait: rounds waited for w2:", [r["seconds"] for r in rows])
+'
+
+run over "  rounds: 3
+  min_workers: 3
+  workers_per_round: 2
+  over_select: 1
+  local_steps: 40
+  batch_size: 32" 30
+check over '
+for r in rows:
+    st = sorted(w["status"] for w in r["workers"])
+    assert r["participants"] == 2 and st == ["done", "done", "failed"], r
+    assert ws(r).get("w2", {"status": "failed"})["status"] == "failed", r
+print("over-selection: 3 started, the first 2 kept, each round")
+'
+echo PASS
