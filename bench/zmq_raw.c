@@ -7,7 +7,8 @@
  * like the coordinator that reads every byte of every update).
  *
  *   zmq_raw --senders K --bytes B [--msg-size 1048576] [--reps R]
- *           [--warmup W] [--hwm H] [--endpoint tcp://127.0.0.1:*]
+ *           [--warmup W] [--hwm H] [--header-bytes C]
+ *           [--endpoint tcp://127.0.0.1:*]
  *
  * Each sender sends B bytes (the last message may be shorter), so one rep
  * moves K x B bytes. W untimed warm-up reps come first on the same
@@ -48,6 +49,7 @@ typedef struct opts {
 	int reps;
 	int warmup; /* untimed reps first (TCP windows, heaps warm up) */
 	int hwm; /* send and receive high-water marks, messages */
+	size_t header_bytes; /* a frame of this size before each payload */
 	const char *endpoint;
 } opts;
 
@@ -56,13 +58,16 @@ usage(FILE *f)
 {
 	fprintf(f, "usage: zmq_raw --senders K --bytes B [--msg-size BYTES] "
 	           "[--reps R] [--warmup W] [--hwm H]\n"
+	           "               [--header-bytes C]\n"
 	           "               [--endpoint tcp://127.0.0.1:*]\n"
 	           "K DEALER processes each send B bytes in messages of "
 	           "BYTES (default 1 MiB) to one ROUTER\nthat sums every "
 	           "byte; prints the receive throughput (median of R reps, "
 	           "default 3),\nafter W untimed reps (default 1) on the same "
 	           "connections.\nH: send and receive high-water marks in messages "
-	           "(default 16, as\nproto/link.c; 0 = unlimited).\n");
+	           "(default 16, as\nproto/link.c; 0 = unlimited). C: send a C-byte "
+	           "frame before each payload\n(fedbox's control frame; "
+	           "default 0).\n");
 }
 
 static int
@@ -74,6 +79,7 @@ parse(int argc, char **argv, opts *o)
 	o->reps = 3;
 	o->warmup = 1;
 	o->hwm = 16;
+	o->header_bytes = 0;
 	o->endpoint = "tcp://127.0.0.1:*";
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -96,6 +102,8 @@ parse(int argc, char **argv, opts *o)
 			o->reps = atoi(v);
 		} else if (strcmp(a, "--warmup") == 0) {
 			o->warmup = atoi(v);
+		} else if (strcmp(a, "--header-bytes") == 0) {
+			o->header_bytes = strtoull(v, NULL, 10);
 		} else if (strcmp(a, "--hwm") == 0) {
 			o->hwm = atoi(v);
 		} else if (strcmp(a, "--endpoint") == 0) {
@@ -108,7 +116,8 @@ parse(int argc, char **argv, opts *o)
 	}
 	if (o->senders < 1 || o->senders > MAX_SENDERS || o->bytes == 0 ||
 	    o->msg_size == 0 || o->reps < 1 || o->reps > MAX_REPS ||
-	    o->hwm < 0 || o->warmup < 0 || o->warmup > 1000) {
+	    o->hwm < 0 || o->warmup < 0 || o->warmup > 1000 ||
+	    o->header_bytes > o->msg_size) {
 		usage(stderr);
 		return -1;
 	}
@@ -177,7 +186,10 @@ sender_main(int fd, const opts *o)
 		}
 		while (left > 0) {
 			size_t len = left < o->msg_size ? left : o->msg_size;
-			if (zmq_send(sock, buf, len, 0) < 0) {
+			if ((o->header_bytes > 0 &&
+			        zmq_send(sock, buf, o->header_bytes,
+			            ZMQ_SNDMORE) < 0) ||
+			    zmq_send(sock, buf, len, 0) < 0) {
 				fprintf(stderr, "zmq_raw sender: %s\n",
 				    zmq_strerror(errno));
 				goto out;
@@ -214,6 +226,12 @@ recv_from(void *sock, uint8_t ids[][256], size_t *id_len, int senders,
 	    zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) != 0 || !more ||
 	    zmq_msg_recv(part, sock, 0) < 0) {
 		return -1;
+	}
+	/* With --header-bytes the payload is the last frame. */
+	while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) == 0 && more) {
+		if (zmq_msg_recv(part, sock, 0) < 0) {
+			return -1;
+		}
 	}
 	for (int i = 0; i < senders; i++) {
 		if (id_len[i] == 0) {
