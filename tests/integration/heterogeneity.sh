@@ -70,10 +70,10 @@ print("drop: rounds closed at the deadline without w2:", [r["seconds"] for r in 
 
 run wait "  rounds: 2
   min_workers: 3
-  local_steps: 40
+  local_steps: 20
   batch_size: 32
   deadline: 1s
-  stragglers: wait" 60
+  stragglers: wait" 40
 check wait '
 for r in rows:
     w = ws(r)
