@@ -461,6 +461,52 @@ test_bad_inputs(void **state)
 	fb_model_close(m);
 }
 
+/* Distance moved from the start by `steps` steps with proximal term mu. */
+static double
+moved(const fb_model *m, const fb_dataset *d, float prox)
+{
+	fb_trainer_config c = cpu_cfg(1.0);
+	fb_trainer *t = NULL;
+	fb_train_opts o = opts_of(30, 16, 0.05f, 0.0f, 0.0f);
+	fb_train_stats st;
+	uint64_t n = fb_model_param_count(m);
+	float *p0 = malloc(n * sizeof(float)), *p = malloc(n * sizeof(float));
+	double d2 = 0;
+
+	assert_true(p0 != NULL && p != NULL);
+	o.prox_mu = prox;
+	fb_model_init_params(m, p0, 5);
+	assert_int_equal(fb_trainer_open(m, d, &c, 16, &t), FB_OK);
+	assert_int_equal(fb_trainer_set_params(t, p0), FB_OK);
+	assert_int_equal(fb_trainer_train(t, &o, &st, NULL), FB_OK);
+	assert_int_equal(fb_trainer_get_params(t, p), FB_OK);
+	for (uint64_t i = 0; i < n; i++) {
+		d2 += ((double)p[i] - p0[i]) * ((double)p[i] - p0[i]);
+	}
+	fb_trainer_close(t);
+	free(p0);
+	free(p);
+	return sqrt(d2);
+}
+
+static void
+test_prox_pulls_back(void **state)
+{
+	fb_model *m = open_mlp(20, 8, 4);
+	fb_dataset d;
+	double free_run, held;
+
+	random_set(&d, 256, 20, 4, 9);
+	free_run = moved(m, &d, 0.0f);
+	held = moved(m, &d, 10.0f);
+	printf("# prox: moved %.4f without, %.4f with mu = 10\n", free_run,
+	    held);
+	fb_dataset_fini(&d);
+	fb_model_close(m);
+	assert_true(free_run > 0);
+	assert_true(held < 0.5 * free_run);
+}
+
 FB_TESTS = {
     {"two runs from one seed give bitwise identical parameters",
         test_bitwise_reproducible},
@@ -472,6 +518,8 @@ FB_TESTS = {
     {"cuda without its library is unsupported and auto falls back",
         test_backend_choice},
     {"bad models, shards and options are rejected", test_bad_inputs},
+    {"a FedProx proximal term keeps the parameters near the start",
+        test_prox_pulls_back},
     {NULL, NULL},
 };
 
