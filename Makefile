@@ -95,6 +95,10 @@ $(B)/model/cpu/%.o: model/cpu/%.c
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS) -MMD -MP -c $< -o $@
 
+$(B)/aggregation/%.o: aggregation/%.c
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS) -MMD -MP -c $< -o $@
+
 # ---- programs ----------------------------------------------------------------
 BINS = $(B)/fedbox-coordinator $(B)/fedbox-worker
 ifneq ($(wildcard crypto/keygen.c),)

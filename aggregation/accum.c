@@ -85,19 +85,30 @@ fb_accum_chunk_len(const fb_accum *a, uint32_t chunk)
 	                                         : a->chunk_elems;
 }
 
-/* Returns the largest |x| of the chunk, or infinity if there is a NaN or
- * an infinity. */
-static float
-chunk_max_abs(const float *x, uint64_t n)
+/*
+ * add_pass adds sign * round(clamp(x) * k) into sum (sign 1 adds, UINT32_MAX
+ * subtracts, in the ring) and returns whether x held a NaN or infinity;
+ * *over counts coordinates beyond the clip.
+ */
+static int
+add_pass(uint32_t *restrict sum, const float *restrict x, uint64_t n, double clip, double k,
+    uint32_t sign, uint64_t *over)
 {
-	float m = 0.0f;
 	int bad = 0;
+	uint64_t c = 0;
+
 	for (uint64_t j = 0; j < n; j++) {
-		float v = fabsf(x[j]);
-		bad |= !(v <= FLT_MAX);
-		m = v > m ? v : m;
+		double v = x[j];
+		bad |= !(fabs(v) <= (double)FLT_MAX);
+		c += (v > clip) | (v < -clip);
+		v = v >= -clip ? v : -clip;
+		v = v <= clip ? v : clip;
+		double t = v * k;
+		int32_t q = (int32_t)(t + (t >= 0 ? 0.5 : -0.5));
+		sum[j] += sign * (uint32_t)q;
 	}
-	return bad ? INFINITY : m;
+	*over = c;
+	return bad;
 }
 
 fb_err
@@ -108,7 +119,8 @@ fb_accum_add(fb_accum *a, uint32_t chunk, const float *x, double weight,
 	uint32_t *sum;
 	uint64_t wq;
 	double k, clip = a->clip;
-	float maxabs;
+	uint64_t over = 0;
+	int bad;
 
 	if (chunk >= a->chunks || !(weight > 0) || weight > 1.0) {
 		return FB_EINVAL;
@@ -118,32 +130,19 @@ fb_accum_add(fb_accum *a, uint32_t chunk, const float *x, double weight,
 	if (wq == 0 || a->weight_q[chunk] + wq > WEIGHT_ONE) {
 		return FB_ERANGE;
 	}
-	maxabs = chunk_max_abs(x, n);
-	if (isinf(maxabs)) {
-		return FB_EINVAL;
-	}
 	k = (double)wq / (double)WEIGHT_ONE * a->scale;
 	sum = a->sum + (uint64_t)chunk * a->chunk_elems;
-	if ((double)maxabs > clip) {
-		uint64_t c = 0;
-		for (uint64_t j = 0; j < n; j++) {
-			double v = x[j];
-			c += (v > clip) | (v < -clip);
-			v = v > clip ? clip : v;
-			v = v < -clip ? -clip : v;
-			double t = v * k;
-			int32_t q = (int32_t)(t + (t >= 0 ? 0.5 : -0.5));
-			sum[j] += (uint32_t)q;
-		}
-		if (clipped != NULL) {
-			*clipped += c;
-		}
-	} else {
-		for (uint64_t j = 0; j < n; j++) {
-			double t = (double)x[j] * k;
-			int32_t q = (int32_t)(t + (t >= 0 ? 0.5 : -0.5));
-			sum[j] += (uint32_t)q;
-		}
+	/* One pass: clamp, encode and add, noting NaN/inf and clamped values
+	 * on the way (NaN clamps to -clip, so no conversion is undefined). A
+	 * chunk found bad afterwards is taken out again exactly: the ring
+	 * arithmetic makes the undo bitwise. */
+	bad = add_pass(sum, x, n, clip, k, 1u, &over);
+	if (bad) {
+		(void)add_pass(sum, x, n, clip, k, UINT32_MAX, &over);
+		return FB_EINVAL;
+	}
+	if (clipped != NULL) {
+		*clipped += over;
 	}
 	a->weight_q[chunk] += wq;
 	return FB_OK;
