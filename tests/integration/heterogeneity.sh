@@ -44,11 +44,13 @@ run budget "  rounds: 3
   local_steps: 40
   batch_size: 32
 aggregation:
-  rule: fednova" 6
+  rule: fednova" 20
 check budget '
 for r in rows[1:]:
     w = ws(r)
-    assert w["w2"]["assigned_steps"] * 2 < w["w0"]["assigned_steps"], w
+    # 20x throttled; a busy machine compresses the gap, so only ask for
+    # clearly fewer steps.
+    assert w["w2"]["assigned_steps"] * 1.5 < w["w0"]["assigned_steps"], w
     assert r["tau_eff"] > 0 and all(x["a_norm"] > 0 for x in w.values()), r
 print("time budget: round 3 assigned", {k: v["assigned_steps"] for k, v in ws(rows[-1]).items()})
 '
