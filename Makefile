@@ -74,6 +74,7 @@ DEPS_aggregation = aggregation common
 DEPS_worker      = worker model data aggregation proto crypto common
 DEPS_coordinator = coordinator model data aggregation proto crypto common
 DEPS_rules       = aggregation common
+DEPS_secagg = crypto aggregation common
 
 libs_of = $(foreach d,$(DEPS_$(1)),$(B)/lib/libfb_$(d).a)
 

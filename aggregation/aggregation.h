@@ -264,4 +264,108 @@ fb_server_opt_kind fb_rule_server_kind(fb_rule rule);
  * server scales by tau_eff. */
 bool fb_rule_is_fednova(fb_rule rule);
 
+/* ======================================================================== */
+/*
+ * Secure-aggregation encoding (encode.c, issue 4): what a worker puts into
+ * the masked vector, and how the coordinator reads the unmasked sum.
+ *
+ * A coordinate x of an update with weight w in [0, w_max] becomes
+ *     q = floor(w * clamp(x, -clip, clip) * S + u)  mod 2^bits,
+ * u uniform in [0, 1) (stochastic rounding: E[q] = w * clamp(x) * S, up to
+ * 2^-53 of a unit), from a counter-based generator keyed by a 64-bit seed
+ * and the coordinate's index, so a chunk encodes the same whatever the
+ * chunking. The seed should be fresh per worker and round (e.g. from
+ * randombytes); the rounding noise only has to be unbiased and independent
+ * of the data, not secret. Weights are public-bound fractions such as
+ * n_i / N_bound (N_bound a public bound on a worker's sample count), so
+ * w_max = 1 by default.
+ *
+ * No overflow, by construction: |q| <= w_max * clip * S + 1 for each
+ * summand, so a sum of at most K_max summands has magnitude at most
+ *     K_max * w_max * clip * S + K_max  <  2^(bits-1),
+ * which fb_encoding_check demands (with a relative margin of 2^-40 that
+ * covers the floating-point rounding of w * x * S + u). Every true sum is
+ * then one residue in (-2^(bits-1), 2^(bits-1)), and decoding (the low
+ * `bits` bits read as two's complement, divided by S) is exact. Each worker
+ * enforces its own |x| <= clip and w <= w_max, so the bound holds whatever
+ * the others send; the masked arithmetic mod 2^32 (crypto.h) cancels
+ * exactly, and masked sums may wrap around the ring any number of times.
+ * fb_encoding_init picks the largest power of two S that passes.
+ *
+ * Quantisation bound: each summand is within 1 unit (+2^-21 for the double
+ * arithmetic) of w * clamp(x) * S, so the decoded sum of K summands is
+ * within
+ *     K * (1 + 2^-20) / S                   (fb_encoding_bound)
+ * of sum_i w_i clamp(x_i); the error has mean 0 and standard deviation at
+ * most sqrt(K) / (2 S). Example, bits 32, K_max 128, clip 16, w_max 1:
+ * S = 2^19, bound 128 / 2^19 = 2.4e-4 on the weighted sum.
+ *
+ * Extra coordinates (the weight itself, a FedNova normaliser, ...) use
+ * their own fb_encoding in the same ring with clip = the scalar's public
+ * bound: the weight is encoded as x = 1 with weight w (clip 1, so S_w is
+ * about 2^(bits-1) / K_max / w_max), a scalar a in [-A, A] as x = a with
+ * weight w and clip A. The coordinator only ever sees their sums, and
+ * computes the weighted mean as decode(sum x) / decode(sum w).
+ */
+
+#define FB_ENCODE_BITS_MIN 16
+#define FB_ENCODE_BITS_MAX 32
+
+typedef struct fb_encoding {
+	uint32_t bits;        /* ring Z_2^bits, 16..32 (default 32) */
+	uint32_t max_workers; /* K_max >= 1: the most summands in one sum */
+	double clip;          /* values are clamped to [-clip, clip]; > 0 */
+	double w_max;         /* weights lie in [0, w_max]; > 0 (default 1) */
+	double scale;         /* S > 0: one unit of the ring is 1 / S */
+} fb_encoding;
+
+/*
+ * fb_encoding_check verifies that e is well formed and that no sum of
+ * K_max encoded values can overflow (the condition above). Errors:
+ * FB_EINVAL (a field out of its range, NaN), FB_ERANGE (overflow possible).
+ */
+FB_MUST_CHECK fb_err fb_encoding_check(const fb_encoding *e);
+
+/*
+ * fb_encoding_init fills e with the given bounds and the largest power of
+ * two S that passes fb_encoding_check. Errors as fb_encoding_check
+ * (FB_ERANGE when no S > 0 is safe: K_max >= 2^(bits-1)); e zeroed then.
+ */
+FB_MUST_CHECK fb_err fb_encoding_init(fb_encoding *e, uint32_t bits,
+    uint32_t max_workers, double clip, double w_max);
+
+/*
+ * fb_encoding_bound returns the largest possible distance between the
+ * decoded sum of k encoded values and their exact weighted sum:
+ * k * (1 + 2^-20) / S.
+ */
+double fb_encoding_bound(const fb_encoding *e, uint32_t k);
+
+/*
+ * fb_encode_chunk encodes x[0..count) (coordinates offset.. of an update)
+ * with weight w into out[0..count) as ring elements in [0, 2^bits).
+ * *clipped (if non-NULL) grows by the number of clamped coordinates.
+ * Errors: FB_EINVAL (NaN or infinity in x, or a bad e; nothing written),
+ * FB_ERANGE (w outside [0, w_max], or NaN). Thread-safe.
+ */
+FB_MUST_CHECK fb_err fb_encode_chunk(const fb_encoding *e, const float *x,
+    uint64_t count, double w, uint64_t offset, uint64_t seed, uint32_t *out,
+    uint64_t *clipped);
+
+/*
+ * fb_encode_scalar encodes one extra coordinate (value v, weight w) at
+ * index `index` of the seed's stream (use an index outside the model's
+ * range, e.g. the model's count + i). Errors as fb_encode_chunk.
+ */
+FB_MUST_CHECK fb_err fb_encode_scalar(const fb_encoding *e, double v, double w,
+    uint64_t index, uint64_t seed, uint32_t *out);
+
+/* fb_decode_value reads an (unmasked) sum: its low `bits` bits as a two's
+ * complement integer, divided by S. */
+double fb_decode_value(const fb_encoding *e, uint32_t sum);
+
+/* fb_decode_chunk decodes sum[0..count) into out[0..count). */
+void fb_decode_chunk(const fb_encoding *e, const uint32_t *sum,
+    uint64_t count, double *out);
+
 #endif

@@ -482,4 +482,434 @@ FB_MUST_CHECK fb_err fb_stream_pull_final(fb_stream_pull *p,
 /* fb_stream_pull_free wipes and frees; NULL is a no-op. */
 void fb_stream_pull_free(fb_stream_pull *p);
 
+/* ======================================================================== */
+/*
+ * Secure aggregation (issue 4): Shamir sharing (shamir.c), mask expansion
+ * (mask.c), the neighbour graph and the per-worker and server steps of
+ * SecAgg+ (secagg.c). Pure functions over caller buffers; transport,
+ * timeouts and the round state machine are the caller's.
+ *
+ * Protocol (Bonawitz et al. 2017, "Practical Secure Aggregation for
+ * Privacy-Preserving Machine Learning", with the sparse neighbour graph of
+ * Bell et al. 2020, "Secure Single-Server Aggregation with (Poly)Logarithmic
+ * Overhead"). The round's n workers have indices 0..n-1 (the coordinator's
+ * slots; the caller maps its worker ids to them). Round parameters
+ * (fb_secagg_params) are public: run id, round, n, degree k, threshold t,
+ * and 32 bytes of coordinator randomness for the graph.
+ *   0 keys     each worker makes two X25519 key pairs, c (share encryption)
+ *              and s (pairwise masks), and a 32-byte self-mask seed b; it
+ *              advertises c_pk, s_pk and H(b) signed by its identity. The
+ *              coordinator relays the adverts (at least to each worker's
+ *              neighbours). U1 = workers whose advert arrived.
+ *   1 shares   worker i Shamir-shares b_i and s_sk_i t-of-(|N1(i)|+1)
+ *              among itself and its neighbours in U1 (x = index + 1) and
+ *              seals each neighbour's pair of shares under a key from
+ *              X25519(c_i, c_j): the coordinator relays ciphertexts it
+ *              cannot read. U2 = workers whose shares went out.
+ *   2 masking  y_i = x_i + PRG(b_i) + sum_{j in N(i), j in U2}
+ *              sigma_ij PRG(s_ij)  (mod 2^32), sigma_ij = +1 if i < j,
+ *              -1 if i > j, s_ij = H(X25519(s_i, s_pk_j), keys, run,
+ *              round). The coordinator adds y_i into its sum as it streams
+ *              in. U3 = workers whose y_i was added completely.
+ *   3 unmask   each survivor reveals, for each owner j whose shares it
+ *              holds: the b-share if j is in U3, else the s-share; never
+ *              both for one j (fb_secagg_worker_reveal refuses). The
+ *              coordinator reconstructs b_i (i in U3, checked against H(b))
+ *              and s_j (j in U2 \ U3, checked against s_pk_j) and subtracts
+ *              PRG(b_i) and the residual pairwise masks sigma_ij PRG(s_ij)
+ *              (i in U3, j dropped) chunk by chunk: sum = sum_{i in U3} x_i.
+ * Pairwise masks of two workers in U3 cancel. The dropped worker's
+ * own input is absent (its y never completed), so its self-mask needs
+ * nothing. Threat model: honest-but-curious coordinator and workers (the
+ * coordinator relays faithfully); under it the coordinator learns only the
+ * sum of at least t inputs.
+ *
+ * Ring: masks live in Z_2^32. An encoding into Z_2^bits (bits <= 32, see
+ * aggregation.h) embeds into it: the sum mod 2^32 reduced mod 2^bits is the
+ * sum mod 2^bits, and a masked value mod 2^bits is still uniform, so a
+ * transport may send only the low `bits` bits of each masked coordinate.
+ */
+
+/* ---- Shamir sharing over GF(2^61 - 1) ----------------------------------- */
+
+#define FB_SHAMIR_SECRET_LEN 32
+/* A 32-byte secret is 5 field elements: limbs 0..3 are bytes [7l, 7l+7)
+ * little-endian (< 2^56), limb 4 is bytes 28..31 (< 2^32). */
+#define FB_SHAMIR_LIMBS 5
+/* Packed share: x (LE32) || y[0..5) (LE64 each, < p). */
+#define FB_SHAMIR_SHARE_LEN (4 + 8 * FB_SHAMIR_LIMBS)
+/* Largest evaluation point and number of shares. */
+#define FB_SHAMIR_X_MAX (1u << 20)
+
+/* One share: the evaluation of 5 independent polynomials (one per limb)
+ * of degree t - 1 at x. Holds secret material: wipe it after use. */
+typedef struct fb_shamir_share {
+	uint32_t x;                  /* 1..FB_SHAMIR_X_MAX; worker index + 1 */
+	uint64_t y[FB_SHAMIR_LIMBS]; /* each < 2^61 - 1 */
+} fb_shamir_share;
+
+/*
+ * fb_shamir_split makes `count` shares of `secret` at the distinct points
+ * xs[0..count) (1..FB_SHAMIR_X_MAX), any t of which (1 <= t <= count)
+ * reconstruct it and fewer reveal nothing. Coefficients come from
+ * randombytes_buf and are wiped. `out` (count shares) is zeroed first.
+ * Thread-safe. Errors: FB_EINVAL (t, count, xs), FB_ENOMEM, FB_EIO.
+ */
+FB_MUST_CHECK fb_err fb_shamir_split(const uint8_t secret[FB_SHAMIR_SECRET_LEN],
+    uint32_t t, const uint32_t *xs, uint32_t count, fb_shamir_share *out);
+
+/*
+ * fb_shamir_split_coeffs is fb_shamir_split with caller coefficients, for
+ * known-answer tests only: coeffs[l * (t - 1) + d - 1] (each < p) is the
+ * coefficient of x^d of limb l's polynomial, d = 1..t-1.
+ */
+FB_MUST_CHECK fb_err fb_shamir_split_coeffs(
+    const uint8_t secret[FB_SHAMIR_SECRET_LEN], uint32_t t, const uint32_t *xs,
+    uint32_t count, const uint64_t *coeffs, fb_shamir_share *out);
+
+/*
+ * fb_shamir_combine reconstructs the secret from `count` >= t shares of a
+ * t-of-n sharing by Lagrange interpolation at 0 over the first t; each
+ * further share must lie on the same polynomial. Checks, in order:
+ * FB_EINVAL (t == 0, n == 0 or n > FB_SHAMIR_X_MAX), FB_ERANGE (count < t:
+ * below threshold), FB_EPROTO (a y >= p, an x of 0 or above n, or two
+ * shares with one x), FB_EAUTH (inconsistent: a further share is off the
+ * polynomial, or a reconstructed limb is out of its range). With more than
+ * t shares a corrupted one is always caught. Among exactly t it cannot be
+ * (any t points fit a polynomial): the limb range check catches random
+ * corruption with probability about 31/32 per limb, but a small change
+ * with small Lagrange coefficients can keep a limb in range and give a
+ * wrong secret with FB_OK (tests/vectors/shamir.txt has such cases).
+ * Callers that know a commitment to the secret check it (secagg does).
+ * `secret` is zeroed on any error. Thread-safe. Also FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_shamir_combine(const fb_shamir_share *shares,
+    uint32_t count, uint32_t t, uint32_t n,
+    uint8_t secret[FB_SHAMIR_SECRET_LEN]);
+
+/* fb_shamir_share_pack writes the FB_SHAMIR_SHARE_LEN-byte form. */
+void fb_shamir_share_pack(const fb_shamir_share *s,
+    uint8_t out[FB_SHAMIR_SHARE_LEN]);
+
+/* fb_shamir_share_unpack parses it. Errors: FB_EPROTO (x == 0 or a
+ * y >= p; *s zeroed). */
+FB_MUST_CHECK fb_err fb_shamir_share_unpack(
+    const uint8_t in[FB_SHAMIR_SHARE_LEN], fb_shamir_share *s);
+
+/* ---- masks --------------------------------------------------------------- */
+
+#define FB_MASK_SEED_LEN 32
+/* Masks cover at most 2^32 ChaCha20 blocks of 16 elements each. */
+#define FB_MASK_MAX_ELEMS (UINT64_C(1) << 36)
+
+/* What a keystream is for; part of the nonce, so no two roles share one. */
+typedef enum fb_mask_role {
+	FB_MASK_SELF = 1,  /* self-mask PRG(b_i) */
+	FB_MASK_PAIR = 2,  /* pairwise mask PRG(s_ij) */
+	FB_MASK_GRAPH = 3, /* neighbour graph permutation */
+} fb_mask_role;
+
+/* One mask term of fb_mask_apply: v += sign * PRG(seed, role, round). */
+typedef struct fb_mask_term {
+	uint8_t seed[FB_MASK_SEED_LEN];
+	uint8_t role;  /* fb_mask_role */
+	int8_t sign;   /* +1 or -1 */
+} fb_mask_term;
+
+/*
+ * PRG(seed, role, round) is the ChaCha20 (IETF, 20 rounds) keystream under
+ * key = seed and nonce = "fbm" || role (1 byte) || round (LE32) || 4 zero
+ * bytes, read as little-endian uint32 words: element e is bytes
+ * [4e, 4e+4) of the stream, i.e. word e mod 16 of block e / 16. Random
+ * access by block counter lets a mask stream chunk by chunk.
+ *
+ * fb_mask_add sets v[i] += PRG[offset + i] (mod 2^32) for i < count;
+ * fb_mask_sub subtracts it. Memory: a 16 KiB stack buffer; no mask is
+ * materialised. Thread-safe. Errors: FB_ERANGE (offset + count above
+ * FB_MASK_MAX_ELEMS), FB_EINVAL (role); v untouched on error.
+ */
+FB_MUST_CHECK fb_err fb_mask_add(uint32_t *v, uint64_t offset, uint64_t count,
+    const uint8_t seed[FB_MASK_SEED_LEN], fb_mask_role role, uint32_t round);
+FB_MUST_CHECK fb_err fb_mask_sub(uint32_t *v, uint64_t offset, uint64_t count,
+    const uint8_t seed[FB_MASK_SEED_LEN], fb_mask_role role, uint32_t round);
+
+/*
+ * fb_mask_apply adds all `nterms` terms into v[0..count) (elements
+ * offset.. of the masks), block by block so that v stays in cache while
+ * each term's keystream is made: the one pass a worker (all its masks) or
+ * the coordinator (all corrections) needs per chunk. Errors as fb_mask_add
+ * (and FB_EINVAL for a sign other than +-1).
+ */
+FB_MUST_CHECK fb_err fb_mask_apply(uint32_t *v, uint64_t offset,
+    uint64_t count, const fb_mask_term *terms, uint32_t nterms,
+    uint32_t round);
+
+/*
+ * fb_mask_pair_seed derives the seed both ends of a pair compute:
+ *   BLAKE2b-256("fedbox/secagg-pair/v1" || min(pk_a, pk_b) ||
+ *               max(pk_a, pk_b) || run || LE32 round || X25519(sk, peer))
+ * (min/max by memcmp, so it is order-independent). `self_pk` is sk's
+ * public key. Errors: FB_EAUTH (peer key of small order: all-zero shared
+ * secret), FB_EINVAL (equal keys); `seed` zeroed on error.
+ */
+FB_MUST_CHECK fb_err fb_mask_pair_seed(const uint8_t sk[32],
+    const uint8_t self_pk[32], const uint8_t peer_pk[32], const fb_run_id *run,
+    uint32_t round, uint8_t seed[FB_MASK_SEED_LEN]);
+
+/* ---- the neighbour graph ------------------------------------------------- */
+
+/* fb_secagg_params.degree value asking for fb_secagg_degree_auto. */
+#define FB_SECAGG_DEGREE_AUTO 0u
+/* The most workers in one secure round. */
+#define FB_SECAGG_MAX_WORKERS 65536u
+/* c of the automatic degree k = ceil(c * log2 n). */
+#define FB_SECAGG_AUTO_C 3.0
+
+typedef struct fb_secagg_graph fb_secagg_graph;
+
+/*
+ * fb_secagg_degree_auto returns the automatic degree for n >= 2 workers and
+ * threshold t: k = max(ceil(3 log2 n), t - 1), rounded up to even, at most
+ * n - 1 (the complete graph). c = 3 is a practical default (n = 16: 12,
+ * 64: 18, 128: 22, 1000: 30), not Bell et al.'s proven constant, which
+ * depends on the tolerated dropout and corruption rates; pass a number to
+ * choose another degree.
+ */
+uint32_t fb_secagg_degree_auto(uint32_t n, uint32_t t);
+
+/* fb_secagg_threshold_default returns the majority of a neighbourhood of
+ * degree k (k neighbours plus the worker itself): floor((k + 1) / 2) + 1,
+ * e.g. 3 for n = 5 on the complete graph. */
+uint32_t fb_secagg_threshold_default(uint32_t k);
+
+/*
+ * fb_secagg_graph_alloc derives the round's graph on n workers (2..
+ * FB_SECAGG_MAX_WORKERS) from the coordinator's 32 random bytes: a random
+ * Harary graph (Bell et al. 2020): positions on a cycle from a Fisher-Yates
+ * shuffle driven by PRG(seed, FB_MASK_GRAPH, round) (unbiased by
+ * rejection), each worker joined to the k/2 nearest positions on either
+ * side. `degree` 0 is auto (with threshold t), an odd k is rounded up, k >=
+ * n - 1 is the complete graph (classic SecAgg). Symmetric and identical on
+ * every node given the same inputs. Errors: FB_EINVAL, FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_secagg_graph_alloc(uint32_t n, uint32_t degree,
+    uint32_t t, const uint8_t seed[32], uint32_t round,
+    fb_secagg_graph **out);
+
+/* fb_secagg_graph_free releases it; NULL is a no-op. */
+void fb_secagg_graph_free(fb_secagg_graph *g);
+
+/* fb_secagg_graph_degree returns the actual degree k (every node has it). */
+uint32_t fb_secagg_graph_degree(const fb_secagg_graph *g);
+
+/* fb_secagg_graph_adjacent returns 1 when i != j are neighbours, else 0. */
+int fb_secagg_graph_adjacent(const fb_secagg_graph *g, uint32_t i,
+    uint32_t j);
+
+/* fb_secagg_graph_neighbours writes i's k neighbours, ascending, into
+ * out[0..k). Errors: FB_EINVAL (i out of range). */
+FB_MUST_CHECK fb_err fb_secagg_graph_neighbours(const fb_secagg_graph *g,
+    uint32_t i, uint32_t *out);
+
+/* ---- SecAgg+ steps ------------------------------------------------------- */
+
+/* Signed key advertisement, FB_SECAGG_ADV_LEN = 188 bytes:
+ *   0:1 version  1:1 kind=16  2:2 reserved, zero  4:16 run id  20:4 round
+ *   24:4 worker index  28:32 c_pk  60:32 s_pk
+ *   92:32 H(b) = BLAKE2b-256("fedbox/secagg-b/v1" || run || LE32 round ||
+ *         LE32 index || b)
+ *   124:64 fb_identity_sign(domain "secagg-keys", bytes 0..124) */
+#define FB_SECAGG_ADV_LEN 188
+/* Sealed shares from one worker to one neighbour, 136 bytes:
+ *   0:1 version  1:1 kind=17  2:2 reserved  4:16 run  20:4 round
+ *   24:4 from  28:4 to  32:88 ciphertext of (b-share || s-share, packed)
+ *   120:16 tag.  XChaCha20-Poly1305-IETF, AD = bytes 0..32, nonce =
+ *   LE32 from || LE32 to || 16 zero bytes, key = BLAKE2b-256(
+ *   "fedbox/secagg-enc/v1" || min(c_pk) || max(c_pk) || run || LE32
+ *   round || X25519(c_sk, peer c_pk)). */
+#define FB_SECAGG_SHARE_MSG_LEN 136
+/* Reveal: header 0:1 version 1:1 kind=18 2:2 reserved 4:16 run 20:4 round
+ * 24:4 from 28:4 count, then count entries of FB_SECAGG_REVEAL_ENTRY_LEN:
+ * 0:4 owner index 4:1 kind (1 = b-share, 2 = s-share) 5:3 zero
+ * 8:44 packed share. Secret material: send it sealed (fb_msg_seal). */
+#define FB_SECAGG_REVEAL_HEADER_LEN 32
+#define FB_SECAGG_REVEAL_ENTRY_LEN (8 + FB_SHAMIR_SHARE_LEN)
+
+typedef struct fb_secagg_params {
+	fb_run_id run;
+	uint32_t round;
+	uint32_t n;         /* workers in the round, 2..FB_SECAGG_MAX_WORKERS */
+	uint32_t degree;    /* k; FB_SECAGG_DEGREE_AUTO; >= n - 1: complete */
+	uint32_t threshold; /* t, 2..k+1 (actual k): shares to reconstruct */
+	uint8_t graph_seed[32]; /* coordinator randomness for the round */
+} fb_secagg_params;
+
+typedef struct fb_secagg_worker fb_secagg_worker;
+typedef struct fb_secagg_server fb_secagg_server;
+
+/*
+ * fb_secagg_worker_alloc starts worker `self` (< n) of a round: makes the
+ * c and s key pairs and b (sodium_malloc'd, wiped by _free) and the graph.
+ * On FB_OK the caller owns *out. One thread at a time per worker.
+ * Errors: FB_EINVAL (params), FB_ENOMEM, FB_EIO.
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_alloc(const fb_secagg_params *p,
+    uint32_t self, fb_secagg_worker **out);
+
+/* fb_secagg_worker_free wipes and frees; NULL is a no-op. */
+void fb_secagg_worker_free(fb_secagg_worker *w);
+
+/* fb_secagg_worker_graph returns the round's graph (owned by w). */
+const fb_secagg_graph *fb_secagg_worker_graph(const fb_secagg_worker *w);
+
+/* fb_secagg_worker_advertise writes the signed advert (layout above).
+ * Errors: from fb_identity_sign. */
+FB_MUST_CHECK fb_err fb_secagg_worker_advertise(const fb_secagg_worker *w,
+    const fb_identity *id, uint8_t adv[FB_SECAGG_ADV_LEN]);
+
+/*
+ * fb_secagg_worker_add_advert takes a peer's advert, checked against the
+ * peer's identity key `peer_id` (from the allowlist): layout, run, round,
+ * signature, X25519 keys not of small order. Adverts of non-neighbours
+ * (and of itself) are checked and then ignored (FB_OK). Only before
+ * fb_secagg_worker_make_shares. Errors: FB_EPROTO (malformed, duplicate),
+ * FB_EAUTH (signature, wrong run), FB_ESTALE (wrong round or too late).
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_add_advert(fb_secagg_worker *w,
+    const fb_pubkey *peer_id, const uint8_t *adv, size_t len);
+
+/*
+ * fb_secagg_worker_make_shares shares b and s_sk t-of-(m+1) among itself
+ * and the m neighbours whose adverts arrived (U1), keeps its own share, and
+ * writes m sealed share messages (FB_SECAGG_SHARE_MSG_LEN each, ascending
+ * recipient) into out (out_cap bytes); *out_len = m * 136. Once only.
+ * Errors: FB_ERANGE (m + 1 < t: abort the round; or out_cap too small),
+ * FB_EINVAL (called twice), FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_make_shares(fb_secagg_worker *w,
+    uint8_t *out, size_t out_cap, size_t *out_len);
+
+/* fb_secagg_share_msg_peek reads from/to of a share message without
+ * decrypting it (the coordinator routes on it). Errors: FB_EPROTO. */
+FB_MUST_CHECK fb_err fb_secagg_share_msg_peek(const uint8_t *msg, size_t len,
+    uint32_t *from, uint32_t *to);
+
+/*
+ * fb_secagg_worker_add_share opens a share message addressed to this worker
+ * from a neighbour in U1 and keeps both shares. After make_shares, before
+ * mask_begin. Errors: FB_EPROTO (malformed, not for us, unknown sender,
+ * duplicate), FB_EAUTH (MAC, run), FB_ESTALE (round, or too late).
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_add_share(fb_secagg_worker *w,
+    const uint8_t *msg, size_t len);
+
+/*
+ * fb_secagg_worker_mask_begin fixes the mask set: the neighbours whose
+ * shares arrived (U2 as this worker sees it; the coordinator must have
+ * relayed every U2 neighbour's shares before) and derives the pairwise
+ * seeds. Errors: FB_ERANGE (fewer than t - 1 neighbours shared: abort),
+ * FB_EINVAL (order), FB_EAUTH (bad peer key).
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_mask_begin(fb_secagg_worker *w);
+
+/*
+ * fb_secagg_worker_mask_chunk masks elements offset..offset+count of the
+ * encoded input in place: v += PRG(b) + sum sigma_ij PRG(s_ij) (mod 2^32).
+ * Chunks may come in any order, each once. Thread-safe for disjoint chunks
+ * after mask_begin. Errors: FB_EINVAL (before mask_begin), FB_ERANGE.
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_mask_chunk(const fb_secagg_worker *w,
+    uint32_t *v, uint64_t offset, uint64_t count);
+
+/*
+ * fb_secagg_worker_reveal answers the unmasking request. included[0..n)
+ * (nonzero = that worker's masked input is in the sum, U3) comes from the
+ * coordinator. For every owner j whose shares this worker holds (itself
+ * included): the b-share if included[j], else the s-share. It refuses the
+ * whole request (FB_EPROTO, nothing written) if it would reveal, for any j,
+ * the other kind than an earlier reveal did, if it is itself not included,
+ * or if fewer than t workers are included. Writes the reveal (layout
+ * above) into out. Errors: also FB_ERANGE (out_cap), FB_EINVAL (order).
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_reveal(fb_secagg_worker *w,
+    const uint8_t *included, uint32_t n, uint8_t *out, size_t out_cap,
+    size_t *out_len);
+
+/*
+ * fb_secagg_server_alloc starts the coordinator's side of a round: the
+ * graph and per-worker state, O(n k) memory. Errors: FB_EINVAL, FB_ENOMEM.
+ * One thread at a time.
+ */
+FB_MUST_CHECK fb_err fb_secagg_server_alloc(const fb_secagg_params *p,
+    fb_secagg_server **out);
+
+/* fb_secagg_server_free wipes and frees; NULL is a no-op. */
+void fb_secagg_server_free(fb_secagg_server *s);
+
+/* fb_secagg_server_graph returns the round's graph (owned by s). */
+const fb_secagg_graph *fb_secagg_server_graph(const fb_secagg_server *s);
+
+/*
+ * fb_secagg_server_add_advert checks worker `index`'s advert against its
+ * identity key and records its public keys (U1). Errors as
+ * fb_secagg_worker_add_advert; FB_EPROTO also when the advert's index is
+ * not `index` or one was already recorded.
+ */
+FB_MUST_CHECK fb_err fb_secagg_server_add_advert(fb_secagg_server *s,
+    uint32_t index, const fb_pubkey *peer_id, const uint8_t *adv, size_t len);
+
+/*
+ * fb_secagg_server_add_shares checks the batch of share messages worker
+ * `index` sent (one per U1 neighbour, from = index, ascending `to`) and
+ * records it in U2; the caller relays each message to its `to`.
+ * Errors: FB_EPROTO (malformed, wrong set of recipients, not in U1,
+ * twice), FB_ESTALE (round).
+ */
+FB_MUST_CHECK fb_err fb_secagg_server_add_shares(fb_secagg_server *s,
+    uint32_t index, const uint8_t *msgs, size_t len);
+
+/* fb_secagg_server_set_included records that worker `index`'s whole masked
+ * input is in the sum (U3). Errors: FB_EINVAL (not in U2, or twice). */
+FB_MUST_CHECK fb_err fb_secagg_server_set_included(fb_secagg_server *s,
+    uint32_t index);
+
+/* fb_secagg_server_included writes the U3 flags the workers' reveal
+ * requests carry (n bytes). */
+void fb_secagg_server_included(const fb_secagg_server *s, uint8_t *included);
+
+/*
+ * fb_secagg_server_add_reveal checks and keeps worker `from`'s reveal:
+ * `from` included, one entry per owner it holds shares of (owners in U2,
+ * neighbours or itself), kind b exactly for included owners, x = from + 1.
+ * Errors: FB_EPROTO (any mismatch, or twice), FB_ESTALE (round), FB_EAUTH
+ * (run).
+ */
+FB_MUST_CHECK fb_err fb_secagg_server_add_reveal(fb_secagg_server *s,
+    uint32_t from, const uint8_t *msg, size_t len);
+
+/*
+ * fb_secagg_server_finish reconstructs b_i for each included i and s_sk_j
+ * for each dropped j in U2 with an included neighbour, checks them against
+ * the adverts, and prepares the correction terms (seeds only; the masks
+ * are expanded by fb_secagg_server_unmask_chunk). Errors: FB_ERANGE (fewer
+ * than t included, or fewer than t shares for someone: below threshold,
+ * abort the round), FB_EAUTH (a secret failed its check: corrupt shares),
+ * FB_EINVAL (order), FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_secagg_server_finish(fb_secagg_server *s);
+
+/* fb_secagg_server_correction_terms returns how many mask expansions one
+ * unmask pass costs (survivors + residual pairwise masks). */
+uint64_t fb_secagg_server_correction_terms(const fb_secagg_server *s);
+
+/*
+ * fb_secagg_server_unmask_chunk removes the masks from elements offset..
+ * offset+count of the accumulated sum of masked inputs, in place (mod
+ * 2^32); afterwards sum = sum of the included encoded inputs. Each chunk
+ * once. Thread-safe for disjoint chunks after finish. Errors: FB_EINVAL
+ * (before finish), FB_ERANGE.
+ */
+FB_MUST_CHECK fb_err fb_secagg_server_unmask_chunk(const fb_secagg_server *s,
+    uint32_t *sum, uint64_t offset, uint64_t count);
+
 #endif

@@ -1,0 +1,977 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * secagg_test.c -- unit tests of secure aggregation's library half:
+ * Shamir sharing against an independent big-integer reference
+ * (tests/vectors/shamir.txt, written by tests/gen/shamir_vectors.py) and
+ * its negative cases; the fixed-point encoding's edge values and overflow
+ * check; mask expansion against raw ChaCha20; the neighbour graph; and
+ * in-memory SecAgg+ rounds with dropouts, below-threshold refusals and a
+ * uniformity check of what the coordinator receives.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "aggregation/aggregation.h"
+#include "crypto/crypto.h"
+#include "tests/unit/harness.h"
+
+#define VECTORS "tests/vectors/shamir.txt"
+#define P61 ((UINT64_C(1) << 61) - 1)
+
+/* ---- Shamir against the reference ------------------------------------- */
+
+static void
+hex_to_bytes(const char *hex, uint8_t *out, size_t len)
+{
+	assert_int_equal(strlen(hex), 2 * len);
+	for (size_t i = 0; i < len; i++) {
+		unsigned v;
+		assert_int_equal(sscanf(hex + 2 * i, "%2x", &v), 1);
+		out[i] = (uint8_t)v;
+	}
+}
+
+static uint32_t
+parse_xs(char *list, uint32_t *xs, uint32_t cap)
+{
+	uint32_t c = 0;
+	for (char *tok = strtok(list, ","); tok != NULL;
+	     tok = strtok(NULL, ",")) {
+		assert_true(c < cap);
+		xs[c++] = (uint32_t)strtoul(tok, NULL, 10);
+	}
+	return c;
+}
+
+typedef struct vcase {
+	uint32_t t, npts;
+	uint8_t secret[32];
+	uint32_t xs[64];
+	uint64_t coefs[64 * FB_SHAMIR_LIMBS];
+	uint32_t ncoefs;
+	fb_shamir_share expect[64];
+	uint32_t nshares;
+} vcase;
+
+/* pick_shares copies the expected shares at xs[0..c) into out. */
+static void
+pick_shares(const vcase *vc, const uint32_t *xs, uint32_t c,
+    fb_shamir_share *out)
+{
+	for (uint32_t i = 0; i < c; i++) {
+		uint32_t j;
+		for (j = 0; j < vc->nshares; j++) {
+			if (vc->expect[j].x == xs[i]) {
+				break;
+			}
+		}
+		assert_true(j < vc->nshares);
+		out[i] = vc->expect[j];
+	}
+}
+
+static void
+test_shamir_vectors(void **state)
+{
+	FILE *f = fopen(VECTORS, "r");
+	char line[4096];
+	vcase vc;
+	int cases = 0, combines = 0, corrupt_ok = 0, corrupt_auth = 0;
+
+	(void)state;
+	assert_non_null(f);
+	memset(&vc, 0, sizeof(vc));
+	while (fgets(line, sizeof(line), f) != NULL) {
+		char *kw, *rest;
+		line[strcspn(line, "\n")] = '\0';
+		if (line[0] == '#' || line[0] == '\0') {
+			continue;
+		}
+		kw = strtok_r(line, " ", &rest);
+		if (strcmp(kw, "case") == 0) {
+			memset(&vc, 0, sizeof(vc));
+			vc.t = (uint32_t)strtoul(strtok_r(NULL, " ", &rest),
+			    NULL, 10);
+			hex_to_bytes(strtok_r(NULL, " ", &rest), vc.secret, 32);
+		} else if (strcmp(kw, "points") == 0) {
+			vc.npts = parse_xs(rest, vc.xs, 64);
+		} else if (strcmp(kw, "coefs") == 0) {
+			char *tok;
+			while ((tok = strtok_r(NULL, " ", &rest)) != NULL) {
+				vc.coefs[vc.ncoefs++] = strtoull(tok, NULL, 16);
+			}
+			assert_int_equal(vc.ncoefs,
+			    (vc.t - 1) * FB_SHAMIR_LIMBS);
+		} else if (strcmp(kw, "share") == 0) {
+			fb_shamir_share *s = &vc.expect[vc.nshares++];
+			s->x = (uint32_t)strtoul(strtok_r(NULL, " ", &rest),
+			    NULL, 10);
+			for (int l = 0; l < FB_SHAMIR_LIMBS; l++) {
+				s->y[l] = strtoull(strtok_r(NULL, " ", &rest),
+				    NULL, 16);
+			}
+			if (vc.nshares == vc.npts) {
+				/* All shares read: split must give them. */
+				fb_shamir_share got[64];
+				assert_int_equal(fb_shamir_split_coeffs(vc.secret,
+				    vc.t, vc.xs, vc.npts, vc.coefs, got), FB_OK);
+				assert_memory_equal(got, vc.expect,
+				    vc.npts * sizeof(got[0]));
+			}
+		} else if (strcmp(kw, "combine") == 0) {
+			uint32_t xs[64], c;
+			fb_shamir_share sh[64];
+			uint8_t want[32], got[32];
+			char *list = strtok_r(NULL, " ", &rest);
+			hex_to_bytes(strtok_r(NULL, " ", &rest), want, 32);
+			c = parse_xs(list, xs, 64);
+			pick_shares(&vc, xs, c, sh);
+			assert_int_equal(fb_shamir_combine(sh, c, vc.t, 64, got),
+			    FB_OK);
+			assert_memory_equal(got, want, 32);
+			combines++;
+		} else if (strcmp(kw, "corrupt") == 0) {
+			uint32_t xs[64], c, xc;
+			fb_shamir_share sh[64];
+			uint8_t want[32], got[32];
+			char *list = strtok_r(NULL, " ", &rest);
+			char *verdict;
+			xc = (uint32_t)strtoul(strtok_r(NULL, " ", &rest), NULL,
+			    10);
+			verdict = strtok_r(NULL, " ", &rest);
+			c = parse_xs(list, xs, 64);
+			pick_shares(&vc, xs, c, sh);
+			for (uint32_t i = 0; i < c; i++) {
+				if (sh[i].x == xc) {
+					sh[i].y[0] = (sh[i].y[0] + 1) % P61;
+				}
+			}
+			if (strcmp(verdict, "eauth") == 0) {
+				/* Caught by the limb range check. */
+				assert_int_equal(fb_shamir_combine(sh, c, vc.t,
+				    64, got), FB_EAUTH);
+				corrupt_auth++;
+			} else {
+				/* Undetectable among exactly t: a wrong secret,
+				 * the one the reference predicts. */
+				hex_to_bytes(strtok_r(NULL, " ", &rest), want,
+				    32);
+				assert_int_equal(fb_shamir_combine(sh, c, vc.t,
+				    64, got), FB_OK);
+				assert_memory_equal(got, want, 32);
+				assert_memory_not_equal(got, vc.secret, 32);
+				corrupt_ok++;
+			}
+		} else if (strcmp(kw, "end") == 0) {
+			cases++;
+		}
+	}
+	fclose(f);
+	assert_true(cases >= 7);
+	assert_true(combines >= 30);
+	assert_true(corrupt_auth > 0);
+	assert_true(corrupt_ok > 0);
+}
+
+static void
+test_shamir_threshold(void **state)
+{
+	uint8_t secret[32], got[32];
+	uint32_t xs[7] = { 1, 2, 3, 4, 5, 6, 7 };
+	fb_shamir_share sh[7];
+
+	(void)state;
+	randombytes_buf(secret, sizeof(secret));
+	assert_int_equal(fb_shamir_split(secret, 4, xs, 7, sh), FB_OK);
+	/* Any 4 reconstruct (the last 4, then all 7). */
+	assert_int_equal(fb_shamir_combine(sh + 3, 4, 4, 7, got), FB_OK);
+	assert_memory_equal(got, secret, 32);
+	assert_int_equal(fb_shamir_combine(sh, 7, 4, 7, got), FB_OK);
+	assert_memory_equal(got, secret, 32);
+	/* 3 are below the threshold: refused, output zeroed. */
+	memset(got, 0xaa, sizeof(got));
+	assert_int_equal(fb_shamir_combine(sh, 3, 4, 7, got), FB_ERANGE);
+	assert_true(sodium_is_zero(got, sizeof(got)));
+	/* And a sharing with t > count is refused at split. */
+	assert_int_equal(fb_shamir_split(secret, 8, xs, 7, sh), FB_EINVAL);
+	assert_int_equal(fb_shamir_split(secret, 0, xs, 7, sh), FB_EINVAL);
+}
+
+static void
+test_shamir_bad_indices(void **state)
+{
+	uint8_t secret[32], got[32];
+	uint32_t xs[5] = { 1, 2, 3, 4, 5 };
+	uint32_t dup[3] = { 2, 4, 2 };
+	fb_shamir_share sh[5], bad[3];
+	uint8_t packed[FB_SHAMIR_SHARE_LEN];
+	fb_shamir_share back;
+
+	(void)state;
+	randombytes_buf(secret, sizeof(secret));
+	assert_int_equal(fb_shamir_split(secret, 3, dup, 3, sh), FB_EINVAL);
+	assert_int_equal(fb_shamir_split(secret, 3, xs, 5, sh), FB_OK);
+	/* Duplicate index. */
+	bad[0] = sh[0];
+	bad[1] = sh[1];
+	bad[2] = sh[0];
+	assert_int_equal(fb_shamir_combine(bad, 3, 3, 5, got), FB_EPROTO);
+	/* x = 0 and x above n. */
+	bad[2] = sh[2];
+	bad[2].x = 0;
+	assert_int_equal(fb_shamir_combine(bad, 3, 3, 5, got), FB_EPROTO);
+	bad[2].x = 6;
+	assert_int_equal(fb_shamir_combine(bad, 3, 3, 5, got), FB_EPROTO);
+	/* Non-canonical y. */
+	bad[2] = sh[2];
+	bad[2].y[3] = P61;
+	assert_int_equal(fb_shamir_combine(bad, 3, 3, 5, got), FB_EPROTO);
+	/* Pack, unpack; a non-canonical packed y or x = 0 is refused. */
+	fb_shamir_share_pack(&sh[4], packed);
+	assert_int_equal(fb_shamir_share_unpack(packed, &back), FB_OK);
+	assert_memory_equal(&back, &sh[4], sizeof(back));
+	fb_shamir_share_pack(&bad[2], packed);
+	assert_int_equal(fb_shamir_share_unpack(packed, &back), FB_EPROTO);
+	memset(packed, 0, 4);
+	assert_int_equal(fb_shamir_share_unpack(packed, &back), FB_EPROTO);
+	/* A corrupted share among more than t is always caught. */
+	for (int l = 0; l < FB_SHAMIR_LIMBS; l++) {
+		memcpy(bad, sh, 3 * sizeof(bad[0]));
+		fb_shamir_share more[4] = { sh[0], sh[1], sh[2], sh[3] };
+		more[3].y[l] = (more[3].y[l] + 1) % P61;
+		assert_int_equal(fb_shamir_combine(more, 4, 3, 5, got),
+		    FB_EAUTH);
+		more[3] = sh[3];
+		more[0].y[l] ^= 1;
+		assert_int_equal(fb_shamir_combine(more, 4, 3, 5, got),
+		    FB_EAUTH);
+	}
+}
+
+/* ---- encoding --------------------------------------------------------- */
+
+static void
+test_encoding_scale_and_overflow_check(void **state)
+{
+	fb_encoding e;
+
+	(void)state;
+	assert_int_equal(fb_encoding_init(&e, 32, 128, 16.0, 1.0), FB_OK);
+	assert_true(e.scale == ldexp(1.0, 19));
+	/* The next power of two could overflow: refused. */
+	e.scale *= 2;
+	assert_int_equal(fb_encoding_check(&e), FB_ERANGE);
+	/* Exactly at the edge: K (w clip S + 1) = 2^31 is refused. */
+	e = (fb_encoding){ .bits = 32, .max_workers = 1, .clip = 1,
+		.w_max = 1, .scale = ldexp(1.0, 31) - 1 };
+	assert_int_equal(fb_encoding_check(&e), FB_ERANGE);
+	e.scale = ldexp(1.0, 30);
+	assert_int_equal(fb_encoding_check(&e), FB_OK);
+	/* 16-bit ring, more workers, bigger weights. */
+	assert_int_equal(fb_encoding_init(&e, 16, 64, 2.0, 4.0), FB_OK);
+	assert_true((double)e.max_workers *
+	        (e.w_max * e.clip * e.scale + 1) < 32768.0);
+	assert_true(2 * (double)e.max_workers *
+	        (e.w_max * e.clip * e.scale) + e.max_workers >= 32768.0);
+	/* No scale works with K_max >= 2^(bits-1). */
+	assert_int_equal(fb_encoding_init(&e, 16, 32768, 1.0, 1.0), FB_ERANGE);
+	assert_int_equal(fb_encoding_init(&e, 15, 4, 1.0, 1.0), FB_EINVAL);
+	assert_int_equal(fb_encoding_init(&e, 33, 4, 1.0, 1.0), FB_EINVAL);
+	assert_int_equal(fb_encoding_init(&e, 32, 0, 1.0, 1.0), FB_EINVAL);
+	assert_int_equal(fb_encoding_init(&e, 32, 4, 0.0, 1.0), FB_EINVAL);
+	assert_int_equal(fb_encoding_init(&e, 32, 4, NAN, 1.0), FB_EINVAL);
+	assert_int_equal(fb_encoding_init(&e, 32, 4, 1.0, -1.0), FB_EINVAL);
+}
+
+/* edge_sum encodes K copies of x with weight w and checks the decoded sum
+ * against K * w * clamp(x) within the bound. */
+static void
+edge_sum(const fb_encoding *e, float x, double w, uint32_t k)
+{
+	uint32_t acc = 0, q;
+	double want = k * w * fmax(-e->clip, fmin(e->clip, (double)x));
+
+	for (uint32_t i = 0; i < k; i++) {
+		assert_int_equal(fb_encode_chunk(e, &x, 1, w, 0, 1000 + i, &q,
+		    NULL), FB_OK);
+		assert_true(e->bits == 32 || (q >> e->bits) == 0);
+		acc += q;
+	}
+	assert_true(fabs(fb_decode_value(e, acc) - want) <=
+	    fb_encoding_bound(e, k));
+}
+
+static void
+test_encoding_edges(void **state)
+{
+	fb_encoding e;
+	float xs[6] = { 16.0f, -16.0f, 17.5f, -1e30f, 0.0f, -3.25f };
+	uint32_t q[6];
+	uint64_t clipped = 0;
+	uint32_t bits[3] = { 16, 24, 32 };
+
+	(void)state;
+	for (int b = 0; b < 3; b++) {
+		assert_int_equal(fb_encoding_init(&e, bits[b], 100, 16.0, 1.0),
+		    FB_OK);
+		/* Max weight at both clip boundaries, K_max summands: the
+		 * largest sums the ring must hold, both signs. */
+		edge_sum(&e, 16.0f, 1.0, 100);
+		edge_sum(&e, -16.0f, 1.0, 100);
+		edge_sum(&e, 1e9f, 1.0, 100);  /* clipped to +16 */
+		edge_sum(&e, -1e9f, 1.0, 100); /* clipped to -16 */
+		edge_sum(&e, -0.37f, 0.25, 7);
+		edge_sum(&e, 5.0f, 0.0, 10); /* weight 0 */
+	}
+	assert_int_equal(fb_encoding_init(&e, 32, 8, 16.0, 1.0), FB_OK);
+	assert_int_equal(fb_encode_chunk(&e, xs, 6, 1.0, 0, 7, q, &clipped),
+	    FB_OK);
+	assert_int_equal(clipped, 2);
+	assert_true(fabs(fb_decode_value(&e, q[0]) - 16.0) <= 1 / e.scale);
+	assert_true(fabs(fb_decode_value(&e, q[1]) + 16.0) <= 1 / e.scale);
+	assert_true(fabs(fb_decode_value(&e, q[2]) - 16.0) <= 1 / e.scale);
+	assert_true(fabs(fb_decode_value(&e, q[3]) + 16.0) <= 1 / e.scale);
+	assert_int_equal(q[4], 0); /* 0 + u, u < 1, rounds down to 0 */
+	assert_true(fabs(fb_decode_value(&e, q[5]) + 3.25) <= 1 / e.scale);
+	assert_true(q[5] > UINT32_C(0x80000000)); /* negative: wraps */
+	/* Bad input: nothing written. */
+	xs[2] = NAN;
+	q[0] = 0x12345678;
+	assert_int_equal(fb_encode_chunk(&e, xs, 6, 1.0, 0, 7, q, NULL),
+	    FB_EINVAL);
+	assert_int_equal(q[0], 0x12345678);
+	xs[2] = INFINITY;
+	assert_int_equal(fb_encode_chunk(&e, xs, 6, 1.0, 0, 7, q, NULL),
+	    FB_EINVAL);
+	xs[2] = 1.0f;
+	assert_int_equal(fb_encode_chunk(&e, xs, 6, 1.0000001, 0, 7, q,
+	    NULL), FB_ERANGE);
+	assert_int_equal(fb_encode_chunk(&e, xs, 6, -0.1, 0, 7, q, NULL),
+	    FB_ERANGE);
+	assert_int_equal(fb_encode_chunk(&e, xs, 6, NAN, 0, 7, q, NULL),
+	    FB_ERANGE);
+	assert_int_equal(fb_encode_scalar(&e, NAN, 1.0, 9, 7, q), FB_EINVAL);
+}
+
+static void
+test_encoding_ring_wraparound(void **state)
+{
+	/* Masked values wrap around Z_2^32 many times; the unmasked sum
+	 * still decodes to the signed result. */
+	fb_encoding e;
+	uint32_t sum = 0, masks = 0, q;
+	float x = -15.9f;
+
+	(void)state;
+	assert_int_equal(fb_encoding_init(&e, 16, 50, 16.0, 1.0), FB_OK);
+	for (uint32_t i = 0; i < 50; i++) {
+		uint32_t m = randombytes_random();
+		assert_int_equal(fb_encode_chunk(&e, &x, 1, 1.0, 0, i, &q,
+		    NULL), FB_OK);
+		sum += q + m; /* mod 2^32 */
+		masks += m;
+	}
+	assert_true(fabs(fb_decode_value(&e, sum - masks) - 50 * -15.9f) <=
+	    fb_encoding_bound(&e, 50));
+}
+
+static void
+test_encoding_stochastic_rounding_unbiased(void **state)
+{
+	/* w * x * S = 1000.3 units: rounding up 30% of the time, so the
+	 * mean of 200k encodings is 1000.3 (5 sigma of the binomial is
+	 * about 0.005 units); round-to-nearest would give 1000. */
+	fb_encoding e;
+	enum { N = 200000 };
+	float *x = malloc(N * sizeof(*x));
+	uint32_t *q = malloc(N * sizeof(*q));
+	double mean = 0, w;
+
+	(void)state;
+	assert_int_equal(fb_encoding_init(&e, 32, 16, 1.0, 1.0), FB_OK);
+	w = 1000.3 / (0.25 * e.scale);
+	for (int i = 0; i < N; i++) {
+		x[i] = 0.25f;
+	}
+	assert_int_equal(fb_encode_chunk(&e, x, N, w, 0, 99, q, NULL), FB_OK);
+	for (int i = 0; i < N; i++) {
+		mean += fb_decode_value(&e, q[i]);
+	}
+	mean /= N;
+	assert_true(fabs(mean * e.scale - 1000.3) < 0.005);
+	/* The same coordinates encode the same in any chunking. */
+	assert_int_equal(fb_encode_chunk(&e, x + 1000, 10, w, 1000, 99,
+	    q + N - 10, NULL), FB_OK);
+	assert_memory_equal(q + 1000, q + N - 10, 10 * sizeof(*q));
+	free(x);
+	free(q);
+}
+
+/* ---- masks and graph ---------------------------------------------------- */
+
+static void
+test_mask_matches_chacha20_and_streams(void **state)
+{
+	enum { N = 10000 };
+	uint8_t seed[32], nonce[12] = { 'f', 'b', 'm', FB_MASK_PAIR, 5, 0, 0,
+		0, 0, 0, 0, 0 };
+	uint32_t *raw = calloc(N, sizeof(*raw));
+	uint32_t *v = calloc(N, sizeof(*v));
+	uint32_t *w = calloc(N, sizeof(*w));
+	uint64_t cuts[] = { 0, 1, 17, 500, 4100, 8210, 9999, N };
+
+	(void)state;
+	randombytes_buf(seed, sizeof(seed));
+	crypto_stream_chacha20_ietf((unsigned char *)raw, N * 4, nonce, seed);
+	assert_int_equal(fb_mask_add(v, 0, N, seed, FB_MASK_PAIR, 5), FB_OK);
+	assert_memory_equal(v, raw, N * 4);
+	/* Chunk by chunk at odd offsets: the same words. */
+	for (size_t c = 0; c + 1 < sizeof(cuts) / sizeof(cuts[0]); c++) {
+		assert_int_equal(fb_mask_add(w + cuts[c], cuts[c],
+		    cuts[c + 1] - cuts[c], seed, FB_MASK_PAIR, 5), FB_OK);
+	}
+	assert_memory_equal(w, raw, N * 4);
+	/* Subtracting restores; other role or round differs. */
+	assert_int_equal(fb_mask_sub(v, 0, N, seed, FB_MASK_PAIR, 5), FB_OK);
+	assert_true(sodium_is_zero((unsigned char *)v, N * 4));
+	assert_int_equal(fb_mask_add(v, 0, N, seed, FB_MASK_SELF, 5), FB_OK);
+	assert_memory_not_equal(v, raw, N * 4);
+	memset(v, 0, N * 4);
+	assert_int_equal(fb_mask_add(v, 0, N, seed, FB_MASK_PAIR, 6), FB_OK);
+	assert_memory_not_equal(v, raw, N * 4);
+	/* Beyond the counter's reach. */
+	assert_int_equal(fb_mask_add(v, FB_MASK_MAX_ELEMS - 5, 6, seed,
+	    FB_MASK_PAIR, 5), FB_ERANGE);
+	free(raw);
+	free(v);
+	free(w);
+}
+
+static void
+test_pair_seeds_agree(void **state)
+{
+	uint8_t ask[32], apk[32], bsk[32], bpk[32], zero[32] = { 0 };
+	uint8_t s1[32], s2[32], s3[32];
+	fb_run_id run;
+
+	(void)state;
+	assert_int_equal(fb_run_id_random(&run), FB_OK);
+	crypto_box_keypair(apk, ask);
+	crypto_box_keypair(bpk, bsk);
+	assert_int_equal(fb_mask_pair_seed(ask, apk, bpk, &run, 3, s1), FB_OK);
+	assert_int_equal(fb_mask_pair_seed(bsk, bpk, apk, &run, 3, s2), FB_OK);
+	assert_memory_equal(s1, s2, 32);
+	assert_int_equal(fb_mask_pair_seed(ask, apk, bpk, &run, 4, s3), FB_OK);
+	assert_memory_not_equal(s1, s3, 32);
+	assert_int_equal(fb_mask_pair_seed(ask, apk, zero, &run, 3, s3),
+	    FB_EAUTH);
+	assert_int_equal(fb_mask_pair_seed(ask, apk, apk, &run, 3, s3),
+	    FB_EINVAL);
+}
+
+static void
+test_graph_symmetric_regular_deterministic(void **state)
+{
+	uint8_t seed[32];
+	uint32_t ns[4] = { 5, 16, 100, 128 };
+	uint32_t nbr[128];
+
+	(void)state;
+	randombytes_buf(seed, sizeof(seed));
+	assert_int_equal(fb_secagg_degree_auto(5, 3), 4);
+	assert_int_equal(fb_secagg_degree_auto(16, 7), 12);
+	assert_int_equal(fb_secagg_degree_auto(64, 10), 18);
+	assert_int_equal(fb_secagg_degree_auto(128, 12), 22);
+	assert_int_equal(fb_secagg_degree_auto(128, 40), 40);
+	assert_int_equal(fb_secagg_threshold_default(4), 3);
+	for (int c = 0; c < 4; c++) {
+		uint32_t n = ns[c];
+		fb_secagg_graph *g, *h, *o;
+		assert_int_equal(fb_secagg_graph_alloc(n, 0, 3, seed, 9, &g),
+		    FB_OK);
+		assert_int_equal(fb_secagg_graph_alloc(n, 0, 3, seed, 9, &h),
+		    FB_OK);
+		assert_int_equal(fb_secagg_graph_alloc(n, 0, 3, seed, 10, &o),
+		    FB_OK);
+		uint32_t k = fb_secagg_graph_degree(g);
+		int differs = 0;
+		assert_int_equal(k, fb_secagg_degree_auto(n, 3));
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t deg = 0;
+			assert_int_equal(fb_secagg_graph_neighbours(g, i, nbr),
+			    FB_OK);
+			for (uint32_t q = 0; q < k; q++) {
+				assert_true(nbr[q] != i);
+				assert_true(q == 0 || nbr[q] > nbr[q - 1]);
+				assert_true(fb_secagg_graph_adjacent(g, nbr[q],
+				    i));
+			}
+			for (uint32_t j = 0; j < n; j++) {
+				deg += fb_secagg_graph_adjacent(g, i, j);
+				assert_int_equal(fb_secagg_graph_adjacent(g, i,
+				    j), fb_secagg_graph_adjacent(h, i, j));
+				differs |= fb_secagg_graph_adjacent(g, i, j) !=
+				           fb_secagg_graph_adjacent(o, i, j);
+			}
+			assert_int_equal(deg, k);
+		}
+		/* A sparse graph depends on the round's randomness. */
+		assert_true(k == n - 1 || differs);
+		fb_secagg_graph_free(g);
+		fb_secagg_graph_free(h);
+		fb_secagg_graph_free(o);
+	}
+	{
+		fb_secagg_graph *g;
+		assert_int_equal(fb_secagg_graph_alloc(10, 3, 2, seed, 1, &g),
+		    FB_OK);
+		assert_int_equal(fb_secagg_graph_degree(g), 4); /* odd: up */
+		fb_secagg_graph_free(g);
+		assert_int_equal(fb_secagg_graph_alloc(10, 50, 2, seed, 1, &g),
+		    FB_OK);
+		assert_int_equal(fb_secagg_graph_degree(g), 9); /* complete */
+		fb_secagg_graph_free(g);
+		assert_int_equal(fb_secagg_graph_alloc(1, 0, 2, seed, 1, &g),
+		    FB_EINVAL);
+	}
+}
+
+/* ---- in-memory SecAgg+ rounds ------------------------------------------- */
+
+enum { DROP_NONE = 0, DROP_BEFORE_INPUT, DROP_AFTER_INPUT, DROP_ADVERT };
+
+typedef struct sim_cfg {
+	uint32_t n, degree, t;
+	uint64_t count;        /* model coordinates (+1 for the weight) */
+	const uint8_t *drop;   /* n entries, DROP_*; NULL: none */
+	fb_err expect_finish;  /* what the server's finish returns */
+	uint32_t *masked_out;  /* if non-NULL: worker 0's masked vector */
+	uint32_t *encoded_out; /* and its encoded input */
+} sim_cfg;
+
+static void
+run_round(const sim_cfg *cfg)
+{
+	uint32_t n = cfg->n;
+	uint64_t len = cfg->count + 1;
+	fb_secagg_params p;
+	fb_identity **ids = calloc(n, sizeof(*ids));
+	fb_pubkey *pks = calloc(n, sizeof(*pks));
+	fb_secagg_worker **w = calloc(n, sizeof(*w));
+	fb_secagg_server *srv;
+	uint8_t (*adv)[FB_SECAGG_ADV_LEN] = calloc(n, sizeof(*adv));
+	uint8_t *buf = malloc((size_t)n * FB_SECAGG_SHARE_MSG_LEN +
+	    FB_SECAGG_REVEAL_HEADER_LEN);
+	uint8_t *inc = calloc(n, 1);
+	float *x = malloc(cfg->count * sizeof(*x));
+	double *want = calloc(len, sizeof(*want));
+	double *got = calloc(len, sizeof(*got));
+	uint32_t *y = malloc(len * sizeof(*y));
+	uint32_t *sum = calloc(len, sizeof(*sum));
+	uint32_t included = 0;
+	fb_encoding ex, ew;
+	fb_err rc;
+
+	assert_int_equal(fb_encoding_init(&ex, 32, n, 2.0, 1.0), FB_OK);
+	assert_int_equal(fb_encoding_init(&ew, 32, n, 1.0, 1.0), FB_OK);
+	memset(&p, 0, sizeof(p));
+	assert_int_equal(fb_run_id_random(&p.run), FB_OK);
+	p.round = 7;
+	p.n = n;
+	p.degree = cfg->degree;
+	p.threshold = cfg->t;
+	randombytes_buf(p.graph_seed, sizeof(p.graph_seed));
+	assert_int_equal(fb_secagg_server_alloc(&p, &srv), FB_OK);
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t seed[32] = { (uint8_t)i, 0x5a };
+		assert_int_equal(fb_identity_alloc_from_seed(seed, NULL, &ids[i]),
+		    FB_OK);
+		fb_identity_pubkey(ids[i], &pks[i]);
+		assert_int_equal(fb_secagg_worker_alloc(&p, i, &w[i]), FB_OK);
+	}
+	/* 0: keys. */
+	for (uint32_t i = 0; i < n; i++) {
+		if (cfg->drop != NULL && cfg->drop[i] == DROP_ADVERT) {
+			continue;
+		}
+		assert_int_equal(fb_secagg_worker_advertise(w[i], ids[i],
+		    adv[i]), FB_OK);
+		assert_int_equal(fb_secagg_server_add_advert(srv, i, &pks[i],
+		    adv[i], FB_SECAGG_ADV_LEN), FB_OK);
+	}
+	/* A forged advert (signed by someone else) is refused. */
+	assert_int_equal(fb_secagg_server_add_advert(srv, 0, &pks[1], adv[0],
+	    FB_SECAGG_ADV_LEN), FB_EAUTH);
+	for (uint32_t i = 0; i < n; i++) {
+		for (uint32_t j = 0; j < n; j++) {
+			if (cfg->drop != NULL && (cfg->drop[j] == DROP_ADVERT ||
+			        cfg->drop[i] == DROP_ADVERT)) {
+				continue;
+			}
+			assert_int_equal(fb_secagg_worker_add_advert(w[i],
+			    &pks[j], adv[j], FB_SECAGG_ADV_LEN), FB_OK);
+		}
+	}
+	/* 1: shares, relayed by the server to their recipients. */
+	for (uint32_t i = 0; i < n; i++) {
+		size_t out_len;
+		if (cfg->drop != NULL && cfg->drop[i] == DROP_ADVERT) {
+			continue;
+		}
+		assert_int_equal(fb_secagg_worker_make_shares(w[i], buf,
+		    (size_t)n * FB_SECAGG_SHARE_MSG_LEN, &out_len), FB_OK);
+		assert_int_equal(fb_secagg_server_add_shares(srv, i, buf,
+		    out_len), FB_OK);
+		for (size_t o = 0; o < out_len; o += FB_SECAGG_SHARE_MSG_LEN) {
+			uint32_t from, to;
+			assert_int_equal(fb_secagg_share_msg_peek(buf + o,
+			    FB_SECAGG_SHARE_MSG_LEN, &from, &to), FB_OK);
+			assert_int_equal(from, i);
+			if (o == 0) {
+				/* Replayed or tampered shares are refused. */
+				uint8_t t2[FB_SECAGG_SHARE_MSG_LEN];
+				memcpy(t2, buf, sizeof(t2));
+				t2[60] ^= 1;
+				assert_int_equal(fb_secagg_worker_add_share(
+				    w[to], t2, sizeof(t2)), FB_EAUTH);
+			}
+			assert_int_equal(fb_secagg_worker_add_share(w[to],
+			    buf + o, FB_SECAGG_SHARE_MSG_LEN), FB_OK);
+			if (o == 0) {
+				assert_int_equal(fb_secagg_worker_add_share(
+				    w[to], buf + o, FB_SECAGG_SHARE_MSG_LEN),
+				    FB_EPROTO);
+			}
+		}
+	}
+	/* 2: masked inputs, chunk by chunk, into the server's one sum. */
+	for (uint32_t i = 0; i < n; i++) {
+		double wi = (i + 1.0) / (n + 1.0);
+		uint64_t half = len / 2 + 3;
+		uint8_t d = cfg->drop != NULL ? cfg->drop[i] : DROP_NONE;
+		if (d == DROP_ADVERT) {
+			continue;
+		}
+		for (uint64_t c = 0; c < cfg->count; c++) {
+			x[c] = (float)(2.5 * sin(0.37 * c + i) + 0.01 * i);
+		}
+		assert_int_equal(fb_encode_chunk(&ex, x, cfg->count, wi, 0,
+		    1234 + i, y, NULL), FB_OK);
+		assert_int_equal(fb_encode_scalar(&ew, 1.0, wi, cfg->count,
+		    1234 + i, &y[cfg->count]), FB_OK);
+		if (i == 0 && cfg->encoded_out != NULL) {
+			memcpy(cfg->encoded_out, y, len * sizeof(*y));
+		}
+		assert_int_equal(fb_secagg_worker_mask_begin(w[i]), FB_OK);
+		assert_int_equal(fb_secagg_worker_mask_chunk(w[i], y + half,
+		    half, len - half), FB_OK);
+		assert_int_equal(fb_secagg_worker_mask_chunk(w[i], y, 0, half),
+		    FB_OK);
+		if (i == 0 && cfg->masked_out != NULL) {
+			memcpy(cfg->masked_out, y, len * sizeof(*y));
+		}
+		if (d == DROP_BEFORE_INPUT) {
+			continue;
+		}
+		for (uint64_t c = 0; c < len; c++) {
+			sum[c] += y[c];
+		}
+		for (uint64_t c = 0; c < cfg->count; c++) {
+			want[c] += wi * fmax(-2.0, fmin(2.0, (double)x[c]));
+		}
+		want[cfg->count] += wi;
+		assert_int_equal(fb_secagg_server_set_included(srv, i), FB_OK);
+		included++;
+	}
+	/* 3: unmasking. */
+	fb_secagg_server_included(srv, inc);
+	for (uint32_t i = 0; i < n; i++) {
+		size_t out_len;
+		uint8_t d = cfg->drop != NULL ? cfg->drop[i] : DROP_NONE;
+		if (d != DROP_NONE) {
+			continue;
+		}
+		rc = fb_secagg_worker_reveal(w[i], inc, n, buf,
+		    (size_t)n * FB_SECAGG_SHARE_MSG_LEN, &out_len);
+		if (included < cfg->t) {
+			/* The worker itself refuses: too few included. */
+			assert_int_equal(rc, FB_EPROTO);
+			continue;
+		}
+		assert_int_equal(rc, FB_OK);
+		assert_int_equal(fb_secagg_server_add_reveal(srv, i, buf,
+		    out_len), FB_OK);
+		/* Asked again with an owner flipped to dropped: the worker
+		 * refuses to reveal the other share. */
+		if (i == 0) {
+			uint8_t *flip = malloc(n);
+			memcpy(flip, inc, n);
+			flip[n - 1] = !flip[n - 1];
+			flip[0] = 1;
+			assert_int_equal(fb_secagg_worker_reveal(w[i], flip, n,
+			    buf, (size_t)n * FB_SECAGG_SHARE_MSG_LEN,
+			    &out_len), fb_secagg_graph_adjacent(
+			    fb_secagg_worker_graph(w[0]), 0, n - 1)
+			    ? FB_EPROTO : FB_OK);
+			free(flip);
+		}
+	}
+	assert_int_equal(fb_secagg_server_finish(srv), cfg->expect_finish);
+	if (cfg->expect_finish == FB_OK) {
+		uint64_t half = len / 3 + 1;
+		assert_int_equal(fb_secagg_server_unmask_chunk(srv, sum, 0,
+		    half), FB_OK);
+		assert_int_equal(fb_secagg_server_unmask_chunk(srv, sum + half,
+		    half, len - half), FB_OK);
+		fb_decode_chunk(&ex, sum, cfg->count, got);
+		got[cfg->count] = fb_decode_value(&ew, sum[cfg->count]);
+		for (uint64_t c = 0; c < cfg->count; c++) {
+			assert_true(fabs(got[c] - want[c]) <=
+			    fb_encoding_bound(&ex, included));
+		}
+		assert_true(fabs(got[cfg->count] - want[cfg->count]) <=
+		    fb_encoding_bound(&ew, included));
+	} else {
+		assert_int_equal(fb_secagg_server_unmask_chunk(srv, sum, 0,
+		    len), FB_EINVAL);
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		fb_secagg_worker_free(w[i]);
+		fb_identity_free(ids[i]);
+	}
+	fb_secagg_server_free(srv);
+	free(ids);
+	free(pks);
+	free(w);
+	free(adv);
+	free(buf);
+	free(inc);
+	free(x);
+	free(want);
+	free(got);
+	free(y);
+	free(sum);
+}
+
+static void
+test_round_complete_graph_two_dropouts(void **state)
+{
+	/* n = 5, t = 3, classic SecAgg: worker 1 drops after the shares,
+	 * before its masked input; worker 3 after sending it. */
+	uint8_t drop[5] = { 0, DROP_BEFORE_INPUT, 0, DROP_AFTER_INPUT, 0 };
+	sim_cfg cfg = { .n = 5, .degree = 4, .t = 3, .count = 1000,
+		.drop = drop, .expect_finish = FB_OK };
+
+	(void)state;
+	run_round(&cfg);
+	cfg.drop = NULL; /* and with nobody dropping */
+	run_round(&cfg);
+}
+
+static void
+test_round_auto_graph_two_dropouts(void **state)
+{
+	/* With c = 3 the auto degree at n = 5 is the complete graph; a
+	 * sparse auto graph (n = 40, k = 16) loses several workers. */
+	uint8_t drop5[5] = { DROP_AFTER_INPUT, 0, 0, 0, DROP_BEFORE_INPUT };
+	uint8_t drop40[40] = { 0 };
+	sim_cfg cfg = { .n = 5, .degree = FB_SECAGG_DEGREE_AUTO, .t = 3,
+		.count = 777, .drop = drop5, .expect_finish = FB_OK };
+
+	(void)state;
+	run_round(&cfg);
+	drop40[3] = drop40[17] = DROP_BEFORE_INPUT;
+	drop40[8] = drop40[30] = DROP_AFTER_INPUT;
+	drop40[21] = DROP_ADVERT;
+	cfg = (sim_cfg){ .n = 40, .degree = FB_SECAGG_DEGREE_AUTO, .t = 8,
+		.count = 300, .drop = drop40, .expect_finish = FB_OK };
+	run_round(&cfg);
+}
+
+static void
+test_round_sparse_graph(void **state)
+{
+	/* k = 6, t = 4 of 7: each neighbourhood loses at most 3. */
+	uint8_t drop[24] = { 0 };
+	sim_cfg cfg = { .n = 24, .degree = 6, .t = 4, .count = 500,
+		.drop = drop, .expect_finish = FB_OK };
+
+	(void)state;
+	drop[5] = DROP_BEFORE_INPUT;
+	drop[11] = DROP_AFTER_INPUT;
+	run_round(&cfg);
+}
+
+static void
+test_round_below_threshold_refuses(void **state)
+{
+	/* Three included, one of them gone before unmasking: two reveals,
+	 * fewer than t = 3 shares of each survivor's b. */
+	uint8_t drop[5] = { 0, DROP_BEFORE_INPUT, DROP_BEFORE_INPUT,
+		DROP_AFTER_INPUT, 0 };
+	/* Two included: the workers refuse to reveal at all. */
+	uint8_t drop2[5] = { 0, DROP_BEFORE_INPUT, DROP_BEFORE_INPUT,
+		DROP_BEFORE_INPUT, 0 };
+	sim_cfg cfg = { .n = 5, .degree = 4, .t = 3, .count = 100,
+		.drop = drop, .expect_finish = FB_ERANGE };
+
+	(void)state;
+	run_round(&cfg);
+	cfg.drop = drop2;
+	run_round(&cfg);
+}
+
+/* chi_square of the 256 byte values of `len` bytes against uniform. */
+static double
+chi_square(const uint8_t *b, size_t len)
+{
+	double counts[256] = { 0 }, chi = 0, e = len / 256.0;
+
+	for (size_t i = 0; i < len; i++) {
+		counts[b[i]]++;
+	}
+	for (int v = 0; v < 256; v++) {
+		chi += (counts[v] - e) * (counts[v] - e) / e;
+	}
+	return chi;
+}
+
+static void
+test_masked_input_looks_uniform(void **state)
+{
+	/* Chi-square with 255 degrees of freedom: 377.2 is its 1 - 1e-6
+	 * quantile (Wilson-Hilferty), so a uniform vector fails with
+	 * probability 1e-6; the encoded input fails by far. */
+	enum { COUNT = 65535 };
+	uint32_t *masked = calloc(COUNT + 1, sizeof(uint32_t));
+	uint32_t *encoded = calloc(COUNT + 1, sizeof(uint32_t));
+	uint64_t same = 0;
+	sim_cfg cfg = { .n = 5, .degree = 4, .t = 3, .count = COUNT,
+		.expect_finish = FB_OK, .masked_out = masked,
+		.encoded_out = encoded };
+	double chi_m, chi_e;
+
+	(void)state;
+	run_round(&cfg);
+	chi_m = chi_square((const uint8_t *)masked, (COUNT + 1) * 4);
+	chi_e = chi_square((const uint8_t *)encoded, (COUNT + 1) * 4);
+	for (uint64_t c = 0; c <= COUNT; c++) {
+		same += masked[c] == encoded[c];
+	}
+	assert_true(chi_m < 377.2);
+	assert_true(chi_e > 377.2);
+	assert_true(same < 4);
+	free(masked);
+	free(encoded);
+}
+
+static void
+test_steps_refuse_wrong_order_and_bad_input(void **state)
+{
+	fb_secagg_params p;
+	fb_secagg_worker *w;
+	fb_secagg_server *s;
+	fb_identity *id;
+	fb_pubkey pk;
+	uint8_t adv[FB_SECAGG_ADV_LEN], out[4096], inc[5] = { 1, 1, 1, 1, 1 };
+	uint8_t seed[32] = { 1 };
+	size_t len;
+	uint32_t v[4] = { 0 };
+
+	(void)state;
+	memset(&p, 0, sizeof(p));
+	p.round = 2;
+	p.n = 5;
+	p.degree = 4;
+	p.threshold = 6; /* above k + 1 */
+	assert_int_equal(fb_secagg_worker_alloc(&p, 0, &w), FB_EINVAL);
+	p.threshold = 1;
+	assert_int_equal(fb_secagg_server_alloc(&p, &s), FB_EINVAL);
+	p.threshold = 3;
+	assert_int_equal(fb_secagg_worker_alloc(&p, 5, &w), FB_EINVAL);
+	assert_int_equal(fb_secagg_worker_alloc(&p, 0, &w), FB_OK);
+	assert_int_equal(fb_secagg_server_alloc(&p, &s), FB_OK);
+	assert_int_equal(fb_identity_alloc_from_seed(seed, NULL, &id), FB_OK);
+	fb_identity_pubkey(id, &pk);
+	/* Masking or revealing before the shares: refused. */
+	assert_int_equal(fb_secagg_worker_mask_chunk(w, v, 0, 4), FB_EINVAL);
+	assert_int_equal(fb_secagg_worker_mask_begin(w), FB_EINVAL);
+	assert_int_equal(fb_secagg_worker_reveal(w, inc, 5, out, sizeof(out),
+	    &len), FB_EINVAL);
+	/* Nobody else advertised: too few for t = 3. */
+	assert_int_equal(fb_secagg_worker_make_shares(w, out, sizeof(out),
+	    &len), FB_ERANGE);
+	/* Adverts: wrong length, wrong round, tampered. */
+	assert_int_equal(fb_secagg_worker_advertise(w, id, adv), FB_OK);
+	assert_int_equal(fb_secagg_server_add_advert(s, 0, &pk, adv, 10),
+	    FB_EPROTO);
+	assert_int_equal(fb_secagg_server_add_advert(s, 1, &pk, adv,
+	    sizeof(adv)), FB_EPROTO); /* index 0 claimed as 1 */
+	adv[70] ^= 1;
+	assert_int_equal(fb_secagg_server_add_advert(s, 0, &pk, adv,
+	    sizeof(adv)), FB_EAUTH);
+	adv[70] ^= 1;
+	assert_int_equal(fb_secagg_server_add_advert(s, 0, &pk, adv,
+	    sizeof(adv)), FB_OK);
+	assert_int_equal(fb_secagg_server_add_advert(s, 0, &pk, adv,
+	    sizeof(adv)), FB_EPROTO); /* twice */
+	p.round = 3;
+	{
+		fb_secagg_server *s3;
+		assert_int_equal(fb_secagg_server_alloc(&p, &s3), FB_OK);
+		assert_int_equal(fb_secagg_server_add_advert(s3, 0, &pk, adv,
+		    sizeof(adv)), FB_ESTALE);
+		fb_secagg_server_free(s3);
+	}
+	/* Server: shares from a worker without an advert, inclusion of a
+	 * worker without shares, finishing with nobody included. */
+	assert_int_equal(fb_secagg_server_add_shares(s, 2, out, 0), FB_EPROTO);
+	assert_int_equal(fb_secagg_server_set_included(s, 0), FB_EINVAL);
+	assert_int_equal(fb_secagg_server_finish(s), FB_ERANGE);
+	fb_identity_free(id);
+	fb_secagg_worker_free(w);
+	fb_secagg_server_free(s);
+}
+
+FB_TESTS = {
+	{ "shamir shares and secrets match the independent reference",
+	    test_shamir_vectors },
+	{ "any t shares reconstruct and t - 1 are refused",
+	    test_shamir_threshold },
+	{ "duplicate, out-of-range, non-canonical and extra corrupt shares "
+	  "are rejected",
+	    test_shamir_bad_indices },
+	{ "encoding picks a safe scale and refuses configs that could "
+	  "overflow",
+	    test_encoding_scale_and_overflow_check },
+	{ "encoding edge values decode within the quantisation bound",
+	    test_encoding_edges },
+	{ "masked sums wrap around the ring and still decode",
+	    test_encoding_ring_wraparound },
+	{ "stochastic rounding is unbiased and independent of chunking",
+	    test_encoding_stochastic_rounding_unbiased },
+	{ "masks are the ChaCha20 keystream, streamable chunk by chunk",
+	    test_mask_matches_chacha20_and_streams },
+	{ "both ends of a pair derive the same seed", test_pair_seeds_agree },
+	{ "the neighbour graph is symmetric, regular and deterministic",
+	    test_graph_symmetric_regular_deterministic },
+	{ "five workers on the complete graph survive two dropouts",
+	    test_round_complete_graph_two_dropouts },
+	{ "the auto graph survives dropouts at 5 and 40 workers",
+	    test_round_auto_graph_two_dropouts },
+	{ "a sparse graph of 24 workers unmasks the survivors' sum",
+	    test_round_sparse_graph },
+	{ "below threshold the round refuses to unmask",
+	    test_round_below_threshold_refuses },
+	{ "a masked input looks uniform and differs from the encoded input",
+	    test_masked_input_looks_uniform },
+	{ "steps refuse the wrong order and bad adverts",
+	    test_steps_refuse_wrong_order_and_bad_input },
+	{ NULL, NULL },
+};
+
+FB_TEST_MAIN("secagg")
