@@ -113,13 +113,15 @@ fb_secure_open(struct fb_session *s, fb_frame *f, int *reject,
 	if (info.type != (uint8_t)f->msg.type) {
 		*reject = FB_REJECT_MALFORMED;
 		*why = "sealed type differs from the message";
-		return FB_EPROTO;
-	}
-	if (msg_round(&f->msg) != FB_ROUND_ANY &&
+		rc = FB_EPROTO;
+	} else if (msg_round(&f->msg) != FB_ROUND_ANY &&
 	    msg_round(&f->msg) != info.round) {
 		*reject = FB_REJECT_WRONG_ROUND;
 		*why = "sealed round differs from the message's";
-		return FB_ESTALE;
+		rc = FB_ESTALE;
 	}
-	return FB_OK;
+	if (rc != FB_OK) {
+		memset(&f->msg, 0, sizeof(f->msg));
+	}
+	return rc;
 }
