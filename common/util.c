@@ -3,6 +3,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +73,26 @@ void
 fb_free(void *p)
 {
 	free(p);
+}
+
+void
+fb_tune_malloc(size_t chunk_len)
+{
+#ifdef __GLIBC__
+	/* glibc serves blocks above the mmap threshold with fresh mappings
+	 * and unmaps them on free: every 1 MiB ZeroMQ message then faults in
+	 * its pages anew. Above the chunk size, and a generous trim
+	 * threshold, keep them in the heap. */
+	size_t mmap_min = chunk_len * 4 > (size_t)4 << 20 ? chunk_len * 4
+	                                                  : (size_t)4 << 20;
+	if (mmap_min > (size_t)32 << 20) {
+		mmap_min = (size_t)32 << 20; /* glibc's own upper bound */
+	}
+	(void)mallopt(M_MMAP_THRESHOLD, (int)mmap_min);
+	(void)mallopt(M_TRIM_THRESHOLD, 512 << 20);
+#else
+	(void)chunk_len;
+#endif
 }
 
 uint64_t

@@ -27,6 +27,14 @@ void *fb_alloc(size_t len);
 void *fb_calloc(size_t count, size_t size);
 void fb_free(void *p);
 
+/*
+ * fb_tune_malloc keeps freed buffers of up to `chunk_len` bytes (and a few
+ * times more) in the heap instead of returning them to the kernel, so that
+ * streaming ~1 MiB messages does not cost fresh page faults on every chunk.
+ * A no-op outside glibc. Call once, early, before threads start.
+ */
+void fb_tune_malloc(size_t chunk_len);
+
 /* fb_peak_rss_bytes returns this process's peak resident set (VmHWM). */
 uint64_t fb_peak_rss_bytes(void);
 

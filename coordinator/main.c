@@ -92,6 +92,7 @@ main(int argc, char **argv)
 		return 2;
 	}
 	fb_log_init("coordinator", (fb_log_level)cfg.log_level);
+	fb_tune_malloc((size_t)cfg.chunk_size);
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
 	sigaction(SIGINT, &sa, NULL);

@@ -92,6 +92,7 @@ main(int argc, char **argv)
 		memcpy(prog, tag, sizeof(prog));
 		fb_log_init(prog, (fb_log_level)cfg.log_level);
 	}
+	fb_tune_malloc((size_t)1 << 20);
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
 	sigaction(SIGINT, &sa, NULL);
