@@ -86,29 +86,44 @@ fb_accum_chunk_len(const fb_accum *a, uint32_t chunk)
 }
 
 /*
- * add_pass adds sign * round(clamp(x) * k) into sum (sign 1 adds, UINT32_MAX
- * subtracts, in the ring) and returns whether x held a NaN or infinity;
- * *over counts coordinates beyond the clip.
+ * scan_chunk returns whether x holds a NaN or an infinity and sets *over to
+ * the number of coordinates beyond the clip. Branch-free, so it vectorises.
  */
 static int
-add_pass(uint32_t *restrict sum, const float *restrict x, uint64_t n, double clip, double k,
-    uint32_t sign, uint64_t *over)
+scan_chunk(const float *restrict x, uint64_t n, double clip, uint64_t *over)
 {
-	int bad = 0;
-	uint64_t c = 0;
-
+	uint32_t bad = 0, c = 0; /* a chunk has < 2^32 elements */
+	/* For a float f: f > clip exactly when f > cf, cf the largest float
+	 * not above clip; so the scan stays in float and vectorises. */
+	float cf = (float)clip;
+	if ((double)cf > clip) {
+		cf = nextafterf(cf, -INFINITY);
+	}
 	for (uint64_t j = 0; j < n; j++) {
-		double v = x[j];
-		bad |= !(fabs(v) <= (double)FLT_MAX);
-		c += (v > clip) | (v < -clip);
-		v = v >= -clip ? v : -clip;
-		v = v <= clip ? v : clip;
-		double t = v * k;
-		int32_t q = (int32_t)(t + (t >= 0 ? 0.5 : -0.5));
-		sum[j] += sign * (uint32_t)q;
+		float f = x[j];
+		bad |= (uint32_t)(!(f == f) | (f > FLT_MAX) | (f < -FLT_MAX));
+		c += (uint32_t)((f > cf) | (f < -cf));
 	}
 	*over = c;
-	return bad;
+	return bad != 0;
+}
+
+/*
+ * add_chunk adds round_half_away(clamp(x) * k) into sum in the ring; x is
+ * finite (scan_chunk). copysign keeps the rounding branch-free: with
+ * random signs a branch would be mispredicted half the time.
+ */
+static void
+add_chunk(uint32_t *restrict sum, const float *restrict x, uint64_t n,
+    double clip, double k)
+{
+	for (uint64_t j = 0; j < n; j++) {
+		double v = x[j];
+		v = v > clip ? clip : v;
+		v = v < -clip ? -clip : v;
+		double t = v * k;
+		sum[j] += (uint32_t)(int32_t)(t + copysign(0.5, t));
+	}
 }
 
 fb_err
@@ -132,15 +147,13 @@ fb_accum_add(fb_accum *a, uint32_t chunk, const float *x, double weight,
 	}
 	k = (double)wq / (double)WEIGHT_ONE * a->scale;
 	sum = a->sum + (uint64_t)chunk * a->chunk_elems;
-	/* One pass: clamp, encode and add, noting NaN/inf and clamped values
-	 * on the way (NaN clamps to -clip, so no conversion is undefined). A
-	 * chunk found bad afterwards is taken out again exactly: the ring
-	 * arithmetic makes the undo bitwise. */
-	bad = add_pass(sum, x, n, clip, k, 1u, &over);
+	/* Check first (a NaN or infinity refuses the whole chunk), then
+	 * clamp, encode and add; both loops are branch-free. */
+	bad = scan_chunk(x, n, clip, &over);
 	if (bad) {
-		(void)add_pass(sum, x, n, clip, k, UINT32_MAX, &over);
 		return FB_EINVAL;
 	}
+	add_chunk(sum, x, n, clip, k);
 	if (clipped != NULL) {
 		*clipped += over;
 	}
