@@ -23,7 +23,10 @@ for i in 0 1; do
 	worker_yaml "$port" "$i" 2 >"$T/w$i.yaml"
 	start_worker "$T/w$i.yaml" "w$i"
 done
-wait_for "$T/coord.log" "worker w1 admitted|worker w0 admitted" 30
+# Both honest workers first: in plain mode an attacker's hello is admitted
+# like any other and would count towards round.min_workers.
+wait_for "$T/coord.log" "worker w0 admitted" 60
+wait_for "$T/coord.log" "worker w1 admitted" 60
 
 "$PY" tests/tools/attacker.py "tcp://127.0.0.1:$port" version >"$T/version.txt" 2>&1 ||
 	fail "version attack: $(cat "$T/version.txt")"
