@@ -12,7 +12,7 @@ SECURE=0
 source tests/integration/lib.sh
 port=$(free_port)
 OUT=$T/out
-coord_yaml "$port" "$OUT" "  rounds: 4
+coord_yaml "$port" "$OUT" "  rounds: 6
   min_workers: 2
   min_updates: 2
   local_steps: 150
@@ -20,7 +20,9 @@ coord_yaml "$port" "$OUT" "  rounds: 4
   deadline: 60s" >"$T/c.yaml"
 start_coordinator "$T/c.yaml"
 for i in 0 1; do
-	worker_yaml "$port" "$i" 2 >"$T/w$i.yaml"
+	# w1 is slowed (simulation) so that rounds outlast the attacks even
+	# on a fast, idle machine.
+	worker_yaml "$port" "$i" 2 "$([ "$i" = 1 ] && echo "  throttle: 15")" >"$T/w$i.yaml"
 	start_worker "$T/w$i.yaml" "w$i"
 done
 # Both honest workers first: in plain mode an attacker's hello is admitted
@@ -45,7 +47,7 @@ wait "$hpid" || fail "hostile attacker failed"
 
 wait_exit "$CPID" 120 || fail "coordinator exited with status $?"
 cat "$T/rounds.txt"
-[ "$(wc -l <"$OUT/metrics.jsonl")" -eq 4 ] || fail "expected 4 rounds in metrics"
+[ "$(wc -l <"$OUT/metrics.jsonl")" -eq 6 ] || fail "expected 6 rounds in metrics"
 "$PY" - "$OUT/metrics.jsonl" <<'PYEOF' || fail "metrics do not show the expected rounds and rejections"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
