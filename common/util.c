@@ -113,8 +113,8 @@ fb_peak_rss_bytes(void)
 	return (uint64_t)kb * 1024;
 }
 
-static fb_err
-write_all(int fd, const void *buf, size_t len)
+fb_err
+fb_write_all(int fd, const void *buf, size_t len)
 {
 	const char *p = buf;
 	while (len > 0) {
@@ -150,7 +150,7 @@ fb_file_write_atomic(const char *path, const fb_iovec *pieces, size_t n)
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++) {
-		if (write_all(fd, pieces[i].base, pieces[i].len) != FB_OK) {
+		if (fb_write_all(fd, pieces[i].base, pieces[i].len) != FB_OK) {
 			fb_log_error("cannot write %s: %s", tmp,
 			    strerror(errno));
 			rc = FB_EIO;

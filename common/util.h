@@ -51,6 +51,10 @@ typedef struct fb_iovec {
 FB_MUST_CHECK fb_err fb_file_write_atomic(const char *path,
     const fb_iovec *pieces, size_t n);
 
+/* fb_write_all writes all `len` bytes to `fd`, retrying short writes and
+ * EINTR. Errors: FB_EIO (errno says why). */
+FB_MUST_CHECK fb_err fb_write_all(int fd, const void *buf, size_t len);
+
 /* fb_mkdir_p creates `path` and its parents (mode 0755). Errors: FB_EIO. */
 FB_MUST_CHECK fb_err fb_mkdir_p(const char *path);
 

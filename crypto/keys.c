@@ -477,23 +477,6 @@ fb_pubkey_equal(const fb_pubkey *a, const fb_pubkey *b)
 
 /* ---- key files ----------------------------------------------------------- */
 
-static fb_err
-write_all(int fd, const char *p, size_t len)
-{
-	while (len > 0) {
-		ssize_t k = write(fd, p, len);
-		if (k < 0) {
-			if (errno == EINTR) {
-				continue;
-			}
-			return FB_EIO;
-		}
-		p += k;
-		len -= (size_t)k;
-	}
-	return FB_OK;
-}
-
 /*
  * write_file writes `buf` to `path` through a temporary made with
  * O_EXCL|0600, then renames it (force) or hard-links it (no overwrite).
@@ -516,7 +499,7 @@ write_file(
 		fb_log_error("cannot create %s: %s", tmp, strerror(errno));
 		return FB_EIO;
 	}
-	if (write_all(fd, buf, len) != FB_OK || fchmod(fd, mode) != 0 ||
+	if (fb_write_all(fd, buf, len) != FB_OK || fchmod(fd, mode) != 0 ||
 	    fsync(fd) != 0) {
 		fb_log_error("cannot write %s: %s", tmp, strerror(errno));
 		rc = FB_EIO;
