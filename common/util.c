@@ -95,6 +95,28 @@ fb_tune_malloc(size_t chunk_len)
 #endif
 }
 
+static volatile sig_atomic_t stop_flag;
+
+static void
+on_stop_signal(int sig)
+{
+	(void)sig;
+	stop_flag = 1;
+}
+
+volatile sig_atomic_t *
+fb_stop_on_signals(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_stop_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	return &stop_flag;
+}
+
 uint64_t
 fb_peak_rss_bytes(void)
 {

@@ -6,6 +6,7 @@
 #ifndef FB_COMMON_UTIL_H
 #define FB_COMMON_UTIL_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,6 +35,13 @@ void fb_free(void *p);
  * A no-op outside glibc. Call once, early, before threads start.
  */
 void fb_tune_malloc(size_t chunk_len);
+
+/*
+ * fb_stop_on_signals makes SIGINT and SIGTERM set the returned flag (and
+ * interrupt blocking waits) instead of killing the process, and ignores
+ * SIGPIPE. For a program's main(); call once.
+ */
+volatile sig_atomic_t *fb_stop_on_signals(void);
 
 /* fb_peak_rss_bytes returns this process's peak resident set (VmHWM). */
 uint64_t fb_peak_rss_bytes(void);

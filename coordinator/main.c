@@ -1,22 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* main.c -- fedbox-coordinator's command line. */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/util.h"
 #include "coordinator/coordinator.h"
-
-static volatile sig_atomic_t stop_flag;
-
-static void
-on_signal(int sig)
-{
-	(void)sig;
-	stop_flag = 1;
-}
 
 static void
 usage(FILE *f)
@@ -54,7 +44,6 @@ main(int argc, char **argv)
 	const char *config = NULL;
 	bool resume = false;
 	fb_coord_config cfg;
-	struct sigaction sa;
 	fb_err rc;
 	int ch;
 
@@ -93,12 +82,7 @@ main(int argc, char **argv)
 	}
 	fb_log_init("coordinator", (fb_log_level)cfg.log_level);
 	fb_tune_malloc((size_t)cfg.chunk_size);
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_signal;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	rc = fb_coordinator_run(&cfg, resume, &stop_flag);
+	rc = fb_coordinator_run(&cfg, resume, fb_stop_on_signals());
 	fb_coord_config_fini(&cfg);
 	if (rc == FB_ECONFIG) {
 		return 2;

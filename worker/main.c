@@ -1,22 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* main.c -- fedbox-worker's command line. */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/util.h"
 #include "worker/worker.h"
-
-static volatile sig_atomic_t stop_flag;
-
-static void
-on_signal(int sig)
-{
-	(void)sig;
-	stop_flag = 1;
-}
 
 static void
 usage(FILE *f)
@@ -51,7 +41,6 @@ main(int argc, char **argv)
 	};
 	const char *config = NULL;
 	fb_worker_config cfg;
-	struct sigaction sa;
 	fb_err rc;
 	int ch;
 
@@ -86,19 +75,12 @@ main(int argc, char **argv)
 		return 2;
 	}
 	{
-		char tag[80];
-		static char prog[80];
-		snprintf(tag, sizeof(tag), "worker[%s]", cfg.name);
-		memcpy(prog, tag, sizeof(prog));
+		static char prog[80]; /* the logger keeps the pointer */
+		snprintf(prog, sizeof(prog), "worker[%s]", cfg.name);
 		fb_log_init(prog, (fb_log_level)cfg.log_level);
 	}
 	fb_tune_malloc((size_t)1 << 20);
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_signal;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	rc = fb_worker_run(&cfg, &stop_flag);
+	rc = fb_worker_run(&cfg, fb_stop_on_signals());
 	fb_worker_config_fini(&cfg);
 	if (rc == FB_ECONFIG) {
 		return 2;
