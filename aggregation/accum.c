@@ -64,6 +64,7 @@ fb_accum_free(fb_accum *a)
 void
 fb_accum_reset(fb_accum *a)
 {
+	a->scale = ldexp(1.0, 30) / a->clip;
 	memset(a->sum, 0, a->count * sizeof(*a->sum));
 	memset(a->weight_q, 0, a->chunks * sizeof(*a->weight_q));
 }
@@ -226,5 +227,46 @@ fb_fedavg_weights(const uint64_t *n, uint32_t count, double *w)
 	for (uint32_t i = 0; i < count; i++) {
 		w[i] = (double)n[i] / total;
 	}
+	return FB_OK;
+}
+
+uint32_t *
+fb_accum_ring(fb_accum *a)
+{
+	return a->sum;
+}
+
+fb_err
+fb_accum_set_secure_sum(fb_accum *a, const fb_encoding *e, double W)
+{
+	uint32_t shift;
+	uint64_t wq;
+
+	if (fb_encoding_check(e) != FB_OK || !(W > 0) || !isfinite(W)) {
+		return FB_EINVAL;
+	}
+	if (W * (double)WEIGHT_ONE >= 0x1p63) {
+		return FB_ERANGE;
+	}
+	wq = (uint64_t)llround(W * (double)WEIGHT_ONE);
+	if (wq == 0) {
+		return FB_ERANGE;
+	}
+	/* Sign-extend each sum from e->bits: shift the low bits to the top
+	 * and back down arithmetically (in unsigned arithmetic, then a
+	 * well-defined conversion). */
+	shift = 32 - e->bits;
+	if (shift > 0) {
+		for (uint64_t j = 0; j < a->count; j++) {
+			uint32_t v = a->sum[j] << shift;
+			uint32_t sign = (v >> 31) ? ~(UINT32_MAX >> shift) : 0;
+			a->sum[j] = (v >> shift) | sign;
+		}
+	}
+	for (uint32_t c = 0; c < a->chunks; c++) {
+		a->weight_q[c] = wq;
+	}
+	/* chunk_inv = 1 / (weight * scale): weight reads back as wq / 2^32. */
+	a->scale = e->scale * W / ((double)wq / (double)WEIGHT_ONE);
 	return FB_OK;
 }

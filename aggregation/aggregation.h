@@ -38,6 +38,7 @@
 #include "common/err.h"
 
 typedef struct fb_accum fb_accum;
+typedef struct fb_encoding fb_encoding;
 
 /*
  * fb_accum_alloc makes an accumulator for vectors of `count` floats split in
@@ -84,6 +85,21 @@ void fb_accum_mean(const fb_accum *a, float *out);
  * no weight are left unchanged. It needs no buffer besides params.
  */
 void fb_accum_apply(const fb_accum *a, float *params, double lr);
+
+/*
+ * Secure aggregation reuses the accumulator's ring: the coordinator adds
+ * masked inputs (fb_encode_chunk + masks, crypto.h) into fb_accum_ring,
+ * removes the masks there, and then fb_accum_set_secure_sum declares what
+ * the ring now holds: sum_i q_i under encoding e (reduced mod 2^e->bits),
+ * with total weight W = sum_i w_i (W > 0, finite). It sign-extends every
+ * element from e->bits and sets each chunk's weight to W and the scale to
+ * e->scale, so that fb_accum_mean, fb_accum_apply and fb_server_opt_step
+ * read sum / (W S), the weighted mean. fb_accum_reset undoes it. Errors:
+ * FB_EINVAL (W or e), FB_ERANGE (W too large for the weight format).
+ */
+uint32_t *fb_accum_ring(fb_accum *a);
+FB_MUST_CHECK fb_err fb_accum_set_secure_sum(fb_accum *a,
+    const fb_encoding *e, double W);
 
 /* fb_accum_resolution returns 1/S, the value of one unit of the ring. */
 double fb_accum_resolution(const fb_accum *a);
@@ -308,16 +324,23 @@ bool fb_rule_is_fednova(fb_rule rule);
  * computes the weighted mean as decode(sum x) / decode(sum w).
  */
 
+/* Extra coordinates of a masked input after the model's P coordinates:
+ * P + 0 the weight w (x = 1, clip 1), P + 1 w * train loss (clip
+ * FB_SECAGG_LOSS_BOUND), P + 2 w * FedNova ||a||_1 (clip: the round's
+ * public bound). */
+#define FB_SECAGG_EXTRA 3
+#define FB_SECAGG_LOSS_BOUND 1000.0
+
 #define FB_ENCODE_BITS_MIN 16
 #define FB_ENCODE_BITS_MAX 32
 
-typedef struct fb_encoding {
+struct fb_encoding {
 	uint32_t bits;        /* ring Z_2^bits, 16..32 (default 32) */
 	uint32_t max_workers; /* K_max >= 1: the most summands in one sum */
 	double clip;          /* values are clamped to [-clip, clip]; > 0 */
 	double w_max;         /* weights lie in [0, w_max]; > 0 (default 1) */
 	double scale;         /* S > 0: one unit of the ring is 1 / S */
-} fb_encoding;
+};
 
 /*
  * fb_encoding_check verifies that e is well formed and that no sum of

@@ -55,11 +55,23 @@ typedef enum fb_msg_type {
 	FB_MSG_SHUTDOWN,
 	FB_MSG_HANDSHAKE,
 	FB_MSG_UPDATE_END,
+	FB_MSG_SECAGG,
 	FB_MSG_TYPE_COUNT_
 } fb_msg_type;
 
 /* fb_msg_type_name returns "hello", "round_start", ... */
 const char *fb_msg_type_name(fb_msg_type t);
+
+/* Steps of secure aggregation (FB_MSG_SECAGG; data in the payload). */
+typedef enum fb_secagg_phase {
+	FB_SA_ADVERT = 1, /* worker: its signed key advert */
+	FB_SA_PEERS = 2,  /* coordinator: neighbours' adverts (slot, key, ad) */
+	FB_SA_SHARES = 3, /* worker: sealed shares for its neighbours */
+	FB_SA_RELAY = 4,  /* coordinator: the shares addressed to a worker */
+	FB_SA_UNMASK = 5, /* coordinator: the included set, n bytes */
+	FB_SA_REVEAL = 6, /* worker: its shares for unmasking */
+	FB_SA_PHASE_MAX_ = 6
+} fb_secagg_phase;
 
 typedef struct fb_wire_model_spec {
 	char arch[32];
@@ -115,6 +127,17 @@ typedef struct fb_msg {
 			fb_blob stream_trailer;
 			float prox_mu;
 			bool fednova;
+			float local_epochs;
+			bool secagg; /* the fields below are set */
+			uint32_t sa_slot;
+			uint32_t sa_n;
+			uint32_t sa_degree;
+			uint32_t sa_threshold;
+			fb_blob sa_graph_seed;
+			uint32_t sa_ring_bits;
+			double sa_clip;
+			uint64_t sa_max_samples;
+			double sa_a_bound;
 		} round_start;
 		struct {
 			uint32_t round;
@@ -132,7 +155,13 @@ typedef struct fb_msg {
 			fb_blob stream_key;
 			fb_blob stream_header;
 			double a_norm;
+			double steps_per_second;
 		} update_begin;
+		struct {
+			uint32_t round;
+			uint32_t phase; /* fb_secagg_phase */
+			uint32_t count;
+		} secagg;
 		struct {
 			uint32_t round;
 			fb_blob stream_trailer;

@@ -5,11 +5,27 @@
  * header carries run id, round, sender and sequence number in the clear but
  * authenticated, so replays, reordering and cross-round or cross-run reuse
  * are refused before anything is decoded.
+ *
+ * Payload frames of model and update chunks are secretstream ciphertext
+ * already (crypto/stream.c) and travel as they are. The payload of a
+ * secure-aggregation message (key adverts, relayed shares, reveals) is
+ * sealed as a second message of the same session right after the envelope
+ * (type | PAYLOAD_TYPE_BIT, the same round, the next sequence number), so
+ * it is secret, authentic, and bound to its envelope.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "crypto/crypto.h"
 #include "proto/proto.h"
+
+#define PAYLOAD_TYPE_BIT 0x80
+
+static bool
+payload_sealed(fb_msg_type t)
+{
+	return t == FB_MSG_SECAGG;
+}
 
 /* The round a message is about, or FB_ROUND_ANY for session messages. */
 static uint32_t
@@ -30,6 +46,8 @@ msg_round(const fb_msg *m)
 		return m->u.update_end.round;
 	case FB_MSG_ROUND_CANCEL:
 		return m->u.round_cancel.round;
+	case FB_MSG_SECAGG:
+		return m->u.secagg.round;
 	default:
 		return FB_ROUND_ANY;
 	}
@@ -60,6 +78,22 @@ fb_secure_send(fb_link *l, const fb_peer *peer, struct fb_session *s,
 	out[1] = 'B';
 	out[2] = 1;
 	out[3] = FB_WIRE_SEALED | (with_payload ? FB_WIRE_PAYLOAD : 0);
+	if (payload_sealed(m->type)) {
+		size_t plen = 0, cap = payload_len + FB_MSG_OVERHEAD;
+		uint8_t *p = malloc(cap);
+		if (p == NULL) {
+			return FB_ENOMEM;
+		}
+		rc = fb_msg_seal(s, (uint8_t)(m->type | PAYLOAD_TYPE_BIT), round,
+		    payload != NULL ? payload : (const void *)"", payload_len, p,
+		    cap, &plen);
+		if (rc == FB_OK) {
+			rc = fb_link_send_raw(l, peer, out,
+			    sealed_len + FB_WIRE_PREFIX_LEN, p, plen);
+		}
+		free(p);
+		return rc;
+	}
 	return fb_link_send_raw(l, peer, out, sealed_len + FB_WIRE_PREFIX_LEN,
 	    with_payload ? (payload != NULL ? payload : "") : NULL,
 	    with_payload ? payload_len : 0);
@@ -119,6 +153,30 @@ fb_secure_open(struct fb_session *s, fb_frame *f, int *reject,
 		*reject = FB_REJECT_WRONG_ROUND;
 		*why = "sealed round differs from the message's";
 		rc = FB_ESTALE;
+	}
+	if (rc == FB_OK && payload_sealed(f->msg.type)) {
+		fb_msg_info pinfo;
+		size_t plen = 0;
+		if (f->payload == NULL || f->payload_len < FB_MSG_OVERHEAD) {
+			*reject = FB_REJECT_MALFORMED;
+			*why = "sealed payload missing or too short";
+			rc = FB_EPROTO;
+		} else if ((rc = fb_msg_open(s, info.round, f->payload,
+		                f->payload_len, f->payload + FB_MSG_HEADER_LEN,
+		                f->payload_len - FB_MSG_HEADER_LEN, &plen, &pinfo,
+		                &r)) != FB_OK) {
+			*reject = (int)r;
+			*why = fb_reject_name(r);
+		} else if (pinfo.type != (uint8_t)(info.type | PAYLOAD_TYPE_BIT) ||
+		    pinfo.seq != info.seq + 1) {
+			fb_wipe(f->payload + FB_MSG_HEADER_LEN, plen);
+			*reject = FB_REJECT_MALFORMED;
+			*why = "sealed payload does not belong to its message";
+			rc = FB_EPROTO;
+		} else {
+			f->payload += FB_MSG_HEADER_LEN;
+			f->payload_len = plen;
+		}
 	}
 	if (rc != FB_OK) {
 		memset(&f->msg, 0, sizeof(f->msg));

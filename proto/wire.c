@@ -18,7 +18,7 @@
 static const char *const type_names[FB_MSG_TYPE_COUNT_] = {
 	"none", "hello", "welcome", "reject", "round_start", "model_fetch",
 	"model_chunk", "update_begin", "update_chunk", "heartbeat",
-	"round_cancel", "shutdown", "handshake", "update_end",
+	"round_cancel", "shutdown", "handshake", "update_end", "secagg",
 };
 
 const char *
@@ -33,7 +33,8 @@ fb_msg_type_name(fb_msg_type t)
 bool
 fb_msg_has_payload(fb_msg_type t)
 {
-	return t == FB_MSG_MODEL_CHUNK || t == FB_MSG_UPDATE_CHUNK;
+	return t == FB_MSG_MODEL_CHUNK || t == FB_MSG_UPDATE_CHUNK ||
+	    t == FB_MSG_SECAGG;
 }
 
 /* Text from a peer: bounded, printable or UTF-8 bytes, no control bytes. */
@@ -109,6 +110,8 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 	Fedbox__Shutdown sd;
 	Fedbox__Handshake hs;
 	Fedbox__UpdateEnd ue;
+	Fedbox__SecAgg sa;
+	Fedbox__SecAggRound sar;
 	size_t need;
 
 	*len = 0;
@@ -168,6 +171,20 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		rs.stream_trailer = blob_to_pb(&m->u.round_start.stream_trailer);
 		rs.prox_mu = m->u.round_start.prox_mu;
 		rs.fednova = m->u.round_start.fednova;
+		rs.local_epochs = m->u.round_start.local_epochs;
+		if (m->u.round_start.secagg) {
+			fedbox__sec_agg_round__init(&sar);
+			sar.slot = m->u.round_start.sa_slot;
+			sar.n = m->u.round_start.sa_n;
+			sar.degree = m->u.round_start.sa_degree;
+			sar.threshold = m->u.round_start.sa_threshold;
+			sar.graph_seed = blob_to_pb(&m->u.round_start.sa_graph_seed);
+			sar.ring_bits = m->u.round_start.sa_ring_bits;
+			sar.clip = m->u.round_start.sa_clip;
+			sar.max_samples = m->u.round_start.sa_max_samples;
+			sar.a_bound = m->u.round_start.sa_a_bound;
+			rs.secagg = &sar;
+		}
 		env.body_case = FEDBOX__ENVELOPE__BODY_ROUND_START;
 		env.round_start = &rs;
 		break;
@@ -198,6 +215,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		ub.stream_key = blob_to_pb(&m->u.update_begin.stream_key);
 		ub.stream_header = blob_to_pb(&m->u.update_begin.stream_header);
 		ub.a_norm = m->u.update_begin.a_norm;
+		ub.steps_per_second = m->u.update_begin.steps_per_second;
 		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_BEGIN;
 		env.update_begin = &ub;
 		break;
@@ -239,6 +257,14 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		ue.stream_trailer = blob_to_pb(&m->u.update_end.stream_trailer);
 		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_END;
 		env.update_end = &ue;
+		break;
+	case FB_MSG_SECAGG:
+		fedbox__sec_agg__init(&sa);
+		sa.round = m->u.secagg.round;
+		sa.phase = m->u.secagg.phase;
+		sa.count = m->u.secagg.count;
+		env.body_case = FEDBOX__ENVELOPE__BODY_SECAGG;
+		env.secagg = &sa;
 		break;
 	default:
 		return FB_EINVAL;
@@ -399,6 +425,24 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.round_start.synthetic = p->synthetic;
 		m->u.round_start.prox_mu = p->prox_mu;
 		m->u.round_start.fednova = p->fednova;
+		m->u.round_start.local_epochs = p->local_epochs;
+		if (p->secagg != NULL) {
+			const Fedbox__SecAggRound *q = p->secagg;
+			m->u.round_start.secagg = true;
+			m->u.round_start.sa_slot = q->slot;
+			m->u.round_start.sa_n = q->n;
+			m->u.round_start.sa_degree = q->degree;
+			m->u.round_start.sa_threshold = q->threshold;
+			m->u.round_start.sa_ring_bits = q->ring_bits;
+			m->u.round_start.sa_clip = q->clip;
+			m->u.round_start.sa_max_samples = q->max_samples;
+			m->u.round_start.sa_a_bound = q->a_bound;
+			if (!blob_from_pb(&m->u.round_start.sa_graph_seed,
+			        q->graph_seed)) {
+				reason = "round_start: blob too long";
+				goto out;
+			}
+		}
 		if (!blob_from_pb(&m->u.round_start.round_key, p->round_key) ||
 		    !blob_from_pb(&m->u.round_start.stream_header,
 		        p->stream_header) ||
@@ -430,6 +474,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.update_begin.train_loss = p->train_loss;
 		m->u.update_begin.train_seconds = p->train_seconds;
 		m->u.update_begin.a_norm = p->a_norm;
+		m->u.update_begin.steps_per_second = p->steps_per_second;
 		if (!copy_text(m->u.update_begin.backend,
 		        sizeof(m->u.update_begin.backend), p->backend)) {
 			reason = "update_begin: bad backend text";
@@ -483,6 +528,17 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		if (!blob_from_pb(&m->u.update_end.stream_trailer,
 		        env->update_end->stream_trailer)) {
 			reason = "update_end: blob too long";
+			goto out;
+		}
+		break;
+	case FEDBOX__ENVELOPE__BODY_SECAGG:
+		m->type = FB_MSG_SECAGG;
+		m->u.secagg.round = env->secagg->round;
+		m->u.secagg.phase = env->secagg->phase;
+		m->u.secagg.count = env->secagg->count;
+		if (m->u.secagg.phase < FB_SA_ADVERT ||
+		    m->u.secagg.phase > FB_SA_PHASE_MAX_) {
+			reason = "secagg: unknown phase";
 			goto out;
 		}
 		break;

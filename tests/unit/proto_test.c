@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "common/util.h"
+#include "crypto/crypto.h"
 #include "proto/proto.h"
 #include "tests/unit/harness.h"
 
@@ -89,6 +90,25 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		m->u.round_start.stream_header.len = 32;
 		memset(m->u.round_start.stream_trailer.b, 0x01, 140);
 		m->u.round_start.stream_trailer.len = 140;
+		m->u.round_start.prox_mu = 0.01f;
+		m->u.round_start.fednova = true;
+		m->u.round_start.local_epochs = 2.5f;
+		m->u.round_start.secagg = true;
+		m->u.round_start.sa_slot = 4;
+		m->u.round_start.sa_n = 128;
+		m->u.round_start.sa_degree = 22;
+		m->u.round_start.sa_threshold = 12;
+		memset(m->u.round_start.sa_graph_seed.b, 0x3d, 32);
+		m->u.round_start.sa_graph_seed.len = 32;
+		m->u.round_start.sa_ring_bits = 24;
+		m->u.round_start.sa_clip = 0.125;
+		m->u.round_start.sa_max_samples = 1ULL << 40;
+		m->u.round_start.sa_a_bound = 1234.5;
+		break;
+	case FB_MSG_SECAGG:
+		m->u.secagg.round = 9;
+		m->u.secagg.phase = FB_SA_REVEAL;
+		m->u.secagg.count = 70000;
 		break;
 	case FB_MSG_MODEL_FETCH:
 		m->u.model_fetch.round = 3;
@@ -297,6 +317,9 @@ test_default_values_roundtrip(void **state)
 		size_t len = 0;
 		memset(&m, 0, sizeof(m));
 		m.type = (fb_msg_type)t;
+		if (t == FB_MSG_SECAGG) {
+			m.u.secagg.phase = FB_SA_ADVERT; /* 0 is no phase */
+		}
 		assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len),
 		    FB_OK);
 		assert_int_equal(fb_msg_unpack(buf, len, &out, NULL), FB_OK);
@@ -1085,6 +1108,96 @@ test_link_bind_refuses_busy_endpoint(void **state)
 	fb_link_close(router);
 }
 
+
+/* ---- sealed secure-aggregation payloads (secure.c) ---------------------- */
+
+/* A worker session and the coordinator's matching one. */
+static void
+session_pair(fb_session **ws, fb_session **cs)
+{
+	fb_identity *coord = NULL, *w = NULL;
+	fb_pubkey coord_pk, w_pk;
+	fb_allowlist allow = {&w_pk, 1};
+	uint8_t hello[FB_HS_HELLO_LEN], reply[FB_HS_REPLY_LEN];
+	fb_handshake *hs = NULL;
+	fb_hs_accept_cfg cfg = {.proto_version = FB_PROTOCOL_VERSION,
+	    .lookup = fb_allowlist_lookup_cb, .lookup_arg = &allow};
+	fb_reject why;
+
+	assert_int_equal(fb_identity_alloc("c", &coord), FB_OK);
+	assert_int_equal(fb_identity_alloc("w", &w), FB_OK);
+	fb_identity_pubkey(coord, &coord_pk);
+	fb_identity_pubkey(w, &w_pk);
+	cfg.self = coord;
+	assert_int_equal(fb_run_id_random(&cfg.run), FB_OK);
+	assert_int_equal(fb_handshake_start(w, &coord_pk, FB_PROTOCOL_VERSION,
+	                     hello, &hs), FB_OK);
+	assert_int_equal(fb_handshake_accept(&cfg, hello, sizeof(hello), reply,
+	                     cs, &why), FB_OK);
+	assert_int_equal(fb_handshake_finish(hs, reply, sizeof(reply), ws,
+	                     &why), FB_OK);
+	fb_handshake_free(hs);
+	fb_identity_free(coord);
+	fb_identity_free(w);
+}
+
+static void
+test_secagg_payload_sealed(void **state)
+{
+	char ep[64];
+	fb_link *router = bind_router(ep, sizeof(ep));
+	fb_link *dealer = NULL;
+	fb_session *ws = NULL, *cs = NULL;
+	fb_msg m = {.type = FB_MSG_SECAGG};
+	fb_frame f;
+	const char *why = NULL;
+	int reject = 0;
+	uint8_t secret[500];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(secret); i++) {
+		secret[i] = (uint8_t)(0xa5 ^ i);
+	}
+	session_pair(&ws, &cs);
+	assert_int_equal(fb_link_connect(ep, &opts, &dealer), FB_OK);
+	m.u.secagg.round = 3;
+	m.u.secagg.phase = FB_SA_REVEAL;
+	m.u.secagg.count = 1;
+
+	/* sent sealed: the payload on the wire is not the plaintext */
+	assert_int_equal(fb_secure_send(dealer, NULL, ws, 3, &m, secret,
+	                     sizeof(secret)), FB_OK);
+	assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+	assert_true(f.sealed);
+	assert_int_equal(f.payload_len, sizeof(secret) + FB_MSG_OVERHEAD);
+	assert_null(memmem(f.payload, f.payload_len, secret + 100, 32));
+	assert_int_equal(fb_secure_open(cs, &f, &reject, &why), FB_OK);
+	assert_int_equal(f.msg.type, FB_MSG_SECAGG);
+	assert_int_equal(f.msg.u.secagg.phase, FB_SA_REVEAL);
+	assert_int_equal(f.payload_len, sizeof(secret));
+	assert_memory_equal(f.payload, secret, sizeof(secret));
+
+	/* a flipped payload bit: the message is refused */
+	assert_int_equal(fb_secure_send(dealer, NULL, ws, 3, &m, secret,
+	                     sizeof(secret)), FB_OK);
+	assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+	f.payload[FB_MSG_HEADER_LEN + 7] ^= 1;
+	assert_int_not_equal(fb_secure_open(cs, &f, &reject, &why), FB_OK);
+	assert_int_equal(f.msg.type, FB_MSG_NONE);
+
+	/* no payload at all: refused, not read past */
+	assert_int_equal(fb_secure_send(dealer, NULL, ws, 3, &m, secret,
+	                     sizeof(secret)), FB_OK);
+	assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+	f.payload_len = 3;
+	assert_int_not_equal(fb_secure_open(cs, &f, &reject, &why), FB_OK);
+
+	fb_link_close(dealer);
+	fb_link_close(router);
+	fb_session_free(ws);
+	fb_session_free(cs);
+}
+
 FB_TESTS = {
     {"every message type survives pack and unpack with all fields",
         test_roundtrip_every_type},
@@ -1120,6 +1233,8 @@ FB_TESTS = {
     {"a routing id longer than the peer id limit is handled",
         test_link_long_routing_id},
     {"binding a busy endpoint fails", test_link_bind_refuses_busy_endpoint},
+    {"secure-aggregation payloads travel sealed; tampering is refused",
+        test_secagg_payload_sealed},
     {NULL, NULL},
 };
 

@@ -937,6 +937,64 @@ test_steps_refuse_wrong_order_and_bad_input(void **state)
 	fb_secagg_server_free(s);
 }
 
+
+/*
+ * The coordinator's path: encoded inputs summed in an accumulator's ring
+ * (mod 2^32, here in a 20-bit ring so that sign extension matters), then
+ * fb_accum_set_secure_sum: fb_accum_mean gives the weighted mean within
+ * the encoding's documented bound, negative values included, and a reset
+ * returns the accumulator to plain use.
+ */
+static void
+test_accum_reads_secure_sum(void **state)
+{
+	enum { N = 1000, K = 3 };
+	static float x[K][N];
+	static uint32_t q[N];
+	const double w[K] = {0.25, 0.001, 0.7};
+	fb_encoding e;
+	fb_accum *a = NULL;
+	uint32_t *ring;
+	float mean[N];
+	double W = 0, bound;
+
+	(void)state;
+	assert_int_equal(fb_encoding_init(&e, 20, K, 2.0, 1.0), FB_OK);
+	assert_int_equal(fb_accum_alloc(N, 300, 16.0, &a), FB_OK);
+	ring = fb_accum_ring(a);
+	for (int k = 0; k < K; k++) {
+		for (int j = 0; j < N; j++) {
+			x[k][j] = (float)sin(0.01 * j * (k + 1)) * 1.9f - 0.3f;
+		}
+		assert_int_equal(fb_encode_chunk(&e, x[k], N, w[k], 0, 99 + k, q,
+		                     NULL), FB_OK);
+		for (int j = 0; j < N; j++) {
+			/* plus a mask-like multiple of 2^20 that the ring drops */
+			ring[j] += q[j] + ((uint32_t)(j * 2654435761u) << 20);
+		}
+		W += w[k];
+	}
+	assert_int_equal(fb_accum_set_secure_sum(a, &e, 0.0), FB_EINVAL);
+	assert_int_equal(fb_accum_set_secure_sum(a, &e, W), FB_OK);
+	fb_accum_mean(a, mean);
+	bound = fb_encoding_bound(&e, K) / W + 1e-6;
+	for (int j = 0; j < N; j++) {
+		double exact = 0;
+		for (int k = 0; k < K; k++) {
+			double v = x[k][j];
+			exact += w[k] * (v < -2.0 ? -2.0 : v); /* clip 2 */
+		}
+		exact /= W;
+		assert_true(fabs(mean[j] - exact) <= bound);
+	}
+	assert_true(mean[0] < 0); /* sign extension from 20 bits */
+	fb_accum_reset(a);
+	assert_int_equal(fb_accum_add(a, 0, x[0], 1.0, NULL), FB_OK);
+	fb_accum_mean(a, mean);
+	assert_true(fabs(mean[5] - x[0][5]) < 1e-6);
+	fb_accum_free(a);
+}
+
 FB_TESTS = {
 	{ "shamir shares and secrets match the independent reference",
 	    test_shamir_vectors },
@@ -971,6 +1029,8 @@ FB_TESTS = {
 	    test_masked_input_looks_uniform },
 	{ "steps refuse the wrong order and bad adverts",
 	    test_steps_refuse_wrong_order_and_bad_input },
+	{ "the accumulator reads an unmasked secure sum as the weighted mean",
+	    test_accum_reads_secure_sum },
 	{ NULL, NULL },
 };
 
