@@ -113,6 +113,29 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "file of admitted workers' public key lines (comment = name)"},
     {"security.workers", FB_CFG_STR_LIST, F(workers), "[]", NOB, MB,
         "admitted workers' public key lines, inline"},
+    {"secure_aggregation.enabled", FB_CFG_BOOL, F(sa_enabled), "true", NOB,
+        MB, "the coordinator learns only the weighted sum of the updates "
+        "(SecAgg+); needs security.enabled"},
+    {"secure_aggregation.threshold", FB_CFG_INT_AUTO, F(sa_threshold),
+        "auto", 2, 65536, MB, "shares needed to recover a secret; auto = "
+        "a majority of each neighbourhood (floor(k/2) + 1 of k + 1)"},
+    {"secure_aggregation.neighbours", FB_CFG_INT_AUTO, F(sa_neighbours),
+        "auto", 1, 65535, MB, "masking neighbours per worker; auto = "
+        "O(log n) (SecAgg+), n - 1 or more = complete graph (SecAgg)"},
+    {"secure_aggregation.clip", FB_CFG_FLOAT, F(sa_clip), "4", 1e-6, 1e6,
+        MB, "update coordinates are clamped to [-clip, clip] before the "
+        "fixed-point encoding"},
+    {"secure_aggregation.ring_bits", FB_CFG_INT, F(sa_ring_bits), "32", 16,
+        32, MB, "encoding ring Z_2^bits (fewer bits: coarser encoding)"},
+    {"secure_aggregation.max_samples", FB_CFG_INT, F(sa_max_samples),
+        "1000000", 1, 1e15, MB, "public bound on a worker's sample count; "
+        "its weight is samples / max_samples"},
+    {"secure_aggregation.setup_timeout", FB_CFG_DURATION, F(sa_setup_ms),
+        "30s", 10, 8.64e7, MB, "how long each key and share phase waits "
+        "for the workers"},
+    {"secure_aggregation.unmask_timeout", FB_CFG_DURATION, F(sa_unmask_ms),
+        "30s", 10, 8.64e7, MB, "how long unmasking waits for the "
+        "survivors' shares"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 
@@ -161,6 +184,13 @@ fb_coord_config_load(const char *path, fb_coord_config *cfg)
 		rc = FB_ECONFIG;
 	} else if (cfg->lr <= 0) {
 		fb_log_error("%s: round.lr must be > 0", path);
+		rc = FB_ECONFIG;
+	} else if (cfg->sa_enabled && !cfg->security) {
+		fb_log_error("%s: secure_aggregation.enabled needs "
+		             "security.enabled (keys and shares travel over "
+		             "the signed sessions); set "
+		             "secure_aggregation.enabled: false as well to run "
+		             "without security", path);
 		rc = FB_ECONFIG;
 	} else if (strcmp(cfg->model_arch, "synthetic") == 0 &&
 	    cfg->synthetic_params == 0) {

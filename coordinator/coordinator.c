@@ -80,7 +80,38 @@ typedef struct worker {
 	double round_speed;  /* this round's measured steps per second */
 	double a_norm;       /* FedNova ||a_i||_1 of this round's update */
 	int64_t done_ms;     /* when its update completed */
+	uint32_t slot;       /* secure aggregation: its index in the round */
 } worker;
+
+/* Secure aggregation (SecAgg+, crypto.h) of one round. */
+#define SA_EXTRA FB_SECAGG_EXTRA /* weight, weight*loss, weight*a */
+#define SA_LOSS_BOUND FB_SECAGG_LOSS_BOUND
+#define SA_ENTRY_LEN (4 + FB_PUBKEY_LEN + FB_SECAGG_ADV_LEN) /* peers */
+
+enum sa_phase { SA_OFF = 0, SA_ADVERTS, SA_SHARES, SA_INPUT, SA_UNMASK };
+static const char *const sa_phase_names[] = {"off", "key adverts",
+    "share distribution", "masked inputs", "unmasking"};
+
+#define SA_F_ADV 1u
+#define SA_F_SHARED 2u
+#define SA_F_INCLUDED 4u
+#define SA_F_REVEALED 8u
+
+typedef struct sa_round {
+	enum sa_phase phase;
+	int64_t phase_end_ms;
+	fb_secagg_params p;
+	fb_secagg_server *srv;
+	uint32_t n, k, t;
+	uint32_t *slot_worker;  /* slot -> index in coord.workers */
+	uint8_t *flags;         /* per slot, SA_F_* */
+	uint8_t *adv;           /* per slot, its advert */
+	uint8_t *shares;        /* per slot, its batch of sealed shares */
+	uint32_t *share_len;    /* bytes in each batch */
+	uint32_t extra[SA_EXTRA];
+	fb_encoding enc, enc_w, enc_loss, enc_a;
+	const char *poisoned;   /* why the sum is unusable, or NULL */
+} sa_round;
 
 /* Reasons a message is dropped, counted per round in metrics.jsonl. */
 typedef enum drop_reason {
@@ -221,6 +252,10 @@ typedef struct coord {
 	uint32_t target_updates; /* updates that close a round early */
 	bool waiting_logged;
 	double tau_eff;
+	/* secure aggregation */
+	sa_round sa;
+	uint32_t in_chunks;      /* chunks of an update (+1 with SecAgg) */
+	char sa_why[256];        /* why this round cannot aggregate */
 } coord;
 
 static rl_entry *
@@ -359,6 +394,13 @@ send_reject(coord *c, const fb_peer *peer, const char *reason)
 static void
 worker_fail(coord *c, worker *w, const char *why)
 {
+	if (c->sa.phase != SA_OFF && w->state == W_UPLOADING &&
+	    w->next_chunk > 0 && c->sa.poisoned == NULL) {
+		/* Part of its masked input is in the sum: without all of it
+		 * the masks cannot be removed (and revealing both of its
+		 * secrets would expose the part). */
+		c->sa.poisoned = "a masked input was cut off mid-stream";
+	}
 	if (w->state == W_TRAINING || w->state == W_UPLOADING) {
 		fb_log_warn("round %u: %s leaves the round: %s", c->round,
 		    w->name, why);
@@ -400,9 +442,17 @@ on_hello(coord *c, worker *w, const fb_frame *f)
 		send_reject(c, &f->peer, reason);
 		return;
 	}
-	if (m->u.hello.name[0] == '\0' || m->u.hello.num_samples == 0) {
-		drop(c, DROP_MALFORMED, "hello without a name or samples");
-		send_reject(c, &f->peer, "hello needs a name and samples > 0");
+	if (m->u.hello.name[0] == '\0') {
+		drop(c, DROP_MALFORMED, "hello without a name");
+		send_reject(c, &f->peer, "hello needs a name");
+		return;
+	}
+	if (m->u.hello.num_samples == 0 && !c->cfg->sa_enabled) {
+		drop(c, DROP_UNEXPECTED, "hello from '%s' without a sample count",
+		    m->u.hello.name);
+		send_reject(c, &f->peer, "this worker keeps its sample count "
+		    "private (it requires secure aggregation) but this "
+		    "coordinator has secure_aggregation.enabled: false");
 		return;
 	}
 	if (c->secure) {
@@ -481,11 +531,22 @@ on_hello(coord *c, worker *w, const fb_frame *f)
 	    (uint64_t)c->cfg->synthetic_params;
 	snprintf(out.u.welcome.model.plugin,
 	    sizeof(out.u.welcome.model.plugin), "%s", c->cfg->plugin);
-	if (send_to(c, w, &out, NULL, 0) == FB_OK) {
+	if (c->cfg->sa_enabled) {
+		w->num_samples = 0; /* only the masked sum of weights counts */
+	}
+	if (send_to(c, w, &out, NULL, 0) != FB_OK) {
+		return;
+	}
+	if (w->num_samples > 0) {
 		fb_log_info("worker %s admitted (id %u, index %u, %" PRIu64
 		            " samples, %s); %u connected",
 		    w->name, w->id, w->index, w->num_samples,
 		    w->backend[0] ? w->backend : "?", live_count(c));
+	} else {
+		fb_log_info("worker %s admitted (id %u, index %u, %s); %u "
+		            "connected",
+		    w->name, w->id, w->index, w->backend[0] ? w->backend : "?",
+		    live_count(c));
 	}
 }
 
@@ -555,16 +616,26 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 		return;
 	}
 	if (m->u.update_begin.param_count != c->param_count ||
-	    m->u.update_begin.chunk_count != c->chunk_count) {
+	    m->u.update_begin.chunk_count != c->in_chunks) {
 		drop(c, DROP_WRONG_SIZE, "update from %s has %" PRIu64
 		    " params in %u chunks; the model has %" PRIu64 " in %u",
 		    w->name, m->u.update_begin.param_count,
 		    m->u.update_begin.chunk_count, c->param_count,
-		    c->chunk_count);
+		    c->in_chunks);
 		worker_fail(c, w, "update of the wrong size");
 		return;
 	}
-	if (m->u.update_begin.num_samples != w->num_samples) {
+	if (c->sa.phase != SA_OFF &&
+	    (c->sa.phase != SA_INPUT ||
+	        !(c->sa.flags[w->slot] & SA_F_SHARED))) {
+		drop(c, DROP_UNEXPECTED, "masked update from %s before its "
+		    "shares were relayed (%s phase)", w->name,
+		    sa_phase_names[c->sa.phase]);
+		worker_fail(c, w, "update before secure-aggregation setup");
+		return;
+	}
+	if (c->sa.phase == SA_OFF &&
+	    m->u.update_begin.num_samples != w->num_samples) {
 		drop(c, DROP_UNEXPECTED, "update from %s claims %" PRIu64
 		    " samples, it declared %" PRIu64, w->name,
 		    m->u.update_begin.num_samples, w->num_samples);
@@ -610,7 +681,7 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 		w->pull = NULL;
 		return;
 	}
-	if (fb_rule_is_fednova((fb_rule)c->cfg->rule) &&
+	if (c->sa.phase == SA_OFF && fb_rule_is_fednova((fb_rule)c->cfg->rule) &&
 	    !(m->u.update_begin.a_norm > 0 &&
 	        isfinite(m->u.update_begin.a_norm))) {
 		drop(c, DROP_MALFORMED, "FedNova update from %s without a "
@@ -619,10 +690,9 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 		return;
 	}
 	w->a_norm = m->u.update_begin.a_norm;
-	if (m->u.update_begin.steps > 0 && m->u.update_begin.train_seconds > 0 &&
-	    isfinite(m->u.update_begin.train_seconds)) {
-		double sp = (double)m->u.update_begin.steps /
-		    m->u.update_begin.train_seconds;
+	if (m->u.update_begin.steps_per_second > 0 &&
+	    isfinite(m->u.update_begin.steps_per_second)) {
+		double sp = m->u.update_begin.steps_per_second;
 		w->round_speed = sp;
 		w->speed = w->has_speed ? 0.5 * w->speed + 0.5 * sp : sp;
 		w->has_speed = true;
@@ -643,6 +713,7 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 {
 	const fb_msg *m = &f->msg;
 	uint32_t k = m->u.update_chunk.chunk;
+	uint64_t elems;
 	fb_err rc;
 
 	if (m->u.update_chunk.round != c->round) {
@@ -662,11 +733,18 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 		worker_fail(c, w, "update chunks out of order");
 		return;
 	}
-	if (f->payload_len != fb_accum_chunk_len(c->accum, k) * 4 +
-	        (c->secure ? FB_STREAM_CHUNK_OVERHEAD : 0)) {
+	if (k >= c->in_chunks) {
+		drop(c, DROP_WRONG_SIZE, "update chunk %u from %s: the update "
+		    "has %u chunks", k, w->name, c->in_chunks);
+		worker_fail(c, w, "update chunk out of range");
+		return;
+	}
+	elems = k < c->chunk_count ? fb_accum_chunk_len(c->accum, k) : SA_EXTRA;
+	if (f->payload_len !=
+	    elems * 4 + (c->secure ? FB_STREAM_CHUNK_OVERHEAD : 0)) {
 		drop(c, DROP_WRONG_SIZE, "update chunk %u from %s has %zu "
 		    "bytes, expected %" PRIu64, k, w->name, f->payload_len,
-		    fb_accum_chunk_len(c->accum, k) * 4);
+		    elems * 4);
 		worker_fail(c, w, "update chunk of the wrong size");
 		return;
 	}
@@ -677,7 +755,7 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 		rc = fb_stream_pull_chunk(w->pull, f->payload, f->payload_len,
 		    (uint8_t *)c->scratch, c->chunk_elems * 4, &mlen, &final,
 		    &why);
-		if (rc != FB_OK || (final != 0) != (k + 1 == c->chunk_count)) {
+		if (rc != FB_OK || (final != 0) != (k + 1 == c->in_chunks)) {
 			drop(c, rc != FB_OK ? drop_of_reject(why)
 			                    : DROP_TRUNCATED,
 			    "update chunk %u from %s: %s", k, w->name,
@@ -687,8 +765,20 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 			return;
 		}
 		w->final_seen = final != 0;
-		rc = fb_accum_add(c->accum, k, c->scratch, w->weight,
-		    &c->clipped);
+		if (c->sa.phase != SA_OFF) {
+			/* A masked input: ring elements, added mod 2^32. */
+			const uint32_t *v = (const uint32_t *)c->scratch;
+			uint32_t *sum = k < c->chunk_count
+			    ? fb_accum_ring(c->accum) + (uint64_t)k * c->chunk_elems
+			    : c->sa.extra;
+			for (uint64_t j = 0; j < elems; j++) {
+				sum[j] += v[j];
+			}
+			rc = FB_OK;
+		} else {
+			rc = fb_accum_add(c->accum, k, c->scratch, w->weight,
+			    &c->clipped);
+		}
 	} else if (((uintptr_t)f->payload & 3) == 0) {
 		const void *p = f->payload;
 		rc = fb_accum_add(c->accum, k, (const float *)p, w->weight,
@@ -715,7 +805,7 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 		worker_fail(c, w, "update could not be added");
 		return;
 	}
-	if (++w->next_chunk == c->chunk_count && !c->secure) {
+	if (++w->next_chunk == c->in_chunks && !c->secure) {
 		w->state = W_DONE;
 		w->done_ms = fb_now_ms();
 		fb_log_debug("round %u: update from %s complete", c->round,
@@ -737,10 +827,10 @@ on_update_end(coord *c, worker *w, const fb_msg *m)
 	if (!c->secure) {
 		return; /* plain updates are complete at their last chunk */
 	}
-	if (w->state != W_UPLOADING || w->next_chunk != c->chunk_count ||
+	if (w->state != W_UPLOADING || w->next_chunk != c->in_chunks ||
 	    !w->final_seen) {
 		drop(c, DROP_TRUNCATED, "update end from %s after %u of %u "
-		    "chunks", w->name, w->next_chunk, c->chunk_count);
+		    "chunks", w->name, w->next_chunk, c->in_chunks);
 		worker_fail(c, w, "update truncated");
 		return;
 	}
@@ -754,10 +844,516 @@ on_update_end(coord *c, worker *w, const fb_msg *m)
 	}
 	fb_stream_pull_free(w->pull);
 	w->pull = NULL;
+	if (c->sa.phase != SA_OFF) {
+		if (fb_secagg_server_set_included(c->sa.srv, w->slot) != FB_OK) {
+			c->sa.poisoned = "a masked input could not be recorded";
+		}
+		c->sa.flags[w->slot] |= SA_F_INCLUDED;
+	}
 	w->state = W_DONE;
 	w->done_ms = fb_now_ms();
 	fb_log_debug("round %u: signed update from %s complete", c->round,
 	    w->name);
+}
+
+static fb_err pump(coord *c, int timeout_ms);
+
+/* ---- secure aggregation (SecAgg+) ---------------------------------------- */
+
+static void
+sa_free(sa_round *sa)
+{
+	fb_secagg_server_free(sa->srv);
+	free(sa->slot_worker);
+	free(sa->flags);
+	free(sa->adv);
+	free(sa->shares);
+	free(sa->share_len);
+	memset(sa, 0, sizeof(*sa)); /* phase SA_OFF */
+}
+
+/* Takes worker w out of the round, telling it why. */
+static void
+sa_cancel(coord *c, worker *w, const char *why)
+{
+	fb_msg m = {.type = FB_MSG_ROUND_CANCEL};
+	m.u.round_cancel.round = c->round;
+	snprintf(m.u.round_cancel.reason, sizeof(m.u.round_cancel.reason), "%s",
+	    why);
+	(void)send_to(c, w, &m, NULL, 0);
+	worker_fail(c, w, why);
+}
+
+static worker *
+sa_worker(coord *c, uint32_t slot)
+{
+	return &c->workers[c->sa.slot_worker[slot]];
+}
+
+/* Whether slot's worker is still taking part in the round. */
+static bool
+sa_in_round(coord *c, uint32_t slot)
+{
+	const worker *w = sa_worker(c, slot);
+	return w->used && (w->state == W_TRAINING || w->state == W_UPLOADING ||
+	                      w->state == W_DONE);
+}
+
+/*
+ * sa_begin sets up the round's secure aggregation over the n selected
+ * workers (cand[s] gets slot s): graph randomness, degree, threshold and
+ * the encodings, which every worker derives the same way from RoundStart.
+ * On failure *why says what is wrong and the round cannot run.
+ */
+static fb_err
+sa_begin(coord *c, const uint32_t *cand, uint32_t n, double a_bound,
+    const char **why)
+{
+	const fb_coord_config *cfg = c->cfg;
+	sa_round *sa = &c->sa;
+	uint32_t tcfg = (uint32_t)cfg->sa_threshold;
+	uint32_t bits = (uint32_t)cfg->sa_ring_bits;
+	fb_secagg_graph *g = NULL;
+	fb_err rc;
+
+	sa_free(sa);
+	if (n < 2) {
+		*why = "secure aggregation needs at least 2 workers in a round";
+		return FB_ERANGE;
+	}
+	if (n > FB_SECAGG_MAX_WORKERS) {
+		*why = "more workers in one round than secure aggregation takes";
+		return FB_ERANGE;
+	}
+	sa->p.run = c->run;
+	sa->p.round = c->round;
+	sa->p.n = n;
+	if (getrandom(sa->p.graph_seed, sizeof(sa->p.graph_seed), 0) !=
+	    (ssize_t)sizeof(sa->p.graph_seed)) {
+		*why = "no randomness for the neighbour graph";
+		return FB_EIO;
+	}
+	rc = fb_secagg_graph_alloc(n, (uint32_t)cfg->sa_neighbours, tcfg,
+	    sa->p.graph_seed, c->round, &g);
+	if (rc != FB_OK) {
+		*why = "cannot build the neighbour graph";
+		return rc;
+	}
+	sa->k = fb_secagg_graph_degree(g);
+	fb_secagg_graph_free(g);
+	sa->t = tcfg != 0 ? tcfg : fb_secagg_threshold_default(sa->k);
+	if (sa->t > sa->k + 1) {
+		*why = "secure_aggregation.threshold exceeds a neighbourhood "
+		       "(neighbours + 1) in this round: lower it, raise "
+		       "secure_aggregation.neighbours, or add workers";
+		return FB_ERANGE;
+	}
+	sa->n = n;
+	sa->p.degree = sa->k;
+	sa->p.threshold = sa->t;
+	if (fb_encoding_init(&sa->enc, bits, n, cfg->sa_clip, 1.0) != FB_OK ||
+	    fb_encoding_init(&sa->enc_w, bits, n, 1.0, 1.0) != FB_OK ||
+	    fb_encoding_init(&sa->enc_loss, bits, n, SA_LOSS_BOUND, 1.0) !=
+	        FB_OK ||
+	    fb_encoding_init(&sa->enc_a, bits, n, a_bound, 1.0) != FB_OK) {
+		*why = "no overflow-free encoding for this many workers: raise "
+		       "secure_aggregation.ring_bits or lower "
+		       "secure_aggregation.clip";
+		return FB_ERANGE;
+	}
+	if ((rc = fb_secagg_server_alloc(&sa->p, &sa->srv)) != FB_OK) {
+		*why = "cannot start the secure-aggregation server";
+		return rc;
+	}
+	sa->slot_worker = calloc(n, sizeof(*sa->slot_worker));
+	sa->flags = calloc(n, 1);
+	sa->adv = calloc(n, FB_SECAGG_ADV_LEN);
+	sa->shares = calloc((size_t)n * sa->k, FB_SECAGG_SHARE_MSG_LEN);
+	sa->share_len = calloc(n, sizeof(*sa->share_len));
+	if (sa->slot_worker == NULL || sa->flags == NULL || sa->adv == NULL ||
+	    sa->shares == NULL || sa->share_len == NULL) {
+		sa_free(sa);
+		*why = "out of memory";
+		return FB_ENOMEM;
+	}
+	for (uint32_t s = 0; s < n; s++) {
+		sa->slot_worker[s] = cand[s];
+		c->workers[cand[s]].slot = s;
+	}
+	sa->phase = SA_ADVERTS;
+	sa->phase_end_ms = fb_now_ms() + cfg->sa_setup_ms;
+	return FB_OK;
+}
+
+/* Fills the RoundStart fields of secure aggregation for worker w. */
+static void
+sa_round_start(const coord *c, const worker *w, fb_msg *m)
+{
+	const sa_round *sa = &c->sa;
+	m->u.round_start.secagg = true;
+	m->u.round_start.sa_slot = w->slot;
+	m->u.round_start.sa_n = sa->n;
+	m->u.round_start.sa_degree = sa->k;
+	m->u.round_start.sa_threshold = sa->t;
+	memcpy(m->u.round_start.sa_graph_seed.b, sa->p.graph_seed, 32);
+	m->u.round_start.sa_graph_seed.len = 32;
+	m->u.round_start.sa_ring_bits = sa->enc.bits;
+	m->u.round_start.sa_clip = sa->enc.clip;
+	m->u.round_start.sa_max_samples = (uint64_t)c->cfg->sa_max_samples;
+	m->u.round_start.sa_a_bound = sa->enc_a.clip;
+}
+
+static drop_reason
+sa_drop_reason(fb_err rc)
+{
+	return rc == FB_EAUTH ? DROP_BAD_SIGNATURE
+	    : rc == FB_ESTALE ? DROP_STALE_ROUND
+	                      : DROP_MALFORMED;
+}
+
+static void
+on_secagg(coord *c, worker *w, const fb_frame *f)
+{
+	sa_round *sa = &c->sa;
+	const fb_msg *m = &f->msg;
+	uint32_t slot = w->slot;
+	fb_err rc;
+
+	if (m->u.secagg.round != c->round) {
+		drop(c, DROP_STALE_ROUND, "secure-aggregation message for round "
+		    "%u from %s (round %u is open)", m->u.secagg.round, w->name,
+		    c->round);
+		return;
+	}
+	if (sa->phase == SA_OFF || !(w->state == W_TRAINING ||
+	                               w->state == W_UPLOADING ||
+	                               w->state == W_DONE)) {
+		drop(c, DROP_UNEXPECTED, "secure-aggregation message from %s, "
+		    "which is %s", w->name, wstate_names[w->state]);
+		return;
+	}
+	switch (m->u.secagg.phase) {
+	case FB_SA_ADVERT:
+		if (sa->phase != SA_ADVERTS || (sa->flags[slot] & SA_F_ADV)) {
+			drop(c, DROP_UNEXPECTED, "key advert from %s in the %s "
+			    "phase", w->name, sa_phase_names[sa->phase]);
+			return;
+		}
+		rc = fb_secagg_server_add_advert(sa->srv, slot, &c->allow[w->id],
+		    f->payload, f->payload_len);
+		if (rc != FB_OK) {
+			drop(c, sa_drop_reason(rc), "key advert from %s: %s",
+			    w->name, fb_strerror(rc));
+			sa_cancel(c, w, "bad secure-aggregation key advert");
+			return;
+		}
+		memcpy(sa->adv + (size_t)slot * FB_SECAGG_ADV_LEN, f->payload,
+		    FB_SECAGG_ADV_LEN);
+		sa->flags[slot] |= SA_F_ADV;
+		return;
+	case FB_SA_SHARES:
+		if (sa->phase != SA_SHARES || !(sa->flags[slot] & SA_F_ADV) ||
+		    (sa->flags[slot] & SA_F_SHARED)) {
+			drop(c, DROP_UNEXPECTED, "shares from %s in the %s phase",
+			    w->name, sa_phase_names[sa->phase]);
+			return;
+		}
+		if (f->payload_len > (size_t)sa->k * FB_SECAGG_SHARE_MSG_LEN) {
+			drop(c, DROP_WRONG_SIZE, "%zu bytes of shares from %s",
+			    f->payload_len, w->name);
+			sa_cancel(c, w, "bad secure-aggregation shares");
+			return;
+		}
+		rc = fb_secagg_server_add_shares(sa->srv, slot, f->payload,
+		    f->payload_len);
+		if (rc != FB_OK) {
+			drop(c, sa_drop_reason(rc), "shares from %s: %s", w->name,
+			    fb_strerror(rc));
+			sa_cancel(c, w, "bad secure-aggregation shares");
+			return;
+		}
+		memcpy(sa->shares + (size_t)slot * sa->k * FB_SECAGG_SHARE_MSG_LEN,
+		    f->payload, f->payload_len);
+		sa->share_len[slot] = (uint32_t)f->payload_len;
+		sa->flags[slot] |= SA_F_SHARED;
+		return;
+	case FB_SA_REVEAL:
+		if (sa->phase != SA_UNMASK || !(sa->flags[slot] & SA_F_INCLUDED) ||
+		    (sa->flags[slot] & SA_F_REVEALED)) {
+			drop(c, DROP_UNEXPECTED, "reveal from %s in the %s phase",
+			    w->name, sa_phase_names[sa->phase]);
+			return;
+		}
+		rc = fb_secagg_server_add_reveal(sa->srv, slot, f->payload,
+		    f->payload_len);
+		if (rc != FB_OK) {
+			drop(c, sa_drop_reason(rc), "reveal from %s: %s", w->name,
+			    fb_strerror(rc));
+			return;
+		}
+		sa->flags[slot] |= SA_F_REVEALED;
+		return;
+	default:
+		drop(c, DROP_UNEXPECTED, "secure-aggregation step %u from %s",
+		    m->u.secagg.phase, w->name);
+		return;
+	}
+}
+
+static fb_err
+sa_send(coord *c, worker *w, fb_secagg_phase phase, uint32_t count,
+    const void *data, size_t len)
+{
+	fb_msg m = {.type = FB_MSG_SECAGG};
+	m.u.secagg.round = c->round;
+	m.u.secagg.phase = phase;
+	m.u.secagg.count = count;
+	return send_to(c, w, &m, data, len);
+}
+
+/* Key adverts are in (or late): each advertiser gets its neighbours'. */
+static void
+sa_send_peers(coord *c)
+{
+	sa_round *sa = &c->sa;
+	const fb_secagg_graph *g = fb_secagg_server_graph(sa->srv);
+	uint32_t *nb = calloc(sa->k + 1, sizeof(*nb));
+	uint8_t *buf = calloc(sa->k + 1, SA_ENTRY_LEN);
+	uint32_t u1 = 0;
+
+	for (uint32_t s = 0; s < sa->n; s++) {
+		worker *w = sa_worker(c, s);
+		uint32_t cnt = 0;
+		if (!sa_in_round(c, s)) {
+			continue;
+		}
+		if (!(sa->flags[s] & SA_F_ADV)) {
+			sa_cancel(c, w, "no secure-aggregation key advert within "
+			                "secure_aggregation.setup_timeout");
+			continue;
+		}
+		if (nb == NULL || buf == NULL ||
+		    fb_secagg_graph_neighbours(g, s, nb) != FB_OK) {
+			sa_cancel(c, w, "out of memory");
+			continue;
+		}
+		for (uint32_t i = 0; i < sa->k; i++) {
+			uint32_t j = nb[i];
+			uint8_t *e = buf + (size_t)cnt * SA_ENTRY_LEN;
+			if (!(sa->flags[j] & SA_F_ADV)) {
+				continue;
+			}
+			e[0] = (uint8_t)j;
+			e[1] = (uint8_t)(j >> 8);
+			e[2] = (uint8_t)(j >> 16);
+			e[3] = (uint8_t)(j >> 24);
+			memcpy(e + 4, c->allow[sa_worker(c, j)->id].b,
+			    FB_PUBKEY_LEN);
+			memcpy(e + 4 + FB_PUBKEY_LEN,
+			    sa->adv + (size_t)j * FB_SECAGG_ADV_LEN,
+			    FB_SECAGG_ADV_LEN);
+			cnt++;
+		}
+		if (sa_send(c, w, FB_SA_PEERS, cnt, buf,
+		        (size_t)cnt * SA_ENTRY_LEN) != FB_OK) {
+			worker_fail(c, w, "key adverts could not be sent");
+			continue;
+		}
+		u1++;
+	}
+	free(nb);
+	free(buf);
+	fb_log_debug("round %u: %u key adverts relayed", c->round, u1);
+	sa->phase = SA_SHARES;
+	sa->phase_end_ms = fb_now_ms() + c->cfg->sa_setup_ms;
+}
+
+/* Shares are in (or late): each sharer gets the shares addressed to it. */
+static void
+sa_relay_shares(coord *c)
+{
+	sa_round *sa = &c->sa;
+	uint8_t *buf = calloc(sa->k + 1, FB_SECAGG_SHARE_MSG_LEN);
+	uint32_t u2 = 0;
+
+	for (uint32_t s = 0; s < sa->n; s++) {
+		worker *w = sa_worker(c, s);
+		uint32_t cnt = 0;
+		if (!sa_in_round(c, s) || !(sa->flags[s] & SA_F_ADV)) {
+			continue;
+		}
+		if (!(sa->flags[s] & SA_F_SHARED)) {
+			sa_cancel(c, w, "no secure-aggregation shares within "
+			                "secure_aggregation.setup_timeout");
+			continue;
+		}
+		for (uint32_t j = 0; buf != NULL && j < sa->n; j++) {
+			const uint8_t *batch = sa->shares +
+			    (size_t)j * sa->k * FB_SECAGG_SHARE_MSG_LEN;
+			if (j == s || !(sa->flags[j] & SA_F_SHARED)) {
+				continue;
+			}
+			for (uint32_t off = 0; off < sa->share_len[j];
+			     off += FB_SECAGG_SHARE_MSG_LEN) {
+				uint32_t from = 0, to = 0;
+				if (fb_secagg_share_msg_peek(batch + off,
+				        FB_SECAGG_SHARE_MSG_LEN, &from, &to) ==
+				        FB_OK &&
+				    to == s && cnt <= sa->k) {
+					memcpy(buf + (size_t)cnt *
+					        FB_SECAGG_SHARE_MSG_LEN,
+					    batch + off, FB_SECAGG_SHARE_MSG_LEN);
+					cnt++;
+				}
+			}
+		}
+		if (buf == NULL ||
+		    sa_send(c, w, FB_SA_RELAY, cnt, buf,
+		        (size_t)cnt * FB_SECAGG_SHARE_MSG_LEN) != FB_OK) {
+			worker_fail(c, w, "shares could not be relayed");
+			continue;
+		}
+		u2++;
+	}
+	free(buf);
+	fb_log_debug("round %u: shares relayed to %u workers", c->round, u2);
+	sa->phase = SA_INPUT;
+}
+
+/* Moves the setup phases on once every worker answered or time is up. */
+static void
+sa_advance(coord *c)
+{
+	sa_round *sa = &c->sa;
+	unsigned need = sa->phase == SA_ADVERTS ? 0 : SA_F_ADV;
+	unsigned have = sa->phase == SA_ADVERTS ? SA_F_ADV : SA_F_SHARED;
+	bool waiting = false;
+
+	if (sa->phase != SA_ADVERTS && sa->phase != SA_SHARES) {
+		return;
+	}
+	for (uint32_t s = 0; s < sa->n && !waiting; s++) {
+		waiting = sa_in_round(c, s) && (sa->flags[s] & need) == need &&
+		    !(sa->flags[s] & have);
+	}
+	if (waiting && fb_now_ms() < sa->phase_end_ms) {
+		return;
+	}
+	if (sa->phase == SA_ADVERTS) {
+		sa_send_peers(c);
+	} else {
+		sa_relay_shares(c);
+	}
+}
+
+/*
+ * sa_unmask runs the unmasking phase once the inputs are in: asks every
+ * included worker for its shares, waits for them (bounded), reconstructs,
+ * and removes the masks from the accumulator's ring. On FB_OK the
+ * accumulator holds the weighted sum of the included updates; *W, *loss
+ * and *a are the decoded sums of weights, weighted train losses and
+ * weighted FedNova normalisers. Otherwise c->sa_why says why the round
+ * cannot be committed.
+ */
+static fb_err
+sa_unmask(coord *c, char *why, size_t why_len, double *W, double *loss,
+    double *a)
+{
+	sa_round *sa = &c->sa;
+	uint8_t *inc = NULL;
+	uint32_t included = 0, revealed = 0;
+	fb_err rc;
+
+	if (sa->poisoned != NULL) {
+		snprintf(why, why_len, "%s", sa->poisoned);
+		return FB_ERANGE;
+	}
+	for (uint32_t s = 0; s < sa->n; s++) {
+		included += (sa->flags[s] & SA_F_INCLUDED) != 0;
+	}
+	if (included < sa->t) {
+		snprintf(why, why_len, "only %u masked inputs complete, below "
+		    "the secure-aggregation threshold of %u", included, sa->t);
+		return FB_ERANGE;
+	}
+	if ((inc = calloc(sa->n, 1)) == NULL) {
+		snprintf(why, why_len, "out of memory");
+		return FB_ENOMEM;
+	}
+	fb_secagg_server_included(sa->srv, inc);
+	sa->phase = SA_UNMASK;
+	sa->phase_end_ms = fb_now_ms() + c->cfg->sa_unmask_ms;
+	for (uint32_t s = 0; s < sa->n; s++) {
+		if ((sa->flags[s] & SA_F_INCLUDED) && sa_worker(c, s)->used) {
+			(void)sa_send(c, sa_worker(c, s), FB_SA_UNMASK, sa->n, inc,
+			    sa->n);
+		}
+	}
+	free(inc);
+	for (;;) {
+		bool waiting = false;
+		for (uint32_t s = 0; s < sa->n && !waiting; s++) {
+			waiting = (sa->flags[s] & SA_F_INCLUDED) &&
+			    !(sa->flags[s] & SA_F_REVEALED) &&
+			    sa_worker(c, s)->used;
+		}
+		if (!waiting || fb_now_ms() >= sa->phase_end_ms || *c->stop) {
+			break;
+		}
+		if ((rc = pump(c, 50)) != FB_OK) {
+			snprintf(why, why_len, "%s", fb_strerror(rc));
+			return rc;
+		}
+	}
+	for (uint32_t s = 0; s < sa->n; s++) {
+		revealed += (sa->flags[s] & SA_F_REVEALED) != 0;
+	}
+	rc = fb_secagg_server_finish(sa->srv);
+	if (rc == FB_ERANGE) {
+		snprintf(why, why_len, "too few shares to unmask: %u of %u "
+		    "included workers answered, %u needed", revealed, included,
+		    sa->t);
+		return rc;
+	}
+	if (rc != FB_OK) {
+		snprintf(why, why_len, "unmasking failed: %s%s", fb_strerror(rc),
+		    rc == FB_EAUTH ? " (a reconstructed secret does not match "
+		                     "its commitment: corrupt shares)"
+		                   : "");
+		return rc;
+	}
+	for (uint32_t k = 0; k < c->chunk_count && rc == FB_OK; k++) {
+		uint64_t first = (uint64_t)k * c->chunk_elems;
+		rc = fb_secagg_server_unmask_chunk(sa->srv,
+		    fb_accum_ring(c->accum) + first, first,
+		    fb_accum_chunk_len(c->accum, k));
+	}
+	if (rc == FB_OK) {
+		rc = fb_secagg_server_unmask_chunk(sa->srv, sa->extra,
+		    c->param_count, SA_EXTRA);
+	}
+	if (rc != FB_OK) {
+		snprintf(why, why_len, "unmasking failed: %s", fb_strerror(rc));
+		return rc;
+	}
+	*W = fb_decode_value(&sa->enc_w, sa->extra[0]);
+	if (!(*W > 0)) {
+		snprintf(why, why_len, "the included workers' weights sum to "
+		    "zero");
+		return FB_ERANGE;
+	}
+	*loss = fb_decode_value(&sa->enc_loss, sa->extra[1]) / *W;
+	*a = fb_decode_value(&sa->enc_a, sa->extra[2]) / *W;
+	if ((rc = fb_accum_set_secure_sum(c->accum, &sa->enc, *W)) != FB_OK) {
+		snprintf(why, why_len, "cannot decode the sum: %s",
+		    fb_strerror(rc));
+		return rc;
+	}
+	fb_log_debug("round %u: unmasked the sum of %u inputs with %u "
+	             "workers' shares (%" PRIu64 " mask expansions)",
+	    c->round, included, revealed,
+	    fb_secagg_server_correction_terms(sa->srv));
+	return FB_OK;
 }
 
 /* Dispatches an authenticated (or, in plain mode, admitted) message. */
@@ -779,6 +1375,9 @@ dispatch(coord *c, worker *w, const fb_frame *f)
 		break;
 	case FB_MSG_UPDATE_END:
 		on_update_end(c, w, &f->msg);
+		break;
+	case FB_MSG_SECAGG:
+		on_secagg(c, w, f);
 		break;
 	default:
 		drop(c, DROP_UNEXPECTED, "%s from worker %s",
@@ -1079,6 +1678,33 @@ encrypt_broadcast(coord *c)
 	return rc;
 }
 
+/*
+ * sa_a_bound returns the public bound on a worker's FedNova ||a_i||_1 this
+ * round: that of the most local steps the round policy can give.
+ */
+static double
+sa_a_bound(const coord *c)
+{
+	const fb_coord_config *cfg = c->cfg;
+	double steps, a = 1.0;
+
+	if (!fb_rule_is_fednova((fb_rule)cfg->rule)) {
+		return 1.0;
+	}
+	steps = cfg->local_steps > 0
+	    ? (double)cfg->local_steps
+	    : ceil(cfg->local_epochs * (double)cfg->sa_max_samples /
+	          (double)cfg->batch_size);
+	if (cfg->local_work == 1 && (double)cfg->max_steps > steps) {
+		steps = (double)cfg->max_steps;
+	}
+	if (fb_fednova_a_norm((uint64_t)(steps < 1 ? 1 : steps), cfg->momentum,
+	        cfg->lr, cfg->prox_mu, &a) != FB_OK) {
+		return 1.0;
+	}
+	return a * (1 + 1e-6);
+}
+
 /* Picks this round's workers and tells each its work. */
 static uint32_t
 start_round(coord *c)
@@ -1117,13 +1743,32 @@ start_round(coord *c)
 		fb_log_error("round %u: cannot encrypt the model", c->round);
 		nsel = 0;
 	}
+	sa_free(&c->sa);
+	c->in_chunks = c->chunk_count;
+	memset(c->sa_why, 0, sizeof(c->sa_why));
+	if (cfg->sa_enabled && nsel > 0) {
+		const char *why = NULL;
+		if (sa_begin(c, cand, nsel, sa_a_bound(c), &why) != FB_OK) {
+			snprintf(c->sa_why, sizeof(c->sa_why), "%s", why);
+			fb_log_error("round %u: cannot aggregate securely: %s",
+			    c->round, why);
+			sa_free(&c->sa);
+			nsel = 0;
+		} else {
+			c->in_chunks = c->chunk_count + 1;
+		}
+	}
 	c->round_started_ms = fb_now_ms();
 	c->deadline_ms = c->round_started_ms + cfg->deadline_ms;
 	for (uint32_t s = 0; s < nsel; s++) {
 		worker *w = &c->workers[cand[s]];
 		fb_msg m = {.type = FB_MSG_ROUND_START};
 		uint64_t steps = (uint64_t)cfg->local_steps;
-		if (steps == 0) {
+		if (steps == 0 && c->sa.phase != SA_OFF) {
+			/* The sample count is the worker's secret: it turns
+			 * local_epochs into steps itself. */
+			m.u.round_start.local_epochs = (float)cfg->local_epochs;
+		} else if (steps == 0) {
 			steps = (uint64_t)ceil(cfg->local_epochs *
 			    (double)w->num_samples / (double)cfg->batch_size);
 			steps = steps == 0 ? 1 : steps;
@@ -1143,7 +1788,8 @@ start_round(coord *c)
 		w->round_speed = 0;
 		w->a_norm = 0;
 		w->done_ms = 0;
-		w->weight = (double)w->num_samples / (double)total;
+		w->weight = total > 0 ? (double)w->num_samples / (double)total
+		                      : 0.0;
 		w->assigned_steps = steps;
 		w->next_chunk = 0;
 		w->steps = 0;
@@ -1164,6 +1810,9 @@ start_round(coord *c)
 		m.u.round_start.fednova = fb_rule_is_fednova((fb_rule)cfg->rule);
 		m.u.round_start.synthetic =
 		    strcmp(cfg->model_arch, "synthetic") == 0;
+		if (c->sa.phase != SA_OFF) {
+			sa_round_start(c, w, &m);
+		}
 		if (c->secure) {
 			memcpy(m.u.round_start.round_key.b, c->round_key,
 			    FB_STREAM_KEY_LEN);
@@ -1208,12 +1857,12 @@ round_finished(const coord *c)
 }
 
 static void
-cancel_stragglers(coord *c, bool deadline)
+cancel_stragglers(coord *c, bool deadline, bool keep_uploads)
 {
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		worker *w = &c->workers[i];
 		if (w->used && (w->state == W_TRAINING ||
-		                   w->state == W_UPLOADING)) {
+		                   (w->state == W_UPLOADING && !keep_uploads))) {
 			fb_msg m = {.type = FB_MSG_ROUND_CANCEL};
 			m.u.round_cancel.round = c->round;
 			snprintf(m.u.round_cancel.reason,
@@ -1255,6 +1904,7 @@ typedef struct round_result {
 	double test_loss;
 	double train_loss;
 	double seconds;
+	double sa_a;          /* SecAgg: sum p_i a_i / sum p_i (FedNova) */
 } round_result;
 
 static fb_err
@@ -1278,10 +1928,31 @@ write_metrics(coord *c, const round_result *r)
 	}
 	fprintf(f, "\"rule\": \"%s\", \"tau_eff\": %.6g, ",
 	    fb_rule_names[c->cfg->rule], c->tau_eff);
-	fprintf(f, "\"train_loss\": %.6f, \"seconds\": %.3f, \"bytes_up\": %"
+	if (isnan(r->train_loss)) {
+		fprintf(f, "\"train_loss\": null, ");
+	} else {
+		fprintf(f, "\"train_loss\": %.6f, ", r->train_loss);
+	}
+	if (strcmp(r->status, "ok") != 0 && c->sa_why[0] != '\0') {
+		fprintf(f, "\"reason\": ");
+		json_str(f, c->sa_why);
+		fprintf(f, ", ");
+	}
+	if (c->sa.phase != SA_OFF) {
+		uint32_t inc = 0, rev = 0;
+		for (uint32_t s = 0; s < c->sa.n; s++) {
+			inc += (c->sa.flags[s] & SA_F_INCLUDED) != 0;
+			rev += (c->sa.flags[s] & SA_F_REVEALED) != 0;
+		}
+		fprintf(f, "\"secure_aggregation\": {\"workers\": %u, "
+		           "\"neighbours\": %u, \"threshold\": %u, "
+		           "\"included\": %u, \"revealed\": %u}, ",
+		    c->sa.n, c->sa.k, c->sa.t, inc, rev);
+	}
+	fprintf(f, "\"seconds\": %.3f, \"bytes_up\": %"
 	           PRIu64 ", \"bytes_down\": %" PRIu64 ", \"clipped\": %" PRIu64
 	           ", \"rejected\": {",
-	    r->train_loss, r->seconds, c->up_bytes, c->down_bytes, c->clipped);
+	    r->seconds, c->up_bytes, c->down_bytes, c->clipped);
 	for (int i = 0; i < DROP_REASON_COUNT_; i++) {
 		fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", drop_names[i],
 		    c->drops[i] - c->drops_reported[i]);
@@ -1294,15 +1965,23 @@ write_metrics(coord *c, const round_result *r)
 		}
 		fprintf(f, "%s{\"name\": ", first ? "" : ", ");
 		json_str(f, w->name);
-		fprintf(f, ", \"status\": \"%s\", \"assigned_steps\": %" PRIu64
-		           ", \"steps\": %" PRIu64 ", \"train_seconds\": %.3f",
-		    wstate_names[w->state], w->assigned_steps, w->steps,
-		    w->train_seconds);
+		fprintf(f, ", \"status\": \"%s\"", wstate_names[w->state]);
+		if (c->sa.phase == SA_OFF) {
+			fprintf(f, ", \"assigned_steps\": %" PRIu64 ", \"steps\": %"
+			           PRIu64 ", \"train_seconds\": %.3f",
+			    w->assigned_steps, w->steps, w->train_seconds);
+		} else if (w->assigned_steps > 0) {
+			/* Secure aggregation: what a worker did stays its own;
+			 * its speed is known (it schedules time budgets). */
+			fprintf(f, ", \"assigned_steps\": %" PRIu64,
+			    w->assigned_steps);
+		}
 		fprintf(f, ", \"steps_per_s\": %.3f, \"made_deadline\": %s",
 		    w->round_speed,
 		    w->state == W_DONE && w->done_ms <= c->deadline_ms ? "true"
 		                                                      : "false");
-		if (fb_rule_is_fednova((fb_rule)c->cfg->rule)) {
+		if (fb_rule_is_fednova((fb_rule)c->cfg->rule) &&
+		    c->sa.phase == SA_OFF) {
 			fprintf(f, ", \"a_norm\": %.6g", w->a_norm);
 		}
 		fprintf(f, ", \"backend\": ");
@@ -1349,6 +2028,17 @@ save_model(coord *c, double acc)
 	    meta, FB_ARRAY_LEN(meta));
 }
 
+static bool
+uploads_in_flight(const coord *c)
+{
+	for (uint32_t i = 0; i < c->worker_cap; i++) {
+		if (c->workers[i].used && c->workers[i].state == W_UPLOADING) {
+			return true;
+		}
+	}
+	return false;
+}
+
 static fb_err
 run_round(coord *c, uint32_t rounds_total)
 {
@@ -1366,7 +2056,7 @@ run_round(coord *c, uint32_t rounds_total)
 	while (!round_finished(c)) {
 		int64_t left = c->deadline_ms - fb_now_ms();
 		if (*c->stop) {
-			cancel_stragglers(c, true);
+			cancel_stragglers(c, true, false);
 			return FB_ECLOSED;
 		}
 		if (left <= 0 && c->cfg->stragglers == 1) {
@@ -1379,20 +2069,36 @@ run_round(coord *c, uint32_t rounds_total)
 				c->waiting_logged = true;
 			}
 			left = 100;
+		} else if (left <= 0 && c->sa.phase == SA_INPUT &&
+		    uploads_in_flight(c) &&
+		    -left < c->cfg->sa_unmask_ms) {
+			/* A masked input must arrive whole or not at all:
+			 * uploads under way at the deadline may finish. */
+			if (!c->waiting_logged) {
+				fb_log_warn("round %u: deadline (%.1fs) passed; "
+				            "letting the masked uploads under way "
+				            "finish",
+				    c->round,
+				    (double)c->cfg->deadline_ms / 1000.0);
+				cancel_stragglers(c, true, true);
+				c->waiting_logged = true;
+			}
+			left = 100;
 		} else if (left <= 0) {
 			fb_log_warn("round %u: deadline (%.1fs) reached",
 			    c->round, (double)c->cfg->deadline_ms / 1000.0);
-			cancel_stragglers(c, true);
+			cancel_stragglers(c, true, false);
 			cancelled = true;
 			break;
 		}
 		if ((rc = pump(c, left < 100 ? (int)left : 100)) != FB_OK) {
 			return rc;
 		}
+		sa_advance(c);
 	}
 	(void)cancelled;
 	/* Over-selection: the round has its updates; stop the others. */
-	cancel_stragglers(c, false);
+	cancel_stragglers(c, false, false);
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		const worker *w = &c->workers[i];
 		if (w->used && w->state == W_DONE) {
@@ -1409,9 +2115,34 @@ run_round(coord *c, uint32_t rounds_total)
 		}
 	}
 	r.train_loss = wsum > 0 ? wloss / wsum : NAN;
-	if (r.participants >= (uint32_t)c->cfg->min_updates) {
+	if (c->sa.phase != SA_OFF &&
+	    r.participants >= (uint32_t)c->cfg->min_updates) {
+		double W = 0, loss = 0, a = 0;
+		if (sa_unmask(c, c->sa_why, sizeof(c->sa_why), &W, &loss, &a) !=
+		    FB_OK) {
+			r.status = "aborted";
+			fb_log_error("round %u aborted: %s; the model is unchanged",
+			    c->round, c->sa_why);
+		} else {
+			r.train_loss = loss;
+			r.sa_a = a;
+			/* Included inputs, also of workers lost since. */
+			r.participants = 0;
+			for (uint32_t s = 0; s < c->sa.n; s++) {
+				r.participants +=
+				    (c->sa.flags[s] & SA_F_INCLUDED) != 0;
+			}
+		}
+	}
+	if (strcmp(r.status, "ok") != 0) {
+		/* aborted above */
+	} else if (r.participants >= (uint32_t)c->cfg->min_updates) {
 		double scale = 1.0;
-		if (fb_rule_is_fednova((fb_rule)c->cfg->rule)) {
+		if (c->sa.phase != SA_OFF &&
+		    fb_rule_is_fednova((fb_rule)c->cfg->rule)) {
+			/* tau_eff = sum p_i a_i / sum p_i from the masked sums */
+			scale = r.sa_a;
+		} else if (fb_rule_is_fednova((fb_rule)c->cfg->rule)) {
 			/* tau_eff = sum p_i ||a_i||_1 / sum p_i over the updates
 			 * included (their weights p_i are the sample shares). */
 			double pa = 0, p = 0;
@@ -1448,9 +2179,13 @@ run_round(coord *c, uint32_t rounds_total)
 		}
 	} else {
 		r.status = "failed";
-		fb_log_error("round %u failed: %u complete updates, %lld needed "
-		             "(round.min_updates); the model is unchanged",
-		    c->round, r.participants, (long long)c->cfg->min_updates);
+		if (c->sa_why[0] == '\0') {
+			snprintf(c->sa_why, sizeof(c->sa_why), "%u complete "
+			    "updates, %lld needed (round.min_updates)",
+			    r.participants, (long long)c->cfg->min_updates);
+		}
+		fb_log_error("round %u failed: %s; the model is unchanged",
+		    c->round, c->sa_why);
 	}
 	c->up_bytes = fb_link_bytes_received(c->link) - recv0;
 	c->down_bytes = fb_link_bytes_sent(c->link) - sent0;
@@ -1471,9 +2206,14 @@ run_round(coord *c, uint32_t rounds_total)
 	if (backend != NULL && backend[0] != '\0') {
 		printf("  [%s%s]", backend, mixed ? " and others" : "");
 	}
-	printf("%s\n", strcmp(r.status, "ok") == 0
-	        ? ""
-	        : "  FAILED (model unchanged)");
+	sa_free(&c->sa);
+	if (strcmp(r.status, "ok") == 0) {
+		printf("\n");
+	} else {
+		printf("  %s (model unchanged): %s\n",
+		    strcmp(r.status, "aborted") == 0 ? "ABORTED" : "FAILED",
+		    c->sa_why);
+	}
 	fflush(stdout);
 	return FB_OK;
 }
@@ -1711,6 +2451,31 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 		}
 		c->worker_cap = c->allow_count;
 		lo.max_payload += FB_STREAM_CHUNK_OVERHEAD;
+		if (cfg->sa_enabled) {
+			/* Share and advert batches travel as payloads too. */
+			uint64_t sa_max = (uint64_t)c->allow_count *
+			        (FB_SECAGG_SHARE_MSG_LEN +
+			            FB_SECAGG_REVEAL_ENTRY_LEN) +
+			    FB_SECAGG_REVEAL_HEADER_LEN + FB_MSG_OVERHEAD;
+			fb_encoding e;
+			if (sa_max > lo.max_payload) {
+				lo.max_payload = (uint32_t)sa_max;
+			}
+			if (fb_encoding_init(&e, (uint32_t)cfg->sa_ring_bits,
+			        c->allow_count, cfg->sa_clip, 1.0) != FB_OK) {
+				fb_log_error("secure_aggregation: with ring_bits "
+				             "%lld and clip %g, a sum of %u workers "
+				             "could overflow: raise ring_bits or "
+				             "lower clip",
+				    (long long)cfg->sa_ring_bits, cfg->sa_clip,
+				    c->allow_count);
+				return FB_ECONFIG;
+			}
+			fb_log_info("secure aggregation on: ring Z_2^%lld, clip "
+			            "%g, one unit %.3g with all %u workers",
+			    (long long)cfg->sa_ring_bits, cfg->sa_clip,
+			    1.0 / e.scale, c->allow_count);
+		}
 	} else {
 		c->worker_cap = (uint32_t)cfg->max_workers;
 		fb_log_warn("security.enabled is false: messages and updates "
@@ -1737,6 +2502,7 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 static void
 coord_fini(coord *c)
 {
+	sa_free(&c->sa);
 	fb_link_close(c->link);
 	fb_accum_free(c->accum);
 	fb_server_opt_free(c->opt);

@@ -67,6 +67,15 @@ typedef struct fb_coord_config {
 	char *key;                 /* identity secret key file */
 	char *allowlist;           /* file of workers' public key lines */
 	fb_cfg_str_list workers;   /* the same, inline */
+	/* secure aggregation (SecAgg+) */
+	bool sa_enabled;
+	int64_t sa_threshold;      /* 0 = auto */
+	int64_t sa_neighbours;     /* 0 = auto */
+	double sa_clip;
+	int64_t sa_ring_bits;
+	int64_t sa_max_samples;    /* public bound: weight = n / this */
+	int64_t sa_setup_ms;       /* each of the key and share phases */
+	int64_t sa_unmask_ms;
 } fb_coord_config;
 
 /* fb_coord_config_schema describes every key (see configs/README.md). */

@@ -16,6 +16,7 @@ static const char *const log_levels[] = {"debug", "info", "warn", "error",
 static const char *const datasets[] = {"fashion-mnist", "none", NULL};
 static const char *const devices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const maths[] = {"fp32", "tf32", "bf16", NULL};
+static const char *const sa_modes[] = {"required", "optional", NULL};
 
 const fb_cfg_field fb_worker_config_schema[] = {
     {"coordinator", FB_CFG_STRING, F(coordinator), NULL, NOB, MB,
@@ -66,6 +67,13 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "this worker's secret key file (fedbox-keygen), mode 0600"},
     {"security.coordinator_key", FB_CFG_STRING, F(coordinator_key), "",
         NOB, MB, "the coordinator's public key: its .pub file or the line"},
+    {"security.secure_aggregation", FB_CFG_ENUM, F(secure_aggregation),
+        "required", NOB, sa_modes, "required: this worker's update, sample "
+        "count and loss leave it only masked (secure aggregation), and it "
+        "skips rounds without; optional: also plain rounds"},
+    {"debug.dump_updates", FB_CFG_STRING, F(dump_updates), "", NOB, MB,
+        "TESTS ONLY: folder where each round's update (plain, encoded and "
+        "masked) is written; empty = off"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 
@@ -85,6 +93,11 @@ fb_worker_config_load(const char *path, fb_worker_config *cfg)
 		rc = FB_ECONFIG;
 	} else if (cfg->name[0] == '\0' || strlen(cfg->name) >= 64) {
 		fb_log_error("%s: name must be 1 to 63 bytes", path);
+		rc = FB_ECONFIG;
+	} else if (!cfg->security && cfg->secure_aggregation == 0) {
+		fb_log_error("%s: security.secure_aggregation: required needs "
+		             "security.enabled; set it to optional to run "
+		             "without security", path);
 		rc = FB_ECONFIG;
 	} else if (cfg->gpus.count > 16) {
 		fb_log_error("%s: train.gpus: at most 16 devices", path);

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,7 +96,23 @@ typedef struct wk {
 	fb_stream_pull *mpull; /* this round's model stream */
 	fb_blob model_trailer;
 	uint8_t *sendbuf;      /* one encrypted update chunk */
+	/* secure aggregation of the current round */
+	fb_secagg_worker *sa;  /* NULL: none this round */
+	uint32_t sa_n;
+	bool sa_masking;       /* shares in, masks fixed: the update may go */
+	bool sa_pending;       /* trained; waiting for the shares */
+	double sa_weight;      /* samples / max_samples */
+	fb_encoding enc, enc_w, enc_loss, enc_a;
+	uint32_t *encbuf;      /* one encoded (then masked) chunk */
 } wk;
+
+/* This worker's sample count: its data's, or the benchmark setting. */
+static uint64_t
+samples(const wk *w)
+{
+	return w->cfg->dataset == 0 ? w->shard.count
+	                            : (uint64_t)w->cfg->none_samples;
+}
 
 static fb_err
 wk_send(wk *w, const fb_msg *m, const void *payload, size_t len)
@@ -119,9 +136,9 @@ send_hello(wk *w)
 	m.u.hello.protocol_version = FB_PROTOCOL_VERSION;
 	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "%s", w->cfg->name);
 	m.u.hello.worker_index = (uint32_t)w->cfg->index;
-	m.u.hello.num_samples = w->cfg->dataset == 0
-	    ? w->shard.count
-	    : (uint64_t)w->cfg->none_samples;
+	/* Required secure aggregation keeps the sample count private: only
+	 * the masked sum of all workers' weights reaches the coordinator. */
+	m.u.hello.num_samples = w->cfg->secure_aggregation == 0 ? 0 : samples(w);
 	snprintf(m.u.hello.backend, sizeof(m.u.hello.backend), "%s",
 	    w->backend[0] ? w->backend : "not yet chosen");
 	snprintf(m.u.hello.software, sizeof(m.u.hello.software),
@@ -380,6 +397,104 @@ request_chunks(wk *w)
 	return FB_OK;
 }
 
+/* ---- secure aggregation ------------------------------------------------- */
+
+/* Ends this round's secure aggregation (wipes its secrets). */
+static void
+sa_end(wk *w)
+{
+	fb_secagg_worker_free(w->sa);
+	w->sa = NULL;
+	w->sa_masking = false;
+	w->sa_pending = false;
+}
+
+static fb_err
+sa_send(wk *w, fb_secagg_phase phase, uint32_t count, const void *data,
+    size_t len)
+{
+	fb_msg m = {.type = FB_MSG_SECAGG};
+	m.u.secagg.round = w->round;
+	m.u.secagg.phase = phase;
+	m.u.secagg.count = count;
+	return wk_send(w, &m, data, len);
+}
+
+/*
+ * sa_start joins the round's secure aggregation: checks the public round
+ * parameters, derives the same encodings as the coordinator, makes this
+ * round's keys and sends the signed advert.
+ */
+static fb_err
+sa_start(wk *w, const fb_msg *m)
+{
+	fb_secagg_params p;
+	uint8_t adv[FB_SECAGG_ADV_LEN];
+	uint32_t n = m->u.round_start.sa_n;
+	uint32_t bits = m->u.round_start.sa_ring_bits;
+	uint64_t maxs = m->u.round_start.sa_max_samples;
+	fb_err rc;
+
+	if (!w->secure) {
+		fb_log_error("round %u: secure aggregation needs security "
+		             "(security.enabled); skipping the round", w->round);
+		return FB_ENOTSUP;
+	}
+	if (m->u.round_start.sa_graph_seed.len != 32 || n < 2 ||
+	    m->u.round_start.sa_slot >= n || maxs == 0 ||
+	    fb_encoding_init(&w->enc, bits, n, m->u.round_start.sa_clip, 1.0) !=
+	        FB_OK ||
+	    fb_encoding_init(&w->enc_w, bits, n, 1.0, 1.0) != FB_OK ||
+	    fb_encoding_init(&w->enc_loss, bits, n, FB_SECAGG_LOSS_BOUND, 1.0) !=
+	        FB_OK ||
+	    fb_encoding_init(&w->enc_a, bits, n, m->u.round_start.sa_a_bound,
+	        1.0) != FB_OK) {
+		fb_log_warn("round %u: unusable secure-aggregation parameters; "
+		            "skipping the round", w->round);
+		return FB_EPROTO;
+	}
+	if (samples(w) > maxs) {
+		fb_log_error("round %u: this worker has %" PRIu64 " samples, more "
+		             "than the coordinator's secure_aggregation."
+		             "max_samples (%" PRIu64 "); skipping the round",
+		    w->round, samples(w), maxs);
+		return FB_ERANGE;
+	}
+	memset(&p, 0, sizeof(p));
+	fb_session_run_id(w->sess, &p.run);
+	p.round = w->round;
+	p.n = n;
+	p.degree = m->u.round_start.sa_degree;
+	p.threshold = m->u.round_start.sa_threshold;
+	memcpy(p.graph_seed, m->u.round_start.sa_graph_seed.b, 32);
+	if ((rc = fb_secagg_worker_alloc(&p, m->u.round_start.sa_slot,
+	         &w->sa)) != FB_OK ||
+	    (rc = fb_secagg_worker_advertise(w->sa, w->self, adv)) != FB_OK) {
+		fb_log_warn("round %u: cannot start secure aggregation: %s",
+		    w->round, fb_strerror(rc));
+		return rc;
+	}
+	if (w->encbuf == NULL &&
+	    (w->encbuf = fb_alloc(w->chunk_bytes > 4 * FB_SECAGG_EXTRA
+	                              ? w->chunk_bytes
+	                              : 4 * FB_SECAGG_EXTRA)) == NULL) {
+		return FB_ENOMEM;
+	}
+	w->sa_n = n;
+	w->sa_weight = (double)samples(w) / (double)maxs;
+	return sa_send(w, FB_SA_ADVERT, 1, adv, sizeof(adv));
+}
+
+/* Leaves the round: secure aggregation cannot go on for us. */
+static void
+sa_abandon(wk *w, const char *why)
+{
+	fb_log_warn("round %u: %s; leaving the round", w->round, why);
+	stop_training(w);
+	w->st = S_IDLE;
+	sa_end(w);
+}
+
 static void
 on_round_start(wk *w, const fb_msg *m)
 {
@@ -394,11 +509,15 @@ on_round_start(wk *w, const fb_msg *m)
 	w->st = S_IDLE;
 	expect_chunks = (w->param_count * 4 + w->chunk_bytes - 1) /
 	    w->chunk_bytes;
+	sa_end(w);
 	if (m->u.round_start.param_count != w->param_count ||
 	    m->u.round_start.chunk_bytes != w->chunk_bytes ||
 	    m->u.round_start.chunk_count != expect_chunks ||
 	    m->u.round_start.batch_size == 0 ||
-	    m->u.round_start.local_steps == 0) {
+	    (m->u.round_start.local_steps == 0 &&
+	        !(m->u.round_start.secagg &&
+	            m->u.round_start.local_epochs > 0 &&
+	            isfinite(m->u.round_start.local_epochs)))) {
 		fb_log_warn("round %u: malformed round start ignored",
 		    m->u.round_start.round);
 		return;
@@ -412,8 +531,22 @@ on_round_start(wk *w, const fb_msg *m)
 		                         : "training data");
 		return;
 	}
+	if (!m->u.round_start.secagg && w->cfg->secure_aggregation == 0) {
+		fb_log_error("round %u: the coordinator runs it without secure "
+		             "aggregation, which this worker requires "
+		             "(security.secure_aggregation); skipping the round",
+		    m->u.round_start.round);
+		return;
+	}
 	w->round = m->u.round_start.round;
 	w->steps = m->u.round_start.local_steps;
+	if (w->steps == 0) {
+		/* Secure aggregation: our sample count stays here, so we turn
+		 * the coordinator's local_epochs into steps ourselves. */
+		double st = ceil((double)m->u.round_start.local_epochs *
+		    (double)samples(w) / (double)m->u.round_start.batch_size);
+		w->steps = st < 1 ? 1 : (uint64_t)st;
+	}
 	w->batch = m->u.round_start.batch_size;
 	w->lr = m->u.round_start.lr;
 	w->momentum = m->u.round_start.momentum;
@@ -445,12 +578,83 @@ on_round_start(wk *w, const fb_msg *m)
 		}
 		w->model_trailer = m->u.round_start.stream_trailer;
 	}
+	if (m->u.round_start.secagg && sa_start(w, m) != FB_OK) {
+		sa_end(w);
+		return;
+	}
 	w->st = S_FETCHING;
 	fb_log_debug("round %u: fetching the model (%u chunks)", w->round,
 	    w->chunk_count);
 	if (request_chunks(w) != FB_OK) {
 		w->st = S_IDLE;
 	}
+}
+
+/* Test hook (debug.dump_updates): one file of this round's update. */
+static FILE *
+dump_open(const wk *w, const char *what)
+{
+	char path[4096];
+	FILE *f;
+	if (w->cfg->dump_updates == NULL || w->cfg->dump_updates[0] == '\0') {
+		return NULL;
+	}
+	snprintf(path, sizeof(path), "%s/round-%u.%s", w->cfg->dump_updates,
+	    w->round, what);
+	if ((f = fopen(path, "wb")) == NULL) {
+		fb_log_warn("debug.dump_updates: cannot write %s", path);
+	}
+	return f;
+}
+
+static void
+dump_close(FILE *f)
+{
+	if (f != NULL && fclose(f) != 0) {
+		fb_log_warn("debug.dump_updates: write failed");
+	}
+}
+
+/*
+ * sa_encode_chunk turns elements off..off+count of the update (or, at
+ * off = P, the extra coordinates) into this worker's masked input, in
+ * w->encbuf. The stochastic rounding is seeded from the round, not secret.
+ */
+static fb_err
+sa_encode_chunk(wk *w, const float *x, uint64_t off, uint64_t count,
+    double loss, uint64_t *clipped, FILE *enc_dump, FILE *mask_dump)
+{
+	uint64_t seed = w->seed ^ ((uint64_t)w->round * 0x9e3779b97f4a7c15ULL) ^
+	    (((uint64_t)w->cfg->index + 1) * 0xc2b2ae3d27d4eb4fULL);
+	fb_err rc;
+
+	if (off < w->param_count) {
+		rc = fb_encode_chunk(&w->enc, x + off, count, w->sa_weight, off,
+		    seed, w->encbuf, clipped);
+	} else {
+		rc = fb_encode_scalar(&w->enc_w, 1.0, w->sa_weight, off, seed,
+		    &w->encbuf[0]);
+		if (rc == FB_OK) {
+			rc = fb_encode_scalar(&w->enc_loss,
+			    isfinite(loss) ? loss : FB_SECAGG_LOSS_BOUND,
+			    w->sa_weight, off + 1, seed, &w->encbuf[1]);
+		}
+		if (rc == FB_OK) {
+			rc = fb_encode_scalar(&w->enc_a, w->a_norm, w->sa_weight,
+			    off + 2, seed, &w->encbuf[2]);
+		}
+	}
+	if (rc != FB_OK) {
+		return rc;
+	}
+	if (enc_dump != NULL) {
+		fwrite(w->encbuf, 4, count, enc_dump);
+	}
+	rc = fb_secagg_worker_mask_chunk(w->sa, w->encbuf, off, count);
+	if (rc == FB_OK && mask_dump != NULL) {
+		fwrite(w->encbuf, 4, count, mask_dump);
+	}
+	return rc;
 }
 
 static fb_err
@@ -462,17 +666,41 @@ send_update(wk *w, const float *update, double seconds, double loss,
 	uint64_t total = w->param_count * 4;
 	const uint8_t *p = (const uint8_t *)update;
 	fb_stream_push *push = NULL;
+	bool sa = w->sa != NULL;
+	uint32_t chunks = w->chunk_count + (sa ? 1 : 0);
+	uint64_t clipped = 0;
+	FILE *fu = NULL, *fe = NULL, *fm = NULL, *fj = NULL;
 
 	m.u.update_begin.round = w->round;
-	m.u.update_begin.num_samples = w->cfg->dataset == 0
-	    ? w->shard.count
-	    : (uint64_t)w->cfg->none_samples;
 	m.u.update_begin.param_count = w->param_count;
-	m.u.update_begin.chunk_count = w->chunk_count;
-	m.u.update_begin.steps = steps;
-	m.u.update_begin.train_loss = loss;
-	m.u.update_begin.train_seconds = seconds;
-	m.u.update_begin.a_norm = w->a_norm;
+	m.u.update_begin.chunk_count = chunks;
+	m.u.update_begin.steps_per_second = seconds > 0
+	    ? (double)steps / seconds : 0;
+	if (!sa) {
+		/* With secure aggregation these stay here: the coordinator
+		 * learns only their weighted sums (extra coordinates). */
+		m.u.update_begin.num_samples = samples(w);
+		m.u.update_begin.steps = steps;
+		m.u.update_begin.train_loss = loss;
+		m.u.update_begin.train_seconds = seconds;
+		m.u.update_begin.a_norm = w->a_norm;
+	}
+	if ((fu = dump_open(w, "update.f32")) != NULL) {
+		fwrite(update, 4, w->param_count, fu);
+		dump_close(fu);
+		if ((fj = dump_open(w, "json")) != NULL) {
+			fprintf(fj, "{\"samples\": %" PRIu64 ", \"weight\": %.17g, "
+			            "\"loss\": %.17g, \"a_norm\": %.17g, "
+			            "\"secure\": %s}\n",
+			    samples(w), sa ? w->sa_weight : 0.0, loss, w->a_norm,
+			    sa ? "true" : "false");
+			dump_close(fj);
+		}
+		if (sa) {
+			fe = dump_open(w, "encoded.u32");
+			fm = dump_open(w, "masked.u32");
+		}
+	}
 	snprintf(m.u.update_begin.backend, sizeof(m.u.update_begin.backend),
 	    "%s", w->backend);
 	if (w->secure) {
@@ -493,18 +721,31 @@ send_update(wk *w, const float *update, double seconds, double loss,
 	if (rc != FB_OK) {
 		goto out;
 	}
-	for (uint32_t k = 0; k < w->chunk_count; k++) {
+	for (uint32_t k = 0; k < chunks; k++) {
 		uint64_t off = (uint64_t)k * w->chunk_bytes;
-		uint64_t len = total - off < w->chunk_bytes ? total - off
-		                                            : w->chunk_bytes;
+		uint64_t len = k == w->chunk_count ? 4 * FB_SECAGG_EXTRA
+		    : total - off < w->chunk_bytes ? total - off
+		                                   : w->chunk_bytes;
 		fb_msg c = {.type = FB_MSG_UPDATE_CHUNK};
 		c.u.update_chunk.round = w->round;
 		c.u.update_chunk.chunk = k;
+		if (sa) {
+			rc = sa_encode_chunk(w, update,
+			    k == w->chunk_count ? w->param_count : off / 4, len / 4,
+			    loss,
+			    &clipped, fe, fm);
+			if (rc != FB_OK) {
+				fb_log_error("round %u: cannot mask the update: %s",
+				    w->round, fb_strerror(rc));
+				goto out;
+			}
+		}
 		if (w->secure) {
 			size_t clen = 0;
-			memcpy(w->sendbuf + 1, p + off, len);
+			memcpy(w->sendbuf + 1, sa ? (const uint8_t *)w->encbuf
+			                          : p + off, len);
 			rc = fb_stream_push_chunk(push, w->sendbuf + 1, len,
-			    k + 1 == w->chunk_count, w->sendbuf,
+			    k + 1 == chunks, w->sendbuf,
 			    (size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD,
 			    &clen);
 			if (rc == FB_OK) {
@@ -528,8 +769,134 @@ send_update(wk *w, const float *update, double seconds, double loss,
 		}
 	}
 out:
+	dump_close(fe);
+	dump_close(fm);
+	if (clipped > 0) {
+		fb_log_info("round %u: %" PRIu64 " coordinates clipped to +-%g "
+		            "(secure_aggregation.clip)", w->round, clipped,
+		    w->enc.clip);
+	}
 	fb_stream_push_free(push);
 	return rc;
+}
+
+static fb_err send_update(wk *w, const float *update, double seconds,
+    double loss, uint64_t steps);
+
+static void
+on_secagg(wk *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+	uint32_t cnt = m->u.secagg.count;
+	uint8_t *out = NULL;
+	size_t out_len = 0, cap;
+	fb_err rc;
+
+	if (w->sa == NULL || m->u.secagg.round != w->round) {
+		fb_log_debug("dropped a secure-aggregation message of round %u",
+		    m->u.secagg.round);
+		return;
+	}
+	switch (m->u.secagg.phase) {
+	case FB_SA_PEERS:
+		if (cnt >= w->sa_n ||
+		    f->payload_len != (size_t)cnt * (4 + FB_PUBKEY_LEN +
+		                                        FB_SECAGG_ADV_LEN)) {
+			sa_abandon(w, "malformed key adverts");
+			return;
+		}
+		for (uint32_t i = 0; i < cnt; i++) {
+			const uint8_t *e = f->payload +
+			    (size_t)i * (4 + FB_PUBKEY_LEN + FB_SECAGG_ADV_LEN);
+			fb_pubkey pk;
+			memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
+			rc = fb_secagg_worker_add_advert(w->sa, &pk,
+			    e + 4 + FB_PUBKEY_LEN, FB_SECAGG_ADV_LEN);
+			if (rc != FB_OK) {
+				fb_log_warn("round %u: key advert of worker slot "
+				            "%u refused: %s",
+				    w->round, (unsigned)e[0] | (unsigned)e[1] << 8,
+				    fb_strerror(rc));
+			}
+		}
+		cap = (size_t)cnt * FB_SECAGG_SHARE_MSG_LEN + 1;
+		if ((out = malloc(cap)) == NULL) {
+			sa_abandon(w, "out of memory");
+			return;
+		}
+		rc = fb_secagg_worker_make_shares(w->sa, out, cap, &out_len);
+		if (rc == FB_OK) {
+			rc = sa_send(w, FB_SA_SHARES, (uint32_t)(out_len /
+			    FB_SECAGG_SHARE_MSG_LEN), out, out_len);
+		} else {
+			sa_abandon(w, rc == FB_ERANGE
+			        ? "too few neighbours for the secure-aggregation "
+			          "threshold"
+			        : "cannot make the secure-aggregation shares");
+		}
+		fb_wipe(out, cap);
+		free(out);
+		return;
+	case FB_SA_RELAY:
+		if (f->payload_len != (size_t)cnt * FB_SECAGG_SHARE_MSG_LEN) {
+			sa_abandon(w, "malformed relayed shares");
+			return;
+		}
+		for (uint32_t i = 0; i < cnt; i++) {
+			rc = fb_secagg_worker_add_share(w->sa,
+			    f->payload + (size_t)i * FB_SECAGG_SHARE_MSG_LEN,
+			    FB_SECAGG_SHARE_MSG_LEN);
+			if (rc != FB_OK) {
+				fb_log_warn("round %u: a relayed share was refused: "
+				            "%s", w->round, fb_strerror(rc));
+			}
+		}
+		fb_wipe(f->payload, f->payload_len);
+		if ((rc = fb_secagg_worker_mask_begin(w->sa)) != FB_OK) {
+			sa_abandon(w, rc == FB_ERANGE
+			        ? "too few neighbours shared for the "
+			          "secure-aggregation threshold"
+			        : "cannot fix the secure-aggregation masks");
+			return;
+		}
+		w->sa_masking = true;
+		if (w->sa_pending) {
+			w->sa_pending = false;
+			if (send_update(w, w->local, w->stats.seconds,
+			        w->stats.loss_mean, w->stats.steps) != FB_OK) {
+				fb_log_warn("round %u: update not delivered",
+				    w->round);
+			}
+		}
+		return;
+	case FB_SA_UNMASK:
+		if (cnt != w->sa_n || f->payload_len != w->sa_n) {
+			fb_log_warn("round %u: malformed unmasking request",
+			    w->round);
+			return;
+		}
+		cap = FB_SECAGG_REVEAL_HEADER_LEN +
+		    (size_t)w->sa_n * FB_SECAGG_REVEAL_ENTRY_LEN;
+		if ((out = malloc(cap)) == NULL) {
+			return;
+		}
+		rc = fb_secagg_worker_reveal(w->sa, f->payload, w->sa_n, out,
+		    cap, &out_len);
+		if (rc == FB_OK) {
+			(void)sa_send(w, FB_SA_REVEAL, 1, out, out_len);
+			fb_log_debug("round %u: unmasking shares sent", w->round);
+		} else {
+			fb_log_warn("round %u: unmasking request refused: %s",
+			    w->round, fb_strerror(rc));
+		}
+		fb_wipe(out, cap);
+		free(out);
+		return;
+	default:
+		fb_log_warn("unexpected secure-aggregation step %u from the "
+		            "coordinator", m->u.secagg.phase);
+		return;
+	}
 }
 
 /* Benchmark rounds: no training; the update is fixed small noise. */
@@ -548,6 +915,12 @@ synthetic_update(wk *w)
 		ready = true;
 	}
 	snprintf(w->backend, sizeof(w->backend), "none (synthetic update)");
+	memset(&w->stats, 0, sizeof(w->stats));
+	w->a_norm = 0;
+	if (w->sa != NULL && !w->sa_masking) {
+		w->sa_pending = true; /* sent once the shares are in */
+		return FB_OK;
+	}
 	return send_update(w, w->local, fb_now_s() - t0, 0.0, 0);
 }
 
@@ -679,9 +1052,18 @@ on_trained(wk *w)
 			return;
 		}
 	}
+	if (w->sa != NULL && !w->sa_masking) {
+		fb_log_info("round %u: %" PRIu64 " steps in %.2fs, loss %.4f; "
+		            "waiting for the secure-aggregation shares",
+		    w->round, w->stats.steps, w->stats.seconds,
+		    w->stats.loss_mean);
+		w->sa_pending = true;
+		return;
+	}
 	fb_log_info("round %u: %" PRIu64 " steps in %.2fs, loss %.4f; "
-	            "sending update",
-	    w->round, w->stats.steps, w->stats.seconds, w->stats.loss_mean);
+	            "sending %supdate",
+	    w->round, w->stats.steps, w->stats.seconds, w->stats.loss_mean,
+	    w->sa != NULL ? "masked " : "");
 	if (send_update(w, w->local, w->stats.seconds, w->stats.loss_mean,
 	        w->stats.steps) != FB_OK) {
 		fb_log_warn("round %u: update not delivered", w->round);
@@ -723,6 +1105,12 @@ on_message(wk *w, const fb_frame *f)
 			stop_training(w);
 			w->st = S_IDLE;
 		}
+		if (m->u.round_cancel.round == w->round && w->sa != NULL) {
+			sa_end(w);
+		}
+		return FB_OK;
+	case FB_MSG_SECAGG:
+		on_secagg(w, f);
 		return FB_OK;
 	case FB_MSG_SHUTDOWN:
 		fb_log_info("coordinator ended the run: %s",
@@ -967,6 +1355,8 @@ out:
 	fb_free(w.global);
 	fb_free(w.local);
 	fb_free(w.sendbuf);
+	fb_free(w.encbuf);
+	sa_end(&w);
 	fb_stream_pull_free(w.mpull);
 	fb_handshake_free(w.hs);
 	fb_session_free(w.sess);

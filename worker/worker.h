@@ -42,6 +42,8 @@ typedef struct fb_worker_config {
 	bool security;
 	char *key;                /* this worker's secret key file */
 	char *coordinator_key;    /* pinned key: .pub file or the line */
+	int secure_aggregation;   /* 0 required, 1 optional */
+	char *dump_updates;       /* debug: folder for each round's update */
 } fb_worker_config;
 
 extern const fb_cfg_field fb_worker_config_schema[];

@@ -79,4 +79,37 @@ coordinator: tcp://127.0.0.1:1
 name: [w
 YAML
 expect2 "YAML syntax error" "w4.yaml:[0-9]+:[0-9]+" "$B/fedbox-worker" --config "$T/w4.yaml"
+
+cat >"$T/c6.yaml" <<'YAML'
+security:
+  enabled: false
+YAML
+expect2 "secure aggregation without security" \
+	"secure_aggregation.enabled needs security.enabled" \
+	"$B/fedbox-coordinator" --config "$T/c6.yaml"
+
+cat >"$T/c7.yaml" <<'YAML'
+secure_aggregation:
+  threshold: most
+YAML
+expect2 "threshold neither auto nor a number" \
+	"c7.yaml:2:14: secure_aggregation.threshold: 'most' is neither auto" \
+	"$B/fedbox-coordinator" --config "$T/c7.yaml"
+
+cat >"$T/c8.yaml" <<'YAML'
+secure_aggregation:
+  neighbours: 0
+YAML
+expect2 "zero neighbours" "c8.yaml:2:15: secure_aggregation.neighbours" \
+	"$B/fedbox-coordinator" --config "$T/c8.yaml"
+
+cat >"$T/w5.yaml" <<'YAML'
+coordinator: tcp://127.0.0.1:1
+name: w
+security:
+  enabled: false
+YAML
+expect2 "worker requiring secure aggregation without security" \
+	"security.secure_aggregation: required needs security.enabled" \
+	"$B/fedbox-worker" --config "$T/w5.yaml"
 echo PASS

@@ -8,6 +8,7 @@ PY=${PYTHON:-/usr/bin/python3}
 T=$(mktemp -d /tmp/fbit.XXXXXX)
 PIDS=()
 SECURE=${SECURE:-1} # tests run with encrypted, signed sessions by default
+SECAGG=${SECAGG:-$SECURE} # and secure aggregation, unless told otherwise
 KEYS=$T/keys
 
 cleanup() {
@@ -73,6 +74,11 @@ coord_security() {
 	else
 		printf 'security:\n  enabled: false\n'
 	fi
+	if [ "$SECAGG" = 1 ]; then
+		printf 'secure_aggregation:\n  enabled: true\n%s' "${SA_YAML:-}"
+	else
+		printf 'secure_aggregation:\n  enabled: false\n'
+	fi
 }
 
 worker_security() { # INDEX
@@ -82,6 +88,11 @@ worker_security() { # INDEX
 			"$KEYS/w$1.key" "$KEYS/coordinator.pub"
 	else
 		printf 'security:\n  enabled: false\n'
+	fi
+	if [ "$SECAGG" = 1 ]; then
+		printf '  secure_aggregation: required\n'
+	else
+		printf '  secure_aggregation: optional\n'
 	fi
 }
 
