@@ -15,8 +15,11 @@
  * (normal features, uniform labels) of 4 x the global batch, uploaded once;
  * SGD lr 1e-3, momentum 0.9. Prints one "ROW" line per (row, math):
  * samples/s over the timed steps (after 10 warm-up steps), the in-step
- * all-reduce bus bandwidth (profiled steps, CUDA events around each bucket's
- * ncclAllReduce) and the bare one (one call on the whole gradient).
+ * all-reduce time and bus bandwidth (200 profiled steps, GPU timestamps
+ * around each bucket's ncclAllReduce; "last" = each step, the GPU that
+ * waited least for its peers) and the bare one (50 back-to-back calls on
+ * the whole gradient, same communicators, same stream, same buffer).
+ * --repeat N runs every row N times (new trainer each time).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,13 +71,13 @@ make_shard(fb_dataset *d, uint32_t count, uint32_t dim, uint32_t classes)
 	return FB_OK;
 }
 
-/* Mirrors the backend's default: graphs on 1 GPU unless FB_CUDA_GRAPHS. */
+/* Mirrors the backend's default: graphs on unless FB_CUDA_GRAPHS=0. */
 static int
-graphs_on(uint32_t gpus)
+graphs_on(void)
 {
 	const char *env = getenv("FB_CUDA_GRAPHS");
 
-	return env != NULL ? strcmp(env, "0") != 0 : gpus == 1;
+	return env == NULL || strcmp(env, "0") != 0;
 }
 
 static fb_err
@@ -151,21 +154,22 @@ bench_row(const row *rw, uint32_t gpus, int math, double seconds)
 	sps = (double)st.samples / st.seconds;
 	if (gpus > 1) {
 		fb_cuda_trainer_set_profile(state, 1);
-		o.steps = 20;
+		o.steps = 200;
 		if ((rc = be->train(state, &o, &pst, NULL)) != FB_OK) {
 			goto out;
 		}
 		fb_cuda_trainer_get_profile(state, &prof);
 		fb_cuda_trainer_set_profile(state, 0);
 		if ((rc = fb_cuda_trainer_bare_allreduce(state,
-		    fb_model_param_count(m), 20, &bare_ms, &bare_bw)) !=
+		    fb_model_param_count(m), 50, &bare_ms, &bare_bw)) !=
 		    FB_OK) {
 			goto out;
 		}
 	}
 	printf("ROW fw=%s row=%c gpus=%u math=%s batch_per_gpu=%u "
 	    "params=%llu samples_s=%.1f step_ms=%.4f steps=%llu loss=%.4f "
-	    "instep_ms=%.4f instep_calls=%.2f instep_busbw=%.1f "
+	    "instep_ms=%.4f instep_last_ms=%.4f instep_calls=%.2f "
+	    "instep_busbw=%.1f instep_last_busbw=%.1f "
 	    "bare_ms=%.4f bare_busbw=%.1f graphs=%s desc=\"%s\"\n",
 	    getenv("FB_CUDA_BUCKET_MB") != NULL ? "fedbox-nooverlap" :
 	    "fedbox", rw->name, gpus,
@@ -175,9 +179,10 @@ bench_row(const row *rw, uint32_t gpus, int math, double seconds)
 	    1e3 * st.seconds / (double)st.steps,
 	    (unsigned long long)st.steps, st.loss_mean,
 	    prof.steps ? prof.allreduce_ms / (double)prof.steps : 0.0,
+	    prof.steps ? prof.allreduce_last_ms / (double)prof.steps : 0.0,
 	    prof.steps ? (double)prof.calls / (double)prof.steps : 0.0,
-	    prof.busbw_gbs, bare_ms, bare_bw,
-	    graphs_on(gpus) ? "on" : "off", desc);
+	    prof.busbw_gbs, prof.busbw_last_gbs, bare_ms, bare_bw,
+	    graphs_on() ? "on" : "off", desc);
 	fflush(stdout);
 out:
 	if (rc != FB_OK) {
@@ -203,6 +208,7 @@ main(int argc, char **argv)
 	const char *which = "abc";
 	const char *maths = "fp32,tf32";
 	double seconds = 2.0;
+	int repeat = 1;
 	char why[256] = "";
 	int n;
 	int failed = 0;
@@ -216,9 +222,12 @@ main(int argc, char **argv)
 			maths = argv[i + 1];
 		} else if (strcmp(argv[i], "--seconds") == 0) {
 			seconds = atof(argv[i + 1]);
+		} else if (strcmp(argv[i], "--repeat") == 0) {
+			repeat = atoi(argv[i + 1]);
 		} else {
 			fprintf(stderr, "usage: fedbox_bench --gpus N "
-			    "[--rows abc] [--math fp32,tf32] [--seconds S]\n");
+			    "[--rows abc] [--math fp32,tf32] [--seconds S] "
+			    "[--repeat N]\n");
 			return 2;
 		}
 	}
@@ -229,7 +238,8 @@ main(int argc, char **argv)
 		    n <= 0 ? why : "not enough GPUs", n);
 		return 0;
 	}
-	for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
+	for (size_t k = 0; k < (size_t)repeat * 3; k++) {
+		size_t r = k % 3;
 		if (strchr(which, rows[r].name) == NULL) {
 			continue;
 		}

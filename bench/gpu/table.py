@@ -36,7 +36,8 @@ def main():
         print()
     print("| row | shape | batch/GPU | GPUs | math | fedbox samples/s | "
           "DDP samples/s | fedbox/DDP | fedbox scaling | DDP scaling | "
-          "in-step busbw GB/s | bare busbw GB/s | in-step/bare |")
+          "in-step busbw GB/s (last GPU / mean) | bare busbw GB/s | "
+          "in-step/bare (last GPU / mean) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(rows):
         name, g, math = key
@@ -47,9 +48,10 @@ def main():
         f1 = f(one.get("fedbox", {}), "samples_s")
         t1 = f(one.get("torch", {}), "samples_s")
         ib, bb = f(fx, "instep_busbw"), f(fx, "bare_busbw")
+        il = f(fx, "instep_last_busbw")
         err = fx.get("error", "").replace(" ", "_")
-        if fx.get("graphs") == "on" and g > 1:
-            err = f"{fs:.0f} (graphs)"
+        if fx.get("graphs") == "off":
+            err = f"{fs:.0f} (no graphs)"
         cell = lambda v, fmt: fmt.format(v) if v == v and v > 0 else "-"
         print(f"| {name} | {SHAPES[name]} | "
               f"{fx.get('batch_per_gpu', tx.get('batch_per_gpu', '?'))} | "
@@ -57,7 +59,9 @@ def main():
               f"{cell(ts, '{:.0f}')} | {cell(fs / ts if ts else 0, '{:.2f}x')} | "
               f"{cell(fs / (g * f1) if f1 == f1 and f1 else 0, '{:.0%}')} | "
               f"{cell(ts / (g * t1) if t1 == t1 and t1 else 0, '{:.0%}')} | "
-              f"{cell(ib, '{:.0f}')} | {cell(bb, '{:.0f}')} | "
+              f"{cell(il, '{:.0f}')} / {cell(ib, '{:.0f}')} | "
+              f"{cell(bb, '{:.0f}')} | "
+              f"{cell(il / bb if bb == bb and bb else 0, '{:.0%}')} / "
               f"{cell(ib / bb if bb == bb and bb else 0, '{:.0%}')} |")
     nooverlap(rows)
 
@@ -72,13 +76,16 @@ def nooverlap(rows):
           "backward ends; off = one all-reduce after the backward):")
     print()
     print("| row | GPUs | samples/s overlap | samples/s off | "
-          "in-step busbw overlap | in-step busbw off | bare busbw |")
+          "in-step busbw overlap (last/mean) | in-step busbw off "
+          "(last/mean) | bare busbw |")
     print("|---|---|---|---|---|---|---|")
     for k in keys:
         on, off = rows[k].get("fedbox", {}), rows[k]["fedbox-nooverlap"]
         print(f"| {k[0]} | {k[1]} | {f(on, 'samples_s'):.0f} | "
-              f"{f(off, 'samples_s'):.0f} | {f(on, 'instep_busbw'):.0f} | "
-              f"{f(off, 'instep_busbw'):.0f} | {f(off, 'bare_busbw'):.0f} |")
+              f"{f(off, 'samples_s'):.0f} | "
+              f"{f(on, 'instep_last_busbw'):.0f}/{f(on, 'instep_busbw'):.0f} | "
+              f"{f(off, 'instep_last_busbw'):.0f}/{f(off, 'instep_busbw'):.0f} | "
+              f"{f(off, 'bare_busbw'):.0f} |")
 
 
 if __name__ == "__main__":

@@ -19,16 +19,25 @@
  * drives one communicator, so NCCL calls need no group and a thread can
  * capture its whole step (NCCL included) into a CUDA Graph, the supported
  * one-rank-per-thread pattern; launch work also runs in parallel instead of
- * serially on one thread. (Graphs are on by default for one GPU only; see
- * cuda_open.) Chunks are sized to about 0.2 s, and the host
+ * serially on one thread. The threads meet at a gate once every GPU has
+ * captured (and instantiated, uploaded, synchronized), so that no GPU has
+ * a collective in flight while another GPU's thread is still in a CUDA
+ * call that could wait for its device. With one bucket (models up to
+ * 2 x BUCKET_BYTES) the all-reduce runs on the compute stream, as a bare
+ * one does; buckets overlapping the backward use a second stream.
+ * Chunks are sized to about 0.2 s, and the host
  * checks `cancel` between chunks, where all GPUs are idle and agree on the
  * step count (a per-GPU check could leave one rank waiting in NCCL).
+ * Teardown destroys every graph before finalizing the communicators: NCCL
+ * (>= 2.26) polls at finalize until no graph that captured the
+ * communicator is alive.
  *
  * Symbols used from the host program (-rdynamic): fb_log,
  * fb_model_get_ops, fb_model_param_count, fb_model_tensor_count,
  * fb_model_tensor_info, fb_train_batch_order, fb_model_mlp_ops,
  * fb_model_logreg_ops.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +73,7 @@ extern const fb_model_ops fb_model_logreg_ops;
 #define BUCKET_BYTES (16u << 20)  /* all-reduce bucket, overlap mode */
 #define BLAS_WS_LEN (32u << 20)   /* cuBLAS workspace (graph capture) */
 #define PAD 64u                   /* floats; keeps 16-byte alignment */
+#define STAMPS (2 * MAX_LAYERS)   /* profiling: timestamps per step */
 
 typedef struct layer {
 	uint32_t in;
@@ -87,6 +97,8 @@ typedef struct replica {
 	cublasHandle_t blas;
 	ncclComm_t nccl;       /* NULL with one GPU */
 	float *buf;            /* params | grads | momentum */
+	float *anchor;         /* FedProx: params at the first train() after
+	                        * set_params (p_pad floats; on first use) */
 	float *x;              /* shard features, count x dim */
 	uint8_t *y;            /* shard labels */
 	uint32_t *idx;         /* IDX_CAP batch indices of the chunk */
@@ -103,18 +115,16 @@ typedef struct replica {
 	void *blas_ws;
 	cudaEvent_t ev_ready[MAX_LAYERS]; /* bucket gradients are ready */
 	cudaEvent_t ev_comm_done;
-	cudaEvent_t ev_t0[MAX_LAYERS];    /* profiling, timing events */
-	cudaEvent_t ev_t1[MAX_LAYERS];
 	cudaGraphExec_t graph;
 	int graph_ok;          /* graph matches the trainer's graph key */
 	int warm;              /* an eager step ran (NCCL connected) */
 	float *losses_host;    /* pinned, CHUNK_MAX */
+	/* Profiling: %globaltimer before and after each bucket's all-reduce,
+	 * CHUNK_MAX steps x STAMPS (ns), and its pinned copy. */
+	unsigned long long *stamps;
+	unsigned long long *stamps_host;
 	uint32_t rows;         /* this GPU's slice of the batch */
 	uint32_t row_off;
-	double prof_ms;
-	uint64_t prof_calls;
-	uint64_t prof_bytes;
-	uint64_t prof_steps;
 } replica;
 
 typedef struct cuda_trainer {
@@ -132,6 +142,7 @@ typedef struct cuda_trainer {
 	int math;
 	cublasComputeType_t compute;
 	int use_graphs;
+	int gate_launch;      /* FB_CUDA_GATE: all capture before any launch */
 	int profile;
 	uint32_t chunk_fixed; /* FB_CUDA_CHUNK_STEPS; 0 = adaptive */
 	uint32_t ngpus;
@@ -139,11 +150,19 @@ typedef struct cuda_trainer {
 	char gpu_name[256];
 	uint32_t *hidx;  /* pinned, IDX_CAP */
 	uint32_t *order; /* shard->count, epoch permutation */
+	/* Profiling sums (fb_cuda_profile), over profiled steps. */
+	uint64_t prof_steps;
+	uint64_t prof_calls;   /* all-reduce calls per GPU */
+	uint64_t prof_bytes;   /* bytes all-reduced per GPU */
+	double prof_ms_mean;   /* all-reduce time, mean over GPUs */
+	double prof_ms_last;   /* ... of the GPU that waited least */
 	/* The captured step depends on these. */
 	uint32_t key_batch;
 	float key_lr;
 	float key_mu;
 	float key_wd;
+	float key_prox;
+	int anchor_valid;  /* rep[].anchor holds the last set params */
 } cuda_trainer;
 
 typedef struct step_args {
@@ -151,14 +170,31 @@ typedef struct step_args {
 	float lr;
 	float mu;
 	float wd;
+	float prox;     /* FedProx mu; 0 = off */
 	int update;     /* 0: gradient only (no SGD, no step counter) */
 } step_args;
 
 enum { JOB_CHUNK, JOB_GRAD, JOB_BARE };
 
+/*
+ * A gate is a barrier for the job threads of one run_jobs that can be
+ * broken: a thread that fails before its NCCL work breaks it, and the
+ * others then return instead of launching collectives that would wait
+ * forever for the failed GPU.
+ */
+typedef struct gate {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint32_t parties;
+	uint32_t arrived;
+	uint32_t generation;
+	int broken;
+} gate;
+
 typedef struct job {
 	cuda_trainer *t;
 	replica *r;
+	gate *gate;
 	int kind;
 	step_args a;
 	uint32_t steps;       /* chunk: steps to run */
@@ -166,6 +202,7 @@ typedef struct job {
 	uint64_t count;       /* bare: floats */
 	uint32_t iters;       /* bare */
 	double ms;            /* bare: mean ms a call */
+	int aborted;          /* left at a broken gate (another job failed) */
 	fb_err rc;
 } job;
 
@@ -192,6 +229,33 @@ gemm(const cuda_trainer *t, replica *r, cublasOperation_t ta,
 	FB_CUBLAS_TRY(cublasGemmEx(r->blas, ta, tb, (int)m, (int)n, (int)k,
 	    &one, A, CUDA_R_32F, (int)lda, B, CUDA_R_32F, (int)ldb, &zero, C,
 	    CUDA_R_32F, (int)ldc, t->compute, CUBLAS_GEMM_DEFAULT), rc, out);
+out:
+	return rc;
+}
+
+/*
+ * bucket_allreduce enqueues the all-reduce of bucket `b` on stream `s`,
+ * with a timestamp on each side while profiling a training step.
+ */
+static fb_err
+bucket_allreduce(cuda_trainer *t, replica *r, uint32_t b,
+    const uint32_t *stepp, cudaStream_t s)
+{
+	fb_err rc = FB_OK;
+	const bucket *bk = &t->buckets[b];
+	float *g = r->buf + t->p_pad + bk->off;
+	int stamp = t->profile && stepp != NULL;
+
+	if (stamp) {
+		FB_CUDA_TRY(fb_cuda_stamp(r->stamps, stepp, 2 * b, STAMPS, s),
+		    rc, out);
+	}
+	FB_NCCL_TRY(ncclAllReduce(g, g, bk->count, ncclFloat, ncclSum,
+	    r->nccl, s), rc, out);
+	if (stamp) {
+		FB_CUDA_TRY(fb_cuda_stamp(r->stamps, stepp, 2 * b + 1, STAMPS,
+		    s), rc, out);
+	}
 out:
 	return rc;
 }
@@ -254,21 +318,21 @@ replica_step(cuda_trainer *t, replica *r, const step_args *a)
 		    g + ly->b_off, 1), rc, out);
 		if (t->ngpus > 1 && nb < t->nbuckets &&
 		    t->buckets[nb].last_layer == l) {
-			const bucket *bk = &t->buckets[nb];
-			FB_CUDA_TRY(cudaEventRecord(r->ev_ready[nb], r->stream),
-			    rc, out);
-			FB_CUDA_TRY(cudaStreamWaitEvent(r->comm, r->ev_ready[nb],
-			    0), rc, out);
-			if (t->profile) {
-				FB_CUDA_TRY(cudaEventRecord(r->ev_t0[nb],
-				    r->comm), rc, out);
+			if (t->nbuckets == 1) {
+				/* One all-reduce after the whole backward: on
+				 * the compute stream itself, as a bare
+				 * all-reduce runs (no cross-stream events). */
+				rc = bucket_allreduce(t, r, nb, stepp,
+				    r->stream);
+			} else {
+				FB_CUDA_TRY(cudaEventRecord(r->ev_ready[nb],
+				    r->stream), rc, out);
+				FB_CUDA_TRY(cudaStreamWaitEvent(r->comm,
+				    r->ev_ready[nb], 0), rc, out);
+				rc = bucket_allreduce(t, r, nb, stepp, r->comm);
 			}
-			FB_NCCL_TRY(ncclAllReduce(g + bk->off, g + bk->off,
-			    bk->count, ncclFloat, ncclSum, r->nccl, r->comm),
-			    rc, out);
-			if (t->profile) {
-				FB_CUDA_TRY(cudaEventRecord(r->ev_t1[nb],
-				    r->comm), rc, out);
+			if (rc != FB_OK) {
+				goto out;
 			}
 			nb++;
 		}
@@ -285,13 +349,14 @@ replica_step(cuda_trainer *t, replica *r, const step_args *a)
 			dz = dn;
 		}
 	}
-	if (t->ngpus > 1) {
+	if (t->ngpus > 1 && t->nbuckets > 1) {
 		FB_CUDA_TRY(cudaEventRecord(r->ev_comm_done, r->comm), rc, out);
 		FB_CUDA_TRY(cudaStreamWaitEvent(r->stream, r->ev_comm_done, 0),
 		    rc, out);
 	}
 	if (a->update) {
-		FB_CUDA_TRY(fb_cuda_sgd(w, g, v, t->p_pad, a->lr, a->mu, a->wd,
+		FB_CUDA_TRY(fb_cuda_sgd(w, g, v, a->prox != 0.0f ? r->anchor :
+		    NULL, t->p_pad, a->lr, a->mu, a->wd, a->prox,
 		    r->step, r->stream), rc, out);
 	}
 out:
@@ -320,6 +385,9 @@ replica_capture(cuda_trainer *t, replica *r, const step_args *a)
 	}
 	FB_CUDA_TRY(e, rc, out);
 	FB_CUDA_TRY(cudaGraphInstantiate(&r->graph, graph, 0), rc, out);
+	/* Upload now, while no collective is in flight anywhere, rather
+	 * than inside the first launch. */
+	FB_CUDA_TRY(cudaGraphUpload(r->graph, r->stream), rc, out);
 	r->graph_ok = 1;
 out:
 	if (graph != NULL) {
@@ -331,25 +399,96 @@ out:
 	return rc;
 }
 
-/* After a synchronized profiled step: add up its all-reduce times. */
-static fb_err
-replica_profile_collect(cuda_trainer *t, replica *r)
+static void
+gate_init(gate *g, uint32_t parties)
 {
+	memset(g, 0, sizeof(*g));
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_cond_init(&g->cv, NULL);
+	g->parties = parties;
+}
+
+static void
+gate_fini(gate *g)
+{
+	pthread_cond_destroy(&g->cv);
+	pthread_mutex_destroy(&g->mu);
+}
+
+/* gate_wait returns 1 once all parties arrived, 0 if the gate broke. */
+static int
+gate_wait(gate *g)
+{
+	int ok;
+
+	pthread_mutex_lock(&g->mu);
+	if (g->broken) {
+		ok = 0;
+	} else if (++g->arrived == g->parties) {
+		g->arrived = 0;
+		g->generation++;
+		pthread_cond_broadcast(&g->cv);
+		ok = 1;
+	} else {
+		uint32_t gen = g->generation;
+		while (gen == g->generation && !g->broken) {
+			pthread_cond_wait(&g->cv, &g->mu);
+		}
+		ok = gen != g->generation;
+	}
+	pthread_mutex_unlock(&g->mu);
+	return ok;
+}
+
+static void
+gate_break(gate *g)
+{
+	pthread_mutex_lock(&g->mu);
+	g->broken = 1;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/*
+ * chunk_prepare: everything of a chunk before its first step: the batch
+ * indices, the step counter, momentum, and (graphs) the eager warm-up step
+ * and the capture. It ends idle (synchronized), so that no collective is
+ * in flight while any GPU captures, instantiates or frees.
+ */
+static fb_err
+chunk_prepare(job *j)
+{
+	cuda_trainer *t = j->t;
+	replica *r = j->r;
 	fb_err rc = FB_OK;
 
+	FB_CUDA_TRY(cudaMemcpyAsync(r->idx, t->hidx,
+	    (size_t)j->steps * j->a.batch * sizeof(uint32_t),
+	    cudaMemcpyHostToDevice, r->stream), rc, out);
+	FB_CUDA_TRY(cudaMemsetAsync(r->step, 0, sizeof(uint32_t), r->stream),
+	    rc, out);
+	if (j->reset_momentum) {
+		FB_CUDA_TRY(cudaMemsetAsync(r->buf + 2 * t->p_pad, 0,
+		    t->p_pad * sizeof(float), r->stream), rc, out);
+	}
+	if (t->use_graphs && !r->graph_ok) {
+		/* An eager gradient-only step first, so that every lazy
+		 * set-up (cuBLAS, NCCL) happens outside the capture; its
+		 * results are overwritten by step 0. */
+		if (!r->warm) {
+			step_args w = j->a;
+			w.update = 0;
+			if ((rc = replica_step(t, r, &w)) != FB_OK) {
+				goto out;
+			}
+			FB_CUDA_TRY(cudaStreamSynchronize(r->stream), rc, out);
+			r->warm = 1;
+		}
+		if ((rc = replica_capture(t, r, &j->a)) != FB_OK) {
+			goto out;
+		}
+	}
 	FB_CUDA_TRY(cudaStreamSynchronize(r->stream), rc, out);
-	if (t->ngpus < 2) {
-		goto out;
-	}
-	for (uint32_t b = 0; b < t->nbuckets; b++) {
-		float ms = 0.0f;
-		FB_CUDA_TRY(cudaEventElapsedTime(&ms, r->ev_t0[b],
-		    r->ev_t1[b]), rc, out);
-		r->prof_ms += ms;
-		r->prof_calls++;
-		r->prof_bytes += t->buckets[b].count * sizeof(float);
-	}
-	r->prof_steps++;
 out:
 	return rc;
 }
@@ -365,58 +504,46 @@ job_main(void *arg)
 	cudaEvent_t e0 = NULL;
 	cudaEvent_t e1 = NULL;
 
-	FB_CUDA_TRY(cudaSetDevice(r->dev), rc, out);
+	/* Every job thread exists before any NCCL work starts. */
+	if (!gate_wait(j->gate)) {
+		j->aborted = 1;
+		goto out;
+	}
+	FB_CUDA_TRY(cudaSetDevice(r->dev), rc, fail);
 	switch (j->kind) {
 	case JOB_CHUNK:
-		FB_CUDA_TRY(cudaMemcpyAsync(r->idx, t->hidx,
-		    (size_t)j->steps * j->a.batch * sizeof(uint32_t),
-		    cudaMemcpyHostToDevice, r->stream), rc, out);
-		FB_CUDA_TRY(cudaMemsetAsync(r->step, 0, sizeof(uint32_t),
-		    r->stream), rc, out);
-		if (j->reset_momentum) {
-			FB_CUDA_TRY(cudaMemsetAsync(r->buf + 2 * t->p_pad, 0,
-			    t->p_pad * sizeof(float), r->stream), rc, out);
+		rc = chunk_prepare(j);
+		if (rc != FB_OK) {
+			goto fail;
 		}
-		if (t->use_graphs && !r->graph_ok) {
-			/* NCCL sets up connections lazily at a size's first
-			 * call, which cannot happen under capture: one eager
-			 * gradient-only step first (its results are
-			 * overwritten by step 0). */
-			if (!r->warm) {
-				step_args w = j->a;
-				w.update = 0;
-				if ((rc = replica_step(t, r, &w)) != FB_OK) {
-					goto out;
-				}
-				FB_CUDA_TRY(cudaStreamSynchronize(r->stream), rc,
-				    out);
-				r->warm = 1;
-			}
-			if ((rc = replica_capture(t, r, &j->a)) != FB_OK) {
-				goto out;
-			}
+		/*
+		 * Capture, instantiation and the memory NCCL frees for
+		 * replaced graphs are done on every GPU before any GPU
+		 * launches a step: a collective waiting for a peer must
+		 * never sit on one GPU while the peer's thread is inside a
+		 * CUDA call that can wait for the device (the multi-GPU
+		 * graph hang).
+		 */
+		if (t->gate_launch && !gate_wait(j->gate)) {
+			j->aborted = 1;
+			goto out;
 		}
 		for (uint32_t s = 0; s < j->steps; s++) {
 			if (t->use_graphs) {
 				FB_CUDA_TRY(cudaGraphLaunch(r->graph,
 				    r->stream), rc, out);
-				if (t->profile && (rc = replica_profile_collect(
-				    t, r)) != FB_OK) {
-					goto out;
-				}
-				continue;
-			}
-			if ((rc = replica_step(t, r, &j->a)) != FB_OK) {
-				goto out;
-			}
-			if (t->profile &&
-			    (rc = replica_profile_collect(t, r)) != FB_OK) {
+			} else if ((rc = replica_step(t, r, &j->a)) != FB_OK) {
 				goto out;
 			}
 		}
 		FB_CUDA_TRY(cudaMemcpyAsync(r->losses_host, r->losses,
 		    (size_t)j->steps * sizeof(float), cudaMemcpyDeviceToHost,
 		    r->stream), rc, out);
+		if (t->profile && t->ngpus > 1) {
+			FB_CUDA_TRY(cudaMemcpyAsync(r->stamps_host, r->stamps,
+			    (size_t)j->steps * STAMPS * sizeof(*r->stamps),
+			    cudaMemcpyDeviceToHost, r->stream), rc, out);
+		}
 		break;
 	case JOB_GRAD:
 		FB_CUDA_TRY(cudaMemcpyAsync(r->idx, t->hidx,
@@ -451,6 +578,10 @@ job_main(void *arg)
 		break;
 	}
 	FB_CUDA_TRY(cudaStreamSynchronize(r->stream), rc, out);
+	goto out;
+fail:
+	/* Failed before launching anything: let the others stop too. */
+	gate_break(j->gate);
 out:
 	if (e0 != NULL) {
 		cudaEventDestroy(e0);
@@ -464,7 +595,8 @@ out:
 
 /*
  * run_jobs runs jobs[0..ngpus) at once, one host thread per GPU (the last
- * on the calling thread), and returns the first error.
+ * on the calling thread), and returns the first error of a job that
+ * failed (jobs that stopped at a broken gate report nothing of their own).
  */
 static fb_err
 run_jobs(cuda_trainer *t, job *jobs)
@@ -473,34 +605,78 @@ run_jobs(cuda_trainer *t, job *jobs)
 	pthread_t th[MAX_GPUS];
 	int started[MAX_GPUS] = {0};
 	uint32_t n = t->ngpus;
+	int aborted = 0;
+	gate g;
 
-	for (uint32_t i = 0; i + 1 < n; i++) {
-		if (pthread_create(&th[i], NULL, job_main, &jobs[i]) == 0) {
-			started[i] = 1;
-		} else {
-			/* Rare; running it inline may serialize NCCL peers,
-			 * but every rank still runs its job. */
-			fb_log_warn("cuda: pthread_create failed for GPU %d; "
-			    "running its job inline", t->rep[i].dev);
-		}
+	gate_init(&g, n);
+	for (uint32_t i = 0; i < n; i++) {
+		jobs[i].gate = &g;
 	}
 	for (uint32_t i = 0; i + 1 < n; i++) {
-		if (!started[i]) {
-			job_main(&jobs[i]);
+		if (pthread_create(&th[i], NULL, job_main, &jobs[i]) != 0) {
+			/* Rare. No job has started NCCL work (they wait at
+			 * the first gate): stop them all. */
+			fb_log_error("cuda: pthread_create failed for GPU %d",
+			    t->rep[i].dev);
+			gate_break(&g);
+			rc = FB_ENOMEM;
+			break;
 		}
+		started[i] = 1;
 	}
-	job_main(&jobs[n - 1]);
+	if (rc == FB_OK) {
+		job_main(&jobs[n - 1]);
+	}
 	for (uint32_t i = 0; i + 1 < n; i++) {
 		if (started[i]) {
 			pthread_join(th[i], NULL);
 		}
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		if (jobs[i].rc != FB_OK && rc == FB_OK) {
+	gate_fini(&g);
+	for (uint32_t i = 0; i < n && rc == FB_OK; i++) {
+		if (jobs[i].rc != FB_OK) {
 			rc = jobs[i].rc;
 		}
+		aborted |= jobs[i].aborted;
+	}
+	if (rc == FB_OK && aborted) {
+		rc = FB_ECUDA; /* cannot happen: a breaker reports an error */
 	}
 	return rc;
+}
+
+/* After a profiled chunk of `n` steps: each step's all-reduce time (the
+ * sum over buckets) on every GPU, from the device timestamps. */
+static void
+profile_collect(cuda_trainer *t, uint32_t n)
+{
+	uint64_t bytes = 0;
+
+	if (!t->profile || t->ngpus < 2) {
+		return;
+	}
+	for (uint32_t b = 0; b < t->nbuckets; b++) {
+		bytes += t->buckets[b].count * sizeof(float);
+	}
+	for (uint32_t s = 0; s < n; s++) {
+		double sum = 0.0;
+		double least = 0.0;
+		for (uint32_t i = 0; i < t->ngpus; i++) {
+			const unsigned long long *st =
+			    t->rep[i].stamps_host + (size_t)s * STAMPS;
+			double ns = 0.0;
+			for (uint32_t b = 0; b < t->nbuckets; b++) {
+				ns += (double)(st[2 * b + 1] - st[2 * b]);
+			}
+			sum += ns;
+			least = i == 0 || ns < least ? ns : least;
+		}
+		t->prof_ms_mean += sum / t->ngpus * 1e-6;
+		t->prof_ms_last += least * 1e-6;
+		t->prof_calls += t->nbuckets;
+		t->prof_bytes += bytes;
+		t->prof_steps++;
+	}
 }
 
 /* Split `batch` rows as evenly as possible; the first GPUs take the extra
@@ -574,12 +750,6 @@ cuda_close(void *state)
 			if (r->ev_ready[b] != NULL) {
 				cudaEventDestroy(r->ev_ready[b]);
 			}
-			if (r->ev_t0[b] != NULL) {
-				cudaEventDestroy(r->ev_t0[b]);
-			}
-			if (r->ev_t1[b] != NULL) {
-				cudaEventDestroy(r->ev_t1[b]);
-			}
 		}
 		if (r->ev_comm_done != NULL) {
 			cudaEventDestroy(r->ev_comm_done);
@@ -588,6 +758,7 @@ cuda_close(void *state)
 			cublasDestroy(r->blas);
 		}
 		cudaFree(r->buf);
+		cudaFree(r->anchor);
 		cudaFree(r->x);
 		cudaFree(r->y);
 		cudaFree(r->idx);
@@ -597,6 +768,8 @@ cuda_close(void *state)
 		cudaFree(r->act);
 		cudaFree(r->blas_ws);
 		cudaFreeHost(r->losses_host);
+		cudaFree(r->stamps);
+		cudaFreeHost(r->stamps_host);
 		if (r->comm != NULL) {
 			cudaStreamDestroy(r->comm);
 		}
@@ -735,8 +908,6 @@ replica_open(cuda_trainer *t, replica *r, const fb_dataset *shard)
 	for (uint32_t b = 0; b < MAX_LAYERS; b++) {
 		FB_CUDA_TRY(cudaEventCreateWithFlags(&r->ev_ready[b],
 		    cudaEventDisableTiming), rc, out);
-		FB_CUDA_TRY(cudaEventCreate(&r->ev_t0[b]), rc, out);
-		FB_CUDA_TRY(cudaEventCreate(&r->ev_t1[b]), rc, out);
 	}
 
 	FB_CUDA_TRY(cudaMalloc((void **)&r->buf, 3 * t->p_pad * sizeof(float)), rc,
@@ -758,6 +929,13 @@ replica_open(cuda_trainer *t, replica *r, const fb_dataset *shard)
 	FB_CUDA_TRY(cudaMalloc((void **)&r->sum, sizeof(*r->sum)), rc, out);
 	FB_CUDA_TRY(cudaHostAlloc((void **)&r->losses_host,
 	    CHUNK_MAX * sizeof(float), cudaHostAllocPortable), rc, out);
+	if (t->ngpus > 1) {
+		size_t len = (size_t)CHUNK_MAX * STAMPS * sizeof(*r->stamps);
+		FB_CUDA_TRY(cudaMalloc((void **)&r->stamps, len), rc, out);
+		FB_CUDA_TRY(cudaMemset(r->stamps, 0, len), rc, out);
+		FB_CUDA_TRY(cudaHostAlloc((void **)&r->stamps_host, len,
+		    cudaHostAllocPortable), rc, out);
+	}
 
 	/* Activations: a[0..L], 2 backward buffers, dlogits, rowloss, ones,
 	 * labels; each piece starts PAD-aligned. */
@@ -872,12 +1050,14 @@ cuda_open(const fb_model *m, const fb_dataset *shard,
 			}
 		}
 	}
-	/* CUDA Graphs: on for one GPU. With several, a process that closed a
-	 * trainer whose graphs captured NCCL calls was seen to hang (2 x
-	 * H200, NCCL 2.28.3; see README.md), so they are opt-in there:
-	 * FB_CUDA_GRAPHS=1 forces them on, =0 off. */
+	/* CUDA Graphs: on unless FB_CUDA_GRAPHS=0. */
 	env = getenv("FB_CUDA_GRAPHS");
-	t->use_graphs = env != NULL ? strcmp(env, "0") != 0 : t->ngpus == 1;
+	t->use_graphs = env == NULL || strcmp(env, "0") != 0;
+	/* FB_CUDA_GATE=0 lets each GPU launch as soon as its own capture is
+	 * done (for diagnosis only: that is how the multi-GPU graph hang
+	 * was reproduced). */
+	env = getenv("FB_CUDA_GATE");
+	t->gate_launch = env == NULL || strcmp(env, "0") != 0;
 	if ((rc = parse_layers(t, m, shard)) != FB_OK) {
 		t->ngpus = 0; /* nothing allocated yet */
 		goto out;
@@ -903,8 +1083,14 @@ cuda_open(const fb_model *m, const fb_dataset *shard,
 	snprintf(t->gpu_name, sizeof(t->gpu_name), "%s", prop.name);
 	if (t->ngpus > 1) {
 		/* Connect every peer at init rather than at a first call
-		 * that may be under graph capture (the user's value wins). */
+		 * that may be under graph capture. Captured and uncaptured
+		 * collectives are never outstanding together here (every job
+		 * ends synchronized), so NCCL's graph-mixing support, which
+		 * adds cross-graph event nodes to each captured step, is
+		 * turned off. The user's values win; both are read by NCCL
+		 * once per process. */
 		setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+		setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
 		FB_NCCL_TRY(ncclCommInitAll(comms, (int)t->ngpus, devs), rc,
 		    out);
 		for (uint32_t i = 0; i < t->ngpus; i++) {
@@ -936,6 +1122,7 @@ cuda_set_params(void *state, const float *params)
 		    rc, out);
 		FB_CUDA_TRY(cudaStreamSynchronize(r->stream), rc, out);
 	}
+	t->anchor_valid = 0;
 out:
 	return rc;
 }
@@ -987,6 +1174,37 @@ out:
 	return rc;
 }
 
+/*
+ * FedProx's anchor is the parameters as set, as on the CPU backend: copied
+ * on each GPU at the first train() with prox_mu > 0 after set_params. The
+ * first allocation invalidates the graphs (they hold the pointer).
+ */
+static fb_err
+anchor_update(cuda_trainer *t)
+{
+	fb_err rc = FB_OK;
+
+	if (t->anchor_valid) {
+		goto out;
+	}
+	for (uint32_t i = 0; i < t->ngpus; i++) {
+		replica *r = &t->rep[i];
+		FB_CUDA_TRY(cudaSetDevice(r->dev), rc, out);
+		if (r->anchor == NULL) {
+			FB_CUDA_TRY(cudaMalloc((void **)&r->anchor,
+			    t->p_pad * sizeof(float)), rc, out);
+			r->graph_ok = 0;
+		}
+		FB_CUDA_TRY(cudaMemcpyAsync(r->anchor, r->buf,
+		    t->p_pad * sizeof(float), cudaMemcpyDeviceToDevice,
+		    r->stream), rc, out);
+		FB_CUDA_TRY(cudaStreamSynchronize(r->stream), rc, out);
+	}
+	t->anchor_valid = 1;
+out:
+	return rc;
+}
+
 static fb_err
 cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
     const volatile int *cancel)
@@ -1005,15 +1223,11 @@ cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
 	step_args a;
 
 	memset(st, 0, sizeof(*st));
-	if (o->prox_mu != 0.0f) {
-		fb_log_error("cuda: the FedProx proximal term is not "
-		    "implemented on the CUDA backend yet (round.prox_mu)");
-		rc = FB_ENOTSUP;
-		goto out;
-	}
+	memset(&a, 0, sizeof(a));
 	if (o->steps == 0 || B == 0 || B > t->max_batch || B < t->ngpus ||
 	    !(o->lr > 0.0f) || o->momentum < 0.0f || o->momentum >= 1.0f ||
-	    o->weight_decay < 0.0f) {
+	    o->weight_decay < 0.0f || !(o->prox_mu >= 0.0f) ||
+	    !isfinite(o->prox_mu)) {
 		fb_log_error("cuda: bad train options (batch %u, max %u, "
 		    "%u GPUs)", B, t->max_batch, t->ngpus);
 		rc = FB_EINVAL;
@@ -1023,9 +1237,13 @@ cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
 	a.lr = o->lr;
 	a.mu = o->momentum;
 	a.wd = o->weight_decay;
+	a.prox = o->prox_mu;
 	a.update = 1;
+	if (a.prox > 0.0f && (rc = anchor_update(t)) != FB_OK) {
+		goto out;
+	}
 	if (split_batch(t, B) || t->key_batch != B || t->key_lr != a.lr ||
-	    t->key_mu != a.mu || t->key_wd != a.wd) {
+	    t->key_mu != a.mu || t->key_wd != a.wd || t->key_prox != a.prox) {
 		for (uint32_t i = 0; i < t->ngpus; i++) {
 			t->rep[i].graph_ok = 0;
 		}
@@ -1033,6 +1251,7 @@ cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
 		t->key_lr = a.lr;
 		t->key_mu = a.mu;
 		t->key_wd = a.wd;
+		t->key_prox = a.prox;
 	}
 	fb_train_batch_order(o->seed, o->round, o->worker_index, 0, t->order,
 	    N);
@@ -1075,6 +1294,7 @@ cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
 		if ((rc = run_jobs(t, jobs)) != FB_OK) {
 			break;
 		}
+		profile_collect(t, n);
 		for (uint32_t s = 0; s < n; s++) {
 			double l = 0.0;
 			for (uint32_t i = 0; i < t->ngpus; i++) {
@@ -1202,34 +1422,39 @@ fb_cuda_trainer_set_profile(void *state, int on)
 
 	t->profile = on != 0;
 	for (uint32_t i = 0; i < t->ngpus; i++) {
-		replica *r = &t->rep[i];
-		r->graph_ok = 0; /* recapture with or without the events */
-		r->prof_ms = 0.0;
-		r->prof_calls = 0;
-		r->prof_bytes = 0;
-		r->prof_steps = 0;
+		t->rep[i].graph_ok = 0; /* recapture with or without stamps */
 	}
+	t->prof_steps = 0;
+	t->prof_calls = 0;
+	t->prof_bytes = 0;
+	t->prof_ms_mean = 0.0;
+	t->prof_ms_last = 0.0;
+}
+
+static double
+busbw(uint32_t n, uint64_t bytes, double ms)
+{
+	return ms > 0.0 ? 2.0 * (n - 1) / n * (double)bytes / (ms * 1e-3) /
+	    1e9 : 0.0;
 }
 
 void
 fb_cuda_trainer_get_profile(void *state, fb_cuda_profile *out)
 {
 	cuda_trainer *t = state;
-	double ms = 0.0;
 	uint32_t n = t->ngpus;
 
 	memset(out, 0, sizeof(*out));
 	out->ranks = n;
-	for (uint32_t i = 0; i < n; i++) {
-		ms += t->rep[i].prof_ms;
-	}
-	out->steps = t->rep[0].prof_steps;
-	out->calls = t->rep[0].prof_calls;
-	out->bytes = t->rep[0].prof_bytes;
-	out->allreduce_ms = ms / n;
-	if (n > 1 && out->allreduce_ms > 0.0) {
-		out->busbw_gbs = 2.0 * (n - 1) / n * (double)out->bytes /
-		    (out->allreduce_ms * 1e-3) / 1e9;
+	out->steps = t->prof_steps;
+	out->calls = t->prof_calls;
+	out->bytes = t->prof_bytes;
+	out->allreduce_ms = t->prof_ms_mean;
+	out->allreduce_last_ms = t->prof_ms_last;
+	if (n > 1) {
+		out->busbw_gbs = busbw(n, out->bytes, out->allreduce_ms);
+		out->busbw_last_gbs = busbw(n, out->bytes,
+		    out->allreduce_last_ms);
 	}
 }
 
@@ -1268,8 +1493,7 @@ fb_cuda_trainer_bare_allreduce(void *state, uint64_t count, uint32_t iters,
 		sum += jobs[i].ms;
 	}
 	*ms = sum / n;
-	*busbw_gbs = 2.0 * (n - 1) / n * (double)count * sizeof(float) /
-	    (*ms * 1e-3) / 1e9;
+	*busbw_gbs = busbw(n, count * sizeof(float), *ms);
 out:
 	return rc;
 }

@@ -42,22 +42,33 @@ int fb_cuda_device_count(char *why, size_t len);
 FB_MUST_CHECK fb_err fb_cuda_trainer_gradient(void *state,
     const uint32_t *idx, uint32_t batch, float *grad, float *loss);
 
-/* In-step all-reduce timing, summed over profiled steps, mean over GPUs. */
+/*
+ * In-step all-reduce timing, summed over profiled steps. A GPU's time for
+ * a step is the sum over buckets of (timestamp after the all-reduce -
+ * timestamp before it), on its own stream; it includes waiting for the
+ * slowest GPU to arrive. `allreduce_ms` averages it over GPUs;
+ * `allreduce_last_ms` takes, each step, the GPU that waited least (the
+ * last to arrive), which is the collective's own duration once every GPU
+ * is in it.
+ */
 typedef struct fb_cuda_profile {
-	uint32_t ranks;       /* GPUs */
-	uint64_t steps;       /* profiled steps */
-	uint64_t calls;       /* all-reduce calls per GPU */
-	uint64_t bytes;       /* bytes all-reduced per GPU */
-	double allreduce_ms;  /* time inside those calls (CUDA events) */
-	double busbw_gbs;     /* 2(n-1)/n * bytes / time, GB/s (1e9) */
+	uint32_t ranks;           /* GPUs */
+	uint64_t steps;           /* profiled steps */
+	uint64_t calls;           /* all-reduce calls per GPU */
+	uint64_t bytes;           /* bytes all-reduced per GPU */
+	double allreduce_ms;      /* mean over GPUs */
+	double allreduce_last_ms; /* the GPU that waited least, each step */
+	double busbw_gbs;         /* 2(n-1)/n * bytes / time, GB/s (1e9) */
+	double busbw_last_gbs;    /* the same from allreduce_last_ms */
 } fb_cuda_profile;
 
 /*
  * fb_cuda_trainer_set_profile turns profiling on (non-zero) or off. While
- * on, train() records CUDA events around each gradient all-reduce (inside
- * the captured graph when graphs are on) and synchronizes after each step
- * to read them, so that the counters below fill; turning it on resets
- * them. Not thread-safe against a concurrent train().
+ * on, each training step writes the GPU's %globaltimer before and after
+ * each gradient all-reduce (inside the captured graph when graphs are on;
+ * no host synchronization per step), read after each chunk of steps, so
+ * that the counters below fill; turning it on resets them. Not
+ * thread-safe against a concurrent train().
  */
 void fb_cuda_trainer_set_profile(void *state, int on);
 void fb_cuda_trainer_get_profile(void *state, fb_cuda_profile *out);

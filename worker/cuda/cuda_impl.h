@@ -89,18 +89,29 @@ cudaError_t fb_cuda_loss_reduce(const float *rowloss, uint32_t rows,
     float scale, const uint32_t *step, float *losses, cudaStream_t s);
 
 /*
- * fb_cuda_sgd applies PyTorch's SGD to count elements: v = mu*v + g + wd*w
- * (v untouched when mu == 0), w -= lr*v. When `step` is non-NULL, *step is
+ * fb_cuda_sgd applies PyTorch's SGD to count elements, with FedProx's
+ * proximal term when `anchor` is non-NULL (the CPU backend's order):
+ * d = g + prox*(w - anchor); d += wd*w; v = mu*v + d (v untouched when
+ * mu == 0, d used as is); w -= lr*v. When `step` is non-NULL, *step is
  * incremented once (the end of a training step).
  */
-cudaError_t fb_cuda_sgd(float *w, const float *g, float *v, size_t count,
-    float lr, float mu, float wd, uint32_t *step, cudaStream_t s);
+cudaError_t fb_cuda_sgd(float *w, const float *g, float *v,
+    const float *anchor, size_t count, float lr, float mu, float wd,
+    float prox, uint32_t *step, cudaStream_t s);
 
 /* fb_cuda_checksum writes to *out a position-weighted sum of the bit
  * patterns of w[0..count); equal vectors give equal sums. *out must be
  * zeroed first (it is accumulated into). */
 cudaError_t fb_cuda_checksum(const float *w, size_t count,
     unsigned long long *out, cudaStream_t s);
+
+/*
+ * fb_cuda_stamp writes the GPU's %globaltimer (nanoseconds) to
+ * stamps[*step * stride + slot] when the stream reaches it: timing inside
+ * a captured graph without a host synchronization per step.
+ */
+cudaError_t fb_cuda_stamp(unsigned long long *stamps, const uint32_t *step,
+    uint32_t slot, uint32_t stride, cudaStream_t s);
 
 /* fb_cuda_fill sets p[0..count) to v. */
 cudaError_t fb_cuda_fill(float *p, size_t count, float v, cudaStream_t s);

@@ -2,8 +2,8 @@
 /*
  * kernels.cu -- the CUDA backend's own kernels: batch gather, bias + ReLU,
  * ReLU backward, softmax cross-entropy (forward and backward in one pass),
- * a deterministic loss reduction, the SGD/momentum/weight-decay update and
- * a replica checksum. The matrix products are cuBLAS's (backend.c).
+ * a deterministic loss reduction, the SGD/momentum/weight-decay update, a
+ * replica checksum and a timestamp (profiling the all-reduce). The matrix products are cuBLAS's (backend.c).
  *
  * All kernels are memory-bound; they use grid-stride loops, 16-byte
  * accesses where the shapes allow, and no atomics on floats, so that a
@@ -245,9 +245,13 @@ fb_cuda_loss_reduce(const float *rowloss, uint32_t rows, float scale,
 }
 
 __device__ static inline void
-sgd_one(float &w, float g, float &v, float lr, float mu, float wd, int mom)
+sgd_one(float &w, float g, float &v, float a, float lr, float mu, float wd,
+    float prox, int mom)
 {
-	float d = g + wd * w;
+	/* The CPU backend's order: FedProx term, then weight decay. */
+	float d = prox != 0.0f ? g + prox * (w - a) : g;
+
+	d = d + wd * w;
 	if (mom) {
 		v = mu * v + d;
 		d = v;
@@ -258,18 +262,19 @@ sgd_one(float &w, float g, float &v, float lr, float mu, float wd, int mom)
 /* count % 4 == 0 and 16-byte aligned buffers (the backend pads them). */
 __global__ void
 sgd4_kernel(float4 *__restrict__ w, const float4 *__restrict__ g,
-    float4 *__restrict__ v, size_t n4, float lr, float mu, float wd, int mom,
-    uint32_t *step)
+    float4 *__restrict__ v, const float4 *__restrict__ anchor, size_t n4,
+    float lr, float mu, float wd, float prox, int mom, uint32_t *step)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		float4 a = w[i];
 		float4 b = g[i];
 		float4 c = mom ? v[i] : make_float4(0, 0, 0, 0);
-		sgd_one(a.x, b.x, c.x, lr, mu, wd, mom);
-		sgd_one(a.y, b.y, c.y, lr, mu, wd, mom);
-		sgd_one(a.z, b.z, c.z, lr, mu, wd, mom);
-		sgd_one(a.w, b.w, c.w, lr, mu, wd, mom);
+		float4 o = anchor != NULL ? anchor[i] : make_float4(0, 0, 0, 0);
+		sgd_one(a.x, b.x, c.x, o.x, lr, mu, wd, prox, mom);
+		sgd_one(a.y, b.y, c.y, o.y, lr, mu, wd, prox, mom);
+		sgd_one(a.z, b.z, c.z, o.z, lr, mu, wd, prox, mom);
+		sgd_one(a.w, b.w, c.w, o.w, lr, mu, wd, prox, mom);
 		w[i] = a;
 		if (mom) {
 			v[i] = c;
@@ -282,14 +287,15 @@ sgd4_kernel(float4 *__restrict__ w, const float4 *__restrict__ g,
 
 __global__ void
 sgd_kernel(float *__restrict__ w, const float *__restrict__ g,
-    float *__restrict__ v, size_t n, float lr, float mu, float wd, int mom,
-    uint32_t *step)
+    float *__restrict__ v, const float *__restrict__ anchor, size_t n,
+    float lr, float mu, float wd, float prox, int mom, uint32_t *step)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		float a = w[i];
 		float c = mom ? v[i] : 0.0f;
-		sgd_one(a, g[i], c, lr, mu, wd, mom);
+		sgd_one(a, g[i], c, anchor != NULL ? anchor[i] : 0.0f, lr, mu,
+		    wd, prox, mom);
 		w[i] = a;
 		if (mom) {
 			v[i] = c;
@@ -301,19 +307,25 @@ sgd_kernel(float *__restrict__ w, const float *__restrict__ g,
 }
 
 extern "C" cudaError_t
-fb_cuda_sgd(float *w, const float *g, float *v, size_t count, float lr,
-    float mu, float wd, uint32_t *step, cudaStream_t s)
+fb_cuda_sgd(float *w, const float *g, float *v, const float *anchor,
+    size_t count, float lr, float mu, float wd, float prox, uint32_t *step,
+    cudaStream_t s)
 {
 	int mom = mu != 0.0f;
 
+	if (anchor == NULL) {
+		prox = 0.0f;
+	}
 	if (count % 4 == 0 && (uintptr_t)w % 16 == 0 &&
-	    (uintptr_t)g % 16 == 0 && (uintptr_t)v % 16 == 0) {
+	    (uintptr_t)g % 16 == 0 && (uintptr_t)v % 16 == 0 &&
+	    (uintptr_t)anchor % 16 == 0) {
 		sgd4_kernel<<<grid_for(count / 4, THREADS), THREADS, 0, s>>>(
-		    (float4 *)w, (const float4 *)g, (float4 *)v, count / 4,
-		    lr, mu, wd, mom, step);
+		    (float4 *)w, (const float4 *)g, (float4 *)v,
+		    (const float4 *)anchor, count / 4, lr, mu, wd, prox, mom,
+		    step);
 	} else {
 		sgd_kernel<<<grid_for(count, THREADS), THREADS, 0, s>>>(w, g,
-		    v, count, lr, mu, wd, mom, step);
+		    v, anchor, count, lr, mu, wd, prox, mom, step);
 	}
 	return cudaGetLastError();
 }
@@ -367,5 +379,24 @@ extern "C" cudaError_t
 fb_cuda_fill(float *p, size_t count, float v, cudaStream_t s)
 {
 	fill_kernel<<<grid_for(count, THREADS), THREADS, 0, s>>>(p, count, v);
+	return cudaGetLastError();
+}
+
+/* One thread: the GPU's global nanosecond timer into the step's slot. */
+__global__ void
+stamp_kernel(unsigned long long *stamps, const uint32_t *step,
+    uint32_t slot, uint32_t stride)
+{
+	unsigned long long t;
+
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	stamps[(size_t)*step * stride + slot] = t;
+}
+
+extern "C" cudaError_t
+fb_cuda_stamp(unsigned long long *stamps, const uint32_t *step,
+    uint32_t slot, uint32_t stride, cudaStream_t s)
+{
+	stamp_kernel<<<1, 1, 0, s>>>(stamps, step, slot, stride);
 	return cudaGetLastError();
 }
