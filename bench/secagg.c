@@ -10,9 +10,10 @@
  * sealed shares, reveals); only the timed parts are reported. Prints a
  * markdown table.
  *
- *   build/bench/secagg [--quick] [--no-500]
+ *   build/bench/secagg [--quick] [--no-500 | --only-500]
  *
- * --quick: 0.2M and 2M models; --no-500: skip the n = 500 x 100K row.
+ * --quick: 0.2M and 2M models; --no-500: skip the n = 500 x 100K rows;
+ * --only-500: the throughput line and the n = 500 rows (0% and 10%).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,7 +243,7 @@ main(int argc, char **argv)
 {
 	uint32_t ns[4] = { 4, 16, 64, 128 };
 	uint64_t m10 = 10 * 1000 * 1000, m1 = 1000 * 1000;
-	int quick = 0, with500 = 1;
+	int quick = 0, with500 = 1, only500 = 0;
 	uint32_t *v;
 	double t_all = fb_now_s();
 
@@ -251,8 +252,11 @@ main(int argc, char **argv)
 			quick = 1;
 		} else if (strcmp(argv[a], "--no-500") == 0) {
 			with500 = 0;
+		} else if (strcmp(argv[a], "--only-500") == 0) {
+			only500 = 1;
 		} else {
-			fprintf(stderr, "usage: %s [--quick] [--no-500]\n",
+			fprintf(stderr, "usage: %s [--quick] [--no-500 | "
+			                "--only-500]\n",
 			    argv[0]);
 			return 2;
 		}
@@ -270,6 +274,9 @@ main(int argc, char **argv)
 	randombytes_buf(v, m10 * sizeof(*v));
 	throughput(v, (UINT64_C(1) << 24) / (quick ? 4 : 1));
 
+	if (only500) {
+		goto n500;
+	}
 	printf("Per-worker masking (pairwise seeds + all expansions, one "
 	       "thread)\n\n");
 	printf("| n | graph | k | t | setup s (all n workers) | %.0gM: mask s "
@@ -325,6 +332,7 @@ main(int argc, char **argv)
 			sim_free(&s);
 		}
 	}
+n500:
 	if (with500) {
 		printf("\nThe published point of comparison: n = 500, "
 		       "100K entries, complete graph\n\n");
@@ -333,7 +341,7 @@ main(int argc, char **argv)
 		printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
 		/* 10% only: each setup of 500 simulated workers costs
 		 * minutes here (250K signature checks and 750K X25519). */
-		for (int d = 1; d < 2; d++) {
+		for (int d = only500 ? 0 : 1; d < 2; d++) {
 			sim s;
 			srv_times t;
 			uint32_t drop = d == 0 ? 0 : 50;

@@ -108,6 +108,16 @@ example(fb_msg_type t, const fz_fixture *f, fb_msg *m)
 		    0x40);
 		fill(&m->u.round_start.stream_trailer, FB_STREAM_TRAILER_LEN,
 		    0x80);
+		m->u.round_start.secagg = true;
+		m->u.round_start.sa_slot = 1;
+		m->u.round_start.sa_n = 4;
+		m->u.round_start.sa_degree = 3;
+		m->u.round_start.sa_threshold = 3;
+		fill(&m->u.round_start.sa_graph_seed, 32, 0x33);
+		m->u.round_start.sa_ring_bits = 32;
+		m->u.round_start.sa_clip = 4;
+		m->u.round_start.sa_max_samples = 1000000;
+		m->u.round_start.sa_a_bound = 1;
 		break;
 	case FB_MSG_MODEL_FETCH:
 		m->u.model_fetch.round = FZ_ROUND;
@@ -153,6 +163,11 @@ example(fb_msg_type t, const fz_fixture *f, fb_msg *m)
 		fill(&m->u.update_end.stream_trailer, FB_STREAM_TRAILER_LEN,
 		    0x90);
 		break;
+	case FB_MSG_SECAGG:
+		m->u.secagg.round = FZ_ROUND;
+		m->u.secagg.phase = FB_SA_SHARES;
+		m->u.secagg.count = 2;
+		break;
 	default:
 		fz_die("type");
 	}
@@ -170,6 +185,7 @@ seal_round(const fb_msg *m)
 	case FB_MSG_UPDATE_CHUNK:
 	case FB_MSG_UPDATE_END:
 	case FB_MSG_ROUND_CANCEL:
+	case FB_MSG_SECAGG:
 		return FZ_ROUND; /* all examples are about round FZ_ROUND */
 	default:
 		return 0; /* between rounds */
