@@ -291,6 +291,23 @@ fb_link_take_payload(fb_link *l, fb_buf **out)
 	return FB_OK;
 }
 
+fb_err
+fb_buf_alloc(size_t len, fb_buf **out)
+{
+	fb_buf *b;
+
+	*out = NULL;
+	if ((b = malloc(sizeof(*b))) == NULL) {
+		return FB_ENOMEM;
+	}
+	if (zmq_msg_init_size(&b->msg, len) != 0) {
+		free(b);
+		return FB_ENOMEM;
+	}
+	*out = b;
+	return FB_OK;
+}
+
 uint8_t *
 fb_buf_data(fb_buf *b)
 {

@@ -307,6 +307,9 @@ typedef struct fb_buf fb_buf;
  * releases with fb_buf_free. Errors: FB_EINVAL (no payload held), FB_ENOMEM.
  */
 FB_MUST_CHECK fb_err fb_link_take_payload(fb_link *l, fb_buf **out);
+/* fb_buf_alloc makes a buffer of `len` bytes (contents undefined), for
+ * payloads made here rather than received. Errors: FB_ENOMEM. */
+FB_MUST_CHECK fb_err fb_buf_alloc(size_t len, fb_buf **out);
 uint8_t *fb_buf_data(fb_buf *b);
 size_t fb_buf_len(const fb_buf *b);
 void fb_buf_free(fb_buf *b);
