@@ -240,6 +240,9 @@ typedef struct coord {
 	uint64_t clipped_base;    /* fb_ingest_counter at the round's start */
 	fb_ingest *ingest;        /* decrypts and adds update chunks */
 	ingest_arg *stream_arg;   /* slot i: how to add worker i's update */
+	double first_begin_s;     /* the round's first update began; 0 */
+	uint32_t last_found;      /* find_peer's last hit */
+	int64_t last_scan_ms;     /* tick's last liveness scan */
 	uint64_t up_bytes;
 	uint64_t down_bytes;
 	volatile sig_atomic_t *stop;
@@ -353,8 +356,15 @@ drop(coord *c, drop_reason r, const char *fmt, ...)
 static worker *
 find_peer(coord *c, const fb_peer *p)
 {
+	/* Chunks come in runs from one peer: try the last one found first. */
+	worker *w = &c->workers[c->last_found < c->worker_cap ? c->last_found
+	                                                      : 0];
+	if (w->used && fb_peer_equal(&w->peer, p)) {
+		return w;
+	}
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		if (c->workers[i].used && fb_peer_equal(&c->workers[i].peer, p)) {
+			c->last_found = i;
 			return &c->workers[i];
 		}
 	}
@@ -725,6 +735,9 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 	w->state = W_UPLOADING;
 	w->next_chunk = 0;
 	w->final_seen = false;
+	if (c->first_begin_s == 0) {
+		c->first_begin_s = fb_now_s();
+	}
 	w->steps = m->u.update_begin.steps;
 	w->train_loss = m->u.update_begin.train_loss;
 	w->train_seconds = m->u.update_begin.train_seconds;
@@ -853,8 +866,10 @@ ingest_results(coord *c)
 				}
 				w->state = W_DONE;
 				w->done_ms = fb_now_ms();
-				fb_log_debug("round %u: %supdate from %s complete",
-				    c->round, c->secure ? "signed " : "", name);
+				fb_log_debug("round %u: %supdate from %s complete "
+				             "(%.6fs after the first update began)",
+				    c->round, c->secure ? "signed " : "", name,
+				    fb_now_s() - c->first_begin_s);
 			}
 		} else if (r.stage == FB_INGEST_AT_TRAILER) {
 			drop(c, drop_of_reject(r.reject), "update trailer from "
@@ -1653,6 +1668,12 @@ tick(coord *c)
 		}
 		c->last_heartbeat_ms = now;
 	}
+	/* Liveness is in seconds: scanning every worker slot on every
+	 * message (up to transport.max_workers) is wasted; every 10 ms. */
+	if (now - c->last_scan_ms < 10) {
+		return;
+	}
+	c->last_scan_ms = now;
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		worker *w = &c->workers[i];
 		if (w->used && now - w->last_seen_ms > c->cfg->liveness_ms) {
@@ -2134,6 +2155,7 @@ run_round(coord *c, uint32_t rounds_total)
 	const char *backend = NULL;
 
 	c->clipped_base = fb_ingest_counter(c->ingest);
+	c->first_begin_s = 0;
 	r.selected = start_round(c);
 	while (!round_finished(c)) {
 		int64_t left = c->deadline_ms - fb_now_ms();
