@@ -77,6 +77,7 @@ typedef struct worker {
 	fb_session *sess;    /* current session; NULL until a handshake */
 	fb_session *pending; /* a newer handshake, promoted on first use */
 	uint64_t ingest_gen; /* the update's stream number in the pool */
+	double begin_s;      /* fb_now_s() when its update began */
 	bool final_seen;     /* the update's end (trailer) was queued */
 	/* heterogeneity */
 	double speed;        /* smoothed local steps per second */
@@ -735,8 +736,9 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 	w->state = W_UPLOADING;
 	w->next_chunk = 0;
 	w->final_seen = false;
+	w->begin_s = fb_now_s();
 	if (c->first_begin_s == 0) {
-		c->first_begin_s = fb_now_s();
+		c->first_begin_s = w->begin_s;
 	}
 	w->steps = m->u.update_begin.steps;
 	w->train_loss = m->u.update_begin.train_loss;
@@ -866,10 +868,12 @@ ingest_results(coord *c)
 				}
 				w->state = W_DONE;
 				w->done_ms = fb_now_ms();
+				double now = fb_now_s();
 				fb_log_debug("round %u: %supdate from %s complete "
-				             "(%.6fs after the first update began)",
+				             "(%.6fs after the first update began; "
+				             "it took %.6fs)",
 				    c->round, c->secure ? "signed " : "", name,
-				    fb_now_s() - c->first_begin_s);
+				    now - c->first_begin_s, now - w->begin_s);
 			}
 		} else if (r.stage == FB_INGEST_AT_TRAILER) {
 			drop(c, drop_of_reject(r.reject), "update trailer from "
