@@ -58,7 +58,8 @@ typedef struct fb_ingest_opts {
 
 /*
  * fb_ingest_threads_auto is the thread count for "auto": the CPUs this
- * process may use, less one for the event loop, between 1 and 16.
+ * process may use, less one for the event loop, at most 16; 0 (inline)
+ * with 2 CPUs or fewer.
  */
 uint32_t fb_ingest_threads_auto(void);
 

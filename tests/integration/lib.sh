@@ -97,6 +97,8 @@ worker_security() { # INDEX
 }
 
 # coord_yaml PORT OUT [ROUND-YAML-LINES]: a coordinator config for tests.
+# Updates go through 2 ingest threads (FB_INGEST_THREADS), so the threaded
+# path runs here even where `auto` would pick none (2 CPUs).
 coord_yaml() {
 	local port=$1 out=$2 extra=${3:-}
 	coord_security
@@ -109,6 +111,8 @@ model:
   hidden: [32]
 round:
 ${extra:-  rounds: 3}
+aggregation:
+  ingest_threads: ${FB_INGEST_THREADS:-2}
 transport:
   heartbeat: 200ms
   liveness_timeout: 3s
