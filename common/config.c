@@ -848,6 +848,13 @@ set_scalar(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
 		/* FALLTHROUGH */
 	case FB_CFG_INT: {
 		int64_t v = 0;
+		for (int i = 0; f->names != NULL && f->names[i] != NULL; i++) {
+			if (strlen(f->names[i]) == len &&
+			    memcmp(text, f->names[i], len) == 0) {
+				*(int64_t *)p = -1 - i; /* a word: -1, -2, ... */
+				return FB_OK;
+			}
+		}
 		if ((rc = set_int(c, m, key, f, text, len, &v)) != FB_OK) {
 			return rc;
 		}
@@ -1533,6 +1540,10 @@ fb_cfg_print_reference(FILE *fp, const fb_cfg_field *schema)
 			fprintf(fp, ", %s to %s",
 			    fmt_bound(lo, sizeof(lo), f, f->min),
 			    fmt_bound(hi, sizeof(hi), f, f->max));
+		}
+		for (int i = 0; f->type == FB_CFG_INT && f->names != NULL &&
+		     f->names[i] != NULL; i++) {
+			fprintf(fp, " or %s", f->names[i]);
 		}
 		fputs(" | ", fp);
 		if (f->def == NULL) {

@@ -68,7 +68,9 @@ typedef struct fb_cfg_field {
 	size_t offset;            /* offsetof() into the target struct */
 	const char *def;          /* default as YAML scalar text; NULL: required */
 	double min, max;          /* inclusive bounds; ignored when min > max */
-	const char *const *names; /* FB_CFG_ENUM: NULL-terminated names */
+	const char *const *names; /* FB_CFG_ENUM: NULL-terminated names;
+	                           * FB_CFG_INT: words also accepted, stored
+	                           * as -1, -2, ... (e.g. "auto") */
 	const char *doc;          /* one-line description for the reference */
 } fb_cfg_field;
 

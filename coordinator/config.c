@@ -14,6 +14,7 @@ static const char *const log_levels[] = {"debug", "info", "warn", "error",
     NULL};
 static const char *const local_works[] = {"fixed", "time_budget", NULL};
 static const char *const straggler_modes[] = {"drop", "wait", NULL};
+static const char *const auto_word[] = {"auto", NULL}; /* -1 */
 #define MB NULL
 
 const fb_cfg_field fb_coord_config_schema[] = {
@@ -90,6 +91,10 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "fedadam/fedyogi: adaptivity (epsilon)"},
     {"aggregation.clip", FB_CFG_FLOAT, F(clip), "16", 1e-6, 1e6, MB,
         "update coordinates are clamped to [-clip, clip] (fixed point)"},
+    {"aggregation.ingest_threads", FB_CFG_INT, F(ingest_threads), "auto",
+        0, 256, auto_word, "threads that decrypt and add updates, one "
+        "worker's update on one thread at a time; auto = CPUs - 1 (at "
+        "most 16; 0 with 2 CPUs or fewer); 0 = on the event loop"},
     {"evaluation.every", FB_CFG_INT, F(eval_every), "1", 0, 1e6, MB,
         "evaluate on the test set every N rounds (and the last); 0 = never"},
     {"evaluation.data_dir", FB_CFG_STRING, F(data_dir),

@@ -9,8 +9,11 @@
  *   fetch   -> workers pull the global model chunk by chunk (ModelFetch),
  *              a bounded number in flight each, so queues stay small
  *   train   -> workers send Heartbeats while they train
- *   ingest  -> UpdateBegin then UpdateChunks; each chunk is checked and
- *              added to the one fixed-point accumulator as it arrives
+ *   ingest  -> UpdateBegin then UpdateChunks; each chunk is checked here
+ *              and queued to the ingest pool (ingest.h), whose threads
+ *              decrypt it and add it to the one fixed-point accumulator;
+ *              the pool's results (update complete, or refused and why)
+ *              come back to this loop
  *   commit  -> when every selected worker is done or lost, or at the
  *              deadline: apply the mean update, evaluate, write the model
  *              (atomically) and one metrics line
@@ -30,6 +33,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/ingest.h"
 #include "crypto/crypto.h"
 #include "data/data.h"
 #include "model/model.h"
@@ -72,8 +76,9 @@ typedef struct worker {
 	/* secure mode: slot i is allowlist entry i */
 	fb_session *sess;    /* current session; NULL until a handshake */
 	fb_session *pending; /* a newer handshake, promoted on first use */
-	fb_stream_pull *pull; /* the update stream of this round */
-	bool final_seen;     /* the update stream's FINAL chunk came */
+	uint64_t ingest_gen; /* the update's stream number in the pool */
+	double begin_s;      /* fb_now_s() when its update began */
+	bool final_seen;     /* the update's end (trailer) was queued */
 	/* heterogeneity */
 	double speed;        /* smoothed local steps per second */
 	bool has_speed;
@@ -197,6 +202,13 @@ typedef struct rl_entry {
 	int64_t blocked_until_ms;
 } rl_entry;
 
+/* What the ingest pool's callback needs to add one worker's update; set
+ * when the update begins, unchanged while the pool holds its chunks. */
+typedef struct ingest_arg {
+	double weight; /* FedAvg weight of a plain update */
+	bool masked;   /* secure aggregation: ring elements, mod 2^32 */
+} ingest_arg;
+
 typedef struct coord {
 	const fb_coord_config *cfg;
 	fb_link *link;
@@ -226,6 +238,12 @@ typedef struct coord {
 	int64_t drop_logged_ms[DROP_REASON_COUNT_];
 	uint64_t drops_unlogged[DROP_REASON_COUNT_];
 	uint64_t clipped;
+	uint64_t clipped_base;    /* fb_ingest_counter at the round's start */
+	fb_ingest *ingest;        /* decrypts and adds update chunks */
+	ingest_arg *stream_arg;   /* slot i: how to add worker i's update */
+	double first_begin_s;     /* the round's first update began; 0 */
+	uint32_t last_found;      /* find_peer's last hit */
+	int64_t last_scan_ms;     /* tick's last liveness scan */
 	uint64_t up_bytes;
 	uint64_t down_bytes;
 	volatile sig_atomic_t *stop;
@@ -246,7 +264,6 @@ typedef struct coord {
 	uint8_t round_key[FB_STREAM_KEY_LEN];
 	uint8_t stream_header[FB_STREAM_HEADER_LEN];
 	uint8_t stream_trailer[FB_STREAM_TRAILER_LEN];
-	float *scratch;          /* one decrypted update chunk */
 	/* round policy */
 	fb_server_opt *opt;      /* the server rule's optimiser */
 	uint32_t target_updates; /* updates that close a round early */
@@ -340,8 +357,15 @@ drop(coord *c, drop_reason r, const char *fmt, ...)
 static worker *
 find_peer(coord *c, const fb_peer *p)
 {
+	/* Chunks come in runs from one peer: try the last one found first. */
+	worker *w = &c->workers[c->last_found < c->worker_cap ? c->last_found
+	                                                      : 0];
+	if (w->used && fb_peer_equal(&w->peer, p)) {
+		return w;
+	}
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		if (c->workers[i].used && fb_peer_equal(&c->workers[i].peer, p)) {
+			c->last_found = i;
 			return &c->workers[i];
 		}
 	}
@@ -402,6 +426,11 @@ worker_fail(coord *c, worker *w, const char *why)
 		c->sa.poisoned = "a masked input was cut off mid-stream";
 	}
 	if (w->state == W_TRAINING || w->state == W_UPLOADING) {
+		if (w->state == W_UPLOADING) {
+			/* Chunks already queued are still added, as they were
+			 * when each was added on arrival. */
+			fb_ingest_abort(c->ingest, (uint32_t)(w - c->workers));
+		}
 		fb_log_warn("round %u: %s leaves the round: %s", c->round,
 		    w->name, why);
 		w->state = W_FAILED;
@@ -414,7 +443,6 @@ worker_forget(coord *c, worker *w, const char *why)
 {
 	worker_fail(c, w, why);
 	fb_log_info("worker %s removed: %s", w->name, why);
-	fb_stream_pull_free(w->pull);
 	fb_session_free(w->sess);
 	fb_session_free(w->pending);
 	memset(w, 0, sizeof(*w));
@@ -604,6 +632,9 @@ updates_claimed(const coord *c)
 static void
 on_update_begin(coord *c, worker *w, const fb_msg *m)
 {
+	fb_stream_pull *pull = NULL;
+	uint32_t slot = (uint32_t)(w - c->workers);
+
 	if (m->u.update_begin.round != c->round) {
 		drop(c, DROP_STALE_ROUND, "update for round %u from %s "
 		    "(round %u is open)", m->u.update_begin.round, w->name,
@@ -648,9 +679,6 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 		fb_reject why = FB_REJECT_NONE;
 		fb_err rc;
 
-		fb_stream_pull_free(w->pull);
-		w->pull = NULL;
-		w->final_seen = false;
 		if (m->u.update_begin.stream_key.len != FB_STREAM_KEY_LEN) {
 			drop(c, DROP_MALFORMED, "update from %s without a stream "
 			    "key", w->name);
@@ -661,7 +689,7 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 		    m->u.update_begin.stream_key.b,
 		    m->u.update_begin.stream_header.b,
 		    m->u.update_begin.stream_header.len, c->chunk_elems * 4,
-		    &w->pull, &why);
+		    &pull, &why);
 		if (rc != FB_OK) {
 			drop(c, drop_of_reject(why), "update stream header from "
 			    "%s: %s", w->name, fb_reject_name(why));
@@ -677,8 +705,7 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 		    c->target_updates);
 		(void)send_to(c, w, &cm, NULL, 0);
 		worker_fail(c, w, "not needed: over-selected and later");
-		fb_stream_pull_free(w->pull);
-		w->pull = NULL;
+		fb_stream_pull_free(pull);
 		return;
 	}
 	if (c->sa.phase == SA_OFF && fb_rule_is_fednova((fb_rule)c->cfg->rule) &&
@@ -687,6 +714,15 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 		drop(c, DROP_MALFORMED, "FedNova update from %s without a "
 		    "normaliser", w->name);
 		worker_fail(c, w, "FedNova update without a normaliser");
+		fb_stream_pull_free(pull);
+		return;
+	}
+	/* The pool takes the decryptor (plain mode: none). */
+	c->stream_arg[slot].weight = w->weight;
+	c->stream_arg[slot].masked = c->sa.phase != SA_OFF;
+	if (fb_ingest_begin(c->ingest, slot, pull, &c->stream_arg[slot],
+	        &w->ingest_gen) != FB_OK) {
+		worker_fail(c, w, "out of memory");
 		return;
 	}
 	w->a_norm = m->u.update_begin.a_norm;
@@ -699,6 +735,11 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 	}
 	w->state = W_UPLOADING;
 	w->next_chunk = 0;
+	w->final_seen = false;
+	w->begin_s = fb_now_s();
+	if (c->first_begin_s == 0) {
+		c->first_begin_s = w->begin_s;
+	}
 	w->steps = m->u.update_begin.steps;
 	w->train_loss = m->u.update_begin.train_loss;
 	w->train_seconds = m->u.update_begin.train_seconds;
@@ -714,6 +755,7 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 	const fb_msg *m = &f->msg;
 	uint32_t k = m->u.update_chunk.chunk;
 	uint64_t elems;
+	fb_buf *buf = NULL;
 	fb_err rc;
 
 	if (m->u.update_chunk.round != c->round) {
@@ -722,9 +764,11 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 		    c->round);
 		return;
 	}
-	if (w->state != W_UPLOADING) {
+	if (w->state != W_UPLOADING || w->next_chunk == c->in_chunks) {
+		/* (all chunks in: the update is done or being finished) */
 		drop(c, DROP_UNEXPECTED, "update chunk from %s, which is %s",
-		    w->name, wstate_names[w->state]);
+		    w->name, w->state != W_UPLOADING ? wstate_names[w->state]
+		                                     : "done");
 		return;
 	}
 	if (k != w->next_chunk) {
@@ -748,75 +792,23 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 		worker_fail(c, w, "update chunk of the wrong size");
 		return;
 	}
-	if (c->secure) {
-		size_t mlen = 0;
-		int final = 0;
-		fb_reject why = FB_REJECT_NONE;
-		rc = fb_stream_pull_chunk(w->pull, f->payload, f->payload_len,
-		    (uint8_t *)c->scratch, c->chunk_elems * 4, &mlen, &final,
-		    &why);
-		if (rc != FB_OK || (final != 0) != (k + 1 == c->in_chunks)) {
-			drop(c, rc != FB_OK ? drop_of_reject(why)
-			                    : DROP_TRUNCATED,
-			    "update chunk %u from %s: %s", k, w->name,
-			    rc != FB_OK ? fb_reject_name(why)
-			                : "final mark on the wrong chunk");
-			worker_fail(c, w, "update stream rejected");
-			return;
-		}
-		w->final_seen = final != 0;
-		if (c->sa.phase != SA_OFF) {
-			/* A masked input: ring elements, added mod 2^32. */
-			const uint32_t *v = (const uint32_t *)c->scratch;
-			uint32_t *sum = k < c->chunk_count
-			    ? fb_accum_ring(c->accum) + (uint64_t)k * c->chunk_elems
-			    : c->sa.extra;
-			for (uint64_t j = 0; j < elems; j++) {
-				sum[j] += v[j];
-			}
-			rc = FB_OK;
-		} else {
-			rc = fb_accum_add(c->accum, k, c->scratch, w->weight,
-			    &c->clipped);
-		}
-	} else if (((uintptr_t)f->payload & 3) == 0) {
-		const void *p = f->payload;
-		rc = fb_accum_add(c->accum, k, (const float *)p, w->weight,
-		    &c->clipped);
-	} else {
-		float *tmp = fb_alloc(f->payload_len);
-		if (tmp == NULL) {
-			worker_fail(c, w, "out of memory");
-			return;
-		}
-		memcpy(tmp, f->payload, f->payload_len);
-		rc = fb_accum_add(c->accum, k, tmp, w->weight, &c->clipped);
-		fb_free(tmp);
-	}
-	if (rc == FB_EINVAL) {
-		drop(c, DROP_NONFINITE, "update chunk %u from %s holds NaN or "
-		    "infinity", k, w->name);
-		worker_fail(c, w, "non-finite values in the update");
-		return;
+	/* Decrypted (secure mode), checked and added by the ingest pool;
+	 * what it refuses comes back in ingest_results(). */
+	rc = fb_link_take_payload(c->link, &buf);
+	if (rc == FB_OK) {
+		rc = fb_ingest_chunk(c->ingest, (uint32_t)(w - c->workers), k,
+		    buf, k + 1 == c->in_chunks);
 	}
 	if (rc != FB_OK) {
-		drop(c, DROP_UNEXPECTED, "update chunk %u from %s: %s", k,
-		    w->name, fb_strerror(rc));
-		worker_fail(c, w, "update could not be added");
+		worker_fail(c, w, "out of memory");
 		return;
 	}
-	if (++w->next_chunk == c->in_chunks && !c->secure) {
-		w->state = W_DONE;
-		w->done_ms = fb_now_ms();
-		fb_log_debug("round %u: update from %s complete", c->round,
-		    w->name);
-	}
+	w->next_chunk++;
 }
 
 static void
 on_update_end(coord *c, worker *w, const fb_msg *m)
 {
-	fb_reject why = FB_REJECT_NONE;
 	fb_pubkey pk;
 
 	if (m->u.update_end.round != c->round) {
@@ -828,32 +820,139 @@ on_update_end(coord *c, worker *w, const fb_msg *m)
 		return; /* plain updates are complete at their last chunk */
 	}
 	if (w->state != W_UPLOADING || w->next_chunk != c->in_chunks ||
-	    !w->final_seen) {
+	    w->final_seen) {
 		drop(c, DROP_TRUNCATED, "update end from %s after %u of %u "
 		    "chunks", w->name, w->next_chunk, c->in_chunks);
 		worker_fail(c, w, "update truncated");
 		return;
 	}
+	/* Checked by the pool after the last chunk: see ingest_results(). */
 	pk = c->allow[w->id];
-	if (fb_stream_pull_final(w->pull, &pk, m->u.update_end.stream_trailer.b,
-	        m->u.update_end.stream_trailer.len, NULL, &why) != FB_OK) {
-		drop(c, drop_of_reject(why), "update trailer from %s: %s",
-		    w->name, fb_reject_name(why));
-		worker_fail(c, w, "update signature rejected");
+	if (fb_ingest_end(c->ingest, (uint32_t)(w - c->workers), &pk,
+	        m->u.update_end.stream_trailer.b,
+	        m->u.update_end.stream_trailer.len) != FB_OK) {
+		worker_fail(c, w, "out of memory");
 		return;
 	}
-	fb_stream_pull_free(w->pull);
-	w->pull = NULL;
-	if (c->sa.phase != SA_OFF) {
-		if (fb_secagg_server_set_included(c->sa.srv, w->slot) != FB_OK) {
-			c->sa.poisoned = "a masked input could not be recorded";
+	w->final_seen = true;
+}
+
+/*
+ * What the ingest pool made of the update streams: complete updates, and
+ * the chunk or trailer it refused, dropped and counted as they were when
+ * this loop decrypted and added each chunk itself.
+ */
+static void
+ingest_results(coord *c)
+{
+	fb_ingest_result r;
+
+	while (fb_ingest_result_next(c->ingest, &r)) {
+		worker *w = &c->workers[r.slot];
+		bool cur = w->used && w->ingest_gen == r.gen;
+		const char *name = cur ? w->name : "a departed worker";
+
+		c->cur_peer = cur ? &w->peer : NULL;
+		if (cur) {
+			w->next_chunk = r.consumed;
 		}
-		c->sa.flags[w->slot] |= SA_F_INCLUDED;
+		if (r.status == FB_INGEST_DONE) {
+			if (cur && w->state == W_UPLOADING) {
+				if (c->sa.phase != SA_OFF) {
+					if (fb_secagg_server_set_included(c->sa.srv,
+					        w->slot) != FB_OK) {
+						c->sa.poisoned = "a masked input "
+						    "could not be recorded";
+					}
+					c->sa.flags[w->slot] |= SA_F_INCLUDED;
+				}
+				w->state = W_DONE;
+				w->done_ms = fb_now_ms();
+				double now = fb_now_s();
+				fb_log_debug("round %u: %supdate from %s complete "
+				             "(%.6fs after the first update began; "
+				             "it took %.6fs)",
+				    c->round, c->secure ? "signed " : "", name,
+				    now - c->first_begin_s, now - w->begin_s);
+			}
+		} else if (r.stage == FB_INGEST_AT_TRAILER) {
+			drop(c, drop_of_reject(r.reject), "update trailer from "
+			    "%s: %s", name, fb_reject_name(r.reject));
+			if (cur) {
+				worker_fail(c, w, "update signature rejected");
+			}
+		} else if (r.stage == FB_INGEST_AT_DECRYPT ||
+		    r.stage == FB_INGEST_AT_FINAL_MARK) {
+			drop(c, r.stage == FB_INGEST_AT_DECRYPT
+			        ? drop_of_reject(r.reject)
+			        : DROP_TRUNCATED,
+			    "update chunk %u from %s: %s", r.chunk, name,
+			    r.stage == FB_INGEST_AT_DECRYPT
+			        ? fb_reject_name(r.reject)
+			        : "final mark on the wrong chunk");
+			if (cur) {
+				worker_fail(c, w, "update stream rejected");
+			}
+		} else if (r.err == FB_EINVAL) {
+			drop(c, DROP_NONFINITE, "update chunk %u from %s holds NaN "
+			    "or infinity", r.chunk, name);
+			if (cur) {
+				worker_fail(c, w, "non-finite values in the update");
+			}
+		} else {
+			drop(c, DROP_UNEXPECTED, "update chunk %u from %s: %s",
+			    r.chunk, name, fb_strerror(r.err));
+			if (cur) {
+				worker_fail(c, w, "update could not be added");
+			}
+		}
+		c->cur_peer = NULL;
 	}
-	w->state = W_DONE;
-	w->done_ms = fb_now_ms();
-	fb_log_debug("round %u: signed update from %s complete", c->round,
-	    w->name);
+}
+
+/* Waits for the pool to finish what it holds, then takes its results. */
+static void
+ingest_settle(coord *c)
+{
+	fb_ingest_drain(c->ingest);
+	ingest_results(c);
+}
+
+/*
+ * The ingest pool's callback: adds one decrypted chunk with the update's
+ * weight, or (secure aggregation) its masked ring elements. The pool never
+ * runs two calls for the same chunk at once, and both adds touch only
+ * their chunk, so calls need no other lock.
+ */
+static fb_err
+ingest_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
+    size_t len, uint64_t *counter)
+{
+	coord *c = arg;
+	const ingest_arg *a = stream_arg;
+
+	if (a->masked) {
+		/* A masked input: ring elements, added mod 2^32. */
+		const uint32_t *v = data;
+		uint32_t *sum = chunk < c->chunk_count
+		    ? fb_accum_ring(c->accum) + (uint64_t)chunk * c->chunk_elems
+		    : c->sa.extra;
+		uint64_t elems = chunk < c->chunk_count
+		    ? fb_accum_chunk_len(c->accum, chunk)
+		    : SA_EXTRA;
+		if (len != elems * 4) {
+			return FB_EPROTO;
+		}
+		for (uint64_t j = 0; j < elems; j++) {
+			sum[j] += v[j];
+		}
+		return FB_OK;
+	}
+	if (chunk >= c->chunk_count ||
+	    len != fb_accum_chunk_len(c->accum, chunk) * 4) {
+		return FB_EPROTO;
+	}
+	return fb_accum_add(c->accum, chunk, data, a->weight, counter);
 }
 
 static fb_err pump(coord *c, int timeout_ms);
@@ -1573,6 +1672,12 @@ tick(coord *c)
 		}
 		c->last_heartbeat_ms = now;
 	}
+	/* Liveness is in seconds: scanning every worker slot on every
+	 * message (up to transport.max_workers) is wasted; every 10 ms. */
+	if (now - c->last_scan_ms < 10) {
+		return;
+	}
+	c->last_scan_ms = now;
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		worker *w = &c->workers[i];
 		if (w->used && now - w->last_seen_ms > c->cfg->liveness_ms) {
@@ -1593,7 +1698,8 @@ pump(coord *c, int timeout_ms)
 	const char *why = NULL;
 	fb_err rc;
 
-	rc = fb_link_recv(c->link, timeout_ms, -1, NULL, &f, &why);
+	rc = fb_link_recv(c->link, timeout_ms, fb_ingest_wake_fd(c->ingest),
+	    NULL, &f, &why);
 	if ((rc == FB_OK || rc == FB_EPROTO) && rl_blocked(c, &f.peer)) {
 		c->drops[DROP_RATE_LIMITED]++;
 	} else if (rc == FB_OK) {
@@ -1609,6 +1715,7 @@ pump(coord *c, int timeout_ms)
 	} else if (rc != FB_ETIMEDOUT) {
 		return rc;
 	}
+	ingest_results(c);
 	tick(c);
 	return FB_OK;
 }
@@ -2051,7 +2158,8 @@ run_round(coord *c, uint32_t rounds_total)
 	bool cancelled = false, mixed = false;
 	const char *backend = NULL;
 
-	c->clipped = 0;
+	c->clipped_base = fb_ingest_counter(c->ingest);
+	c->first_begin_s = 0;
 	r.selected = start_round(c);
 	while (!round_finished(c)) {
 		int64_t left = c->deadline_ms - fb_now_ms();
@@ -2085,6 +2193,11 @@ run_round(coord *c, uint32_t rounds_total)
 			}
 			left = 100;
 		} else if (left <= 0) {
+			/* Updates whose last chunks the pool holds are in. */
+			ingest_settle(c);
+			if (round_finished(c)) {
+				break;
+			}
 			fb_log_warn("round %u: deadline (%.1fs) reached",
 			    c->round, (double)c->cfg->deadline_ms / 1000.0);
 			cancel_stragglers(c, true, false);
@@ -2099,6 +2212,9 @@ run_round(coord *c, uint32_t rounds_total)
 	(void)cancelled;
 	/* Over-selection: the round has its updates; stop the others. */
 	cancel_stragglers(c, false, false);
+	/* Every chunk received is added before the round commits. */
+	ingest_settle(c);
+	c->clipped = fb_ingest_counter(c->ingest) - c->clipped_base;
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		const worker *w = &c->workers[i];
 		if (w->used && w->state == W_DONE) {
@@ -2334,8 +2450,7 @@ load_security(coord *c, const fb_coord_config *cfg)
 	c->bcast_stride = (uint64_t)c->chunk_elems * 4 + FB_STREAM_CHUNK_OVERHEAD;
 	c->bcast = fb_alloc(c->bcast_stride * c->chunk_count);
 	c->bcast_len = calloc(c->chunk_count, sizeof(*c->bcast_len));
-	c->scratch = fb_alloc((size_t)c->chunk_elems * 4);
-	if (c->bcast == NULL || c->bcast_len == NULL || c->scratch == NULL) {
+	if (c->bcast == NULL || c->bcast_len == NULL) {
 		return FB_ENOMEM;
 	}
 	c->secure = true;
@@ -2487,8 +2602,32 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 		}
 	}
 	if ((c->workers = calloc(c->worker_cap, sizeof(*c->workers))) ==
-	    NULL) {
+	    NULL ||
+	    (c->stream_arg = calloc(c->worker_cap, sizeof(*c->stream_arg))) ==
+	        NULL) {
 		return FB_ENOMEM;
+	}
+	{
+		fb_ingest_opts io = {
+		    .threads = cfg->ingest_threads < 0
+		        ? fb_ingest_threads_auto()
+		        : (uint32_t)cfg->ingest_threads,
+		    .slots = c->worker_cap,
+		    .chunk_count = c->chunk_count + 1, /* + SecAgg extras */
+		    .max_chunk_len = (size_t)c->chunk_elems * 4,
+		    .chunk_cb = ingest_add_cb,
+		    .cb_arg = c,
+		};
+		if ((rc = fb_ingest_alloc(&io, &c->ingest)) != FB_OK) {
+			return rc;
+		}
+		if (io.threads > 0) {
+			fb_log_info("ingest pool: %u threads decrypt and add "
+			            "updates", io.threads);
+		} else {
+			fb_log_info("ingest: updates decrypted and added on the "
+			            "event loop");
+		}
 	}
 	fb_rng_init(&c->rng, (uint64_t)cfg->seed, 0xc00d);
 	if ((rc = fb_link_bind(cfg->listen, &lo, &c->link)) != FB_OK) {
@@ -2502,6 +2641,7 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 static void
 coord_fini(coord *c)
 {
+	fb_ingest_free(c->ingest); /* first: its threads use the accumulator */
 	sa_free(&c->sa);
 	fb_link_close(c->link);
 	fb_accum_free(c->accum);
@@ -2509,8 +2649,8 @@ coord_fini(coord *c)
 	fb_free(c->params);
 	fb_model_close(c->model);
 	fb_dataset_fini(&c->test);
+	free(c->stream_arg);
 	for (uint32_t i = 0; c->workers != NULL && i < c->worker_cap; i++) {
-		fb_stream_pull_free(c->workers[i].pull);
 		fb_session_free(c->workers[i].sess);
 		fb_session_free(c->workers[i].pending);
 	}
@@ -2521,7 +2661,6 @@ coord_fini(coord *c)
 	free(c->hello_nonces);
 	fb_free(c->bcast);
 	free(c->bcast_len);
-	fb_free(c->scratch);
 	fb_wipe(c->round_key, sizeof(c->round_key));
 }
 

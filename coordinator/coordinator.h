@@ -53,6 +53,7 @@ typedef struct fb_coord_config {
 	double beta2;
 	double tau;
 	double clip;
+	int64_t ingest_threads;    /* -1 = auto; 0 = on the event loop */
 	/* evaluation */
 	int64_t eval_every;        /* 0 = never */
 	char *data_dir;

@@ -239,18 +239,103 @@ has_more(void *sock)
 	return zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) == 0 && more;
 }
 
+/*
+ * link_wait polls the socket (and wake_fd) up to timeout_ms: FB_OK when a
+ * message is waiting, FB_ETIMEDOUT otherwise (*woke set if wake_fd fired).
+ */
+static fb_err
+link_wait(fb_link *l, int timeout_ms, int wake_fd, bool *woke)
+{
+	zmq_pollitem_t items[2] = {
+	    {l->sock, 0, ZMQ_POLLIN, 0},
+	    {NULL, wake_fd, ZMQ_POLLIN, 0},
+	};
+	int n = zmq_poll(items, wake_fd >= 0 ? 2 : 1, timeout_ms);
+
+	if (n < 0) {
+		if (errno == EINTR) {
+			return FB_ETIMEDOUT;
+		}
+		fb_log_error("zmq_poll: %s", zmq_strerror(errno));
+		return FB_EZMQ;
+	}
+	if (wake_fd >= 0 && (items[1].revents & ZMQ_POLLIN) && woke != NULL) {
+		*woke = true;
+	}
+	return (items[0].revents & ZMQ_POLLIN) ? FB_OK : FB_ETIMEDOUT;
+}
+
+/* A payload frame taken out of the link: the ZeroMQ message itself, so
+ * the bytes are never copied. */
+struct fb_buf {
+	zmq_msg_t msg;
+};
+
+fb_err
+fb_link_take_payload(fb_link *l, fb_buf **out)
+{
+	fb_buf *b;
+
+	*out = NULL;
+	if (!l->payload_live) {
+		return FB_EINVAL;
+	}
+	if ((b = malloc(sizeof(*b))) == NULL) {
+		return FB_ENOMEM;
+	}
+	zmq_msg_init(&b->msg);
+	zmq_msg_move(&b->msg, &l->payload);
+	zmq_msg_close(&l->payload);
+	l->payload_live = false;
+	*out = b;
+	return FB_OK;
+}
+
+fb_err
+fb_buf_alloc(size_t len, fb_buf **out)
+{
+	fb_buf *b;
+
+	*out = NULL;
+	if ((b = malloc(sizeof(*b))) == NULL) {
+		return FB_ENOMEM;
+	}
+	if (zmq_msg_init_size(&b->msg, len) != 0) {
+		free(b);
+		return FB_ENOMEM;
+	}
+	*out = b;
+	return FB_OK;
+}
+
+uint8_t *
+fb_buf_data(fb_buf *b)
+{
+	return zmq_msg_data(&b->msg);
+}
+
+size_t
+fb_buf_len(const fb_buf *b)
+{
+	return zmq_msg_size(&b->msg);
+}
+
+void
+fb_buf_free(fb_buf *b)
+{
+	if (b != NULL) {
+		zmq_msg_close(&b->msg);
+		free(b);
+	}
+}
+
 fb_err
 fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
     const char **why)
 {
 	fb_err rc = FB_OK;
-	zmq_pollitem_t items[2] = {
-	    {l->sock, 0, ZMQ_POLLIN, 0},
-	    {NULL, wake_fd, ZMQ_POLLIN, 0},
-	};
 	zmq_msg_t part;
 	bool part_live = false;
-	int n;
 
 	const char *ignored;
 
@@ -269,27 +354,27 @@ fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
 		zmq_msg_close(&l->head);
 		l->head_live = false;
 	}
-	n = zmq_poll(items, wake_fd >= 0 ? 2 : 1, timeout_ms);
-	if (n < 0) {
-		if (errno == EINTR) {
-			return FB_ETIMEDOUT;
-		}
-		fb_log_error("zmq_poll: %s", zmq_strerror(errno));
-		return FB_EZMQ;
-	}
-	if (wake_fd >= 0 && (items[1].revents & ZMQ_POLLIN) && woke != NULL) {
-		*woke = true;
-	}
-	if (!(items[0].revents & ZMQ_POLLIN)) {
-		return FB_ETIMEDOUT;
-	}
 	zmq_msg_init(&part);
 	part_live = true;
 	if (l->router) {
+		/* A busy coordinator finds the next message already queued:
+		 * take it without a zmq_poll (a system call and a socket scan
+		 * per message); poll only when the queue is empty. */
 		if (zmq_msg_recv(&part, l->sock, ZMQ_DONTWAIT) < 0) {
-			rc = errno == EAGAIN || errno == EINTR ? FB_ETIMEDOUT
-			                                       : FB_EZMQ;
-			goto out;
+			if (errno != EAGAIN && errno != EINTR) {
+				rc = FB_EZMQ;
+				goto out;
+			}
+			if ((rc = link_wait(l, timeout_ms, wake_fd, woke)) !=
+			    FB_OK) {
+				goto out;
+			}
+			if (zmq_msg_recv(&part, l->sock, ZMQ_DONTWAIT) < 0) {
+				rc = errno == EAGAIN || errno == EINTR
+				    ? FB_ETIMEDOUT
+				    : FB_EZMQ;
+				goto out;
+			}
 		}
 		f->wire_len += zmq_msg_size(&part);
 		if (zmq_msg_size(&part) > FB_PEER_ID_MAX || !has_more(l->sock)) {
@@ -301,6 +386,8 @@ fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
 		memcpy(f->peer.id, zmq_msg_data(&part), f->peer.len);
 		zmq_msg_close(&part);
 		zmq_msg_init(&part);
+	} else if ((rc = link_wait(l, timeout_ms, wake_fd, woke)) != FB_OK) {
+		goto out;
 	}
 	if (zmq_msg_recv(&part, l->sock, ZMQ_DONTWAIT) < 0) {
 		rc = errno == EAGAIN || errno == EINTR ? FB_ETIMEDOUT : FB_EZMQ;

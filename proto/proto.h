@@ -284,10 +284,35 @@ typedef struct fb_frame {
  * (or wake_fd fired: *woke is then true), FB_EPROTO for a malformed
  * message that was dropped (*why tells why; f->peer and f->wire_len are
  * set so the caller can log and count it), FB_EZMQ on socket failure,
- * FB_ECLOSED when interrupted by a signal.
+ * FB_ECLOSED when interrupted by a signal. On a ROUTER link a message
+ * already queued is returned at once, without polling: *woke is then false
+ * even if wake_fd is readable, so the caller checks what wake_fd signals on
+ * every call, not only when *woke is set.
  */
 FB_MUST_CHECK fb_err fb_link_recv(fb_link *l, int timeout_ms, int wake_fd,
     bool *woke, fb_frame *f, const char **why);
+
+/*
+ * A payload frame taken out of the link (fb_link_take_payload), owned by
+ * the caller, usable from any thread. fb_buf_data's bytes are writable
+ * (decryption in place); fb_buf_free(NULL) is a no-op.
+ */
+typedef struct fb_buf fb_buf;
+
+/*
+ * fb_link_take_payload moves the payload frame of the message just received
+ * (FB_OK from fb_link_recv with a payload) out of the link, without a copy,
+ * so that another thread can consume it after the next fb_link_recv;
+ * f->payload then points into *out, which the caller owns on FB_OK and
+ * releases with fb_buf_free. Errors: FB_EINVAL (no payload held), FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_link_take_payload(fb_link *l, fb_buf **out);
+/* fb_buf_alloc makes a buffer of `len` bytes (contents undefined), for
+ * payloads made here rather than received. Errors: FB_ENOMEM. */
+FB_MUST_CHECK fb_err fb_buf_alloc(size_t len, fb_buf **out);
+uint8_t *fb_buf_data(fb_buf *b);
+size_t fb_buf_len(const fb_buf *b);
+void fb_buf_free(fb_buf *b);
 
 /*
  * fb_link_send_raw sends a prepared frame 0 (`head`, with its prefix) and,

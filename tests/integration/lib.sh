@@ -97,8 +97,14 @@ worker_security() { # INDEX
 }
 
 # coord_yaml PORT OUT [ROUND-YAML-LINES]: a coordinator config for tests.
+# Updates go through 2 ingest threads (FB_INGEST_THREADS), so the threaded
+# path runs here even where `auto` would pick none (2 CPUs), unless the
+# extra lines bring their own aggregation section.
 coord_yaml() {
 	local port=$1 out=$2 extra=${3:-}
+	local agg="aggregation:
+  ingest_threads: ${FB_INGEST_THREADS:-2}"
+	case $extra in *aggregation:*) agg="" ;; esac # theirs (default auto)
 	coord_security
 	cat <<YAML
 listen: tcp://127.0.0.1:$port
@@ -109,6 +115,7 @@ model:
   hidden: [32]
 round:
 ${extra:-  rounds: 3}
+${agg}
 transport:
   heartbeat: 200ms
   liveness_timeout: 3s

@@ -1,0 +1,441 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * coordinator_test.c -- the ingest pool (coordinator/ingest.h): per-stream
+ * order, sums independent of the thread count, and streams that fail
+ * mid-way (bad MAC, missing FINAL mark, callback refusal, bad trailer,
+ * abort) keep exactly the chunks before the failure.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/ingest.h"
+#include "crypto/crypto.h"
+#include "harness.h"
+#include "proto/proto.h"
+
+#define CHUNK_ELEMS 1024
+#define CHUNK_LEN (CHUNK_ELEMS * 4)
+#define CHUNKS 24
+#define STREAMS 6
+
+/* What one stream's callback sees. Touched by one thread at a time. */
+typedef struct stream_log {
+	uint32_t id;
+	uint32_t seen[CHUNKS];
+	uint32_t count;
+	int32_t refuse_at; /* chunk the callback refuses; -1 none */
+} stream_log;
+
+typedef struct sink {
+	uint32_t sum[CHUNKS * CHUNK_ELEMS]; /* ring Z_2^32, like SecAgg */
+} sink;
+
+static fb_err
+add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data, size_t len,
+    uint64_t *counter)
+{
+	sink *s = arg;
+	stream_log *l = stream_arg;
+	const uint32_t *x = data;
+
+	if (len != CHUNK_LEN) {
+		return FB_EPROTO;
+	}
+	if ((int32_t)chunk == l->refuse_at) {
+		return FB_EINVAL;
+	}
+	for (uint32_t i = 0; i < CHUNK_ELEMS; i++) {
+		s->sum[(size_t)chunk * CHUNK_ELEMS + i] += x[i];
+	}
+	l->seen[l->count++] = chunk;
+	(*counter)++;
+	return FB_OK;
+}
+
+/* Element i of chunk k of stream s: a fixed pseudo-random word. */
+static uint32_t
+value(uint32_t s, uint32_t k, uint32_t i)
+{
+	uint64_t z = ((uint64_t)s << 40) ^ ((uint64_t)k << 20) ^ i;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return (uint32_t)(z ^ (z >> 31));
+}
+
+static void
+fill_plain(uint32_t s, uint32_t k, uint32_t *out)
+{
+	for (uint32_t i = 0; i < CHUNK_ELEMS; i++) {
+		out[i] = value(s, k, i);
+	}
+}
+
+static fb_ingest *
+pool(uint32_t threads, sink *snk)
+{
+	fb_ingest *g = NULL;
+	fb_ingest_opts o = {
+	    .threads = threads,
+	    .slots = STREAMS,
+	    .chunk_count = CHUNKS,
+	    .max_chunk_len = CHUNK_LEN,
+	    .queue_max = threads > 0 ? 3 : 0, /* small: exercises the wait */
+	    .chunk_cb = add_cb,
+	    .cb_arg = snk,
+	};
+	assert_int_equal(fb_ingest_alloc(&o, &g), FB_OK);
+	return g;
+}
+
+static fb_buf *
+plain_buf(uint32_t s, uint32_t k)
+{
+	fb_buf *b = NULL;
+	assert_int_equal(fb_buf_alloc(CHUNK_LEN, &b), FB_OK);
+	fill_plain(s, k, (uint32_t *)(void *)fb_buf_data(b));
+	return b;
+}
+
+/* The reference: chunks [0, upto[s]) of every stream s, added in order. */
+static void
+expected(const uint32_t *upto, uint32_t *sum)
+{
+	memset(sum, 0, sizeof(uint32_t) * CHUNKS * CHUNK_ELEMS);
+	for (uint32_t s = 0; s < STREAMS; s++) {
+		for (uint32_t k = 0; k < upto[s]; k++) {
+			for (uint32_t i = 0; i < CHUNK_ELEMS; i++) {
+				sum[(size_t)k * CHUNK_ELEMS + i] += value(s, k, i);
+			}
+		}
+	}
+}
+
+static uint32_t
+take_results(fb_ingest *g, fb_ingest_result *out, uint32_t cap)
+{
+	uint32_t n = 0;
+	fb_ingest_result r;
+	while (fb_ingest_result_next(g, &r)) {
+		assert_true(n < cap);
+		out[n++] = r;
+	}
+	return n;
+}
+
+static void
+test_order_and_exact_sums(void **state)
+{
+	static const uint32_t threads[] = {0, 1, 2, 3, 8};
+	static sink snk;
+	static uint32_t want[CHUNKS * CHUNK_ELEMS];
+	uint32_t upto[STREAMS];
+
+	(void)state;
+	for (uint32_t s = 0; s < STREAMS; s++) {
+		upto[s] = CHUNKS;
+	}
+	expected(upto, want);
+	for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++) {
+		stream_log logs[STREAMS];
+		uint64_t gen[STREAMS];
+		fb_ingest_result res[STREAMS + 1];
+		fb_ingest *g;
+
+		memset(&snk, 0, sizeof(snk));
+		memset(logs, 0, sizeof(logs));
+		g = pool(threads[t], &snk);
+		for (uint32_t s = 0; s < STREAMS; s++) {
+			logs[s].id = s;
+			logs[s].refuse_at = -1;
+			assert_int_equal(fb_ingest_begin(g, s, NULL, &logs[s],
+			                     &gen[s]), FB_OK);
+		}
+		/* Interleaved like workers uploading at once. */
+		for (uint32_t k = 0; k < CHUNKS; k++) {
+			for (uint32_t s = 0; s < STREAMS; s++) {
+				assert_int_equal(fb_ingest_chunk(g, s, k,
+				                     plain_buf(s, k), k + 1 == CHUNKS),
+				    FB_OK);
+			}
+		}
+		fb_ingest_drain(g);
+		assert_int_equal(take_results(g, res, STREAMS + 1), STREAMS);
+		for (uint32_t i = 0; i < STREAMS; i++) {
+			uint32_t s = res[i].slot;
+			assert_int_equal(res[i].status, FB_INGEST_DONE);
+			assert_true(res[i].gen == gen[s]);
+			assert_int_equal(res[i].consumed, CHUNKS);
+		}
+		for (uint32_t s = 0; s < STREAMS; s++) {
+			assert_int_equal(logs[s].count, CHUNKS);
+			for (uint32_t k = 0; k < CHUNKS; k++) {
+				assert_int_equal(logs[s].seen[k], k);
+			}
+		}
+		assert_memory_equal(snk.sum, want, sizeof(want));
+		assert_true(fb_ingest_counter(g) == (uint64_t)STREAMS * CHUNKS);
+		fb_ingest_free(g);
+	}
+}
+
+/* An encrypted stream: ciphertext chunks, and the trailer signed by id. */
+typedef struct enc_stream {
+	uint8_t key[FB_STREAM_KEY_LEN];
+	uint8_t header[FB_STREAM_HEADER_LEN];
+	uint8_t trailer[FB_STREAM_TRAILER_LEN];
+	uint8_t ct[CHUNKS][CHUNK_LEN + FB_STREAM_CHUNK_OVERHEAD];
+	fb_stream_ctx ctx;
+} enc_stream;
+
+static void
+encrypt(uint32_t s, bool final_on_last, const fb_identity *id, enc_stream *e)
+{
+	fb_stream_push *p = NULL;
+	uint32_t plain[CHUNK_ELEMS];
+
+	e->ctx.round = 7;
+	e->ctx.sender = s;
+	assert_int_equal(fb_run_id_random(&e->ctx.run), FB_OK);
+	assert_int_equal(fb_stream_push_alloc(&e->ctx, CHUNK_LEN,
+	                     FB_STREAM_DIGEST_TAGS, e->key, e->header, &p),
+	    FB_OK);
+	for (uint32_t k = 0; k < CHUNKS; k++) {
+		size_t clen = 0;
+		fill_plain(s, k, plain);
+		assert_int_equal(fb_stream_push_chunk(p, (const uint8_t *)plain,
+		                     CHUNK_LEN, final_on_last && k + 1 == CHUNKS,
+		                     e->ct[k], sizeof(e->ct[k]), &clen),
+		    FB_OK);
+		assert_int_equal(clen, sizeof(e->ct[k]));
+	}
+	if (final_on_last) {
+		assert_int_equal(fb_stream_push_final(p, id, e->trailer), FB_OK);
+	}
+	fb_stream_push_free(p);
+}
+
+static fb_stream_pull *
+decryptor(const enc_stream *e)
+{
+	fb_stream_pull *p = NULL;
+	fb_reject why = FB_REJECT_NONE;
+	assert_int_equal(fb_stream_pull_alloc(&e->ctx, FB_STREAM_DIGEST_TAGS,
+	                     e->key, e->header, sizeof(e->header), CHUNK_LEN,
+	                     &p, &why),
+	    FB_OK);
+	return p;
+}
+
+static fb_buf *
+ct_buf(const enc_stream *e, uint32_t k, bool flip)
+{
+	fb_buf *b = NULL;
+	assert_int_equal(fb_buf_alloc(sizeof(e->ct[k]), &b), FB_OK);
+	memcpy(fb_buf_data(b), e->ct[k], sizeof(e->ct[k]));
+	if (flip) {
+		fb_buf_data(b)[100] ^= 0x20;
+	}
+	return b;
+}
+
+/*
+ * Six encrypted streams at once: 0 and 1 complete and signed; 2 has a
+ * flipped bit in chunk 5; 3 lacks its FINAL mark; 4's callback refuses
+ * chunk 9; 5 has a trailer signed by the wrong key. Each failed stream
+ * keeps exactly its chunks before the failure (the chunk-wise semantics of
+ * the accumulator), whatever the thread count.
+ */
+static void
+test_failures_mid_stream(void **state)
+{
+	static const uint32_t threads[] = {0, 1, 4};
+	static sink snk;
+	static uint32_t want[CHUNKS * CHUNK_ELEMS];
+	static enc_stream es[STREAMS];
+	fb_identity *id = NULL, *other = NULL;
+	fb_pubkey pk;
+	uint32_t upto[STREAMS] = {CHUNKS, CHUNKS, 5, CHUNKS - 1, 9, CHUNKS};
+
+	(void)state;
+	assert_int_equal(fb_crypto_init(), FB_OK);
+	assert_int_equal(fb_identity_alloc("w", &id), FB_OK);
+	assert_int_equal(fb_identity_alloc("x", &other), FB_OK);
+	fb_identity_pubkey(id, &pk);
+	for (uint32_t s = 0; s < STREAMS; s++) {
+		encrypt(s, s != 3, s == 5 ? other : id, &es[s]);
+	}
+	expected(upto, want);
+	for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++) {
+		stream_log logs[STREAMS];
+		uint64_t gen[STREAMS];
+		fb_ingest_result res[STREAMS + 1];
+		uint32_t n;
+		fb_ingest *g;
+
+		memset(&snk, 0, sizeof(snk));
+		memset(logs, 0, sizeof(logs));
+		g = pool(threads[t], &snk);
+		for (uint32_t s = 0; s < STREAMS; s++) {
+			logs[s].refuse_at = s == 4 ? 9 : -1;
+			assert_int_equal(fb_ingest_begin(g, s, decryptor(&es[s]),
+			                     &logs[s], &gen[s]), FB_OK);
+		}
+		for (uint32_t k = 0; k < CHUNKS; k++) {
+			for (uint32_t s = 0; s < STREAMS; s++) {
+				assert_int_equal(fb_ingest_chunk(g, s, k,
+				                     ct_buf(&es[s], k, s == 2 && k == 5),
+				                     k + 1 == CHUNKS),
+				    FB_OK);
+			}
+		}
+		for (uint32_t s = 0; s < STREAMS; s++) {
+			assert_int_equal(fb_ingest_end(g, s, &pk, es[s].trailer,
+			                     sizeof(es[s].trailer)), FB_OK);
+		}
+		fb_ingest_drain(g);
+		n = take_results(g, res, STREAMS + 1);
+		assert_int_equal(n, STREAMS); /* one each: no result twice */
+		for (uint32_t i = 0; i < n; i++) {
+			const fb_ingest_result *r = &res[i];
+			assert_true(r->gen == gen[r->slot]);
+			assert_int_equal(r->consumed, upto[r->slot]);
+			switch (r->slot) {
+			case 0:
+			case 1:
+				assert_int_equal(r->status, FB_INGEST_DONE);
+				break;
+			case 2:
+				assert_int_equal(r->status, FB_INGEST_FAILED);
+				assert_int_equal(r->stage, FB_INGEST_AT_DECRYPT);
+				assert_int_equal(r->reject, FB_REJECT_BAD_MAC);
+				assert_int_equal(r->chunk, 5);
+				break;
+			case 3:
+				assert_int_equal(r->stage, FB_INGEST_AT_FINAL_MARK);
+				assert_int_equal(r->chunk, CHUNKS - 1);
+				break;
+			case 4:
+				assert_int_equal(r->stage, FB_INGEST_AT_CONSUME);
+				assert_int_equal(r->err, FB_EINVAL);
+				assert_int_equal(r->chunk, 9);
+				break;
+			case 5:
+				assert_int_equal(r->stage, FB_INGEST_AT_TRAILER);
+				assert_int_equal(r->reject,
+				    FB_REJECT_BAD_SIGNATURE);
+				break;
+			}
+		}
+		for (uint32_t s = 0; s < STREAMS; s++) {
+			assert_int_equal(logs[s].count, upto[s]);
+		}
+		assert_memory_equal(snk.sum, want, sizeof(want));
+		fb_ingest_free(g);
+	}
+	fb_identity_free(id);
+	fb_identity_free(other);
+}
+
+/* An abort after some chunks: those queued are still added, later ones
+ * never are, and no result comes; the slot's next stream works. */
+static void
+test_abort_keeps_queued_chunks(void **state)
+{
+	static sink snk;
+	static uint32_t want[CHUNKS * CHUNK_ELEMS];
+	uint32_t upto[STREAMS] = {0};
+	stream_log l0 = {.refuse_at = -1}, l1 = {.refuse_at = -1};
+	fb_ingest_result r;
+	uint64_t gen = 0;
+	fb_ingest *g;
+
+	(void)state;
+	memset(&snk, 0, sizeof(snk));
+	g = pool(2, &snk);
+	assert_int_equal(fb_ingest_begin(g, 0, NULL, &l0, &gen), FB_OK);
+	for (uint32_t k = 0; k < 7; k++) {
+		assert_int_equal(fb_ingest_chunk(g, 0, k, plain_buf(0, k), false),
+		    FB_OK);
+	}
+	fb_ingest_abort(g, 0);
+	/* Chunks sent after the abort (a confused caller) are discarded. */
+	assert_int_equal(fb_ingest_chunk(g, 0, 7, plain_buf(0, 7), false), FB_OK);
+	fb_ingest_drain(g);
+	assert_false(fb_ingest_result_next(g, &r));
+	assert_int_equal(l0.count, 7);
+	/* The slot's next stream. */
+	assert_int_equal(fb_ingest_begin(g, 0, NULL, &l1, &gen), FB_OK);
+	for (uint32_t k = 7; k < CHUNKS; k++) {
+		assert_int_equal(fb_ingest_chunk(g, 0, k, plain_buf(0, k),
+		                     k + 1 == CHUNKS), FB_OK);
+	}
+	fb_ingest_drain(g);
+	assert_true(fb_ingest_result_next(g, &r));
+	assert_int_equal(r.status, FB_INGEST_DONE);
+	assert_true(r.gen == gen);
+	assert_int_equal(r.consumed, CHUNKS - 7);
+	upto[0] = CHUNKS;
+	expected(upto, want);
+	assert_memory_equal(snk.sum, want, sizeof(want));
+	fb_ingest_free(g);
+}
+
+/* Freeing a pool with work queued finishes it and leaks nothing. */
+static void
+test_free_with_work_queued(void **state)
+{
+	static sink snk;
+	stream_log l = {.refuse_at = -1};
+	uint64_t gen = 0;
+	fb_ingest *g;
+
+	(void)state;
+	g = pool(3, &snk);
+	assert_int_equal(fb_ingest_begin(g, 1, NULL, &l, &gen), FB_OK);
+	for (uint32_t k = 0; k < CHUNKS; k++) {
+		assert_int_equal(fb_ingest_chunk(g, 1, k, plain_buf(1, k),
+		                     k + 1 == CHUNKS), FB_OK);
+	}
+	fb_ingest_free(g);
+	assert_int_equal(l.count, CHUNKS);
+}
+
+static void
+test_bad_arguments(void **state)
+{
+	static sink snk;
+	fb_ingest *g = NULL;
+	fb_ingest_opts o = {.threads = 1, .slots = 0, .chunk_count = 1,
+	    .max_chunk_len = 4, .chunk_cb = add_cb, .cb_arg = &snk};
+	uint64_t gen = 1;
+
+	(void)state;
+	assert_int_equal(fb_ingest_alloc(&o, &g), FB_EINVAL);
+	assert_null(g);
+	g = pool(1, &snk);
+	assert_int_equal(fb_ingest_begin(g, STREAMS, NULL, NULL, &gen),
+	    FB_EINVAL);
+	assert_true(gen == 0);
+	assert_int_equal(fb_ingest_chunk(g, 0, CHUNKS, plain_buf(0, 0), false),
+	    FB_EINVAL);
+	assert_int_equal(fb_ingest_chunk(g, STREAMS, 0, plain_buf(0, 0), false),
+	    FB_EINVAL);
+	assert_true(fb_ingest_threads_auto() <= 16);
+	fb_ingest_free(g);
+	fb_ingest_free(NULL);
+}
+
+FB_TESTS = {
+	{"each stream's chunks are consumed in order and sums are exact "
+	 "whatever the thread count",
+	    test_order_and_exact_sums},
+	{"a stream failing mid-way keeps exactly its chunks before the failure",
+	    test_failures_mid_stream},
+	{"an abort keeps the queued chunks, gives no result, frees the slot",
+	    test_abort_keeps_queued_chunks},
+	{"freeing a pool finishes the queued work", test_free_with_work_queued},
+	{"bad arguments are rejected", test_bad_arguments},
+	{NULL, NULL},
+};
+
+FB_TEST_MAIN("coordinator")
