@@ -70,7 +70,6 @@ static const char *const type_names[] = {
     [FB_CFG_ENUM] = "enum",
     [FB_CFG_INT_LIST] = "list of int",
     [FB_CFG_STR_LIST] = "list of string",
-    [FB_CFG_INT_AUTO] = "auto or int",
 };
 
 static const char duration_hint[] =
@@ -91,7 +90,6 @@ type_size(fb_cfg_type t)
 {
 	switch (t) {
 	case FB_CFG_INT:
-	case FB_CFG_INT_AUTO:
 	case FB_CFG_DURATION:
 		return sizeof(int64_t);
 	case FB_CFG_FLOAT:
@@ -723,11 +721,19 @@ set_int(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
 		return cfg_fail(c, m, key, "'%s' does not fit a 64-bit integer",
 		    echo(e, sizeof(e), text, len));
 	}
+	if (rc != FB_OK && f->type == FB_CFG_INT && f->names != NULL) {
+		char words[128] = "";
+		for (int i = 0; f->names[i] != NULL; i++) {
+			size_t n = strlen(words);
+			snprintf(words + n, sizeof(words) - n, "%s%s",
+			    i > 0 ? " or " : "", f->names[i]);
+		}
+		return cfg_fail(c, m, key, "'%s' is neither %s nor a whole "
+		    "decimal number", echo(e, sizeof(e), text, len), words);
+	}
 	if (rc != FB_OK) {
 		return cfg_fail(c, m, key,
-		    f->type == FB_CFG_INT_AUTO
-		        ? "'%s' is neither auto nor a whole decimal number"
-		        : "bad integer '%s' (a whole decimal number, e.g. 42)",
+		    "bad integer '%s' (a whole decimal number, e.g. 42)",
 		    echo(e, sizeof(e), text, len));
 	}
 	if (has_bounds(f) && ((double)*v < f->min || (double)*v > f->max)) {
@@ -840,12 +846,6 @@ set_scalar(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
 		return cfg_fail(c, m, key, "value contains a NUL byte");
 	}
 	switch (f->type) {
-	case FB_CFG_INT_AUTO:
-		if (strcmp(text, "auto") == 0) {
-			*(int64_t *)p = 0;
-			return FB_OK;
-		}
-		/* FALLTHROUGH */
 	case FB_CFG_INT: {
 		int64_t v = 0;
 		for (int i = 0; f->names != NULL && f->names[i] != NULL; i++) {
@@ -1281,7 +1281,7 @@ schema_check(const fb_cfg_field *schema, size_t *depth_sum)
 		FB_ASSERT(len > 0 && len <= CFG_PATH_MAX);
 		FB_ASSERT(f->key[0] != '.' && f->key[len - 1] != '.' &&
 		          strstr(f->key, "..") == NULL);
-		FB_ASSERT((unsigned)f->type <= FB_CFG_INT_AUTO);
+		FB_ASSERT((unsigned)f->type <= FB_CFG_STR_LIST);
 		FB_ASSERT(f->type != FB_CFG_ENUM ||
 		          (f->names != NULL && f->names[0] != NULL));
 		for (const char *d = f->key; (d = strchr(d, '.')) != NULL;

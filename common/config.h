@@ -47,7 +47,6 @@ typedef enum fb_cfg_type {
 	FB_CFG_ENUM,     /* int: index into `names` */
 	FB_CFG_INT_LIST, /* fb_cfg_int_list; each element within min..max */
 	FB_CFG_STR_LIST, /* fb_cfg_str_list */
-	FB_CFG_INT_AUTO, /* int64_t: "auto" is 0, else an int within bounds */
 } fb_cfg_type;
 
 #define FB_CFG_MAX_LIST 64

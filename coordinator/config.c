@@ -121,11 +121,11 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"secure_aggregation.enabled", FB_CFG_BOOL, F(sa_enabled), "true", NOB,
         MB, "the coordinator learns only the weighted sum of the updates "
         "(SecAgg+); needs security.enabled"},
-    {"secure_aggregation.threshold", FB_CFG_INT_AUTO, F(sa_threshold),
-        "auto", 2, 65536, MB, "shares needed to recover a secret; auto = "
+    {"secure_aggregation.threshold", FB_CFG_INT, F(sa_threshold),
+        "auto", 2, 65536, auto_word, "shares needed to recover a secret; auto = "
         "a majority of each neighbourhood (floor(k/2) + 1 of k + 1)"},
-    {"secure_aggregation.neighbours", FB_CFG_INT_AUTO, F(sa_neighbours),
-        "auto", 1, 65535, MB, "masking neighbours per worker; auto = "
+    {"secure_aggregation.neighbours", FB_CFG_INT, F(sa_neighbours),
+        "auto", 1, 65535, auto_word, "masking neighbours per worker; auto = "
         "O(log n) (SecAgg+), n - 1 or more = complete graph (SecAgg)"},
     {"secure_aggregation.clip", FB_CFG_FLOAT, F(sa_clip), "4", 1e-6, 1e6,
         MB, "update coordinates are clamped to [-clip, clip] before the "

@@ -1010,7 +1010,10 @@ sa_begin(coord *c, const uint32_t *cand, uint32_t n, double a_bound,
 {
 	const fb_coord_config *cfg = c->cfg;
 	sa_round *sa = &c->sa;
-	uint32_t tcfg = (uint32_t)cfg->sa_threshold;
+	/* auto (-1 in the config) is 0 for the library */
+	uint32_t tcfg = cfg->sa_threshold > 0 ? (uint32_t)cfg->sa_threshold : 0;
+	uint32_t kcfg = cfg->sa_neighbours > 0 ? (uint32_t)cfg->sa_neighbours
+	                                       : FB_SECAGG_DEGREE_AUTO;
 	uint32_t bits = (uint32_t)cfg->sa_ring_bits;
 	fb_secagg_graph *g = NULL;
 	fb_err rc;
@@ -1032,7 +1035,7 @@ sa_begin(coord *c, const uint32_t *cand, uint32_t n, double a_bound,
 		*why = "no randomness for the neighbour graph";
 		return FB_EIO;
 	}
-	rc = fb_secagg_graph_alloc(n, (uint32_t)cfg->sa_neighbours, tcfg,
+	rc = fb_secagg_graph_alloc(n, kcfg, tcfg,
 	    sa->p.graph_seed, c->round, &g);
 	if (rc != FB_OK) {
 		*why = "cannot build the neighbour graph";

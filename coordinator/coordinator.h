@@ -70,8 +70,8 @@ typedef struct fb_coord_config {
 	fb_cfg_str_list workers;   /* the same, inline */
 	/* secure aggregation (SecAgg+) */
 	bool sa_enabled;
-	int64_t sa_threshold;      /* 0 = auto */
-	int64_t sa_neighbours;     /* 0 = auto */
+	int64_t sa_threshold;      /* -1 = auto */
+	int64_t sa_neighbours;     /* -1 = auto */
 	double sa_clip;
 	int64_t sa_ring_bits;
 	int64_t sa_max_samples;    /* public bound: weight = n / this */

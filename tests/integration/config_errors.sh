@@ -93,7 +93,7 @@ secure_aggregation:
   threshold: most
 YAML
 expect2 "threshold neither auto nor a number" \
-	"c7.yaml:2:14: secure_aggregation.threshold: 'most' is neither auto" \
+	"c7.yaml:2:14: secure_aggregation.threshold: 'most' is neither auto nor a whole decimal number" \
 	"$B/fedbox-coordinator" --config "$T/c7.yaml"
 
 cat >"$T/c8.yaml" <<'YAML'
