@@ -71,6 +71,10 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "required", NOB, sa_modes, "required: this worker's update, sample "
         "count and loss leave it only masked (secure aggregation), and it "
         "skips rounds without; optional: also plain rounds"},
+    {"security.peers", FB_CFG_STRING, F(peers), "", NOB, MB,
+        "optional: the federation's allowlist file; secure-aggregation "
+        "peers whose identity key is not on it are refused (without it "
+        "the keys come from the coordinator)"},
     {"debug.dump_updates", FB_CFG_STRING, F(dump_updates), "", NOB, MB,
         "TESTS ONLY: folder where each round's update (plain, encoded and "
         "masked) is written; empty = off"},

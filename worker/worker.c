@@ -104,6 +104,8 @@ typedef struct wk {
 	double sa_weight;      /* samples / max_samples */
 	fb_encoding enc, enc_w, enc_loss, enc_a;
 	uint32_t *encbuf;      /* one encoded (then masked) chunk */
+	fb_pubkey *peers;      /* security.peers: the keys we accept, or NULL */
+	uint32_t peer_count;
 } wk;
 
 /* This worker's sample count: its data's, or the benchmark setting. */
@@ -809,7 +811,19 @@ on_secagg(wk *w, const fb_frame *f)
 			const uint8_t *e = f->payload +
 			    (size_t)i * (4 + FB_PUBKEY_LEN + FB_SECAGG_ADV_LEN);
 			fb_pubkey pk;
+			bool known = w->peers == NULL;
 			memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
+			for (uint32_t j = 0; !known && j < w->peer_count; j++) {
+				known = fb_pubkey_equal(&w->peers[j], &pk);
+			}
+			if (!known) {
+				char fp[FB_FINGERPRINT_SIZE];
+				fb_pubkey_fingerprint(&pk, fp);
+				fb_log_warn("round %u: key advert signed by %s, "
+				            "which is not in security.peers: refused",
+				    w->round, fp);
+				continue;
+			}
 			rc = fb_secagg_worker_add_advert(w->sa, &pk,
 			    e + 4 + FB_PUBKEY_LEN, FB_SECAGG_ADV_LEN);
 			if (rc != FB_OK) {
@@ -1236,6 +1250,49 @@ accept_frame(wk *w, fb_frame *f)
 	return true;
 }
 
+/* security.peers: an allowlist file (public key lines, # comments). */
+static fb_err
+load_peers(wk *w, const char *path)
+{
+	char line[512];
+	unsigned lineno = 0;
+	FILE *f = fopen(path, "r");
+
+	if (f == NULL) {
+		fb_log_error("security.peers: cannot read %s", path);
+		return FB_ECONFIG;
+	}
+	while (fgets(line, sizeof(line), f) != NULL) {
+		char name[FB_COMMENT_MAX];
+		fb_pubkey pk, *grown;
+		size_t n = strcspn(line, "\r\n");
+		lineno++;
+		line[n] = '\0';
+		if (line[0] == '\0' || line[0] == '#') {
+			continue;
+		}
+		if (fb_pubkey_parse(line, &pk, name, sizeof(name)) != FB_OK) {
+			fb_log_error("%s:%u: not a fedbox public key line", path,
+			    lineno);
+			fclose(f);
+			return FB_ECONFIG;
+		}
+		grown = realloc(w->peers, (w->peer_count + 1) * sizeof(*grown));
+		if (grown == NULL) {
+			fclose(f);
+			return FB_ENOMEM;
+		}
+		w->peers = grown;
+		w->peers[w->peer_count++] = pk;
+	}
+	fclose(f);
+	if (w->peer_count == 0) {
+		fb_log_error("security.peers: %s lists no keys", path);
+		return FB_ECONFIG;
+	}
+	return FB_OK;
+}
+
 static fb_err
 load_keys(wk *w)
 {
@@ -1268,7 +1325,7 @@ load_keys(wk *w)
 		return FB_ECONFIG;
 	}
 	w->secure = true;
-	return FB_OK;
+	return cfg->peers[0] != '\0' ? load_peers(w, cfg->peers) : FB_OK;
 }
 
 fb_err
@@ -1356,6 +1413,7 @@ out:
 	fb_free(w.local);
 	fb_free(w.sendbuf);
 	fb_free(w.encbuf);
+	free(w.peers);
 	sa_end(&w);
 	fb_stream_pull_free(w.mpull);
 	fb_handshake_free(w.hs);

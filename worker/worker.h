@@ -43,6 +43,7 @@ typedef struct fb_worker_config {
 	char *key;                /* this worker's secret key file */
 	char *coordinator_key;    /* pinned key: .pub file or the line */
 	int secure_aggregation;   /* 0 required, 1 optional */
+	char *peers;              /* optional: allowlist of peers' keys */
 	char *dump_updates;       /* debug: folder for each round's update */
 } fb_worker_config;
 
