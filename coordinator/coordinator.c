@@ -2380,11 +2380,20 @@ allow_add(coord *c, const char *line, const char *where)
 			return FB_ECONFIG;
 		}
 	}
-	c->allow = realloc(c->allow, (n + 1) * sizeof(*c->allow));
-	c->allow_names = realloc(c->allow_names,
-	    (n + 1) * sizeof(*c->allow_names));
-	if (c->allow == NULL || c->allow_names == NULL) {
-		return FB_ENOMEM;
+	{
+		fb_pubkey *keys = realloc(c->allow, (n + 1) * sizeof(*keys));
+		if (keys == NULL) {
+			return FB_ENOMEM;
+		}
+		c->allow = keys;
+	}
+	{
+		char(*names)[FB_NAME_MAX] = realloc(c->allow_names,
+		    (n + 1) * sizeof(*names));
+		if (names == NULL) {
+			return FB_ENOMEM;
+		}
+		c->allow_names = names;
 	}
 	c->allow[n] = pk;
 	snprintf(c->allow_names[n], FB_NAME_MAX, "%s", name);
