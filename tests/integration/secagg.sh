@@ -43,8 +43,13 @@ for r in ${SECAGG_SKIP_EQUIV:+none} 1 2 3; do
 			--secure "$sa" --dump "$o/dump" "${resume[@]}" >"$o/fl.txt" 2>&1 ||
 			{ cat "$o/fl.txt"; fail "fedbox-local ($mode, round $r) failed"; }
 	done
-	grep -qE "round +$r/$r .*acc" "$T/secure$r/fl.txt" ||
+	# The coordinator's own round lines (fedbox-local's stdout is a
+	# tail -f of them, which may lag behind the exit).
+	grep -qE "round +$r/$r .*acc" "$T/secure$r/rounds.txt" || {
+		cat "$T/secure$r/fl.txt" "$T/secure$r/rounds.txt"
+		tail -n 20 "$T/secure$r/coordinator.log"
 		fail "round $r: no round line from the secure run"
+	}
 	"${CHECK[@]}" equiv "$T/plain$r/model.safetensors" \
 		"$T/secure$r/model.safetensors" --round "$r" "${ABOUND[@]}" \
 		--dump "$(printf "$T/plain$r/dump/worker-%d," 0 1 2 | sed 's/,$//'),$T/plain$r/dump/worker-3" ||
