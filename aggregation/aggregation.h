@@ -391,4 +391,34 @@ double fb_decode_value(const fb_encoding *e, uint32_t sum);
 void fb_decode_chunk(const fb_encoding *e, const uint32_t *sum,
     uint64_t count, double *out);
 
+/*
+ * The encodings of one secure round's masked vector, which the coordinator
+ * and every worker derive the same way from the round's public parameters
+ * (K_max = n workers, w_max = 1): the update's (clip), and those of the
+ * FB_SECAGG_EXTRA extra coordinates after it: the weight (x = 1, clip 1),
+ * weight x train loss (clip FB_SECAGG_LOSS_BOUND) and weight x FedNova's
+ * ||a||_1 (clip a_bound). Errors as fb_encoding_init.
+ */
+typedef struct fb_secagg_encodings {
+	fb_encoding x, w, loss, a;
+} fb_secagg_encodings;
+
+FB_MUST_CHECK fb_err fb_secagg_encodings_init(fb_secagg_encodings *e,
+    uint32_t bits, uint32_t n, double clip, double a_bound);
+
+/* fb_secagg_encode_extras writes the extra coordinates of a worker with
+ * weight w, train loss `loss` (a non-finite loss counts as the bound) and
+ * normaliser a_norm, at indices first.. of the rounding stream (first = the
+ * model's parameter count). Errors as fb_encode_scalar. */
+FB_MUST_CHECK fb_err fb_secagg_encode_extras(const fb_secagg_encodings *e,
+    double w, double loss, double a_norm, uint64_t first, uint64_t seed,
+    uint32_t out[FB_SECAGG_EXTRA]);
+
+/* fb_secagg_decode_extras reads the unmasked sums of the extra coordinates:
+ * *W = sum of weights, *loss and *a_norm the weighted means. Errors:
+ * FB_ERANGE (the weights sum to zero or less; outputs zeroed). */
+FB_MUST_CHECK fb_err fb_secagg_decode_extras(const fb_secagg_encodings *e,
+    const uint32_t sum[FB_SECAGG_EXTRA], double *W, double *loss,
+    double *a_norm);
+
 #endif

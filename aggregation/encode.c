@@ -201,3 +201,52 @@ fb_decode_chunk(const fb_encoding *e, const uint32_t *sum, uint64_t count,
 		out[i] = fb_decode_value(e, sum[i]);
 	}
 }
+
+fb_err
+fb_secagg_encodings_init(fb_secagg_encodings *e, uint32_t bits, uint32_t n,
+    double clip, double a_bound)
+{
+	fb_err rc;
+
+	if ((rc = fb_encoding_init(&e->x, bits, n, clip, 1.0)) != FB_OK ||
+	    (rc = fb_encoding_init(&e->w, bits, n, 1.0, 1.0)) != FB_OK ||
+	    (rc = fb_encoding_init(&e->loss, bits, n, FB_SECAGG_LOSS_BOUND,
+	         1.0)) != FB_OK) {
+		return rc;
+	}
+	return fb_encoding_init(&e->a, bits, n, a_bound, 1.0);
+}
+
+fb_err
+fb_secagg_encode_extras(const fb_secagg_encodings *e, double w, double loss,
+    double a_norm, uint64_t first, uint64_t seed,
+    uint32_t out[FB_SECAGG_EXTRA])
+{
+	fb_err rc;
+
+	if (!isfinite(loss)) {
+		loss = FB_SECAGG_LOSS_BOUND;
+	}
+	if ((rc = fb_encode_scalar(&e->w, 1.0, w, first, seed, &out[0])) !=
+	        FB_OK ||
+	    (rc = fb_encode_scalar(&e->loss, loss, w, first + 1, seed,
+	         &out[1])) != FB_OK) {
+		return rc;
+	}
+	return fb_encode_scalar(&e->a, a_norm, w, first + 2, seed, &out[2]);
+}
+
+fb_err
+fb_secagg_decode_extras(const fb_secagg_encodings *e,
+    const uint32_t sum[FB_SECAGG_EXTRA], double *W, double *loss,
+    double *a_norm)
+{
+	*W = fb_decode_value(&e->w, sum[0]);
+	if (!(*W > 0)) {
+		*W = *loss = *a_norm = 0;
+		return FB_ERANGE;
+	}
+	*loss = fb_decode_value(&e->loss, sum[1]) / *W;
+	*a_norm = fb_decode_value(&e->a, sum[2]) / *W;
+	return FB_OK;
+}

@@ -90,8 +90,6 @@ typedef struct worker {
 
 /* Secure aggregation (SecAgg+, crypto.h) of one round. */
 #define SA_EXTRA FB_SECAGG_EXTRA /* weight, weight*loss, weight*a */
-#define SA_LOSS_BOUND FB_SECAGG_LOSS_BOUND
-#define SA_ENTRY_LEN (4 + FB_PUBKEY_LEN + FB_SECAGG_ADV_LEN) /* peers */
 
 enum sa_phase { SA_OFF = 0, SA_ADVERTS, SA_SHARES, SA_INPUT, SA_UNMASK };
 static const char *const sa_phase_names[] = {"off", "key adverts",
@@ -114,7 +112,7 @@ typedef struct sa_round {
 	uint8_t *shares;        /* per slot, its batch of sealed shares */
 	uint32_t *share_len;    /* bytes in each batch */
 	uint32_t extra[SA_EXTRA];
-	fb_encoding enc, enc_w, enc_loss, enc_a;
+	fb_secagg_encodings enc;
 	const char *poisoned;   /* why the sum is unusable, or NULL */
 } sa_round;
 
@@ -983,6 +981,17 @@ sa_cancel(coord *c, worker *w, const char *why)
 	worker_fail(c, w, why);
 }
 
+/* The number of slots with `flag` set. */
+static uint32_t
+sa_count(const sa_round *sa, unsigned flag)
+{
+	uint32_t n = 0;
+	for (uint32_t s = 0; s < sa->n; s++) {
+		n += (sa->flags[s] & flag) != 0;
+	}
+	return n;
+}
+
 static worker *
 sa_worker(coord *c, uint32_t slot)
 {
@@ -1053,11 +1062,8 @@ sa_begin(coord *c, const uint32_t *cand, uint32_t n, double a_bound,
 	sa->n = n;
 	sa->p.degree = sa->k;
 	sa->p.threshold = sa->t;
-	if (fb_encoding_init(&sa->enc, bits, n, cfg->sa_clip, 1.0) != FB_OK ||
-	    fb_encoding_init(&sa->enc_w, bits, n, 1.0, 1.0) != FB_OK ||
-	    fb_encoding_init(&sa->enc_loss, bits, n, SA_LOSS_BOUND, 1.0) !=
-	        FB_OK ||
-	    fb_encoding_init(&sa->enc_a, bits, n, a_bound, 1.0) != FB_OK) {
+	if (fb_secagg_encodings_init(&sa->enc, bits, n, cfg->sa_clip,
+	        a_bound) != FB_OK) {
 		*why = "no overflow-free encoding for this many workers: raise "
 		       "secure_aggregation.ring_bits or lower "
 		       "secure_aggregation.clip";
@@ -1099,10 +1105,10 @@ sa_round_start(const coord *c, const worker *w, fb_msg *m)
 	m->u.round_start.sa_threshold = sa->t;
 	memcpy(m->u.round_start.sa_graph_seed.b, sa->p.graph_seed, 32);
 	m->u.round_start.sa_graph_seed.len = 32;
-	m->u.round_start.sa_ring_bits = sa->enc.bits;
-	m->u.round_start.sa_clip = sa->enc.clip;
+	m->u.round_start.sa_ring_bits = sa->enc.x.bits;
+	m->u.round_start.sa_clip = sa->enc.x.clip;
 	m->u.round_start.sa_max_samples = (uint64_t)c->cfg->sa_max_samples;
-	m->u.round_start.sa_a_bound = sa->enc_a.clip;
+	m->u.round_start.sa_a_bound = sa->enc.a.clip;
 }
 
 static drop_reason
@@ -1220,7 +1226,7 @@ sa_send_peers(coord *c)
 	sa_round *sa = &c->sa;
 	const fb_secagg_graph *g = fb_secagg_server_graph(sa->srv);
 	uint32_t *nb = calloc(sa->k + 1, sizeof(*nb));
-	uint8_t *buf = calloc(sa->k + 1, SA_ENTRY_LEN);
+	uint8_t *buf = calloc(sa->k + 1, FB_SECAGG_PEER_ENTRY_LEN);
 	uint32_t u1 = 0;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
@@ -1241,7 +1247,7 @@ sa_send_peers(coord *c)
 		}
 		for (uint32_t i = 0; i < sa->k; i++) {
 			uint32_t j = nb[i];
-			uint8_t *e = buf + (size_t)cnt * SA_ENTRY_LEN;
+			uint8_t *e = buf + (size_t)cnt * FB_SECAGG_PEER_ENTRY_LEN;
 			if (!(sa->flags[j] & SA_F_ADV)) {
 				continue;
 			}
@@ -1257,7 +1263,7 @@ sa_send_peers(coord *c)
 			cnt++;
 		}
 		if (sa_send(c, w, FB_SA_PEERS, cnt, buf,
-		        (size_t)cnt * SA_ENTRY_LEN) != FB_OK) {
+		        (size_t)cnt * FB_SECAGG_PEER_ENTRY_LEN) != FB_OK) {
 			worker_fail(c, w, "key adverts could not be sent");
 			continue;
 		}
@@ -1370,9 +1376,7 @@ sa_unmask(coord *c, char *why, size_t why_len, double *W, double *loss,
 		snprintf(why, why_len, "%s", sa->poisoned);
 		return FB_ERANGE;
 	}
-	for (uint32_t s = 0; s < sa->n; s++) {
-		included += (sa->flags[s] & SA_F_INCLUDED) != 0;
-	}
+	included = sa_count(sa, SA_F_INCLUDED);
 	if (included < sa->t) {
 		snprintf(why, why_len, "only %u masked inputs complete, below "
 		    "the secure-aggregation threshold of %u", included, sa->t);
@@ -1407,9 +1411,7 @@ sa_unmask(coord *c, char *why, size_t why_len, double *W, double *loss,
 			return rc;
 		}
 	}
-	for (uint32_t s = 0; s < sa->n; s++) {
-		revealed += (sa->flags[s] & SA_F_REVEALED) != 0;
-	}
+	revealed = sa_count(sa, SA_F_REVEALED);
 	rc = fb_secagg_server_finish(sa->srv);
 	if (rc == FB_ERANGE) {
 		snprintf(why, why_len, "too few shares to unmask: %u of %u "
@@ -1438,15 +1440,12 @@ sa_unmask(coord *c, char *why, size_t why_len, double *W, double *loss,
 		snprintf(why, why_len, "unmasking failed: %s", fb_strerror(rc));
 		return rc;
 	}
-	*W = fb_decode_value(&sa->enc_w, sa->extra[0]);
-	if (!(*W > 0)) {
+	if (fb_secagg_decode_extras(&sa->enc, sa->extra, W, loss, a) != FB_OK) {
 		snprintf(why, why_len, "the included workers' weights sum to "
 		    "zero");
 		return FB_ERANGE;
 	}
-	*loss = fb_decode_value(&sa->enc_loss, sa->extra[1]) / *W;
-	*a = fb_decode_value(&sa->enc_a, sa->extra[2]) / *W;
-	if ((rc = fb_accum_set_secure_sum(c->accum, &sa->enc, *W)) != FB_OK) {
+	if ((rc = fb_accum_set_secure_sum(c->accum, &sa->enc.x, *W)) != FB_OK) {
 		snprintf(why, why_len, "cannot decode the sum: %s",
 		    fb_strerror(rc));
 		return rc;
@@ -2049,15 +2048,11 @@ write_metrics(coord *c, const round_result *r)
 		fprintf(f, ", ");
 	}
 	if (c->sa.phase != SA_OFF) {
-		uint32_t inc = 0, rev = 0;
-		for (uint32_t s = 0; s < c->sa.n; s++) {
-			inc += (c->sa.flags[s] & SA_F_INCLUDED) != 0;
-			rev += (c->sa.flags[s] & SA_F_REVEALED) != 0;
-		}
 		fprintf(f, "\"secure_aggregation\": {\"workers\": %u, "
 		           "\"neighbours\": %u, \"threshold\": %u, "
 		           "\"included\": %u, \"revealed\": %u}, ",
-		    c->sa.n, c->sa.k, c->sa.t, inc, rev);
+		    c->sa.n, c->sa.k, c->sa.t, sa_count(&c->sa, SA_F_INCLUDED),
+		    sa_count(&c->sa, SA_F_REVEALED));
 	}
 	fprintf(f, "\"seconds\": %.3f, \"bytes_up\": %"
 	           PRIu64 ", \"bytes_down\": %" PRIu64 ", \"clipped\": %" PRIu64
@@ -2246,11 +2241,7 @@ run_round(coord *c, uint32_t rounds_total)
 			r.train_loss = loss;
 			r.sa_a = a;
 			/* Included inputs, also of workers lost since. */
-			r.participants = 0;
-			for (uint32_t s = 0; s < c->sa.n; s++) {
-				r.participants +=
-				    (c->sa.flags[s] & SA_F_INCLUDED) != 0;
-			}
+			r.participants = sa_count(&c->sa, SA_F_INCLUDED);
 		}
 	}
 	if (strcmp(r.status, "ok") != 0) {

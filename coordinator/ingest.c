@@ -164,20 +164,13 @@ stream_close(slot *s)
 	s->live = false;
 }
 
+/* Closes stream `s` and reports how it ended (r: status and details). */
 static void
-stream_fail(fb_ingest *g, slot *s, fb_ingest_stage stage, fb_err err,
-    fb_reject why, uint32_t chunk)
+stream_end(fb_ingest *g, slot *s, fb_ingest_result r)
 {
-	fb_ingest_result r = {
-	    .slot = (uint32_t)(s - g->slots),
-	    .gen = s->gen,
-	    .status = FB_INGEST_FAILED,
-	    .stage = stage,
-	    .err = err,
-	    .reject = why,
-	    .chunk = chunk,
-	    .consumed = s->consumed,
-	};
+	r.slot = (uint32_t)(s - g->slots);
+	r.gen = s->gen;
+	r.consumed = s->consumed;
 	stream_close(s);
 	lock(g);
 	post_result(g, &r);
@@ -185,18 +178,18 @@ stream_fail(fb_ingest *g, slot *s, fb_ingest_stage stage, fb_err err,
 }
 
 static void
+stream_fail(fb_ingest *g, slot *s, fb_ingest_stage stage, fb_err err,
+    fb_reject why, uint32_t chunk)
+{
+	stream_end(g, s, (fb_ingest_result){.status = FB_INGEST_FAILED,
+	                     .stage = stage, .err = err, .reject = why,
+	                     .chunk = chunk});
+}
+
+static void
 stream_done(fb_ingest *g, slot *s)
 {
-	fb_ingest_result r = {
-	    .slot = (uint32_t)(s - g->slots),
-	    .gen = s->gen,
-	    .status = FB_INGEST_DONE,
-	    .consumed = s->consumed,
-	};
-	stream_close(s);
-	lock(g);
-	post_result(g, &r);
-	unlock(g);
+	stream_end(g, s, (fb_ingest_result){.status = FB_INGEST_DONE});
 }
 
 static void

@@ -720,6 +720,9 @@ FB_MUST_CHECK fb_err fb_secagg_graph_neighbours(const fb_secagg_graph *g,
  *         LE32 index || b)
  *   124:64 fb_identity_sign(domain "secagg-keys", bytes 0..124) */
 #define FB_SECAGG_ADV_LEN 188
+/* An advert as the coordinator relays it to a neighbour: LE32 slot ||
+ * the owner's identity key || the advert. */
+#define FB_SECAGG_PEER_ENTRY_LEN (4 + FB_PUBKEY_LEN + FB_SECAGG_ADV_LEN)
 /* Sealed shares from one worker to one neighbour, 136 bytes:
  *   0:1 version  1:1 kind=17  2:2 reserved  4:16 run  20:4 round
  *   24:4 from  28:4 to  32:88 ciphertext of (b-share || s-share, packed)

@@ -102,7 +102,7 @@ typedef struct wk {
 	bool sa_masking;       /* shares in, masks fixed: the update may go */
 	bool sa_pending;       /* trained; waiting for the shares */
 	double sa_weight;      /* samples / max_samples */
-	fb_encoding enc, enc_w, enc_loss, enc_a;
+	fb_secagg_encodings enc;
 	uint32_t *encbuf;      /* one encoded (then masked) chunk */
 	fb_pubkey *peers;      /* security.peers: the keys we accept, or NULL */
 	uint32_t peer_count;
@@ -444,13 +444,8 @@ sa_start(wk *w, const fb_msg *m)
 	}
 	if (m->u.round_start.sa_graph_seed.len != 32 || n < 2 ||
 	    m->u.round_start.sa_slot >= n || maxs == 0 ||
-	    fb_encoding_init(&w->enc, bits, n, m->u.round_start.sa_clip, 1.0) !=
-	        FB_OK ||
-	    fb_encoding_init(&w->enc_w, bits, n, 1.0, 1.0) != FB_OK ||
-	    fb_encoding_init(&w->enc_loss, bits, n, FB_SECAGG_LOSS_BOUND, 1.0) !=
-	        FB_OK ||
-	    fb_encoding_init(&w->enc_a, bits, n, m->u.round_start.sa_a_bound,
-	        1.0) != FB_OK) {
+	    fb_secagg_encodings_init(&w->enc, bits, n,
+	        m->u.round_start.sa_clip, m->u.round_start.sa_a_bound) != FB_OK) {
 		fb_log_warn("round %u: unusable secure-aggregation parameters; "
 		            "skipping the round", w->round);
 		return FB_EPROTO;
@@ -630,22 +625,11 @@ sa_encode_chunk(wk *w, const float *x, uint64_t off, uint64_t count,
 	    (((uint64_t)w->cfg->index + 1) * 0xc2b2ae3d27d4eb4fULL);
 	fb_err rc;
 
-	if (off < w->param_count) {
-		rc = fb_encode_chunk(&w->enc, x + off, count, w->sa_weight, off,
-		    seed, w->encbuf, clipped);
-	} else {
-		rc = fb_encode_scalar(&w->enc_w, 1.0, w->sa_weight, off, seed,
-		    &w->encbuf[0]);
-		if (rc == FB_OK) {
-			rc = fb_encode_scalar(&w->enc_loss,
-			    isfinite(loss) ? loss : FB_SECAGG_LOSS_BOUND,
-			    w->sa_weight, off + 1, seed, &w->encbuf[1]);
-		}
-		if (rc == FB_OK) {
-			rc = fb_encode_scalar(&w->enc_a, w->a_norm, w->sa_weight,
-			    off + 2, seed, &w->encbuf[2]);
-		}
-	}
+	rc = off < w->param_count
+	    ? fb_encode_chunk(&w->enc.x, x + off, count, w->sa_weight, off, seed,
+	          w->encbuf, clipped)
+	    : fb_secagg_encode_extras(&w->enc, w->sa_weight, loss, w->a_norm,
+	          off, seed, w->encbuf);
 	if (rc != FB_OK) {
 		return rc;
 	}
@@ -776,14 +760,11 @@ out:
 	if (clipped > 0) {
 		fb_log_info("round %u: %" PRIu64 " coordinates clipped to +-%g "
 		            "(secure_aggregation.clip)", w->round, clipped,
-		    w->enc.clip);
+		    w->enc.x.clip);
 	}
 	fb_stream_push_free(push);
 	return rc;
 }
-
-static fb_err send_update(wk *w, const float *update, double seconds,
-    double loss, uint64_t steps);
 
 static void
 on_secagg(wk *w, const fb_frame *f)
@@ -802,14 +783,13 @@ on_secagg(wk *w, const fb_frame *f)
 	switch (m->u.secagg.phase) {
 	case FB_SA_PEERS:
 		if (cnt >= w->sa_n ||
-		    f->payload_len != (size_t)cnt * (4 + FB_PUBKEY_LEN +
-		                                        FB_SECAGG_ADV_LEN)) {
+		    f->payload_len != (size_t)cnt * FB_SECAGG_PEER_ENTRY_LEN) {
 			sa_abandon(w, "malformed key adverts");
 			return;
 		}
 		for (uint32_t i = 0; i < cnt; i++) {
 			const uint8_t *e = f->payload +
-			    (size_t)i * (4 + FB_PUBKEY_LEN + FB_SECAGG_ADV_LEN);
+			    (size_t)i * FB_SECAGG_PEER_ENTRY_LEN;
 			fb_pubkey pk;
 			bool known = w->peers == NULL;
 			memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
