@@ -9,6 +9,8 @@
  * send has a timeout; every receive waits at most what the caller says.
  */
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -166,11 +168,93 @@ send_errno(int err)
 	}
 }
 
+struct fb_lent {
+	atomic_size_t refs; /* the owner's, plus one per message in flight */
+	void *data;
+};
+
 fb_err
-fb_link_send_raw(fb_link *l, const fb_peer *peer, const uint8_t *head,
-    size_t head_len, const void *payload, size_t payload_len)
+fb_lent_new(size_t len, fb_lent **out)
+{
+	fb_lent *b;
+
+	*out = NULL;
+	if ((b = malloc(sizeof(*b))) == NULL) {
+		return FB_ENOMEM;
+	}
+	if ((b->data = fb_alloc(len)) == NULL) {
+		free(b);
+		return FB_ENOMEM;
+	}
+	atomic_init(&b->refs, 1);
+	*out = b;
+	return FB_OK;
+}
+
+void *
+fb_lent_data(fb_lent *b)
+{
+	return b->data;
+}
+
+bool
+fb_lent_idle(const fb_lent *b)
+{
+	return atomic_load_explicit(&b->refs, memory_order_acquire) == 1;
+}
+
+static void
+lent_unref(fb_lent *b)
+{
+	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1) {
+		fb_free(b->data);
+		free(b);
+	}
+}
+
+void
+fb_lent_free(fb_lent *b)
+{
+	if (b != NULL) {
+		lent_unref(b);
+	}
+}
+
+fb_err
+fb_lent_own(fb_lent **b, size_t len, bool keep)
+{
+	fb_lent *fresh;
+	fb_err rc;
+
+	if (fb_lent_idle(*b)) {
+		return FB_OK;
+	}
+	if ((rc = fb_lent_new(len, &fresh)) != FB_OK) {
+		return rc;
+	}
+	if (keep) {
+		memcpy(fresh->data, (*b)->data, len);
+	}
+	lent_unref(*b);
+	*b = fresh;
+	return FB_OK;
+}
+
+/* ZeroMQ's free function: the message is out (or dropped). */
+static void
+lent_release(void *data, void *hint)
+{
+	(void)data;
+	lent_unref(hint);
+}
+
+fb_err
+fb_link_send_raw_from(fb_link *l, const fb_peer *peer, const uint8_t *head,
+    size_t head_len, const void *payload, size_t payload_len,
+    fb_lent *origin)
 {
 	bool with_payload = payload != NULL;
+	zmq_msg_t part;
 
 	if (l->router != (peer != NULL)) {
 		return FB_EINVAL;
@@ -186,7 +270,22 @@ fb_link_send_raw(fb_link *l, const fb_peer *peer, const uint8_t *head,
 	    0) {
 		return send_errno(errno);
 	}
-	if (with_payload && zmq_send(l->sock, payload, payload_len, 0) < 0) {
+	if (with_payload && origin != NULL && payload_len > 0) {
+		/* Without a copy: the message holds a reference to origin. */
+		atomic_fetch_add_explicit(&origin->refs, 1,
+		    memory_order_relaxed);
+		if (zmq_msg_init_data(&part, (void *)(uintptr_t)payload,
+		        payload_len, lent_release, origin) != 0) {
+			lent_unref(origin);
+			return FB_ENOMEM;
+		}
+		if (zmq_msg_send(&part, l->sock, 0) < 0) {
+			int err = errno;
+			zmq_msg_close(&part); /* drops the reference */
+			return send_errno(err);
+		}
+	} else if (with_payload &&
+	    zmq_send(l->sock, payload, payload_len, 0) < 0) {
 		return send_errno(errno);
 	}
 	l->sent += head_len + (with_payload ? payload_len : 0);
@@ -194,8 +293,16 @@ fb_link_send_raw(fb_link *l, const fb_peer *peer, const uint8_t *head,
 }
 
 fb_err
-fb_link_send(fb_link *l, const fb_peer *peer, const fb_msg *m,
-    const void *payload, size_t payload_len)
+fb_link_send_raw(fb_link *l, const fb_peer *peer, const uint8_t *head,
+    size_t head_len, const void *payload, size_t payload_len)
+{
+	return fb_link_send_raw_from(l, peer, head, head_len, payload,
+	    payload_len, NULL);
+}
+
+fb_err
+fb_link_send_from(fb_link *l, const fb_peer *peer, const fb_msg *m,
+    const void *payload, size_t payload_len, fb_lent *origin)
 {
 	fb_err rc;
 	uint8_t buf[FB_MAX_CONTROL_LEN];
@@ -205,9 +312,16 @@ fb_link_send(fb_link *l, const fb_peer *peer, const fb_msg *m,
 	if ((rc = fb_msg_pack(m, buf, sizeof(buf), &len)) != FB_OK) {
 		return rc;
 	}
-	return fb_link_send_raw(l, peer, buf, len,
+	return fb_link_send_raw_from(l, peer, buf, len,
 	    with_payload ? (payload != NULL ? payload : "") : NULL,
-	    with_payload ? payload_len : 0);
+	    with_payload ? payload_len : 0, payload != NULL ? origin : NULL);
+}
+
+fb_err
+fb_link_send(fb_link *l, const fb_peer *peer, const fb_msg *m,
+    const void *payload, size_t payload_len)
+{
+	return fb_link_send_from(l, peer, m, payload, payload_len, NULL);
 }
 
 /* Reads and discards the rest of a multipart message. */

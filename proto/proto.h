@@ -323,6 +323,48 @@ FB_MUST_CHECK fb_err fb_link_send_raw(fb_link *l, const fb_peer *peer,
     const uint8_t *head, size_t head_len, const void *payload,
     size_t payload_len);
 
+/*
+ * fb_lent is memory whose bytes fb_link_send_lent hands to ZeroMQ without a
+ * copy (an update of several GB is sent from where it lies). Each message in
+ * flight holds a reference, the owner one more: the owner must not write the
+ * bytes while fb_lent_idle is false, and fb_lent_free drops the owner's
+ * reference (the memory goes once the last message has left the socket or
+ * was dropped by fb_link_close). The references are atomic: ZeroMQ's I/O
+ * thread drops them.
+ */
+typedef struct fb_lent fb_lent;
+
+/* fb_lent_new allocates `len` bytes (64-byte aligned, contents undefined).
+ * Errors: FB_ENOMEM. */
+FB_MUST_CHECK fb_err fb_lent_new(size_t len, fb_lent **out);
+void *fb_lent_data(fb_lent *b);
+/* True when no message holds the memory: the owner may write it. */
+bool fb_lent_idle(const fb_lent *b);
+/* fb_lent_free drops the owner's reference; NULL is a no-op. */
+void fb_lent_free(fb_lent *b);
+/*
+ * fb_lent_own makes *b writable by its owner: when messages still hold it
+ * (say, chunks queued for a peer that stopped reading), *b is replaced by
+ * fresh memory of `len` bytes, holding a copy of the old bytes when `keep`,
+ * and the old memory is left to those messages. Errors: FB_ENOMEM (*b is
+ * then unchanged).
+ */
+FB_MUST_CHECK fb_err fb_lent_own(fb_lent **b, size_t len, bool keep);
+
+/*
+ * fb_link_send_from and fb_link_send_raw_from are fb_link_send and
+ * fb_link_send_raw for a payload that lies in `origin`'s memory (NULL: an
+ * ordinary send): it is sent without a copy, and the message holds a
+ * reference to `origin` until ZeroMQ has written it out. On error no
+ * reference is left behind.
+ */
+FB_MUST_CHECK fb_err fb_link_send_from(fb_link *l, const fb_peer *peer,
+    const fb_msg *m, const void *payload, size_t payload_len,
+    fb_lent *origin);
+FB_MUST_CHECK fb_err fb_link_send_raw_from(fb_link *l, const fb_peer *peer,
+    const uint8_t *head, size_t head_len, const void *payload,
+    size_t payload_len, fb_lent *origin);
+
 /* fb_link_bytes_sent/received count all traffic since open. */
 uint64_t fb_link_bytes_sent(const fb_link *l);
 uint64_t fb_link_bytes_received(const fb_link *l);
@@ -340,6 +382,13 @@ struct fb_session; /* crypto/crypto.h */
 FB_MUST_CHECK fb_err fb_secure_send(fb_link *l, const fb_peer *peer,
     struct fb_session *s, uint32_t round, const fb_msg *m,
     const void *payload, size_t payload_len);
+
+/* fb_secure_send_from: the payload lies in `origin` (see
+ * fb_link_send_from) and is sent without a copy unless the message type
+ * seals its payload here. */
+FB_MUST_CHECK fb_err fb_secure_send_from(fb_link *l, const fb_peer *peer,
+    struct fb_session *s, uint32_t round, const fb_msg *m,
+    const void *payload, size_t payload_len, fb_lent *origin);
 
 /* fb_secure_sender reads the (unauthenticated) sender id of a sealed frame,
  * to find its session. Errors: FB_EPROTO. */

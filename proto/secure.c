@@ -57,6 +57,15 @@ fb_err
 fb_secure_send(fb_link *l, const fb_peer *peer, struct fb_session *s,
     uint32_t round, const fb_msg *m, const void *payload, size_t payload_len)
 {
+	return fb_secure_send_from(l, peer, s, round, m, payload, payload_len,
+	    NULL);
+}
+
+fb_err
+fb_secure_send_from(fb_link *l, const fb_peer *peer, struct fb_session *s,
+    uint32_t round, const fb_msg *m, const void *payload, size_t payload_len,
+    fb_lent *origin)
+{
 	uint8_t env[FB_MAX_CONTROL_LEN];
 	uint8_t out[FB_MAX_CONTROL_LEN + FB_MSG_OVERHEAD + FB_WIRE_PREFIX_LEN];
 	size_t env_len = 0, sealed_len = 0;
@@ -94,9 +103,10 @@ fb_secure_send(fb_link *l, const fb_peer *peer, struct fb_session *s,
 		free(p);
 		return rc;
 	}
-	return fb_link_send_raw(l, peer, out, sealed_len + FB_WIRE_PREFIX_LEN,
+	return fb_link_send_raw_from(l, peer, out,
+	    sealed_len + FB_WIRE_PREFIX_LEN,
 	    with_payload ? (payload != NULL ? payload : "") : NULL,
-	    with_payload ? payload_len : 0);
+	    with_payload ? payload_len : 0, payload != NULL ? origin : NULL);
 }
 
 fb_err
