@@ -214,7 +214,8 @@ typedef struct coord {
 	uint64_t param_count;
 	uint32_t chunk_elems;
 	uint32_t chunk_count;
-	float *params;      /* the global model */
+	float *params;      /* the global model: fb_lent_data(params_lent) */
+	fb_lent *params_lent; /* plain model chunks are sent from it, no copy */
 	fb_accum *accum;
 	fb_dataset test;
 	bool evaluate;
@@ -257,6 +258,7 @@ typedef struct coord {
 	uint8_t (*hello_nonces)[32];
 	uint32_t hello_next;
 	uint8_t *bcast;          /* the round's model, encrypted once */
+	fb_lent *bcast_lent;     /* bcast's memory, sent from without a copy */
 	uint64_t bcast_stride;   /* bytes per chunk slot in bcast */
 	uint32_t *bcast_len;     /* ciphertext bytes of each chunk */
 	uint8_t round_key[FB_STREAM_KEY_LEN];
@@ -380,14 +382,16 @@ live_count(const coord *c)
 	return n;
 }
 
+/* `origin`: the lent memory `payload` lies in (sent without a copy), or
+ * NULL. */
 static fb_err
 send_to(coord *c, worker *w, const fb_msg *m, const void *payload,
-    size_t len)
+    size_t len, fb_lent *origin)
 {
 	fb_err rc = c->secure
-	    ? fb_secure_send(c->link, &w->peer, w->sess, c->round, m, payload,
-	          len)
-	    : fb_link_send(c->link, &w->peer, m, payload, len);
+	    ? fb_secure_send_from(c->link, &w->peer, w->sess, c->round, m,
+	          payload, len, origin)
+	    : fb_link_send_from(c->link, &w->peer, m, payload, len, origin);
 	if (rc != FB_OK) {
 		fb_log_warn("cannot send %s to %s: %s", fb_msg_type_name(m->type),
 		    w->name, fb_strerror(rc));
@@ -560,7 +564,7 @@ on_hello(coord *c, worker *w, const fb_frame *f)
 	if (c->cfg->sa_enabled) {
 		w->num_samples = 0; /* only the masked sum of weights counts */
 	}
-	if (send_to(c, w, &out, NULL, 0) != FB_OK) {
+	if (send_to(c, w, &out, NULL, 0, NULL) != FB_OK) {
 		return;
 	}
 	if (w->num_samples > 0) {
@@ -606,9 +610,10 @@ on_model_fetch(coord *c, worker *w, const fb_msg *m)
 	out.u.model_chunk.chunk = k;
 	if (c->secure) {
 		rc = send_to(c, w, &out, c->bcast + (uint64_t)k * c->bcast_stride,
-		    c->bcast_len[k]);
+		    c->bcast_len[k], c->bcast_lent);
 	} else {
-		rc = send_to(c, w, &out, c->params + first, n * 4);
+		rc = send_to(c, w, &out, c->params + first, n * 4,
+		    c->params_lent);
 	}
 	if (rc != FB_OK) {
 		worker_fail(c, w, "model download failed");
@@ -701,7 +706,7 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 		snprintf(cm.u.round_cancel.reason, sizeof(cm.u.round_cancel.reason),
 		    "the round has its %u updates (over-selection)",
 		    c->target_updates);
-		(void)send_to(c, w, &cm, NULL, 0);
+		(void)send_to(c, w, &cm, NULL, 0, NULL);
 		worker_fail(c, w, "not needed: over-selected and later");
 		fb_stream_pull_free(pull);
 		return;
@@ -977,7 +982,7 @@ sa_cancel(coord *c, worker *w, const char *why)
 	m.u.round_cancel.round = c->round;
 	snprintf(m.u.round_cancel.reason, sizeof(m.u.round_cancel.reason), "%s",
 	    why);
-	(void)send_to(c, w, &m, NULL, 0);
+	(void)send_to(c, w, &m, NULL, 0, NULL);
 	worker_fail(c, w, why);
 }
 
@@ -1216,7 +1221,7 @@ sa_send(coord *c, worker *w, fb_secagg_phase phase, uint32_t count,
 	m.u.secagg.round = c->round;
 	m.u.secagg.phase = phase;
 	m.u.secagg.count = count;
-	return send_to(c, w, &m, data, len);
+	return send_to(c, w, &m, data, len, NULL);
 }
 
 /* Key adverts are in (or late): each advertiser gets its neighbours'. */
@@ -1669,7 +1674,7 @@ tick(coord *c)
 		hb.u.heartbeat.round = c->round;
 		for (uint32_t i = 0; i < c->worker_cap; i++) {
 			if (c->workers[i].used) {
-				(void)send_to(c, &c->workers[i], &hb, NULL, 0);
+				(void)send_to(c, &c->workers[i], &hb, NULL, 0, NULL);
 			}
 		}
 		c->last_heartbeat_ms = now;
@@ -1754,6 +1759,21 @@ wait_for_workers(coord *c)
 }
 
 /*
+ * Model chunks may still be queued in ZeroMQ for a worker that stopped
+ * reading (one dropped at the deadline): they keep the bytes they were sent
+ * from, and the model is written into fresh memory (see fb_lent_own).
+ */
+static fb_err
+model_writable(coord *c, fb_lent **b, size_t len, bool keep)
+{
+	fb_err rc = fb_lent_own(b, len, keep);
+	if (rc != FB_OK) {
+		fb_log_error("round %u: out of memory for the model", c->round);
+	}
+	return rc;
+}
+
+/*
  * Secure mode: encrypts the global model ONCE for the round, under a fresh
  * round key, into the broadcast buffer; every selected worker gets the same
  * ciphertext and the key sealed to its own session.
@@ -1767,6 +1787,11 @@ encrypt_broadcast(coord *c)
 	const uint8_t *src = (const uint8_t *)c->params;
 	fb_err rc;
 
+	if ((rc = model_writable(c, &c->bcast_lent,
+	         c->bcast_stride * c->chunk_count, false)) != FB_OK) {
+		return rc;
+	}
+	c->bcast = fb_lent_data(c->bcast_lent);
 	rc = fb_stream_push_alloc(&ctx, c->chunk_elems * 4,
 	    FB_STREAM_DIGEST_FULL, c->round_key, c->stream_header, &p);
 	if (rc != FB_OK) {
@@ -1935,7 +1960,7 @@ start_round(coord *c)
 			    FB_STREAM_TRAILER_LEN;
 		}
 		w->state = W_TRAINING;
-		if (send_to(c, w, &m, NULL, 0) != FB_OK) {
+		if (send_to(c, w, &m, NULL, 0, NULL) != FB_OK) {
 			worker_fail(c, w, "round start could not be sent");
 		}
 		fb_wipe(&m.u.round_start.round_key, sizeof(m.u.round_start.round_key));
@@ -1978,7 +2003,7 @@ cancel_stragglers(coord *c, bool deadline, bool keep_uploads)
 			    sizeof(m.u.round_cancel.reason), "%s",
 			    deadline ? "round deadline passed"
 			             : "the round has the updates it needs");
-			(void)send_to(c, w, &m, NULL, 0);
+			(void)send_to(c, w, &m, NULL, 0, NULL);
 			worker_fail(c, w, !deadline ? "not needed (over-selected)"
 			        : w->state == W_UPLOADING
 			        ? "deadline passed during upload"
@@ -2266,6 +2291,11 @@ run_round(coord *c, uint32_t rounds_total)
 			scale = p > 0 ? pa / p : 1.0;
 		}
 		c->tau_eff = scale;
+		if ((rc = model_writable(c, &c->params_lent, c->param_count * 4,
+		         true)) != FB_OK) {
+			return rc;
+		}
+		c->params = fb_lent_data(c->params_lent);
 		if ((rc = fb_server_opt_step(c->opt, c->accum, c->params, scale)) !=
 		    FB_OK) {
 			fb_log_error("round %u: server step failed: %s", c->round,
@@ -2336,7 +2366,7 @@ shutdown_workers(coord *c, const char *reason)
 	    reason);
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		if (c->workers[i].used) {
-			(void)send_to(c, &c->workers[i], &m, NULL, 0);
+			(void)send_to(c, &c->workers[i], &m, NULL, 0, NULL);
 		}
 	}
 	/* Give the I/O thread a moment to flush before the socket closes. */
@@ -2451,11 +2481,13 @@ load_security(coord *c, const fb_coord_config *cfg)
 	}
 	memcpy(&c->run_id, c->run.b, sizeof(c->run_id));
 	c->bcast_stride = (uint64_t)c->chunk_elems * 4 + FB_STREAM_CHUNK_OVERHEAD;
-	c->bcast = fb_alloc(c->bcast_stride * c->chunk_count);
 	c->bcast_len = calloc(c->chunk_count, sizeof(*c->bcast_len));
-	if (c->bcast == NULL || c->bcast_len == NULL) {
+	if (c->bcast_len == NULL ||
+	    fb_lent_new(c->bcast_stride * c->chunk_count, &c->bcast_lent) !=
+	        FB_OK) {
 		return FB_ENOMEM;
 	}
+	c->bcast = fb_lent_data(c->bcast_lent);
 	c->secure = true;
 	{
 		fb_pubkey pk;
@@ -2522,9 +2554,10 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 			return rc;
 		}
 	}
-	if ((c->params = fb_alloc(c->param_count * 4)) == NULL) {
+	if (fb_lent_new(c->param_count * 4, &c->params_lent) != FB_OK) {
 		return FB_ENOMEM;
 	}
+	c->params = fb_lent_data(c->params_lent);
 	fb_model_init_params(c->model, c->params, (uint64_t)cfg->seed);
 	if ((rc = fb_mkdir_p(cfg->output_dir)) != FB_OK) {
 		return rc;
@@ -2649,7 +2682,7 @@ coord_fini(coord *c)
 	fb_link_close(c->link);
 	fb_accum_free(c->accum);
 	fb_server_opt_free(c->opt);
-	fb_free(c->params);
+	fb_lent_free(c->params_lent); /* after fb_link_close: none in flight */
 	fb_model_close(c->model);
 	fb_dataset_fini(&c->test);
 	free(c->stream_arg);
@@ -2662,7 +2695,7 @@ coord_fini(coord *c)
 	free(c->allow);
 	free(c->allow_names);
 	free(c->hello_nonces);
-	fb_free(c->bcast);
+	fb_lent_free(c->bcast_lent);
 	free(c->bcast_len);
 	fb_wipe(c->round_key, sizeof(c->round_key));
 }

@@ -56,7 +56,8 @@ typedef struct wk {
 	uint32_t chunk_bytes;
 	uint32_t chunk_count;
 	float *global;
-	float *local;
+	float *local;          /* fb_lent_data(local_lent) */
+	fb_lent *local_lent;   /* plain updates are sent from it without a copy */
 	bool welcomed;
 	uint64_t run_id;
 	uint64_t session;
@@ -354,10 +355,11 @@ on_welcome(wk *w, const fb_msg *m)
 		}
 		w->param_count = m->u.welcome.param_count;
 		w->global = fb_alloc(w->param_count * 4);
-		w->local = fb_alloc(w->param_count * 4);
-		if (w->global == NULL || w->local == NULL) {
+		if (w->global == NULL ||
+		    fb_lent_new(w->param_count * 4, &w->local_lent) != FB_OK) {
 			return FB_ENOMEM;
 		}
+		w->local = fb_lent_data(w->local_lent);
 	}
 	if (w->secure && w->sendbuf == NULL) {
 		w->sendbuf = fb_alloc((size_t)m->u.welcome.chunk_bytes +
@@ -643,13 +645,28 @@ sa_encode_chunk(wk *w, const float *x, uint64_t off, uint64_t count,
 	return rc;
 }
 
+/* A plain update chunk, sent from w->local without a copy. */
 static fb_err
-send_update(wk *w, const float *update, double seconds, double loss,
-    uint64_t steps)
+wk_send_lent(wk *w, const fb_msg *m, uint64_t off, uint64_t len)
+{
+	fb_err rc = fb_link_send_from(w->link, NULL, m,
+	    (const uint8_t *)w->local + off, len, w->local_lent);
+	if (rc != FB_OK) {
+		fb_log_warn("cannot send %s to the coordinator: %s",
+		    fb_msg_type_name(m->type), fb_strerror(rc));
+	} else {
+		w->last_tx_ms = fb_now_ms();
+	}
+	return rc;
+}
+
+static fb_err
+send_update(wk *w, double seconds, double loss, uint64_t steps)
 {
 	fb_msg m = {.type = FB_MSG_UPDATE_BEGIN};
 	fb_err rc;
 	uint64_t total = w->param_count * 4;
+	const float *update = w->local;
 	const uint8_t *p = (const uint8_t *)update;
 	fb_stream_push *push = NULL;
 	bool sa = w->sa != NULL;
@@ -738,7 +755,7 @@ send_update(wk *w, const float *update, double seconds, double loss,
 				rc = wk_send(w, &c, w->sendbuf, clen);
 			}
 		} else {
-			rc = wk_send(w, &c, p + off, len);
+			rc = wk_send_lent(w, &c, off, len);
 		}
 		if (rc != FB_OK) {
 			goto out;
@@ -856,7 +873,7 @@ on_secagg(wk *w, const fb_frame *f)
 		w->sa_masking = true;
 		if (w->sa_pending) {
 			w->sa_pending = false;
-			if (send_update(w, w->local, w->stats.seconds,
+			if (send_update(w, w->stats.seconds,
 			        w->stats.loss_mean, w->stats.steps) != FB_OK) {
 				fb_log_warn("round %u: update not delivered",
 				    w->round);
@@ -915,7 +932,23 @@ synthetic_update(wk *w)
 		w->sa_pending = true; /* sent once the shares are in */
 		return FB_OK;
 	}
-	return send_update(w, w->local, fb_now_s() - t0, 0.0, 0);
+	return send_update(w, fb_now_s() - t0, 0.0, 0);
+}
+
+/*
+ * The trainer is about to overwrite w->local. Parts of the last update may
+ * still be queued in ZeroMQ (an upload the coordinator stopped reading):
+ * they keep the old memory, and training gets fresh memory.
+ */
+static fb_err
+local_writable(wk *w)
+{
+	if (fb_lent_own(&w->local_lent, w->param_count * 4, false) != FB_OK) {
+		fb_log_error("round %u: out of memory for the update", w->round);
+		return FB_ENOMEM;
+	}
+	w->local = fb_lent_data(w->local_lent);
+	return FB_OK;
 }
 
 static void
@@ -926,7 +959,7 @@ start_training(wk *w)
 		w->st = S_IDLE;
 		return;
 	}
-	if (ensure_trainer(w) != FB_OK) {
+	if (ensure_trainer(w) != FB_OK || local_writable(w) != FB_OK) {
 		w->st = S_IDLE;
 		return;
 	}
@@ -1058,7 +1091,7 @@ on_trained(wk *w)
 	            "sending %supdate",
 	    w->round, w->stats.steps, w->stats.seconds, w->stats.loss_mean,
 	    w->sa != NULL ? "masked " : "");
-	if (send_update(w, w->local, w->stats.seconds, w->stats.loss_mean,
+	if (send_update(w, w->stats.seconds, w->stats.loss_mean,
 	        w->stats.steps) != FB_OK) {
 		fb_log_warn("round %u: update not delivered", w->round);
 	}
@@ -1390,7 +1423,7 @@ out:
 	fb_model_close(w.model);
 	fb_dataset_fini(&w.shard);
 	fb_free(w.global);
-	fb_free(w.local);
+	fb_lent_free(w.local_lent); /* after fb_link_close: nothing in flight */
 	fb_free(w.sendbuf);
 	fb_free(w.encbuf);
 	free(w.peers);
