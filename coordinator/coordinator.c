@@ -68,7 +68,8 @@ typedef struct worker {
 	wstate state;
 	double weight;
 	uint64_t assigned_steps;
-	uint32_t next_chunk;
+	uint32_t first_chunk;    /* where its upload starts (RoundStart) */
+	uint32_t next_chunk;     /* chunks of its upload received so far */
 	uint64_t steps;
 	double train_loss;
 	double train_seconds;
@@ -752,6 +753,18 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 	}
 }
 
+/*
+ * The chunk index that comes `pos`-th in w's upload: the model chunks from
+ * its first_chunk on, wrapping around, then the SecAgg extra chunk.
+ */
+static uint32_t
+upload_chunk(const coord *c, const worker *w, uint32_t pos)
+{
+	return pos < c->chunk_count
+	    ? (uint32_t)(((uint64_t)w->first_chunk + pos) % c->chunk_count)
+	    : pos;
+}
+
 static void
 on_update_chunk(coord *c, worker *w, const fb_frame *f)
 {
@@ -774,9 +787,9 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 		                                     : "done");
 		return;
 	}
-	if (k != w->next_chunk) {
+	if (k != upload_chunk(c, w, w->next_chunk)) {
 		drop(c, DROP_OUT_OF_ORDER, "update chunk %u from %s, expected %u",
-		    k, w->name, w->next_chunk);
+		    k, w->name, upload_chunk(c, w, w->next_chunk));
 		worker_fail(c, w, "update chunks out of order");
 		return;
 	}
@@ -800,7 +813,7 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 	rc = fb_link_take_payload(c->link, &buf);
 	if (rc == FB_OK) {
 		rc = fb_ingest_chunk(c->ingest, (uint32_t)(w - c->workers), k,
-		    buf, k + 1 == c->in_chunks);
+		    buf, w->next_chunk + 1 == c->in_chunks);
 	}
 	if (rc != FB_OK) {
 		worker_fail(c, w, "out of memory");
@@ -1944,6 +1957,11 @@ start_round(coord *c)
 		m.u.round_start.fednova = fb_rule_is_fednova((fb_rule)cfg->rule);
 		m.u.round_start.synthetic =
 		    strcmp(cfg->model_arch, "synthetic") == 0;
+		/* Uploads start evenly spread over the model, so that the
+		 * ingest threads add different streams to different chunks
+		 * of the sum instead of queueing on the same one. */
+		w->first_chunk = (uint32_t)((uint64_t)s * c->chunk_count / nsel);
+		m.u.round_start.first_chunk = w->first_chunk;
 		if (c->sa.phase != SA_OFF) {
 			sa_round_start(c, w, &m);
 		}

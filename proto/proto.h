@@ -22,7 +22,8 @@
 
 #include "common/err.h"
 
-#define FB_PROTOCOL_VERSION 1
+/* 2: RoundStart.first_chunk (updates go up in a rotated chunk order). */
+#define FB_PROTOCOL_VERSION 2
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
@@ -128,6 +129,7 @@ typedef struct fb_msg {
 			float prox_mu;
 			bool fednova;
 			float local_epochs;
+			uint32_t first_chunk;
 			bool secagg; /* the fields below are set */
 			uint32_t sa_slot;
 			uint32_t sa_n;

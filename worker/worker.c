@@ -55,9 +55,10 @@ typedef struct wk {
 	uint64_t param_count;
 	uint32_t chunk_bytes;
 	uint32_t chunk_count;
+	uint32_t first_chunk;  /* the update goes up from this chunk on */
 	float *global;
 	float *local;          /* fb_lent_data(local_lent) */
-	fb_lent *local_lent;   /* plain updates are sent from it without a copy */
+	fb_lent *local_lent;   /* plain updates go from it without a copy */
 	bool welcomed;
 	uint64_t run_id;
 	uint64_t session;
@@ -512,6 +513,7 @@ on_round_start(wk *w, const fb_msg *m)
 	if (m->u.round_start.param_count != w->param_count ||
 	    m->u.round_start.chunk_bytes != w->chunk_bytes ||
 	    m->u.round_start.chunk_count != expect_chunks ||
+	    m->u.round_start.first_chunk >= expect_chunks ||
 	    m->u.round_start.batch_size == 0 ||
 	    (m->u.round_start.local_steps == 0 &&
 	        !(m->u.round_start.secagg &&
@@ -555,6 +557,7 @@ on_round_start(wk *w, const fb_msg *m)
 	w->seed = m->u.round_start.seed;
 	w->synthetic = m->u.round_start.synthetic;
 	w->chunk_count = m->u.round_start.chunk_count;
+	w->first_chunk = m->u.round_start.first_chunk;
 	w->next_chunk = 0;
 	w->next_fetch = 0;
 	if (w->secure) {
@@ -635,11 +638,14 @@ sa_encode_chunk(wk *w, const float *x, uint64_t off, uint64_t count,
 	if (rc != FB_OK) {
 		return rc;
 	}
-	if (enc_dump != NULL) {
+	/* (the dumps are in element order: chunks go up rotated) */
+	if (enc_dump != NULL &&
+	    fseeko(enc_dump, (off_t)(off * 4), SEEK_SET) == 0) {
 		fwrite(w->encbuf, 4, count, enc_dump);
 	}
 	rc = fb_secagg_worker_mask_chunk(w->sa, w->encbuf, off, count);
-	if (rc == FB_OK && mask_dump != NULL) {
+	if (rc == FB_OK && mask_dump != NULL &&
+	    fseeko(mask_dump, (off_t)(off * 4), SEEK_SET) == 0) {
 		fwrite(w->encbuf, 4, count, mask_dump);
 	}
 	return rc;
@@ -724,7 +730,12 @@ send_update(wk *w, double seconds, double loss, uint64_t steps)
 	if (rc != FB_OK) {
 		goto out;
 	}
-	for (uint32_t k = 0; k < chunks; k++) {
+	/* Chunks first_chunk, first_chunk + 1, ... wrapping around, then
+	 * the SecAgg extra chunk; the stream's order is this order. */
+	for (uint32_t pos = 0; pos < chunks; pos++) {
+		uint32_t k = pos < w->chunk_count
+		    ? (uint32_t)(((uint64_t)w->first_chunk + pos) % w->chunk_count)
+		    : pos;
 		uint64_t off = (uint64_t)k * w->chunk_bytes;
 		uint64_t len = k == w->chunk_count ? 4 * FB_SECAGG_EXTRA
 		    : total - off < w->chunk_bytes ? total - off
@@ -748,7 +759,7 @@ send_update(wk *w, double seconds, double loss, uint64_t steps)
 			memcpy(w->sendbuf + 1, sa ? (const uint8_t *)w->encbuf
 			                          : p + off, len);
 			rc = fb_stream_push_chunk(push, w->sendbuf + 1, len,
-			    k + 1 == chunks, w->sendbuf,
+			    pos + 1 == chunks, w->sendbuf,
 			    (size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD,
 			    &clen);
 			if (rc == FB_OK) {

@@ -2,7 +2,8 @@
 # Secure aggregation with real processes (issue 4):
 #  1. equivalence: from the same model, a secure and a plain round of
 #     scripts/fedbox-local (4 workers, same seeds, CPU) give models within
-#     the documented quantisation bounds, for each of 3 rounds;
+#     the documented quantisation bounds, for each of 3 rounds (16 KiB
+#     chunks: each update goes up as 7 chunks, from a different first one);
 #  2. privacy: the masked input a worker sends looks uniform and differs
 #     from its encoded update; no sample count or weight of a single worker
 #     reaches the coordinator's logs, metrics or round lines;
@@ -16,7 +17,7 @@ source tests/integration/lib.sh
 CHECK=("$PY" "$ROOT/tests/tools/secagg_check.py")
 RULE=${SECAGG_RULE:-fedavg}
 FL=("$ROOT/scripts/fedbox-local" --workers 4 --steps 25 --batch 32 --lr 0.05
-	--hidden 32 --keys "$T/lkeys" --partition iid --rule "$RULE")
+	--hidden 32 --keys "$T/lkeys" --partition iid --rule "$RULE" --chunk 16KiB)
 ABOUND=()
 # FedNova: twice the largest ||a||_1 of 25 momentum-0.9 steps, a safe
 # upper bound on the coordinator's public bound (a looser bound only

@@ -5,7 +5,16 @@ It writes protobuf by hand (varints and length-delimited fields) from the
 field numbers in proto/fedbox.proto, so tests can build valid, subtly wrong
 and random frames without the product's code.
 """
+import os
+import re
 import struct
+
+# The protocol version the C code speaks (proto/proto.h), so that a bump
+# there does not turn these tools' hellos into version mismatches.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                       "proto", "proto.h")) as _f:
+    PROTOCOL_VERSION = int(re.search(r"#define FB_PROTOCOL_VERSION (\d+)",
+                                     _f.read()).group(1))
 
 PREFIX = b"FB\x01"
 
@@ -48,7 +57,7 @@ def frame(body_field, body, payload_flag=None):
     return PREFIX + bytes([flag]) + field_bytes(body_field, body)
 
 
-def hello(name, samples=1000, version=1, index=0, session=1):
+def hello(name, samples=1000, version=PROTOCOL_VERSION, index=0, session=1):
     b = (field_varint(1, version) + field_bytes(2, name) + field_varint(3, index)
          + field_varint(4, samples) + field_bytes(5, "test") + field_bytes(6, "fbwire")
          + field_varint(7, session))

@@ -93,6 +93,7 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		m->u.round_start.prox_mu = 0.01f;
 		m->u.round_start.fednova = true;
 		m->u.round_start.local_epochs = 2.5f;
+		m->u.round_start.first_chunk = 9;
 		m->u.round_start.secagg = true;
 		m->u.round_start.sa_slot = 4;
 		m->u.round_start.sa_n = 128;
