@@ -101,6 +101,11 @@ uint32_t *fb_accum_ring(fb_accum *a);
 FB_MUST_CHECK fb_err fb_accum_set_secure_sum(fb_accum *a,
     const fb_encoding *e, double W);
 
+/* fb_ring_add adds n ring elements: sum[j] += v[j] mod 2^32 (a masked
+ * input into fb_accum_ring). The arrays must not overlap. */
+void fb_ring_add(uint32_t *restrict sum, const uint32_t *restrict v,
+    uint64_t n);
+
 /* fb_accum_resolution returns 1/S, the value of one unit of the ring. */
 double fb_accum_resolution(const fb_accum *a);
 

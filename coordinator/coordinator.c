@@ -959,9 +959,7 @@ ingest_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
 		if (len != elems * 4) {
 			return FB_EPROTO;
 		}
-		for (uint64_t j = 0; j < elems; j++) {
-			sum[j] += v[j];
-		}
+		fb_ring_add(sum, v, elems);
 		return FB_OK;
 	}
 	if (chunk >= c->chunk_count ||

@@ -328,6 +328,23 @@ test_adversarial_vector_within_bound(void **state)
 	}
 }
 
+/* fb_ring_add wraps mod 2^32, at every length (vector body and tail). */
+static void
+test_ring_add(void **state)
+{
+	uint32_t sum[67], v[67], want[67];
+
+	for (uint64_t n = 0; n <= 67; n++) {
+		for (uint32_t j = 0; j < 67; j++) {
+			sum[j] = 0xfffffff0u + j * 977u;
+			v[j] = 0x20u + j * 0x01000193u;
+			want[j] = j < n ? sum[j] + v[j] : sum[j];
+		}
+		fb_ring_add(sum, v, n);
+		assert_memory_equal(sum, want, sizeof(sum));
+	}
+}
+
 static void
 test_order_independent(void **state)
 {
@@ -767,6 +784,7 @@ FB_TESTS = {
         test_vectors_within_bound},
     {"adversarial tiny weights stay within the header's bound",
         test_adversarial_vector_within_bound},
+    {"ring adds wrap mod 2^32 at every length", test_ring_add},
     {"the result is bitwise the same for every order of updates",
         test_order_independent},
     {"chunks split the vector and the last one is shorter",
