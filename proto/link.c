@@ -168,13 +168,26 @@ send_errno(int err)
 	}
 }
 
+/*
+ * The generations of one owner's memory: fb_lent_own starts a new one
+ * while messages still hold the old. While an older generation is held,
+ * sends from the line copy (see fb_link_send_raw_from), so a peer that
+ * stops reading pins at most one old copy, not one per round.
+ */
+typedef struct lent_line {
+	atomic_size_t members;  /* generations not yet freed */
+	atomic_size_t held_old; /* replaced generations still held */
+} lent_line;
+
 struct fb_lent {
 	atomic_size_t refs; /* the owner's, plus one per message in flight */
 	void *data;
+	lent_line *line;
+	bool replaced;      /* counted in line->held_old until freed */
 };
 
-fb_err
-fb_lent_new(size_t len, fb_lent **out)
+static fb_err
+lent_alloc(size_t len, lent_line *line, fb_lent **out)
 {
 	fb_lent *b;
 
@@ -186,9 +199,27 @@ fb_lent_new(size_t len, fb_lent **out)
 		free(b);
 		return FB_ENOMEM;
 	}
+	if (line == NULL) {
+		if ((line = malloc(sizeof(*line))) == NULL) {
+			fb_free(b->data);
+			free(b);
+			return FB_ENOMEM;
+		}
+		atomic_init(&line->members, 0);
+		atomic_init(&line->held_old, 0);
+	}
+	atomic_fetch_add_explicit(&line->members, 1, memory_order_relaxed);
 	atomic_init(&b->refs, 1);
+	b->line = line;
+	b->replaced = false;
 	*out = b;
 	return FB_OK;
+}
+
+fb_err
+fb_lent_new(size_t len, fb_lent **out)
+{
+	return lent_alloc(len, NULL, out);
 }
 
 void *
@@ -203,12 +234,31 @@ fb_lent_idle(const fb_lent *b)
 	return atomic_load_explicit(&b->refs, memory_order_acquire) == 1;
 }
 
+bool
+fb_lent_lendable(const fb_lent *b)
+{
+	return atomic_load_explicit(&b->line->held_old, memory_order_acquire) ==
+	    0;
+}
+
 static void
 lent_unref(fb_lent *b)
 {
-	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1) {
-		fb_free(b->data);
-		free(b);
+	lent_line *line;
+
+	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) {
+		return;
+	}
+	line = b->line;
+	if (b->replaced) {
+		atomic_fetch_sub_explicit(&line->held_old, 1,
+		    memory_order_acq_rel);
+	}
+	fb_free(b->data);
+	free(b);
+	if (atomic_fetch_sub_explicit(&line->members, 1, memory_order_acq_rel) ==
+	    1) {
+		free(line);
 	}
 }
 
@@ -229,12 +279,17 @@ fb_lent_own(fb_lent **b, size_t len, bool keep)
 	if (fb_lent_idle(*b)) {
 		return FB_OK;
 	}
-	if ((rc = fb_lent_new(len, &fresh)) != FB_OK) {
+	if ((rc = lent_alloc(len, (*b)->line, &fresh)) != FB_OK) {
 		return rc;
 	}
 	if (keep) {
 		memcpy(fresh->data, (*b)->data, len);
 	}
+	/* Counted before the owner's reference goes, so the release that
+	 * frees it (here or on ZeroMQ's I/O thread) finds it counted. */
+	atomic_fetch_add_explicit(&(*b)->line->held_old, 1,
+	    memory_order_acq_rel);
+	(*b)->replaced = true;
 	lent_unref(*b);
 	*b = fresh;
 	return FB_OK;
@@ -270,7 +325,8 @@ fb_link_send_raw_from(fb_link *l, const fb_peer *peer, const uint8_t *head,
 	    0) {
 		return send_errno(errno);
 	}
-	if (with_payload && origin != NULL && payload_len > 0) {
+	if (with_payload && origin != NULL && payload_len > 0 &&
+	    fb_lent_lendable(origin)) {
 		/* Without a copy: the message holds a reference to origin. */
 		atomic_fetch_add_explicit(&origin->refs, 1,
 		    memory_order_relaxed);

@@ -342,6 +342,10 @@ FB_MUST_CHECK fb_err fb_lent_new(size_t len, fb_lent **out);
 void *fb_lent_data(fb_lent *b);
 /* True when no message holds the memory: the owner may write it. */
 bool fb_lent_idle(const fb_lent *b);
+/* True unless an older generation of b (fb_lent_own) is still held by
+ * messages: sends from b then copy, so that a peer that stops reading
+ * pins at most one old generation, never one per replacement. */
+bool fb_lent_lendable(const fb_lent *b);
 /* fb_lent_free drops the owner's reference; NULL is a no-op. */
 void fb_lent_free(fb_lent *b);
 /*
@@ -357,8 +361,9 @@ FB_MUST_CHECK fb_err fb_lent_own(fb_lent **b, size_t len, bool keep);
  * fb_link_send_from and fb_link_send_raw_from are fb_link_send and
  * fb_link_send_raw for a payload that lies in `origin`'s memory (NULL: an
  * ordinary send): it is sent without a copy, and the message holds a
- * reference to `origin` until ZeroMQ has written it out. On error no
- * reference is left behind.
+ * reference to `origin` until ZeroMQ has written it out; it is copied
+ * instead while fb_lent_lendable(origin) is false. On error no reference
+ * is left behind.
  */
 FB_MUST_CHECK fb_err fb_link_send_from(fb_link *l, const fb_peer *peer,
     const fb_msg *m, const void *payload, size_t payload_len,

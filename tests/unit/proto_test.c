@@ -907,9 +907,27 @@ test_link_lent(void **state)
 	assert_ptr_not_equal(b, first);
 	assert_true(fb_lent_idle(b));
 	assert_memory_equal(fb_lent_data(b), p, 2 * len);
+	/* while the old memory is held, sends from the new one copy: a peer
+	 * that stops reading pins one old generation, not one per round */
+	assert_false(fb_lent_lendable(b));
+	assert_int_equal(fb_link_send_from(dealer, NULL, &m,
+	                     (uint8_t *)fb_lent_data(b) + len, len, b),
+	    FB_OK);
+	assert_true(fb_lent_idle(b));
+	assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+	assert_int_equal(f.payload_len, len);
+	assert_memory_equal(f.payload, (uint8_t *)fb_lent_data(b) + len, len);
 	/* closing drops the queued message and frees the first memory (the
-	 * sanitizer and valgrind runs check that nothing leaks) */
+	 * sanitizer and valgrind runs check that nothing leaks); sends from
+	 * b are copy-free again */
 	fb_link_close(stuck);
+	{
+		int64_t end = fb_now_ms() + 5000;
+		while (!fb_lent_lendable(b) && fb_now_ms() < end) {
+			fb_sleep_ms(1);
+		}
+	}
+	assert_true(fb_lent_lendable(b));
 
 	/* sends that time out on a full queue leave no reference behind */
 	stuck = connect_nowhere();
