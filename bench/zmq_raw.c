@@ -7,7 +7,7 @@
  * like the coordinator that reads every byte of every update).
  *
  *   zmq_raw --senders K --bytes B [--msg-size 1048576] [--reps R]
- *           [--warmup W] [--hwm H] [--header-bytes C]
+ *           [--warmup W] [--hwm H] [--header-bytes C] [--io-threads T]
  *           [--endpoint tcp://127.0.0.1:*]
  *
  * Each sender sends B bytes (the last message may be shorter), so one rep
@@ -50,6 +50,7 @@ typedef struct opts {
 	int warmup; /* untimed reps first (TCP windows, heaps warm up) */
 	int hwm; /* send and receive high-water marks, messages */
 	size_t header_bytes; /* a frame of this size before each payload */
+	int io_threads; /* the receiver's ZeroMQ I/O threads */
 	const char *endpoint;
 } opts;
 
@@ -58,7 +59,7 @@ usage(FILE *f)
 {
 	fprintf(f, "usage: zmq_raw --senders K --bytes B [--msg-size BYTES] "
 	           "[--reps R] [--warmup W] [--hwm H]\n"
-	           "               [--header-bytes C]\n"
+	           "               [--header-bytes C] [--io-threads T]\n"
 	           "               [--endpoint tcp://127.0.0.1:*]\n"
 	           "K DEALER processes each send B bytes in messages of "
 	           "BYTES (default 1 MiB) to one ROUTER\nthat sums every "
@@ -67,7 +68,8 @@ usage(FILE *f)
 	           "connections.\nH: send and receive high-water marks in messages "
 	           "(default 16, as\nproto/link.c; 0 = unlimited). C: send a C-byte "
 	           "frame before each payload\n(fedbox's control frame; "
-	           "default 0).\n");
+	           "default 0). T: the receiver's ZeroMQ I/O threads (default "
+	           "1,\nas the coordinator's transport.io_threads).\n");
 }
 
 static int
@@ -80,6 +82,7 @@ parse(int argc, char **argv, opts *o)
 	o->warmup = 1;
 	o->hwm = 16;
 	o->header_bytes = 0;
+	o->io_threads = 1;
 	o->endpoint = "tcp://127.0.0.1:*";
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -104,6 +107,8 @@ parse(int argc, char **argv, opts *o)
 			o->warmup = atoi(v);
 		} else if (strcmp(a, "--header-bytes") == 0) {
 			o->header_bytes = strtoull(v, NULL, 10);
+		} else if (strcmp(a, "--io-threads") == 0) {
+			o->io_threads = atoi(v);
 		} else if (strcmp(a, "--hwm") == 0) {
 			o->hwm = atoi(v);
 		} else if (strcmp(a, "--endpoint") == 0) {
@@ -117,6 +122,7 @@ parse(int argc, char **argv, opts *o)
 	if (o->senders < 1 || o->senders > MAX_SENDERS || o->bytes == 0 ||
 	    o->msg_size == 0 || o->reps < 1 || o->reps > MAX_REPS ||
 	    o->hwm < 0 || o->warmup < 0 || o->warmup > 1000 ||
+	    o->io_threads < 1 || o->io_threads > 64 ||
 	    o->header_bytes > o->msg_size) {
 		usage(stderr);
 		return -1;
@@ -303,6 +309,12 @@ main(int argc, char **argv)
 		started++;
 	}
 	ctx = zmq_ctx_new();
+	if (ctx == NULL ||
+	    zmq_ctx_set(ctx, ZMQ_IO_THREADS, o.io_threads) != 0) {
+		fprintf(stderr, "zmq_raw: cannot make a context with %d I/O "
+		                "threads\n", o.io_threads);
+		goto out;
+	}
 	sock = zmq_socket(ctx, ZMQ_ROUTER);
 	if (sock == NULL || set_hwm(sock, o.hwm) != 0 ||
 	    zmq_bind(sock, o.endpoint) != 0 ||
@@ -385,9 +397,10 @@ main(int argc, char **argv)
 		    ? secs[o.reps / 2]
 		    : (secs[o.reps / 2 - 1] + secs[o.reps / 2]) / 2;
 		printf("{\"senders\": %d, \"bytes\": %" PRIu64 ", \"msg_size\": "
-		       "%" PRIu64 ", \"hwm\": %d, \"warmup\": %d, \"reps\": %d, \"seconds\": %.6f, "
+		       "%" PRIu64 ", \"hwm\": %d, \"io_threads\": %d, \"warmup\": %d, \"reps\": %d, \"seconds\": %.6f, "
 		       "\"mb_per_s\": %.1f, \"checksum\": %" PRIu64 "}\n",
-		    o.senders, total, o.msg_size, o.hwm, o.warmup, o.reps, med,
+		    o.senders, total, o.msg_size, o.hwm, o.io_threads, o.warmup,
+		    o.reps, med,
 		    (double)total / med / 1e6, sum);
 	}
 	rc = 0;

@@ -2526,6 +2526,7 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 	    .max_payload = (uint32_t)cfg->chunk_size,
 	    .send_timeout_ms = (int)cfg->send_timeout_ms,
 	    .hwm = 16,
+	    .io_threads = (int)cfg->io_threads,
 	};
 
 	*first_round = 1;

@@ -69,6 +69,11 @@ link_open(const char *endpoint, const fb_link_opts *opts, bool router,
 		rc = FB_EZMQ;
 		goto out;
 	}
+	if (opts->io_threads > 0) {
+		/* before the first socket: the context starts them there */
+		ZMQ_TRY(zmq_ctx_set(l->ctx, ZMQ_IO_THREADS, opts->io_threads),
+		    rc, out);
+	}
 	l->sock = zmq_socket(l->ctx, router ? ZMQ_ROUTER : ZMQ_DEALER);
 	if (l->sock == NULL) {
 		fb_log_error("zmq_socket: %s", zmq_strerror(errno));

@@ -233,6 +233,7 @@ typedef struct fb_link_opts {
 	uint32_t max_payload; /* frame 1 limit in bytes (the chunk size) */
 	int send_timeout_ms;  /* blocking sends give up after this (> 0) */
 	int hwm;              /* messages queued per peer each way, >= 2 */
+	int io_threads;       /* ZeroMQ I/O threads; 0 = ZeroMQ's default */
 } fb_link_opts;
 
 typedef struct fb_link fb_link;

@@ -99,7 +99,8 @@ worker_security() { # INDEX
 # coord_yaml PORT OUT [ROUND-YAML-LINES]: a coordinator config for tests.
 # Updates go through 2 ingest threads (FB_INGEST_THREADS), so the threaded
 # path runs here even where `auto` would pick none (2 CPUs), unless the
-# extra lines bring their own aggregation section.
+# extra lines bring their own aggregation section; the socket has 2 ZeroMQ
+# I/O threads (FB_IO_THREADS; scripts/fedbox-local keeps the default 1).
 coord_yaml() {
 	local port=$1 out=$2 extra=${3:-}
 	local agg="aggregation:
@@ -119,6 +120,7 @@ ${agg}
 transport:
   heartbeat: 200ms
   liveness_timeout: 3s
+  io_threads: ${FB_IO_THREADS:-2}
 YAML
 }
 
