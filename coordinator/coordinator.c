@@ -753,23 +753,11 @@ on_update_begin(coord *c, worker *w, const fb_msg *m)
 	}
 }
 
-/*
- * The chunk index that comes `pos`-th in w's upload: the model chunks from
- * its first_chunk on, wrapping around, then the SecAgg extra chunk.
- */
-static uint32_t
-upload_chunk(const coord *c, const worker *w, uint32_t pos)
-{
-	return pos < c->chunk_count
-	    ? (uint32_t)(((uint64_t)w->first_chunk + pos) % c->chunk_count)
-	    : pos;
-}
-
 static void
 on_update_chunk(coord *c, worker *w, const fb_frame *f)
 {
 	const fb_msg *m = &f->msg;
-	uint32_t k = m->u.update_chunk.chunk;
+	uint32_t k = m->u.update_chunk.chunk, expect;
 	uint64_t elems;
 	fb_buf *buf = NULL;
 	fb_err rc;
@@ -787,9 +775,10 @@ on_update_chunk(coord *c, worker *w, const fb_frame *f)
 		                                     : "done");
 		return;
 	}
-	if (k != upload_chunk(c, w, w->next_chunk)) {
+	expect = fb_upload_chunk(w->first_chunk, c->chunk_count, w->next_chunk);
+	if (k != expect) {
 		drop(c, DROP_OUT_OF_ORDER, "update chunk %u from %s, expected %u",
-		    k, w->name, upload_chunk(c, w, w->next_chunk));
+		    k, w->name, expect);
 		worker_fail(c, w, "update chunks out of order");
 		return;
 	}

@@ -48,6 +48,14 @@ fb_peer_equal(const fb_peer *a, const fb_peer *b)
 	return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
 }
 
+uint32_t
+fb_upload_chunk(uint32_t first_chunk, uint32_t chunk_count, uint32_t pos)
+{
+	return pos < chunk_count
+	    ? (uint32_t)(((uint64_t)first_chunk + pos) % chunk_count)
+	    : pos;
+}
+
 static fb_err
 link_open(const char *endpoint, const fb_link_opts *opts, bool router,
     fb_link **out)

@@ -229,6 +229,15 @@ typedef struct fb_peer {
 
 bool fb_peer_equal(const fb_peer *a, const fb_peer *b);
 
+/*
+ * fb_upload_chunk is the chunk index that goes `pos`-th in an update
+ * starting at `first_chunk` (RoundStart.first_chunk < chunk_count): the
+ * chunk_count model chunks from first_chunk on, wrapping around, then the
+ * chunks past them (the SecAgg extra chunk) as they are.
+ */
+uint32_t fb_upload_chunk(uint32_t first_chunk, uint32_t chunk_count,
+    uint32_t pos);
+
 typedef struct fb_link_opts {
 	uint32_t max_payload; /* frame 1 limit in bytes (the chunk size) */
 	int send_timeout_ms;  /* blocking sends give up after this (> 0) */

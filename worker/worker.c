@@ -118,12 +118,16 @@ samples(const wk *w)
 	                            : (uint64_t)w->cfg->none_samples;
 }
 
+/* `origin`: the lent memory `payload` lies in (sent without a copy), or
+ * NULL. */
 static fb_err
-wk_send(wk *w, const fb_msg *m, const void *payload, size_t len)
+wk_send_from(wk *w, const fb_msg *m, const void *payload, size_t len,
+    fb_lent *origin)
 {
 	fb_err rc = w->secure
-	    ? fb_secure_send(w->link, NULL, w->sess, w->round, m, payload, len)
-	    : fb_link_send(w->link, NULL, m, payload, len);
+	    ? fb_secure_send_from(w->link, NULL, w->sess, w->round, m, payload,
+	          len, origin)
+	    : fb_link_send_from(w->link, NULL, m, payload, len, origin);
 	if (rc != FB_OK) {
 		fb_log_warn("cannot send %s to the coordinator: %s",
 		    fb_msg_type_name(m->type), fb_strerror(rc));
@@ -131,6 +135,12 @@ wk_send(wk *w, const fb_msg *m, const void *payload, size_t len)
 		w->last_tx_ms = fb_now_ms();
 	}
 	return rc;
+}
+
+static fb_err
+wk_send(wk *w, const fb_msg *m, const void *payload, size_t len)
+{
+	return wk_send_from(w, m, payload, len, NULL);
 }
 
 static fb_err
@@ -651,21 +661,6 @@ sa_encode_chunk(wk *w, const float *x, uint64_t off, uint64_t count,
 	return rc;
 }
 
-/* A plain update chunk, sent from w->local without a copy. */
-static fb_err
-wk_send_lent(wk *w, const fb_msg *m, uint64_t off, uint64_t len)
-{
-	fb_err rc = fb_link_send_from(w->link, NULL, m,
-	    (const uint8_t *)w->local + off, len, w->local_lent);
-	if (rc != FB_OK) {
-		fb_log_warn("cannot send %s to the coordinator: %s",
-		    fb_msg_type_name(m->type), fb_strerror(rc));
-	} else {
-		w->last_tx_ms = fb_now_ms();
-	}
-	return rc;
-}
-
 static fb_err
 send_update(wk *w, double seconds, double loss, uint64_t steps)
 {
@@ -733,9 +728,8 @@ send_update(wk *w, double seconds, double loss, uint64_t steps)
 	/* Chunks first_chunk, first_chunk + 1, ... wrapping around, then
 	 * the SecAgg extra chunk; the stream's order is this order. */
 	for (uint32_t pos = 0; pos < chunks; pos++) {
-		uint32_t k = pos < w->chunk_count
-		    ? (uint32_t)(((uint64_t)w->first_chunk + pos) % w->chunk_count)
-		    : pos;
+		uint32_t k =
+		    fb_upload_chunk(w->first_chunk, w->chunk_count, pos);
 		uint64_t off = (uint64_t)k * w->chunk_bytes;
 		uint64_t len = k == w->chunk_count ? 4 * FB_SECAGG_EXTRA
 		    : total - off < w->chunk_bytes ? total - off
@@ -766,7 +760,8 @@ send_update(wk *w, double seconds, double loss, uint64_t steps)
 				rc = wk_send(w, &c, w->sendbuf, clen);
 			}
 		} else {
-			rc = wk_send_lent(w, &c, off, len);
+			/* from w->local itself, without a copy */
+			rc = wk_send_from(w, &c, p + off, len, w->local_lent);
 		}
 		if (rc != FB_OK) {
 			goto out;
