@@ -12,6 +12,17 @@
 #include "common/util.h"
 
 #define WEIGHT_ONE (1ULL << 32) /* weights are fixed point, 32 fraction bits */
+/*
+ * Concurrent adds into one chunk go part by part, each part under a lock,
+ * so that several threads add different updates into different parts of
+ * the same chunk at once (a model of one chunk, or more updates than
+ * chunks, would otherwise queue them on one lock). A part is at least
+ * 8192 elements (32 KiB of the sum: the lock costs ~1% of its add), and a
+ * chunk has at most 64 parts (one 64-bit map of the parts left to do).
+ */
+#define PART_ELEMS_MIN 8192
+#define CHUNK_PARTS_MAX 64
+#define LOCKS_MAX 1024
 
 #include "aggregation/aggregation_impl.h"
 
@@ -40,11 +51,26 @@ fb_accum_alloc(uint64_t count, uint64_t chunk_elems, double clip,
 	a->chunks = (uint32_t)chunks;
 	a->clip = clip;
 	a->scale = ldexp(1.0, 30) / clip;
+	a->part_elems = (chunk_elems + CHUNK_PARTS_MAX - 1) / CHUNK_PARTS_MAX;
+	if (a->part_elems < PART_ELEMS_MIN) {
+		a->part_elems = PART_ELEMS_MIN;
+	}
+	a->chunk_parts = (uint32_t)((chunk_elems + a->part_elems - 1) /
+	    a->part_elems);
+	/* Parts of one chunk never share a lock (chunk_parts <= 64). */
+	a->nlocks = chunks * a->chunk_parts < LOCKS_MAX
+	    ? (uint32_t)(chunks * a->chunk_parts) : LOCKS_MAX;
 	a->sum = fb_calloc(count, sizeof(*a->sum));
 	a->weight_q = fb_calloc(chunks, sizeof(*a->weight_q));
-	if (a->sum == NULL || a->weight_q == NULL) {
+	a->locks = calloc(a->nlocks, sizeof(*a->locks));
+	if (a->sum == NULL || a->weight_q == NULL || a->locks == NULL) {
+		free(a->locks);
+		a->locks = NULL;
 		fb_accum_free(a);
 		return FB_ENOMEM;
+	}
+	for (uint32_t i = 0; i < a->nlocks; i++) {
+		pthread_mutex_init(&a->locks[i], NULL);
 	}
 	*out = a;
 	return FB_OK;
@@ -56,8 +82,14 @@ fb_accum_free(fb_accum *a)
 	if (a == NULL) {
 		return;
 	}
+	if (a->locks != NULL) {
+		for (uint32_t i = 0; i < a->nlocks; i++) {
+			pthread_mutex_destroy(&a->locks[i]);
+		}
+		free(a->locks);
+	}
 	fb_free(a->sum);
-	fb_free(a->weight_q);
+	fb_free((void *)(uintptr_t)a->weight_q); /* (the _Atomic array) */
 	free(a);
 }
 
@@ -66,7 +98,9 @@ fb_accum_reset(fb_accum *a)
 {
 	a->scale = ldexp(1.0, 30) / a->clip;
 	memset(a->sum, 0, a->count * sizeof(*a->sum));
-	memset(a->weight_q, 0, a->chunks * sizeof(*a->weight_q));
+	for (uint32_t c = 0; c < a->chunks; c++) {
+		atomic_store_explicit(&a->weight_q[c], 0, memory_order_relaxed);
+	}
 }
 
 uint32_t
@@ -92,8 +126,11 @@ fb_accum_chunk_len(const fb_accum *a, uint32_t chunk)
  * ifunc). AVX2 alone, without FMA, so the arithmetic and the sums are the
  * same bits on every machine. The device host's Xeon added 2.8 GB/s on
  * one thread with the SSE2 build, less than one ZeroMQ stream brings.
+ * Not under ThreadSanitizer: its runtime is not up yet when the dynamic
+ * loader runs the resolvers.
  */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define FB_KERNEL_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define FB_KERNEL_CLONES
@@ -148,38 +185,104 @@ fb_ring_add(uint32_t *restrict sum, const uint32_t *restrict v, uint64_t n)
 	}
 }
 
+/*
+ * add_parts adds n elements into chunk `chunk`'s sum: the floats x (clamped
+ * and encoded with factor k) or, x being NULL, the ring elements v. Each
+ * part under its lock; a part that another thread holds is left for a
+ * second pass, so concurrent adds into one chunk overlap instead of
+ * queueing. Concurrent adds start at parts spread over the chunk
+ * (Fibonacci hashing of a ticket). The ring sums commute, so the result
+ * is the same whatever the interleaving.
+ */
+static void
+add_parts(fb_accum *a, uint32_t chunk, uint64_t n, const float *x,
+    const uint32_t *v, double k)
+{
+	uint32_t *sum = a->sum + (uint64_t)chunk * a->chunk_elems;
+	uint64_t pe = a->part_elems;
+	uint32_t parts = (uint32_t)((n + pe - 1) / pe);
+	uint32_t ticket = atomic_fetch_add_explicit(&a->ticket, 1,
+	    memory_order_relaxed);
+	uint32_t start = (uint32_t)(((uint64_t)(ticket * 2654435769u) *
+	    parts) >> 32);
+	uint64_t left = 0; /* bit i: part (start + i) % parts was busy */
+
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t i = 0; i < parts; i++) {
+			uint32_t p = (start + i) % parts;
+			pthread_mutex_t *mu = &a->locks[((uint64_t)chunk *
+			    a->chunk_parts + p) % a->nlocks];
+			uint64_t off = (uint64_t)p * pe;
+			uint64_t len = n - off < pe ? n - off : pe;
+			if (pass == 0) {
+				if (pthread_mutex_trylock(mu) != 0) {
+					left |= 1ULL << i;
+					continue;
+				}
+			} else if ((left >> i & 1) == 0) {
+				continue;
+			} else {
+				pthread_mutex_lock(mu);
+			}
+			if (x != NULL) {
+				add_chunk(sum + off, x + off, len, a->clip, k);
+			} else {
+				fb_ring_add(sum + off, v + off, len);
+			}
+			pthread_mutex_unlock(mu);
+		}
+		if (left == 0) {
+			break;
+		}
+	}
+}
+
 fb_err
 fb_accum_add(fb_accum *a, uint32_t chunk, const float *x, double weight,
     uint64_t *clipped)
 {
 	uint64_t n = fb_accum_chunk_len(a, chunk);
-	uint32_t *sum;
-	uint64_t wq;
+	uint64_t wq, old;
 	double k, clip = a->clip;
 	uint64_t over = 0;
-	int bad;
 
 	if (chunk >= a->chunks || !(weight > 0) || weight > 1.0) {
 		return FB_EINVAL;
 	}
 	/* Truncation keeps sums of weights that add to 1 from exceeding it. */
 	wq = (uint64_t)floor(weight * (double)WEIGHT_ONE);
-	if (wq == 0 || a->weight_q[chunk] + wq > WEIGHT_ONE) {
+	old = atomic_load_explicit(&a->weight_q[chunk], memory_order_relaxed);
+	if (wq == 0 || old + wq > WEIGHT_ONE) {
 		return FB_ERANGE;
 	}
-	k = (double)wq / (double)WEIGHT_ONE * a->scale;
-	sum = a->sum + (uint64_t)chunk * a->chunk_elems;
-	/* Check first (a NaN or infinity refuses the whole chunk), then
-	 * clamp, encode and add; both loops are branch-free. */
-	bad = scan_chunk(x, n, clip, &over);
-	if (bad) {
+	/* Check first (a NaN or infinity refuses the whole chunk), then take
+	 * the weight (another add may take it first: then nothing is added),
+	 * then clamp, encode and add; both loops are branch-free. */
+	if (scan_chunk(x, n, clip, &over)) {
 		return FB_EINVAL;
 	}
-	add_chunk(sum, x, n, clip, k);
+	do {
+		if (old + wq > WEIGHT_ONE) {
+			return FB_ERANGE;
+		}
+	} while (!atomic_compare_exchange_weak_explicit(&a->weight_q[chunk],
+	    &old, old + wq, memory_order_relaxed, memory_order_relaxed));
+	k = (double)wq / (double)WEIGHT_ONE * a->scale;
+	add_parts(a, chunk, n, x, NULL, k);
 	if (clipped != NULL) {
 		*clipped += over;
 	}
-	a->weight_q[chunk] += wq;
+	return FB_OK;
+}
+
+fb_err
+fb_accum_ring_add(fb_accum *a, uint32_t chunk, const uint32_t *v,
+    uint64_t n)
+{
+	if (chunk >= a->chunks || n != fb_accum_chunk_len(a, chunk)) {
+		return FB_EINVAL;
+	}
+	add_parts(a, chunk, n, NULL, v, 0.0);
 	return FB_OK;
 }
 
@@ -189,7 +292,8 @@ fb_accum_chunk_weight(const fb_accum *a, uint32_t chunk)
 	if (chunk >= a->chunks) {
 		return 0.0;
 	}
-	return (double)a->weight_q[chunk] / (double)WEIGHT_ONE;
+	return (double)atomic_load_explicit(&a->weight_q[chunk],
+	           memory_order_relaxed) / (double)WEIGHT_ONE;
 }
 
 void
@@ -285,7 +389,8 @@ fb_accum_set_secure_sum(fb_accum *a, const fb_encoding *e, double W)
 		}
 	}
 	for (uint32_t c = 0; c < a->chunks; c++) {
-		a->weight_q[c] = wq;
+		atomic_store_explicit(&a->weight_q[c], wq,
+		    memory_order_relaxed);
 	}
 	/* chunk_inv = 1 / (weight * scale): weight reads back as wq / 2^32. */
 	a->scale = e->scale * W / ((double)wq / (double)WEIGHT_ONE);

@@ -66,7 +66,12 @@ uint64_t fb_accum_chunk_len(const fb_accum *a, uint32_t chunk);
  * the chunk's weight sum above 1 is FB_ERANGE, nothing added. `weight` is
  * in (0, 1]; a weight below 2^-32 rounds to nothing and is FB_ERANGE.
  * *clipped (if non-NULL) is increased by the number of
- * coordinates that had to be clamped. Not thread-safe.
+ * coordinates that had to be clamped.
+ *
+ * Threads: fb_accum_add and fb_accum_ring_add may run at the same time on
+ * any chunks, the same one included (they lock parts of the chunk; the sum
+ * is the same bits whatever the interleaving), but not at the same time as
+ * any other function on the accumulator.
  */
 FB_MUST_CHECK fb_err fb_accum_add(fb_accum *a, uint32_t chunk, const float *x,
     double weight, uint64_t *clipped);
@@ -88,7 +93,7 @@ void fb_accum_apply(const fb_accum *a, float *params, double lr);
 
 /*
  * Secure aggregation reuses the accumulator's ring: the coordinator adds
- * masked inputs (fb_encode_chunk + masks, crypto.h) into fb_accum_ring,
+ * masked inputs (fb_encode_chunk + masks, crypto.h) with fb_accum_ring_add,
  * removes the masks there, and then fb_accum_set_secure_sum declares what
  * the ring now holds: sum_i q_i under encoding e (reduced mod 2^e->bits),
  * with total weight W = sum_i w_i (W > 0, finite). It sign-extends every
@@ -98,11 +103,19 @@ void fb_accum_apply(const fb_accum *a, float *params, double lr);
  * FB_EINVAL (W or e), FB_ERANGE (W too large for the weight format).
  */
 uint32_t *fb_accum_ring(fb_accum *a);
+
+/*
+ * fb_accum_ring_add adds a masked input's chunk `chunk` (n ring elements,
+ * n = fb_accum_chunk_len(a, chunk)) into the ring, mod 2^32; threads as
+ * fb_accum_add. Errors: FB_EINVAL (no such chunk, or n is not its length).
+ */
+FB_MUST_CHECK fb_err fb_accum_ring_add(fb_accum *a, uint32_t chunk,
+    const uint32_t *v, uint64_t n);
 FB_MUST_CHECK fb_err fb_accum_set_secure_sum(fb_accum *a,
     const fb_encoding *e, double W);
 
-/* fb_ring_add adds n ring elements: sum[j] += v[j] mod 2^32 (a masked
- * input into fb_accum_ring). The arrays must not overlap. */
+/* fb_ring_add adds n ring elements: sum[j] += v[j] mod 2^32. The arrays
+ * must not overlap. */
 void fb_ring_add(uint32_t *restrict sum, const uint32_t *restrict v,
     uint64_t n);
 

@@ -8,6 +8,8 @@
 #ifndef FB_AGGREGATION_AGGREGATION_IMPL_H
 #define FB_AGGREGATION_AGGREGATION_IMPL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "aggregation/aggregation.h"
@@ -19,7 +21,14 @@ struct fb_accum {
 	double clip;
 	double scale;        /* S = 2^30 / clip */
 	uint32_t *sum;       /* count ring elements (int32 two's complement) */
-	uint64_t *weight_q;  /* per chunk, weight sum in units of 2^-32 */
+	_Atomic uint64_t *weight_q; /* per chunk, weight sum in units of 2^-32 */
+	/* Concurrent adds: a chunk's sum is cut in parts of part_elems
+	 * elements (at most 64 per chunk), each under one of the locks. */
+	uint64_t part_elems;
+	uint32_t chunk_parts; /* parts of a full chunk */
+	pthread_mutex_t *locks;
+	uint32_t nlocks;
+	_Atomic uint32_t ticket; /* spreads concurrent adds' first parts */
 };
 
 #endif

@@ -21,6 +21,7 @@
  * and counted by reason in the round's metrics.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <unistd.h>
 #include <math.h>
@@ -241,6 +242,7 @@ typedef struct coord {
 	uint64_t clipped_base;    /* fb_ingest_counter at the round's start */
 	fb_ingest *ingest;        /* decrypts and adds update chunks */
 	ingest_arg *stream_arg;   /* slot i: how to add worker i's update */
+	pthread_mutex_t extra_mu; /* the pool's adds into sa.extra */
 	double first_begin_s;     /* the round's first update began; 0 */
 	uint32_t last_found;      /* find_peer's last hit */
 	int64_t last_scan_ms;     /* tick's last liveness scan */
@@ -925,9 +927,11 @@ ingest_settle(coord *c)
 
 /*
  * The ingest pool's callback: adds one decrypted chunk with the update's
- * weight, or (secure aggregation) its masked ring elements. The pool never
- * runs two calls for the same chunk at once, and both adds touch only
- * their chunk, so calls need no other lock.
+ * weight, or (secure aggregation) its masked ring elements. Calls for the
+ * same chunk may run at once (cb_concurrent): the accumulator locks parts
+ * of a chunk, so several updates are added into one chunk in parallel
+ * (a one-chunk model, or more workers than chunks); the few SecAgg extras
+ * have a lock of their own.
  */
 static fb_err
 ingest_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
@@ -938,17 +942,16 @@ ingest_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
 
 	if (a->masked) {
 		/* A masked input: ring elements, added mod 2^32. */
-		const uint32_t *v = data;
-		uint32_t *sum = chunk < c->chunk_count
-		    ? fb_accum_ring(c->accum) + (uint64_t)chunk * c->chunk_elems
-		    : c->sa.extra;
-		uint64_t elems = chunk < c->chunk_count
-		    ? fb_accum_chunk_len(c->accum, chunk)
-		    : SA_EXTRA;
-		if (len != elems * 4) {
+		if (chunk < c->chunk_count) {
+			return len % 4 == 0 && fb_accum_ring_add(c->accum,
+			    chunk, data, len / 4) == FB_OK ? FB_OK : FB_EPROTO;
+		}
+		if (len != SA_EXTRA * 4) {
 			return FB_EPROTO;
 		}
-		fb_ring_add(sum, v, elems);
+		pthread_mutex_lock(&c->extra_mu);
+		fb_ring_add(c->sa.extra, data, SA_EXTRA);
+		pthread_mutex_unlock(&c->extra_mu);
 		return FB_OK;
 	}
 	if (chunk >= c->chunk_count ||
@@ -2519,6 +2522,7 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 	};
 
 	*first_round = 1;
+	pthread_mutex_init(&c->extra_mu, NULL);
 	memset(&spec, 0, sizeof(spec));
 	snprintf(spec.arch, sizeof(spec.arch), "%s", cfg->model_arch);
 	spec.input_dim = (uint32_t)cfg->input_dim;
@@ -2659,6 +2663,7 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 		    .max_chunk_len = (size_t)c->chunk_elems * 4,
 		    .chunk_cb = ingest_add_cb,
 		    .cb_arg = c,
+		    .cb_concurrent = true,
 		};
 		if ((rc = fb_ingest_alloc(&io, &c->ingest)) != FB_OK) {
 			return rc;
@@ -2684,6 +2689,7 @@ static void
 coord_fini(coord *c)
 {
 	fb_ingest_free(c->ingest); /* first: its threads use the accumulator */
+	pthread_mutex_destroy(&c->extra_mu);
 	sa_free(&c->sa);
 	fb_link_close(c->link);
 	fb_accum_free(c->accum);

@@ -231,11 +231,16 @@ run_chunk(fb_ingest *g, slot *s, job *j, uint8_t *scratch)
 		memcpy(scratch, data, len);
 		plain = scratch;
 	}
-	stripe = &g->stripes[j->chunk % g->nstripes];
-	pthread_mutex_lock(stripe);
+	stripe = g->o.cb_concurrent ? NULL
+	                            : &g->stripes[j->chunk % g->nstripes];
+	if (stripe != NULL) {
+		pthread_mutex_lock(stripe);
+	}
 	rc = g->o.chunk_cb(g->o.cb_arg, s->stream_arg, j->chunk, plain, len,
 	    &counter);
-	pthread_mutex_unlock(stripe);
+	if (stripe != NULL) {
+		pthread_mutex_unlock(stripe);
+	}
 	if (counter != 0) {
 		atomic_fetch_add_explicit(&g->counter, counter,
 		    memory_order_relaxed);

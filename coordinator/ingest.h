@@ -9,8 +9,9 @@
  * sequential within a stream) and hands the plaintext to a callback (the
  * fixed-point accumulator today; the secure-aggregation ring sum later).
  * One slot's jobs run in order, one at a time; different slots run in
- * parallel. Calls of the callback for the same chunk index never overlap,
- * so a callback that adds into a shared array needs no lock of its own and,
+ * parallel. Calls of the callback for the same chunk index never overlap
+ * (unless the callback says it locks for itself: cb_concurrent), so a
+ * callback that adds into a shared array needs no lock of its own and,
  * its additions being integer and commutative, the sum does not depend on
  * the order or the thread count.
  *
@@ -37,8 +38,9 @@ typedef struct fb_ingest fb_ingest;
 /*
  * fb_ingest_chunk_cb consumes the plaintext of chunk `chunk` of the stream
  * begun with `stream_arg`: `len` bytes at `data` (4-byte aligned, writable,
- * valid during the call). Calls for the same chunk index never overlap;
- * others may run at the same time on other threads. It may add to *counter
+ * valid during the call). Calls for the same chunk index never overlap
+ * (but see cb_concurrent); others may run at the same time on other
+ * threads. It may add to *counter
  * (e.g. clamped coordinates; see fb_ingest_counter). Any error ends the
  * stream with a result (stage FB_INGEST_AT_CONSUME, err = the error); the
  * callback must then have changed nothing.
@@ -54,6 +56,9 @@ typedef struct fb_ingest_opts {
 	uint32_t queue_max;    /* payloads queued at most; 0: 4 per thread */
 	fb_ingest_chunk_cb chunk_cb;
 	void *cb_arg;
+	/* The callback locks what it shares itself: calls for the same chunk
+	 * index may then run at the same time (false: they never overlap). */
+	bool cb_concurrent;
 } fb_ingest_opts;
 
 /*

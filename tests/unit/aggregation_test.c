@@ -6,10 +6,12 @@
  * fedavg_vectors.py), held to the quantisation bound that aggregation.h
  * documents, and its contract: order independence, chunking, refusal of
  * NaN/Inf and of weight sums above 1, clipping counts, per-chunk weights,
- * apply, reset, large-magnitude stress and fb_fedavg_weights.
+ * apply, reset, large-magnitude stress and fb_fedavg_weights, and adds
+ * from many threads at once into the same chunks.
  */
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -779,6 +781,220 @@ test_clip_not_a_float_is_honoured(void **state)
 	free_cases(cases, n);
 }
 
+/* ---- adds from many threads at once --------------------------------------- */
+
+enum { CT_THREADS = 8, CT_PER = 3, CT_K = CT_THREADS * CT_PER };
+
+typedef struct ct_arg {
+	fb_accum *a;
+	pthread_barrier_t *go;
+	const float *x;       /* CT_K updates of n floats */
+	const uint32_t *v;    /* or CT_K ring vectors (x NULL) */
+	const double *w;
+	uint64_t n;
+	uint32_t first;       /* this thread adds updates first.. +CT_PER-1 */
+	fb_err rc[CT_PER];    /* the first failure per update, else FB_OK */
+	uint64_t clipped;
+} ct_arg;
+
+/* Adds CT_PER whole updates, chunk by chunk, after the barrier. cmocka's
+ * asserts are for the main thread only: results go back in the arg. */
+static void *
+ct_main(void *p)
+{
+	ct_arg *t = p;
+	pthread_barrier_wait(t->go);
+	for (uint32_t u = 0; u < CT_PER; u++) {
+		uint64_t i = t->first + u, off = 0;
+		t->rc[u] = FB_OK;
+		for (uint32_t c = 0; c < fb_accum_chunk_count(t->a); c++) {
+			uint64_t len = fb_accum_chunk_len(t->a, c);
+			fb_err rc = t->x != NULL
+			    ? fb_accum_add(t->a, c, t->x + i * t->n + off,
+			          t->w[i], &t->clipped)
+			    : fb_accum_ring_add(t->a, c, t->v + i * t->n + off,
+			          len);
+			if (rc != FB_OK && t->rc[u] == FB_OK) {
+				t->rc[u] = rc;
+			}
+			off += len;
+		}
+	}
+	return NULL;
+}
+
+/* Runs CT_THREADS threads over the updates; fails on any error. */
+static void
+ct_run(fb_accum *a, const float *x, const uint32_t *v, const double *w,
+    uint64_t n, uint64_t *clipped)
+{
+	pthread_t th[CT_THREADS];
+	ct_arg args[CT_THREADS];
+	pthread_barrier_t go;
+
+	assert_int_equal(pthread_barrier_init(&go, NULL, CT_THREADS), 0);
+	for (uint32_t i = 0; i < CT_THREADS; i++) {
+		args[i] = (ct_arg){.a = a, .go = &go, .x = x, .v = v, .w = w,
+		    .n = n, .first = i * CT_PER};
+		assert_int_equal(pthread_create(&th[i], NULL, ct_main,
+		    &args[i]), 0);
+	}
+	*clipped = 0;
+	for (uint32_t i = 0; i < CT_THREADS; i++) {
+		assert_int_equal(pthread_join(th[i], NULL), 0);
+		for (uint32_t u = 0; u < CT_PER; u++) {
+			assert_int_equal(args[i].rc[u], FB_OK);
+		}
+		*clipped += args[i].clipped;
+	}
+	pthread_barrier_destroy(&go);
+}
+
+static void
+test_concurrent_adds(void **state)
+{
+	/* One chunk of 13 parts (the one-chunk model), then chunks of 3
+	 * parts with more updates than chunks: the sums (floats, then ring
+	 * elements) are the same bits as adding one update after another. */
+	static const uint64_t chunk_elems[] = {1u << 18, 20000};
+	const uint64_t n = 100003;
+	float *x = calloc(CT_K * n, sizeof(*x));
+	uint32_t *v = calloc(CT_K * n, sizeof(*v));
+	float *ref = calloc(n, sizeof(*ref)), *got = calloc(n, sizeof(*got));
+	uint64_t counts[CT_K];
+	double w[CT_K];
+	fb_rng rng;
+
+	assert_non_null(x);
+	assert_non_null(v);
+	assert_non_null(ref);
+	assert_non_null(got);
+	fb_rng_init(&rng, 11, 0);
+	for (uint64_t j = 0; j < CT_K * n; j++) {
+		x[j] = (float)(fb_rng_normal(&rng) * 2.0);
+		v[j] = (uint32_t)fb_rng_u64(&rng);
+	}
+	for (uint32_t i = 0; i < CT_K; i++) {
+		counts[i] = 100 + 37 * i;
+	}
+	assert_int_equal(fb_fedavg_weights(counts, CT_K, w), FB_OK);
+	for (size_t s = 0; s < sizeof(chunk_elems) / sizeof(*chunk_elems);
+	     s++) {
+		fb_accum *serial = NULL, *a = NULL;
+		uint64_t clip_ref = 0, clip_got = 0;
+		assert_int_equal(fb_accum_alloc(n, chunk_elems[s], 4.0, &serial),
+		    FB_OK);
+		assert_int_equal(fb_accum_alloc(n, chunk_elems[s], 4.0, &a),
+		    FB_OK);
+		for (uint32_t i = 0; i < CT_K; i++) {
+			add_update(serial, x + i * n, w[i], &clip_ref);
+		}
+		fb_accum_mean(serial, ref);
+		for (int rep = 0; rep < 10; rep++) {
+			fb_accum_reset(a);
+			ct_run(a, x, NULL, w, n, &clip_got);
+			fb_accum_mean(a, got);
+			assert_memory_equal(ref, got, n * sizeof(*ref));
+			assert_true(clip_got == clip_ref);
+		}
+		/* ring elements: the sum mod 2^32 of all CT_K vectors */
+		fb_accum_reset(a);
+		ct_run(a, NULL, v, w, n, &clip_got);
+		for (uint64_t j = 0; j < n; j++) {
+			uint32_t want = 0;
+			for (uint32_t i = 0; i < CT_K; i++) {
+				want += v[i * n + j];
+			}
+			if (fb_accum_ring(a)[j] != want) {
+				fail_msg("ring element %llu: %u, want %u",
+				    (unsigned long long)j, fb_accum_ring(a)[j],
+				    want);
+			}
+		}
+		fb_accum_free(serial);
+		fb_accum_free(a);
+	}
+	free(x);
+	free(v);
+	free(ref);
+	free(got);
+}
+
+typedef struct wr_arg {
+	fb_accum *a;
+	pthread_barrier_t *go;
+	const float *x;
+	fb_err rc;
+} wr_arg;
+
+static void *
+wr_main(void *p)
+{
+	wr_arg *t = p;
+	pthread_barrier_wait(t->go);
+	t->rc = fb_accum_add(t->a, 0, t->x, 0.25, NULL);
+	return NULL;
+}
+
+static void
+test_concurrent_weight_limit(void **state)
+{
+	/* Eight threads add weight 1/4 into one chunk at once: exactly four
+	 * get in, the others are refused with nothing added, every time. */
+	enum { T = 8, N = 40000 };
+	static float x[N];
+	float mean[N];
+
+	for (uint32_t j = 0; j < N; j++) {
+		x[j] = (float)j / N - 0.5f;
+	}
+	for (int rep = 0; rep < 50; rep++) {
+		pthread_t th[T];
+		wr_arg args[T];
+		pthread_barrier_t go;
+		fb_accum *a = NULL;
+		int ok = 0, refused = 0;
+
+		assert_int_equal(fb_accum_alloc(N, N, 1.0, &a), FB_OK);
+		assert_int_equal(pthread_barrier_init(&go, NULL, T), 0);
+		for (int i = 0; i < T; i++) {
+			args[i] = (wr_arg){.a = a, .go = &go, .x = x};
+			assert_int_equal(pthread_create(&th[i], NULL, wr_main,
+			    &args[i]), 0);
+		}
+		for (int i = 0; i < T; i++) {
+			assert_int_equal(pthread_join(th[i], NULL), 0);
+			ok += args[i].rc == FB_OK;
+			refused += args[i].rc == FB_ERANGE;
+		}
+		pthread_barrier_destroy(&go);
+		assert_int_equal(ok, 4);
+		assert_int_equal(refused, 4);
+		assert_true(fb_accum_chunk_weight(a, 0) == 1.0);
+		fb_accum_mean(a, mean);
+		for (uint32_t j = 0; j < N; j++) {
+			assert_true(fabs(mean[j] - x[j]) <=
+			    quant_bound(4, 1.0, 1.0, 1.0, mean[j]));
+		}
+		fb_accum_free(a);
+	}
+}
+
+static void
+test_ring_add_checks_size(void **state)
+{
+	fb_accum *a = NULL;
+	uint32_t v[10] = {0};
+
+	assert_int_equal(fb_accum_alloc(10, 4, 1.0, &a), FB_OK);
+	assert_int_equal(fb_accum_ring_add(a, 0, v, 4), FB_OK);
+	assert_int_equal(fb_accum_ring_add(a, 2, v, 2), FB_OK);
+	assert_int_equal(fb_accum_ring_add(a, 2, v, 4), FB_EINVAL);
+	assert_int_equal(fb_accum_ring_add(a, 0, v, 3), FB_EINVAL);
+	assert_int_equal(fb_accum_ring_add(a, 3, v, 1), FB_EINVAL);
+	fb_accum_free(a);
+}
+
 FB_TESTS = {
     {"known answers from the numpy reference are within the header's bound",
         test_vectors_within_bound},
@@ -807,6 +1023,12 @@ FB_TESTS = {
         test_fedavg_weights},
     {"a clip that is not a float32 is honoured exactly",
         test_clip_not_a_float_is_honoured},
+    {"adds from eight threads into the same chunks give the serial sum",
+        test_concurrent_adds},
+    {"concurrent adds never take a chunk's weight above one",
+        test_concurrent_weight_limit},
+    {"a ring add of the wrong length or chunk is refused",
+        test_ring_add_checks_size},
     {NULL, NULL},
 };
 

@@ -3,10 +3,13 @@
  * coordinator_test.c -- the ingest pool (coordinator/ingest.h): per-stream
  * order, sums independent of the thread count, and streams that fail
  * mid-way (bad MAC, missing FINAL mark, callback refusal, bad trailer,
- * abort) keep exactly the chunks before the failure.
+ * abort) keep exactly the chunks before the failure; calls for one chunk
+ * overlap only when the callback says it locks for itself.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "coordinator/ingest.h"
 #include "crypto/crypto.h"
@@ -425,6 +428,81 @@ test_bad_arguments(void **state)
 	fb_ingest_free(NULL);
 }
 
+/* ---- calls for the same chunk: serialised, or not (cb_concurrent) ----- */
+
+typedef struct overlap_sink {
+	_Atomic uint32_t inflight; /* calls for chunk 0 running now */
+	_Atomic uint32_t peak;
+	_Atomic uint32_t calls;
+} overlap_sink;
+
+static fb_err
+overlap_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
+    size_t len, uint64_t *counter)
+{
+	overlap_sink *o = arg;
+	struct timespec ts = {0, 20 * 1000 * 1000};
+	uint32_t now = atomic_fetch_add(&o->inflight, 1) + 1;
+	uint32_t peak = atomic_load(&o->peak);
+
+	(void)stream_arg;
+	(void)chunk;
+	(void)data;
+	(void)len;
+	(void)counter;
+	while (now > peak && !atomic_compare_exchange_weak(&o->peak, &peak,
+	    now)) {
+	}
+	nanosleep(&ts, NULL); /* long enough for the others to start */
+	atomic_fetch_sub(&o->inflight, 1);
+	atomic_fetch_add(&o->calls, 1);
+	return FB_OK;
+}
+
+static void
+test_same_chunk_overlap(void **state)
+{
+	(void)state;
+	for (int concurrent = 0; concurrent <= 1; concurrent++) {
+		overlap_sink o = {0};
+		fb_ingest *g = NULL;
+		fb_ingest_result r;
+		uint32_t done = 0;
+		uint64_t gen;
+		fb_ingest_opts opts = {
+		    .threads = STREAMS,
+		    .slots = STREAMS,
+		    .chunk_count = CHUNKS,
+		    .max_chunk_len = CHUNK_LEN,
+		    .chunk_cb = overlap_cb,
+		    .cb_arg = &o,
+		    .cb_concurrent = concurrent,
+		};
+		assert_int_equal(fb_ingest_alloc(&opts, &g), FB_OK);
+		/* every stream is one chunk, chunk 0 (a one-chunk model) */
+		for (uint32_t s = 0; s < STREAMS; s++) {
+			assert_int_equal(fb_ingest_begin(g, s, NULL, NULL, &gen),
+			    FB_OK);
+			assert_int_equal(fb_ingest_chunk(g, s, 0, plain_buf(s, 0),
+			    true), FB_OK);
+		}
+		fb_ingest_drain(g);
+		while (fb_ingest_result_next(g, &r)) {
+			assert_int_equal(r.status, FB_INGEST_DONE);
+			done++;
+		}
+		assert_int_equal(done, STREAMS);
+		assert_int_equal(atomic_load(&o.calls), STREAMS);
+		if (concurrent) {
+			/* 6 threads, 6 chunks of 20 ms queued at once */
+			assert_true(atomic_load(&o.peak) >= 2);
+		} else {
+			assert_int_equal(atomic_load(&o.peak), 1);
+		}
+		fb_ingest_free(g);
+	}
+}
+
 FB_TESTS = {
 	{"each stream's chunks are consumed in order and sums are exact "
 	 "whatever the thread count",
@@ -435,6 +513,8 @@ FB_TESTS = {
 	    test_abort_keeps_queued_chunks},
 	{"freeing a pool finishes the queued work", test_free_with_work_queued},
 	{"bad arguments are rejected", test_bad_arguments},
+	{"calls for one chunk never overlap, unless the callback locks "
+	 "for itself (then they do)", test_same_chunk_overlap},
 	{NULL, NULL},
 };
 
