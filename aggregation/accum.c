@@ -185,35 +185,81 @@ fb_ring_add(uint32_t *restrict sum, const uint32_t *restrict v, uint64_t n)
 	}
 }
 
+/* One add: what each part needs. */
+typedef struct part_job {
+	fb_accum *a;
+	uint32_t *sum;       /* the chunk's sum */
+	const float *x;      /* floats to encode, or NULL */
+	const uint32_t *v;   /* ring elements (x NULL) */
+	uint64_t n;
+	double k;
+	uint32_t chunk, parts, start;
+} part_job;
+
+static pthread_mutex_t *
+part_lock(const part_job *j, uint32_t p)
+{
+	return &j->a->locks[((uint64_t)j->chunk * j->a->chunk_parts + p) %
+	    j->a->nlocks];
+}
+
+/* Adds part p of the job (its lock held). */
+static void
+part_add(const part_job *j, uint32_t p)
+{
+	uint64_t pe = j->a->part_elems;
+	uint64_t off = (uint64_t)p * pe;
+	uint64_t len = j->n - off < pe ? j->n - off : pe;
+	if (j->x != NULL) {
+		add_chunk(j->sum + off, j->x + off, len, j->a->clip, j->k);
+	} else {
+		fb_ring_add(j->sum + off, j->v + off, len);
+	}
+}
+
+/* The i-th part of the job, as a piece for fb_par_run. */
+static void
+part_piece(void *arg, uint32_t i)
+{
+	const part_job *j = arg;
+	uint32_t p = (j->start + i) % j->parts;
+	pthread_mutex_t *mu = part_lock(j, p);
+	pthread_mutex_lock(mu);
+	part_add(j, p);
+	pthread_mutex_unlock(mu);
+}
+
 /*
  * add_parts adds n elements into chunk `chunk`'s sum: the floats x (clamped
  * and encoded with factor k) or, x being NULL, the ring elements v. Each
- * part under its lock; a part that another thread holds is left for a
- * second pass, so concurrent adds into one chunk overlap instead of
- * queueing. Concurrent adds start at parts spread over the chunk
- * (Fibonacci hashing of a ticket). The ring sums commute, so the result
- * is the same whatever the interleaving.
+ * part under its lock. With a parallel runner the parts go to it;
+ * otherwise this thread adds them, leaving a part that another thread
+ * holds for a second pass, so concurrent adds into one chunk overlap
+ * instead of queueing. Concurrent adds start at parts spread over the
+ * chunk (Fibonacci hashing of a ticket). The ring sums commute, so the
+ * result is the same whatever the interleaving.
  */
 static void
 add_parts(fb_accum *a, uint32_t chunk, uint64_t n, const float *x,
     const uint32_t *v, double k)
 {
-	uint32_t *sum = a->sum + (uint64_t)chunk * a->chunk_elems;
-	uint64_t pe = a->part_elems;
-	uint32_t parts = (uint32_t)((n + pe - 1) / pe);
 	uint32_t ticket = atomic_fetch_add_explicit(&a->ticket, 1,
 	    memory_order_relaxed);
-	uint32_t start = (uint32_t)(((uint64_t)(ticket * 2654435769u) *
-	    parts) >> 32);
+	part_job j = {.a = a, .sum = a->sum + (uint64_t)chunk * a->chunk_elems,
+	    .x = x, .v = v, .n = n, .k = k, .chunk = chunk,
+	    .parts = (uint32_t)((n + a->part_elems - 1) / a->part_elems)};
 	uint64_t left = 0; /* bit i: part (start + i) % parts was busy */
 
+	j.start = (uint32_t)(((uint64_t)(ticket * 2654435769u) * j.parts) >>
+	    32);
+	if (a->par != NULL && j.parts > 1) {
+		a->par(a->par_ctx, j.parts, part_piece, &j);
+		return;
+	}
 	for (int pass = 0; pass < 2; pass++) {
-		for (uint32_t i = 0; i < parts; i++) {
-			uint32_t p = (start + i) % parts;
-			pthread_mutex_t *mu = &a->locks[((uint64_t)chunk *
-			    a->chunk_parts + p) % a->nlocks];
-			uint64_t off = (uint64_t)p * pe;
-			uint64_t len = n - off < pe ? n - off : pe;
+		for (uint32_t i = 0; i < j.parts; i++) {
+			uint32_t p = (j.start + i) % j.parts;
+			pthread_mutex_t *mu = part_lock(&j, p);
 			if (pass == 0) {
 				if (pthread_mutex_trylock(mu) != 0) {
 					left |= 1ULL << i;
@@ -224,17 +270,20 @@ add_parts(fb_accum *a, uint32_t chunk, uint64_t n, const float *x,
 			} else {
 				pthread_mutex_lock(mu);
 			}
-			if (x != NULL) {
-				add_chunk(sum + off, x + off, len, a->clip, k);
-			} else {
-				fb_ring_add(sum + off, v + off, len);
-			}
+			part_add(&j, p);
 			pthread_mutex_unlock(mu);
 		}
 		if (left == 0) {
 			break;
 		}
 	}
+}
+
+void
+fb_accum_set_parallel(fb_accum *a, fb_par_run run, void *ctx)
+{
+	a->par = run;
+	a->par_ctx = ctx;
 }
 
 fb_err

@@ -105,6 +105,20 @@ void fb_accum_apply(const fb_accum *a, float *params, double lr);
 uint32_t *fb_accum_ring(fb_accum *a);
 
 /*
+ * fb_par_run runs fn(arg, i) for every i in [0, n), possibly several at
+ * once on other threads, and returns when all are done (e.g. the
+ * coordinator's ingest pool, fb_ingest_parallel).
+ */
+typedef void (*fb_par_run)(void *ctx, uint32_t n,
+    void (*fn)(void *arg, uint32_t i), void *arg);
+
+/*
+ * fb_accum_set_parallel lets fb_accum_add and fb_accum_ring_add hand the
+ * parts of a chunk to `run` (NULL: the calling thread adds them all).
+ */
+void fb_accum_set_parallel(fb_accum *a, fb_par_run run, void *ctx);
+
+/*
  * fb_accum_ring_add adds a masked input's chunk `chunk` (n ring elements,
  * n = fb_accum_chunk_len(a, chunk)) into the ring, mod 2^32; threads as
  * fb_accum_add. Errors: FB_EINVAL (no such chunk, or n is not its length).

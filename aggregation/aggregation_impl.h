@@ -29,6 +29,8 @@ struct fb_accum {
 	pthread_mutex_t *locks;
 	uint32_t nlocks;
 	_Atomic uint32_t ticket; /* spreads concurrent adds' first parts */
+	fb_par_run par;      /* runs an add's parts at once, or NULL */
+	void *par_ctx;
 };
 
 #endif

@@ -930,8 +930,9 @@ ingest_settle(coord *c)
  * weight, or (secure aggregation) its masked ring elements. Calls for the
  * same chunk may run at once (cb_concurrent): the accumulator locks parts
  * of a chunk, so several updates are added into one chunk in parallel
- * (a one-chunk model, or more workers than chunks); the few SecAgg extras
- * have a lock of their own.
+ * (a one-chunk model, or more workers than chunks), and the pool's idle
+ * threads take parts of each add (fb_accum_set_parallel); the few SecAgg
+ * extras have a lock of their own.
  */
 static fb_err
 ingest_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
@@ -2668,6 +2669,8 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 		if ((rc = fb_ingest_alloc(&io, &c->ingest)) != FB_OK) {
 			return rc;
 		}
+		/* The pool's idle threads help with the parts of each add. */
+		fb_accum_set_parallel(c->accum, fb_ingest_parallel, c->ingest);
 		if (io.threads > 0) {
 			fb_log_info("ingest pool: %u threads decrypt and add "
 			            "updates", io.threads);

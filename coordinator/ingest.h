@@ -153,6 +153,19 @@ typedef struct fb_ingest_result {
  * Does not block. Event-loop thread only. */
 bool fb_ingest_result_next(fb_ingest *g, fb_ingest_result *r);
 
+/*
+ * fb_ingest_parallel runs fn(arg, i) for i in [0, n), pieces of one job's
+ * work that may run at the same time: the calling thread and the pool's
+ * idle threads take them, and it returns when all are done. For use
+ * inside the chunk callback (pool: its `arg` is the fb_ingest). The idle
+ * threads help only a stream that falls behind: two or more of its jobs
+ * wait behind the running one. Otherwise, without threads, or outside the
+ * pool, the caller runs every piece itself. fn must not fail and must not
+ * call back into the pool.
+ */
+void fb_ingest_parallel(void *pool, uint32_t n,
+    void (*fn)(void *arg, uint32_t i), void *arg);
+
 /* fb_ingest_counter is the sum of every callback's *counter additions
  * since the pool started (read after fb_ingest_drain for an exact value). */
 uint64_t fb_ingest_counter(const fb_ingest *g);

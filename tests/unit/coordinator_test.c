@@ -4,13 +4,17 @@
  * order, sums independent of the thread count, and streams that fail
  * mid-way (bad MAC, missing FINAL mark, callback refusal, bad trailer,
  * abort) keep exactly the chunks before the failure; calls for one chunk
- * overlap only when the callback says it locks for itself.
+ * overlap only when the callback says it locks for itself; a callback's
+ * pieces of work (fb_ingest_parallel) run once each, on idle threads too,
+ * and the accumulator's adds through them stay exact.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "aggregation/aggregation.h"
 #include "coordinator/ingest.h"
 #include "crypto/crypto.h"
 #include "harness.h"
@@ -503,6 +507,184 @@ test_same_chunk_overlap(void **state)
 	}
 }
 
+/* ---- a callback's pieces of work on the idle threads --------------- */
+
+enum { PIECES = 48, CALLS = STREAMS };
+
+typedef struct piece_sink {
+	fb_ingest *g;
+	_Atomic uint32_t calls;
+	_Atomic uint32_t ran[CALLS][PIECES];
+	pthread_t who[CALLS][PIECES];
+} piece_sink;
+
+typedef struct piece_call {
+	piece_sink *ps;
+	uint32_t call;
+} piece_call;
+
+static void
+piece_fn(void *arg, uint32_t i)
+{
+	piece_call *pc = arg;
+	struct timespec ts = {0, 500 * 1000};
+	atomic_fetch_add(&pc->ps->ran[pc->call][i], 1);
+	pc->ps->who[pc->call][i] = pthread_self();
+	nanosleep(&ts, NULL);
+}
+
+static fb_err
+piece_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
+    size_t len, uint64_t *counter)
+{
+	piece_sink *ps = arg;
+	piece_call pc = {.ps = ps, .call = atomic_fetch_add(&ps->calls, 1)};
+
+	(void)stream_arg;
+	(void)chunk;
+	(void)data;
+	(void)len;
+	(void)counter;
+	if (pc.call >= CALLS) {
+		return FB_EINVAL;
+	}
+	fb_ingest_parallel(ps->g, PIECES, piece_fn, &pc);
+	return FB_OK;
+}
+
+/* Runs CALLS chunk jobs (streams x chunks_per) through a pool of `threads`
+ * whose callback splits each into PIECES; returns how many calls had their
+ * pieces run on more than one thread. Every piece must run exactly once. */
+static uint32_t
+run_pieces_case(uint32_t threads, uint32_t streams, uint32_t chunks_per)
+{
+	static piece_sink ps;
+	fb_ingest_result r;
+	uint32_t done = 0, spread = 0;
+	uint64_t gen;
+	fb_ingest_opts o = {
+	    .threads = threads,
+	    .slots = STREAMS,
+	    .chunk_count = CHUNKS,
+	    .max_chunk_len = CHUNK_LEN,
+	    .chunk_cb = piece_cb,
+	    .cb_arg = &ps,
+	};
+
+	assert_true(streams * chunks_per == CALLS && streams <= STREAMS);
+	memset(&ps, 0, sizeof(ps));
+	assert_int_equal(fb_ingest_alloc(&o, &ps.g), FB_OK);
+	for (uint32_t s = 0; s < streams; s++) {
+		assert_int_equal(fb_ingest_begin(ps.g, s, NULL, NULL, &gen),
+		    FB_OK);
+		for (uint32_t k = 0; k < chunks_per; k++) {
+			assert_int_equal(fb_ingest_chunk(ps.g, s, k,
+			    plain_buf(s, k), k + 1 == chunks_per), FB_OK);
+		}
+	}
+	fb_ingest_drain(ps.g);
+	while (fb_ingest_result_next(ps.g, &r)) {
+		assert_int_equal(r.status, FB_INGEST_DONE);
+		done++;
+	}
+	assert_int_equal(done, streams);
+	assert_int_equal(atomic_load(&ps.calls), CALLS);
+	for (uint32_t c = 0; c < CALLS; c++) {
+		bool several = false;
+		for (uint32_t i = 0; i < PIECES; i++) {
+			assert_int_equal(atomic_load(&ps.ran[c][i]), 1);
+			several |= !pthread_equal(ps.who[c][i], ps.who[c][0]);
+		}
+		spread += several;
+	}
+	fb_ingest_free(ps.g);
+	return spread;
+}
+
+static void
+test_parallel_pieces(void **state)
+{
+	(void)state;
+	/* One stream whose chunks queue up (each call takes >= 24 ms on
+	 * its own; all six are queued in microseconds): the second call
+	 * has four jobs waiting behind it, and three threads are idle. */
+	assert_int_equal(run_pieces_case(0, 1, CALLS), 0);
+	assert_int_equal(run_pieces_case(1, 1, CALLS), 0);
+	assert_true(run_pieces_case(4, 1, CALLS) > 0);
+	/* One chunk per stream: no stream falls behind, so no help, even
+	 * with idle threads. */
+	assert_int_equal(run_pieces_case(4, CALLS, 1), 0);
+}
+
+/* The accumulator's ring adds split in parts over the pool's threads,
+ * several streams into the same chunks at once: exact sums. */
+enum { BIG_ELEMS = 65536, BIG_CHUNKS = 3, BIG_STREAMS = STREAMS };
+
+static fb_err
+accum_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
+    size_t len, uint64_t *counter)
+{
+	(void)stream_arg;
+	(void)counter;
+	return fb_accum_ring_add(arg, chunk, data, len / 4);
+}
+
+static void
+test_parallel_accum_adds_exact(void **state)
+{
+	fb_accum *a = NULL;
+	fb_ingest *g = NULL;
+	fb_ingest_result r;
+	uint32_t done = 0;
+	uint64_t gen;
+	static uint32_t want[BIG_CHUNKS * BIG_ELEMS];
+
+	(void)state;
+	assert_int_equal(fb_accum_alloc(BIG_CHUNKS * BIG_ELEMS, BIG_ELEMS, 1.0,
+	    &a), FB_OK);
+	fb_ingest_opts o = {
+	    .threads = 8,
+	    .slots = BIG_STREAMS,
+	    .chunk_count = BIG_CHUNKS,
+	    .max_chunk_len = BIG_ELEMS * 4,
+	    .chunk_cb = accum_cb,
+	    .cb_arg = a,
+	    .cb_concurrent = true,
+	};
+	assert_int_equal(fb_ingest_alloc(&o, &g), FB_OK);
+	fb_accum_set_parallel(a, fb_ingest_parallel, g);
+	memset(want, 0, sizeof(want));
+	for (int rep = 0; rep < 5; rep++) {
+		for (uint32_t s = 0; s < BIG_STREAMS; s++) {
+			assert_int_equal(fb_ingest_begin(g, s, NULL, NULL, &gen),
+			    FB_OK);
+			/* every stream in the same chunk order: they collide */
+			for (uint32_t k = 0; k < BIG_CHUNKS; k++) {
+				fb_buf *b = NULL;
+				uint32_t *v;
+				assert_int_equal(fb_buf_alloc(BIG_ELEMS * 4, &b),
+				    FB_OK);
+				v = (uint32_t *)(void *)fb_buf_data(b);
+				for (uint32_t i = 0; i < BIG_ELEMS; i++) {
+					v[i] = value(s + 100 * (uint32_t)rep, k, i);
+					want[(size_t)k * BIG_ELEMS + i] += v[i];
+				}
+				assert_int_equal(fb_ingest_chunk(g, s, k, b,
+				    k + 1 == BIG_CHUNKS), FB_OK);
+			}
+		}
+	}
+	fb_ingest_drain(g);
+	while (fb_ingest_result_next(g, &r)) {
+		assert_int_equal(r.status, FB_INGEST_DONE);
+		done++;
+	}
+	assert_int_equal(done, 5 * BIG_STREAMS);
+	assert_memory_equal(fb_accum_ring(a), want, sizeof(want));
+	fb_ingest_free(g);
+	fb_accum_free(a);
+}
+
 FB_TESTS = {
 	{"each stream's chunks are consumed in order and sums are exact "
 	 "whatever the thread count",
@@ -515,6 +697,10 @@ FB_TESTS = {
 	{"bad arguments are rejected", test_bad_arguments},
 	{"calls for one chunk never overlap, unless the callback locks "
 	 "for itself (then they do)", test_same_chunk_overlap},
+	{"a callback's pieces run once each, on idle threads only for a "
+	 "stream that falls behind", test_parallel_pieces},
+	{"accumulator adds split over the pool's threads are exact",
+	    test_parallel_accum_adds_exact},
 	{NULL, NULL},
 };
 
