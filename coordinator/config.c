@@ -92,9 +92,11 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"aggregation.clip", FB_CFG_FLOAT, F(clip), "16", 1e-6, 1e6, MB,
         "update coordinates are clamped to [-clip, clip] (fixed point)"},
     {"aggregation.ingest_threads", FB_CFG_INT, F(ingest_threads), "auto",
-        0, 256, auto_word, "threads that decrypt and add updates, one "
-        "worker's update on one thread at a time; auto = CPUs - 1 (at "
-        "most 16; 0 with 2 CPUs or fewer); 0 = on the event loop"},
+        0, 256, auto_word, "threads that decrypt and add updates: a "
+        "worker's chunks in order on one thread at a time, idle threads "
+        "helping with the adds of a worker whose chunks queue up; auto = "
+        "CPUs - 1 (at most 16; 0 with 2 CPUs or fewer); 0 = on the event "
+        "loop"},
     {"evaluation.every", FB_CFG_INT, F(eval_every), "1", 0, 1e6, MB,
         "evaluate on the test set every N rounds (and the last); 0 = never"},
     {"evaluation.data_dir", FB_CFG_STRING, F(data_dir),
