@@ -9,7 +9,8 @@
  * fairly between streams. The stream state of a slot (decryptor, stream
  * number, failed or not) is touched only by the thread running its job,
  * and the mutex hand-over orders those runs. Chunk indices map onto a set
- * of lock stripes: the callback runs under its chunk's stripe.
+ * of lock stripes: the callback runs under its chunk's stripe, unless it
+ * locks for itself (cb_concurrent).
  *
  * A callback may split its work in independent pieces with
  * fb_ingest_parallel: the pieces go on a task list, and threads with no
