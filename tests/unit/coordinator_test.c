@@ -77,8 +77,10 @@ fill_plain(uint32_t s, uint32_t k, uint32_t *out)
 	}
 }
 
+/* A pool of STREAMS slots and CHUNKS chunks of CHUNK_LEN bytes. */
 static fb_ingest *
-pool(uint32_t threads, sink *snk)
+pool_with(uint32_t threads, uint32_t queue_max, fb_ingest_chunk_cb cb,
+    void *arg, bool concurrent)
 {
 	fb_ingest *g = NULL;
 	fb_ingest_opts o = {
@@ -86,12 +88,20 @@ pool(uint32_t threads, sink *snk)
 	    .slots = STREAMS,
 	    .chunk_count = CHUNKS,
 	    .max_chunk_len = CHUNK_LEN,
-	    .queue_max = threads > 0 ? 3 : 0, /* small: exercises the wait */
-	    .chunk_cb = add_cb,
-	    .cb_arg = snk,
+	    .queue_max = queue_max,
+	    .chunk_cb = cb,
+	    .cb_arg = arg,
+	    .cb_concurrent = concurrent,
 	};
 	assert_int_equal(fb_ingest_alloc(&o, &g), FB_OK);
 	return g;
+}
+
+static fb_ingest *
+pool(uint32_t threads, sink *snk)
+{
+	/* a small queue exercises the wait */
+	return pool_with(threads, threads > 0 ? 3 : 0, add_cb, snk, false);
 }
 
 static fb_buf *
@@ -469,20 +479,11 @@ test_same_chunk_overlap(void **state)
 	(void)state;
 	for (int concurrent = 0; concurrent <= 1; concurrent++) {
 		overlap_sink o = {0};
-		fb_ingest *g = NULL;
+		fb_ingest *g = pool_with(STREAMS, 0, overlap_cb, &o, concurrent);
 		fb_ingest_result r;
 		uint32_t done = 0;
 		uint64_t gen;
-		fb_ingest_opts opts = {
-		    .threads = STREAMS,
-		    .slots = STREAMS,
-		    .chunk_count = CHUNKS,
-		    .max_chunk_len = CHUNK_LEN,
-		    .chunk_cb = overlap_cb,
-		    .cb_arg = &o,
-		    .cb_concurrent = concurrent,
-		};
-		assert_int_equal(fb_ingest_alloc(&opts, &g), FB_OK);
+
 		/* every stream is one chunk, chunk 0 (a one-chunk model) */
 		for (uint32_t s = 0; s < STREAMS; s++) {
 			assert_int_equal(fb_ingest_begin(g, s, NULL, NULL, &gen),
@@ -562,18 +563,10 @@ run_pieces_case(uint32_t threads, uint32_t streams, uint32_t chunks_per)
 	fb_ingest_result r;
 	uint32_t done = 0, spread = 0;
 	uint64_t gen;
-	fb_ingest_opts o = {
-	    .threads = threads,
-	    .slots = STREAMS,
-	    .chunk_count = CHUNKS,
-	    .max_chunk_len = CHUNK_LEN,
-	    .chunk_cb = piece_cb,
-	    .cb_arg = &ps,
-	};
 
 	assert_true(streams * chunks_per == CALLS && streams <= STREAMS);
 	memset(&ps, 0, sizeof(ps));
-	assert_int_equal(fb_ingest_alloc(&o, &ps.g), FB_OK);
+	ps.g = pool_with(threads, 0, piece_cb, &ps, false);
 	for (uint32_t s = 0; s < streams; s++) {
 		assert_int_equal(fb_ingest_begin(ps.g, s, NULL, NULL, &gen),
 		    FB_OK);
