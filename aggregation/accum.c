@@ -18,7 +18,7 @@
  * the same chunk at once (a model of one chunk, or more updates than
  * chunks, would otherwise queue them on one lock). A part is at least
  * 8192 elements (32 KiB of the sum: the lock costs ~1% of its add), and a
- * chunk has at most 64 parts (one 64-bit map of the parts left to do).
+ * chunk has at most 64 parts, so the parts of one chunk never share a lock.
  */
 #define PART_ELEMS_MIN 8192
 #define CHUNK_PARTS_MAX 64
@@ -196,48 +196,35 @@ typedef struct part_job {
 	uint32_t chunk, parts, start;
 } part_job;
 
-static pthread_mutex_t *
-part_lock(const part_job *j, uint32_t p)
-{
-	return &j->a->locks[((uint64_t)j->chunk * j->a->chunk_parts + p) %
-	    j->a->nlocks];
-}
-
-/* Adds part p of the job (its lock held). */
-static void
-part_add(const part_job *j, uint32_t p)
-{
-	uint64_t pe = j->a->part_elems;
-	uint64_t off = (uint64_t)p * pe;
-	uint64_t len = j->n - off < pe ? j->n - off : pe;
-	if (j->x != NULL) {
-		add_chunk(j->sum + off, j->x + off, len, j->a->clip, j->k);
-	} else {
-		fb_ring_add(j->sum + off, j->v + off, len);
-	}
-}
-
-/* The i-th part of the job, as a piece for fb_par_run. */
+/* Adds the i-th part of the job, counting from its start part, under
+ * that part's lock (a piece for fb_par_run). */
 static void
 part_piece(void *arg, uint32_t i)
 {
 	const part_job *j = arg;
+	const fb_accum *a = j->a;
 	uint32_t p = (j->start + i) % j->parts;
-	pthread_mutex_t *mu = part_lock(j, p);
+	uint64_t off = (uint64_t)p * a->part_elems;
+	uint64_t len = j->n - off < a->part_elems ? j->n - off : a->part_elems;
+	pthread_mutex_t *mu =
+	    &a->locks[((uint64_t)j->chunk * a->chunk_parts + p) % a->nlocks];
+
 	pthread_mutex_lock(mu);
-	part_add(j, p);
+	if (j->x != NULL) {
+		add_chunk(j->sum + off, j->x + off, len, a->clip, j->k);
+	} else {
+		fb_ring_add(j->sum + off, j->v + off, len);
+	}
 	pthread_mutex_unlock(mu);
 }
 
 /*
  * add_parts adds n elements into chunk `chunk`'s sum: the floats x (clamped
- * and encoded with factor k) or, x being NULL, the ring elements v. Each
- * part under its lock. With a parallel runner the parts go to it;
- * otherwise this thread adds them, leaving a part that another thread
- * holds for a second pass, so concurrent adds into one chunk overlap
- * instead of queueing. Concurrent adds start at parts spread over the
- * chunk (Fibonacci hashing of a ticket). The ring sums commute, so the
- * result is the same whatever the interleaving.
+ * and encoded with factor k) or, x being NULL, the ring elements v, part by
+ * part, each under its lock; with a parallel runner the parts go to it.
+ * Concurrent adds start at parts spread over the chunk (Fibonacci hashing
+ * of a ticket), so they seldom wait for each other. The ring sums commute,
+ * so the result is the same whatever the interleaving.
  */
 static void
 add_parts(fb_accum *a, uint32_t chunk, uint64_t n, const float *x,
@@ -248,34 +235,15 @@ add_parts(fb_accum *a, uint32_t chunk, uint64_t n, const float *x,
 	part_job j = {.a = a, .sum = a->sum + (uint64_t)chunk * a->chunk_elems,
 	    .x = x, .v = v, .n = n, .k = k, .chunk = chunk,
 	    .parts = (uint32_t)((n + a->part_elems - 1) / a->part_elems)};
-	uint64_t left = 0; /* bit i: part (start + i) % parts was busy */
 
 	j.start = (uint32_t)(((uint64_t)(ticket * 2654435769u) * j.parts) >>
 	    32);
-	if (a->par != NULL && j.parts > 1) {
+	if (a->par != NULL) {
 		a->par(a->par_ctx, j.parts, part_piece, &j);
 		return;
 	}
-	for (int pass = 0; pass < 2; pass++) {
-		for (uint32_t i = 0; i < j.parts; i++) {
-			uint32_t p = (j.start + i) % j.parts;
-			pthread_mutex_t *mu = part_lock(&j, p);
-			if (pass == 0) {
-				if (pthread_mutex_trylock(mu) != 0) {
-					left |= 1ULL << i;
-					continue;
-				}
-			} else if ((left >> i & 1) == 0) {
-				continue;
-			} else {
-				pthread_mutex_lock(mu);
-			}
-			part_add(&j, p);
-			pthread_mutex_unlock(mu);
-		}
-		if (left == 0) {
-			break;
-		}
+	for (uint32_t i = 0; i < j.parts; i++) {
+		part_piece(&j, i);
 	}
 }
 

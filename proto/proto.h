@@ -336,7 +336,7 @@ FB_MUST_CHECK fb_err fb_link_send_raw(fb_link *l, const fb_peer *peer,
     size_t payload_len);
 
 /*
- * fb_lent is memory whose bytes fb_link_send_lent hands to ZeroMQ without a
+ * fb_lent is memory whose bytes fb_link_send_from hands to ZeroMQ without a
  * copy (an update of several GB is sent from where it lies). Each message in
  * flight holds a reference, the owner one more: the owner must not write the
  * bytes while fb_lent_idle is false, and fb_lent_free drops the owner's

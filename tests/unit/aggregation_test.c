@@ -785,9 +785,29 @@ test_clip_not_a_float_is_honoured(void **state)
 
 enum { CT_THREADS = 8, CT_PER = 3, CT_K = CT_THREADS * CT_PER };
 
+static pthread_barrier_t start_line; /* run_together's threads wait here */
+
+/* Runs fn on n threads at once, the i-th on (char *)args + i * size (they
+ * wait at start_line first), and returns when all have finished. */
+static void
+run_together(uint32_t n, void *(*fn)(void *), void *args, size_t size)
+{
+	pthread_t th[CT_THREADS];
+
+	assert_true(n <= CT_THREADS);
+	assert_int_equal(pthread_barrier_init(&start_line, NULL, n), 0);
+	for (uint32_t i = 0; i < n; i++) {
+		assert_int_equal(pthread_create(&th[i], NULL, fn,
+		    (char *)args + i * size), 0);
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		assert_int_equal(pthread_join(th[i], NULL), 0);
+	}
+	pthread_barrier_destroy(&start_line);
+}
+
 typedef struct ct_arg {
 	fb_accum *a;
-	pthread_barrier_t *go;
 	const float *x;       /* CT_K updates of n floats */
 	const uint32_t *v;    /* or CT_K ring vectors (x NULL) */
 	const double *w;
@@ -803,7 +823,7 @@ static void *
 ct_main(void *p)
 {
 	ct_arg *t = p;
-	pthread_barrier_wait(t->go);
+	pthread_barrier_wait(&start_line);
 	for (uint32_t u = 0; u < CT_PER; u++) {
 		uint64_t i = t->first + u, off = 0;
 		t->rc[u] = FB_OK;
@@ -828,26 +848,20 @@ static void
 ct_run(fb_accum *a, const float *x, const uint32_t *v, const double *w,
     uint64_t n, uint64_t *clipped)
 {
-	pthread_t th[CT_THREADS];
 	ct_arg args[CT_THREADS];
-	pthread_barrier_t go;
 
-	assert_int_equal(pthread_barrier_init(&go, NULL, CT_THREADS), 0);
 	for (uint32_t i = 0; i < CT_THREADS; i++) {
-		args[i] = (ct_arg){.a = a, .go = &go, .x = x, .v = v, .w = w,
-		    .n = n, .first = i * CT_PER};
-		assert_int_equal(pthread_create(&th[i], NULL, ct_main,
-		    &args[i]), 0);
+		args[i] = (ct_arg){.a = a, .x = x, .v = v, .w = w, .n = n,
+		    .first = i * CT_PER};
 	}
+	run_together(CT_THREADS, ct_main, args, sizeof(*args));
 	*clipped = 0;
 	for (uint32_t i = 0; i < CT_THREADS; i++) {
-		assert_int_equal(pthread_join(th[i], NULL), 0);
 		for (uint32_t u = 0; u < CT_PER; u++) {
 			assert_int_equal(args[i].rc[u], FB_OK);
 		}
 		*clipped += args[i].clipped;
 	}
-	pthread_barrier_destroy(&go);
 }
 
 static void
@@ -922,7 +936,6 @@ test_concurrent_adds(void **state)
 
 typedef struct wr_arg {
 	fb_accum *a;
-	pthread_barrier_t *go;
 	const float *x;
 	fb_err rc;
 } wr_arg;
@@ -931,7 +944,7 @@ static void *
 wr_main(void *p)
 {
 	wr_arg *t = p;
-	pthread_barrier_wait(t->go);
+	pthread_barrier_wait(&start_line);
 	t->rc = fb_accum_add(t->a, 0, t->x, 0.25, NULL);
 	return NULL;
 }
@@ -949,25 +962,19 @@ test_concurrent_weight_limit(void **state)
 		x[j] = (float)j / N - 0.5f;
 	}
 	for (int rep = 0; rep < 50; rep++) {
-		pthread_t th[T];
 		wr_arg args[T];
-		pthread_barrier_t go;
 		fb_accum *a = NULL;
 		int ok = 0, refused = 0;
 
 		assert_int_equal(fb_accum_alloc(N, N, 1.0, &a), FB_OK);
-		assert_int_equal(pthread_barrier_init(&go, NULL, T), 0);
 		for (int i = 0; i < T; i++) {
-			args[i] = (wr_arg){.a = a, .go = &go, .x = x};
-			assert_int_equal(pthread_create(&th[i], NULL, wr_main,
-			    &args[i]), 0);
+			args[i] = (wr_arg){.a = a, .x = x};
 		}
+		run_together(T, wr_main, args, sizeof(*args));
 		for (int i = 0; i < T; i++) {
-			assert_int_equal(pthread_join(th[i], NULL), 0);
 			ok += args[i].rc == FB_OK;
 			refused += args[i].rc == FB_ERANGE;
 		}
-		pthread_barrier_destroy(&go);
 		assert_int_equal(ok, 4);
 		assert_int_equal(refused, 4);
 		assert_true(fb_accum_chunk_weight(a, 0) == 1.0);
