@@ -51,8 +51,19 @@ typedef struct opts {
 	int hwm; /* send and receive high-water marks, messages */
 	size_t header_bytes; /* a frame of this size before each payload */
 	int io_threads; /* the receiver's ZeroMQ I/O threads */
+	int source; /* SRC_*: where a sender's bytes come from */
 	const char *endpoint;
 } opts;
+
+/*
+ * What a sender sends. SRC_UPDATE, the default, is what a fedbox worker
+ * does: B bytes held in memory, message i the i-th slice, handed to ZeroMQ
+ * without a copy. SRC_COPY: the same buffer through zmq_send (one copy in
+ * the sender). SRC_HOT: one msg_size buffer sent again and again through
+ * zmq_send; the kernel then copies from cache, which no sender of a
+ * model-sized update can do (kept for comparison with earlier figures).
+ */
+enum { SRC_UPDATE, SRC_COPY, SRC_HOT };
 
 static void
 usage(FILE *f)
@@ -60,7 +71,8 @@ usage(FILE *f)
 	fprintf(f, "usage: zmq_raw --senders K --bytes B [--msg-size BYTES] "
 	           "[--reps R] [--warmup W] [--hwm H]\n"
 	           "               [--header-bytes C] [--io-threads T]\n"
-	           "               [--endpoint tcp://127.0.0.1:*]\n"
+	           "               [--source update|copy|hot] "
+	           "[--endpoint tcp://127.0.0.1:*]\n"
 	           "K DEALER processes each send B bytes in messages of "
 	           "BYTES (default 1 MiB) to one ROUTER\nthat sums every "
 	           "byte; prints the receive throughput (median of R reps, "
@@ -69,7 +81,11 @@ usage(FILE *f)
 	           "(default 16, as\nproto/link.c; 0 = unlimited). C: send a C-byte "
 	           "frame before each payload\n(fedbox's control frame; "
 	           "default 0). T: the receiver's ZeroMQ I/O threads (default "
-	           "1,\nas the coordinator's transport.io_threads).\n");
+	           "1,\nas the coordinator's transport.io_threads).\n"
+	           "--source: update (default) sends slices of a B-byte buffer "
+	           "without a copy,\nas a fedbox worker sends its update; copy: "
+	           "the same through zmq_send; hot:\none BYTES buffer sent again "
+	           "and again through zmq_send (cache-hot).\n");
 }
 
 static int
@@ -83,6 +99,7 @@ parse(int argc, char **argv, opts *o)
 	o->hwm = 16;
 	o->header_bytes = 0;
 	o->io_threads = 1;
+	o->source = SRC_UPDATE;
 	o->endpoint = "tcp://127.0.0.1:*";
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -111,6 +128,18 @@ parse(int argc, char **argv, opts *o)
 			o->io_threads = atoi(v);
 		} else if (strcmp(a, "--hwm") == 0) {
 			o->hwm = atoi(v);
+		} else if (strcmp(a, "--source") == 0) {
+			if (strcmp(v, "update") == 0) {
+				o->source = SRC_UPDATE;
+			} else if (strcmp(v, "copy") == 0) {
+				o->source = SRC_COPY;
+			} else if (strcmp(v, "hot") == 0) {
+				o->source = SRC_HOT;
+			} else {
+				fprintf(stderr, "zmq_raw: --source: '%s' is not "
+				                "update, copy or hot\n", v);
+				return -1;
+			}
 		} else if (strcmp(a, "--endpoint") == 0) {
 			o->endpoint = v;
 		} else {
@@ -154,6 +183,32 @@ set_hwm(void *sock, int hwm)
 	    zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof(hwm)) != 0;
 }
 
+static void
+keep(void *data, void *hint)
+{
+	(void)data;
+	(void)hint; /* the buffer lives as long as the sender */
+}
+
+/* Sends len bytes at p: without a copy for SRC_UPDATE. */
+static int
+send_payload(void *sock, uint8_t *p, size_t len, int source)
+{
+	zmq_msg_t m;
+
+	if (source != SRC_UPDATE) {
+		return zmq_send(sock, p, len, 0);
+	}
+	if (zmq_msg_init_data(&m, p, len, keep, NULL) != 0) {
+		return -1;
+	}
+	if (zmq_msg_send(&m, sock, 0) < 0) {
+		zmq_msg_close(&m);
+		return -1;
+	}
+	return (int)len;
+}
+
 /* A sender process: gets the endpoint on fd, then sends when told. */
 static int
 sender_main(int fd, const opts *o)
@@ -162,6 +217,7 @@ sender_main(int fd, const opts *o)
 	ssize_t n = read(fd, endpoint, sizeof(endpoint) - 1);
 	void *ctx = NULL, *sock = NULL;
 	uint8_t *buf = NULL, go;
+	uint64_t buf_len = o->source == SRC_HOT ? o->msg_size : o->bytes;
 	int rc = 1;
 
 	close(fd);
@@ -169,10 +225,14 @@ sender_main(int fd, const opts *o)
 		return 1;
 	}
 	endpoint[n] = '\0';
-	if ((buf = malloc(o->msg_size)) == NULL) {
+	if (buf_len < o->header_bytes) {
+		buf_len = o->header_bytes;
+	}
+	if ((buf = malloc(buf_len)) == NULL) {
+		fprintf(stderr, "zmq_raw sender: out of memory\n");
 		return 1;
 	}
-	for (uint64_t i = 0; i < o->msg_size; i++) {
+	for (uint64_t i = 0; i < buf_len; i++) {
 		buf[i] = (uint8_t)(i * 2654435761u >> 13);
 	}
 	ctx = zmq_ctx_new();
@@ -192,10 +252,12 @@ sender_main(int fd, const opts *o)
 		}
 		while (left > 0) {
 			size_t len = left < o->msg_size ? left : o->msg_size;
+			uint8_t *p = o->source == SRC_HOT ? buf
+			                                  : buf + (o->bytes - left);
 			if ((o->header_bytes > 0 &&
 			        zmq_send(sock, buf, o->header_bytes,
 			            ZMQ_SNDMORE) < 0) ||
-			    zmq_send(sock, buf, len, 0) < 0) {
+			    send_payload(sock, p, len, o->source) < 0) {
 				fprintf(stderr, "zmq_raw sender: %s\n",
 				    zmq_strerror(errno));
 				goto out;
@@ -398,10 +460,13 @@ main(int argc, char **argv)
 		    : (secs[o.reps / 2 - 1] + secs[o.reps / 2]) / 2;
 		printf("{\"senders\": %d, \"bytes\": %" PRIu64 ", \"msg_size\": "
 		       "%" PRIu64 ", \"hwm\": %d, \"io_threads\": %d, \"warmup\": %d, \"reps\": %d, \"seconds\": %.6f, "
-		       "\"mb_per_s\": %.1f, \"checksum\": %" PRIu64 "}\n",
+		       "\"mb_per_s\": %.1f, \"source\": \"%s\", \"checksum\": %" PRIu64
+		       "}\n",
 		    o.senders, total, o.msg_size, o.hwm, o.io_threads, o.warmup,
-		    o.reps, med,
-		    (double)total / med / 1e6, sum);
+		    o.reps, med, (double)total / med / 1e6,
+		    o.source == SRC_UPDATE ? "update"
+		    : o.source == SRC_COPY ? "copy" : "hot",
+		    sum);
 	}
 	rc = 0;
 out:
