@@ -112,9 +112,10 @@ const fb_cfg_field fb_coord_config_schema[] = {
         10, 3600000, MB, "a send to a full peer queue gives up after this"},
     {"transport.max_workers", FB_CFG_INT, F(max_workers), "1024", 1, 65536,
         MB, "most workers admitted at once"},
-    {"transport.io_threads", FB_CFG_INT, F(io_threads), "1", 1, 64, MB,
-        "ZeroMQ I/O threads moving the socket's bytes; 2-4 raise ingest "
-        "with many workers on a many-core host (bench/RESULTS.md)"},
+    {"transport.io_threads", FB_CFG_INT, F(io_threads), "auto", 1, 64,
+        auto_word, "ZeroMQ I/O threads moving the socket's bytes (one moves "
+        "~5 GB/s); auto = 2 on hosts with 8 or more CPUs, else 1 "
+        "(bench/RESULTS.md)"},
     {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,
         "encrypt and sign every message; false only for benchmarks"},
     {"security.key", FB_CFG_STRING, F(key), "", NOB, MB,

@@ -2519,7 +2519,8 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 	    .max_payload = (uint32_t)cfg->chunk_size,
 	    .send_timeout_ms = (int)cfg->send_timeout_ms,
 	    .hwm = 16,
-	    .io_threads = (int)cfg->io_threads,
+	    .io_threads = cfg->io_threads < 0 ? (int)fb_io_threads_auto()
+	                                      : (int)cfg->io_threads,
 	};
 
 	*first_round = 1;
@@ -2683,8 +2684,9 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 	if ((rc = fb_link_bind(cfg->listen, &lo, &c->link)) != FB_OK) {
 		return rc;
 	}
-	fb_log_info("listening on %s; model %s; run %016" PRIx64, cfg->listen,
-	    c->model_desc, c->run_id);
+	fb_log_info("listening on %s (%d ZeroMQ I/O thread%s); model %s; run "
+	            "%016" PRIx64, cfg->listen, lo.io_threads,
+	    lo.io_threads == 1 ? "" : "s", c->model_desc, c->run_id);
 	return FB_OK;
 }
 

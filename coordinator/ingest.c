@@ -123,8 +123,9 @@ struct fb_ingest {
 	bool mu_live, work_live, room_live, pdone_live;
 };
 
-uint32_t
-fb_ingest_threads_auto(void)
+/* The CPUs this process may run on. */
+static long
+cpus_usable(void)
 {
 	cpu_set_t set;
 	long n = 0;
@@ -135,6 +136,33 @@ fb_ingest_threads_auto(void)
 	if (n <= 0) {
 		n = sysconf(_SC_NPROCESSORS_ONLN);
 	}
+	return n;
+}
+
+uint32_t
+fb_io_threads_for(long cpus)
+{
+	/* One ZeroMQ I/O thread moved 4.6-4.9 GB/s of K = 4-8 uploads on
+	 * the 32-CPU device host while a bare ZeroMQ receiver took 5-8;
+	 * with two, every cell of bench/round_overhead there was at or
+	 * above 70% of that receiver (36 of 36, K = 2-8). On 2 CPUs a
+	 * second one only competes with the workers and the adds (K = 4,
+	 * N = 1e8: 1.1 GB/s against 1.9 with one). Four gained nothing
+	 * more for small models (bench/RESULTS.md). */
+	return cpus >= 8 ? 2 : 1;
+}
+
+uint32_t
+fb_io_threads_auto(void)
+{
+	return fb_io_threads_for(cpus_usable());
+}
+
+uint32_t
+fb_ingest_threads_auto(void)
+{
+	long n = cpus_usable();
+
 	/* With 2 CPUs or fewer, ZeroMQ's I/O thread and the event loop
 	 * already fill them: a third busy thread only adds switches (K = 8,
 	 * N = 1e8 plain on 2 CPUs: 1.6 GB/s with one pool thread, 1.9

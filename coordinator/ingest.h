@@ -69,6 +69,14 @@ typedef struct fb_ingest_opts {
 uint32_t fb_ingest_threads_auto(void);
 
 /*
+ * fb_io_threads_auto is the ZeroMQ I/O thread count for
+ * transport.io_threads "auto": fb_io_threads_for(the CPUs this process may
+ * use), which is 2 from 8 CPUs on, else 1.
+ */
+uint32_t fb_io_threads_auto(void);
+uint32_t fb_io_threads_for(long cpus);
+
+/*
  * fb_ingest_alloc starts the pool (opts copied). On FB_OK the caller owns
  * *out (fb_ingest_free). Errors: FB_EINVAL, FB_ENOMEM, FB_EIO (threads or
  * the event fd could not be made).

@@ -25,6 +25,11 @@ sed -e "s|tcp://0.0.0.0:5555|tcp://127.0.0.1:$port|" -e "s|runs/example|$T/ex|" 
 	-e "s|keys/|$T/keys/|" configs/coordinator.yaml >"$T/c.yaml"
 start_coordinator "$T/c.yaml"
 wait_for "$T/coord.log" "listening on" 20
+# transport.io_threads is not in the example: auto, 2 from 8 CPUs on.
+io=1
+[ "$(nproc)" -ge 8 ] && io=2
+grep -Eq "listening on \S+ \($io ZeroMQ I/O threads?\)" "$T/coord.log" ||
+	fail "expected $io I/O thread(s) on $(nproc) CPUs: $(grep 'listening on' "$T/coord.log")"
 kill -TERM "$CPID"
 wait_exit "$CPID" 10 || fail "example coordinator config: exit $?"
 sed -e "s|5555|$port|" -e "s|keys/|$T/keys/|" configs/worker.yaml >"$T/w.yaml"

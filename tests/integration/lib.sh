@@ -100,7 +100,7 @@ worker_security() { # INDEX
 # Updates go through 2 ingest threads (FB_INGEST_THREADS), so the threaded
 # path runs here even where `auto` would pick none (2 CPUs), unless the
 # extra lines bring their own aggregation section; the socket has 2 ZeroMQ
-# I/O threads (FB_IO_THREADS; scripts/fedbox-local keeps the default 1).
+# I/O threads (FB_IO_THREADS; scripts/fedbox-local keeps the default, auto).
 coord_yaml() {
 	local port=$1 out=$2 extra=${3:-}
 	local agg="aggregation:

@@ -6,13 +6,16 @@
  * abort) keep exactly the chunks before the failure; calls for one chunk
  * overlap only when the callback says it locks for itself; a callback's
  * pieces of work (fb_ingest_parallel) run once each, on idle threads too,
- * and the accumulator's adds through them stay exact.
+ * and the accumulator's adds through them stay exact; the automatic
+ * ZeroMQ I/O thread count.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "aggregation/aggregation.h"
 #include "coordinator/ingest.h"
@@ -442,6 +445,31 @@ test_bad_arguments(void **state)
 	fb_ingest_free(NULL);
 }
 
+/* transport.io_threads auto: one I/O thread below 8 CPUs, two from 8 on,
+ * and the running process gets what its CPU count says. */
+static void
+test_io_threads_auto(void **state)
+{
+	cpu_set_t set;
+	long n = 0;
+
+	(void)state;
+	assert_int_equal(fb_io_threads_for(0), 1);
+	assert_int_equal(fb_io_threads_for(1), 1);
+	assert_int_equal(fb_io_threads_for(2), 1);
+	assert_int_equal(fb_io_threads_for(7), 1);
+	assert_int_equal(fb_io_threads_for(8), 2);
+	assert_int_equal(fb_io_threads_for(32), 2);
+	assert_int_equal(fb_io_threads_for(1024), 2);
+	if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+		n = CPU_COUNT(&set);
+	}
+	if (n <= 0) {
+		n = sysconf(_SC_NPROCESSORS_ONLN);
+	}
+	assert_int_equal(fb_io_threads_auto(), fb_io_threads_for(n));
+}
+
 /* ---- calls for the same chunk: serialised, or not (cb_concurrent) ----- */
 
 typedef struct overlap_sink {
@@ -688,6 +716,8 @@ FB_TESTS = {
 	    test_abort_keeps_queued_chunks},
 	{"freeing a pool finishes the queued work", test_free_with_work_queued},
 	{"bad arguments are rejected", test_bad_arguments},
+	{"transport.io_threads auto: 1 below 8 CPUs, 2 from 8 on",
+	    test_io_threads_auto},
 	{"calls for one chunk never overlap, unless the callback locks "
 	 "for itself (then they do)", test_same_chunk_overlap},
 	{"a callback's pieces run once each, on idle threads only for a "
