@@ -443,12 +443,12 @@ main(int argc, char **argv)
 		}
 		if (r < 0) {
 			double t = fb_now_s() - t0;
-			printf("warm-up %d: %" PRIu64 " bytes in %.4fs: %.1f MB/s\n",
+			printf("warm-up %d: %" PRIu64 " bytes in %.6fs: %.1f MB/s\n",
 			    r + o.warmup + 1, total, t, (double)total / t / 1e6);
 			continue;
 		}
 		secs[r] = fb_now_s() - t0;
-		printf("rep %d: %" PRIu64 " bytes from %d senders in %.4fs: "
+		printf("rep %d: %" PRIu64 " bytes from %d senders in %.6fs: "
 		       "%.1f MB/s\n",
 		    r + 1, total, o.senders, secs[r],
 		    (double)total / secs[r] / 1e6);
