@@ -64,6 +64,7 @@ typedef struct opts {
  * model-sized update can do (kept for comparison with earlier figures).
  */
 enum { SRC_UPDATE, SRC_COPY, SRC_HOT };
+static const char *const source_names[] = {"update", "copy", "hot"};
 
 static void
 usage(FILE *f)
@@ -129,13 +130,13 @@ parse(int argc, char **argv, opts *o)
 		} else if (strcmp(a, "--hwm") == 0) {
 			o->hwm = atoi(v);
 		} else if (strcmp(a, "--source") == 0) {
-			if (strcmp(v, "update") == 0) {
-				o->source = SRC_UPDATE;
-			} else if (strcmp(v, "copy") == 0) {
-				o->source = SRC_COPY;
-			} else if (strcmp(v, "hot") == 0) {
-				o->source = SRC_HOT;
-			} else {
+			o->source = -1;
+			for (int k = SRC_UPDATE; k <= SRC_HOT; k++) {
+				if (strcmp(v, source_names[k]) == 0) {
+					o->source = k;
+				}
+			}
+			if (o->source < 0) {
 				fprintf(stderr, "zmq_raw: --source: '%s' is not "
 				                "update, copy or hot\n", v);
 				return -1;
@@ -464,9 +465,7 @@ main(int argc, char **argv)
 		       "}\n",
 		    o.senders, total, o.msg_size, o.hwm, o.io_threads, o.warmup,
 		    o.reps, med, (double)total / med / 1e6,
-		    o.source == SRC_UPDATE ? "update"
-		    : o.source == SRC_COPY ? "copy" : "hot",
-		    sum);
+		    source_names[o.source], sum);
 	}
 	rc = 0;
 out:
