@@ -53,6 +53,7 @@ typedef struct opts {
 	int io_threads; /* the receiver's ZeroMQ I/O threads */
 	int source; /* SRC_*: where a sender's bytes come from */
 	const char *endpoint;
+	bool default_malloc; /* --malloc default: glibc's own thresholds */
 } opts;
 
 /*
@@ -73,7 +74,7 @@ usage(FILE *f)
 	           "[--reps R] [--warmup W] [--hwm H]\n"
 	           "               [--header-bytes C] [--io-threads T]\n"
 	           "               [--source update|copy|hot] "
-	           "[--endpoint tcp://127.0.0.1:*]\n"
+	           "[--malloc tuned|default] [--endpoint tcp://127.0.0.1:*]\n"
 	           "K DEALER processes each send B bytes in messages of "
 	           "BYTES (default 1 MiB) to one ROUTER\nthat sums every "
 	           "byte; prints the receive throughput (median of R reps, "
@@ -86,7 +87,11 @@ usage(FILE *f)
 	           "--source: update (default) sends slices of a B-byte buffer "
 	           "without a copy,\nas a fedbox worker sends its update; copy: "
 	           "the same through zmq_send; hot:\none BYTES buffer sent again "
-	           "and again through zmq_send (cache-hot).\n");
+	           "and again through zmq_send (cache-hot).\n"
+	           "--malloc: tuned (default) keeps freed message buffers in the "
+	           "heap, as the\nfedbox programs do (fb_tune_malloc); default "
+	           "leaves glibc's thresholds, and\nevery 1 MiB message then "
+	           "faults in fresh pages.\n");
 }
 
 static int
@@ -102,6 +107,7 @@ parse(int argc, char **argv, opts *o)
 	o->io_threads = 1;
 	o->source = SRC_UPDATE;
 	o->endpoint = "tcp://127.0.0.1:*";
+	o->default_malloc = false;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -141,6 +147,13 @@ parse(int argc, char **argv, opts *o)
 				                "update, copy or hot\n", v);
 				return -1;
 			}
+		} else if (strcmp(a, "--malloc") == 0) {
+			if (strcmp(v, "tuned") != 0 && strcmp(v, "default") != 0) {
+				fprintf(stderr, "zmq_raw: --malloc: '%s' is not "
+				                "tuned or default\n", v);
+				return -1;
+			}
+			o->default_malloc = strcmp(v, "default") == 0;
 		} else if (strcmp(a, "--endpoint") == 0) {
 			o->endpoint = v;
 		} else {
@@ -345,6 +358,11 @@ main(int argc, char **argv)
 		return 2;
 	}
 	total = o.bytes * (uint64_t)o.senders;
+	/* The yardstick gets the allocator setting the coordinator and the
+	 * workers apply to themselves (before the fork: the senders too). */
+	if (!o.default_malloc) {
+		fb_tune_malloc((size_t)o.msg_size);
+	}
 	/* Fork the senders before any ZeroMQ state exists in this process. */
 	for (int i = 0; i < o.senders; i++) {
 		int p[2];
@@ -461,11 +479,12 @@ main(int argc, char **argv)
 		    : (secs[o.reps / 2 - 1] + secs[o.reps / 2]) / 2;
 		printf("{\"senders\": %d, \"bytes\": %" PRIu64 ", \"msg_size\": "
 		       "%" PRIu64 ", \"hwm\": %d, \"io_threads\": %d, \"warmup\": %d, \"reps\": %d, \"seconds\": %.6f, "
-		       "\"mb_per_s\": %.1f, \"source\": \"%s\", \"checksum\": %" PRIu64
-		       "}\n",
+		       "\"mb_per_s\": %.1f, \"source\": \"%s\", \"malloc\": \"%s\", "
+		       "\"checksum\": %" PRIu64 "}\n",
 		    o.senders, total, o.msg_size, o.hwm, o.io_threads, o.warmup,
 		    o.reps, med, (double)total / med / 1e6,
-		    source_names[o.source], sum);
+		    source_names[o.source], o.default_malloc ? "default" : "tuned",
+		    sum);
 	}
 	rc = 0;
 out:

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # bench/zmq_raw, the yardstick of bench/round_overhead, moves the bytes it
 # says it moves, and its zero-copy update source sends the same bytes as
-# the zmq_send path.
+# the zmq_send path. It applies the fedbox programs' allocator setting
+# unless told --malloc default, and says which in its summary.
 source tests/integration/lib.sh
 raw="$B/bench/zmq_raw"
 [ -x "$raw" ] || fail "$raw is not built"
@@ -10,7 +11,7 @@ for src in update copy hot; do
 		>"$T/$src.out" 2>&1 || fail "zmq_raw --source $src: exit $?: $(cat "$T/$src.out")"
 	last=$(tail -1 "$T/$src.out")
 	case "$last" in
-	*'"bytes": 6000000,'*'"source": "'"$src"'"'*) ;;
+	*'"bytes": 6000000,'*'"source": "'"$src"'", "malloc": "tuned"'*) ;;
 	*) fail "zmq_raw --source $src: unexpected summary: $last" ;;
 	esac
 	grep -c '^rep [12]: 6000000 bytes from 2 senders' "$T/$src.out" |
@@ -21,6 +22,20 @@ cmp -s "$T/update.sum" "$T/copy.sum" ||
 	fail "update and copy sources sent different bytes ($(cat "$T/update.sum") vs $(cat "$T/copy.sum"))"
 ! cmp -s "$T/update.sum" "$T/hot.sum" ||
 	fail "hot source (one buffer resent) has the update source's checksum"
+"$raw" --senders 2 --bytes 3000000 --reps 2 --warmup 1 --malloc default \
+	>"$T/default.out" 2>&1 || fail "zmq_raw --malloc default: exit $?: $(cat "$T/default.out")"
+case "$(tail -1 "$T/default.out")" in
+*'"source": "update", "malloc": "default"'*) ;;
+*) fail "zmq_raw --malloc default: unexpected summary: $(tail -1 "$T/default.out")" ;;
+esac
+sed -n 's/.*"checksum": \([0-9]*\)}$/\1/p' "$T/default.out" >"$T/default.sum"
+cmp -s "$T/update.sum" "$T/default.sum" ||
+	fail "--malloc default sent different bytes from the tuned run"
+if "$raw" --senders 2 --bytes 1000 --malloc jemalloc >"$T/badm.out" 2>&1; then
+	fail "zmq_raw accepted --malloc jemalloc"
+fi
+grep -q "malloc: 'jemalloc' is not tuned or default" "$T/badm.out" ||
+	fail "no clear error for a bad --malloc: $(cat "$T/badm.out")"
 if "$raw" --senders 2 --bytes 1000 --source cold >"$T/bad.out" 2>&1; then
 	fail "zmq_raw accepted --source cold"
 fi
