@@ -10,6 +10,7 @@
  * from many threads at once into the same chunks.
  */
 #include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -987,6 +988,91 @@ test_concurrent_weight_limit(void **state)
 	}
 }
 
+/* The documented encoding in plain scalar C: round_half_away(w_q *
+ * clamp(x, -clip, clip) * 2^30 / clip), w_q = w rounded down to 2^-32. */
+static uint32_t
+ref_encode(float x, double w, double clip)
+{
+	double wq = floor(w * 4294967296.0) / 4294967296.0;
+	double v = x > clip ? clip : x < -clip ? -clip : x;
+	return (uint32_t)(int32_t)round(v * (wq * (ldexp(1.0, 30) / clip)));
+}
+
+/*
+ * The adds are built for several instruction sets and the loader picks
+ * one (accum.c). Whichever runs here must give the ring sums of the
+ * scalar definition bit for bit, at every length (vector bodies and
+ * tails), with clamping, exact .5 ties and signs, so that sums agree
+ * across machines.
+ */
+static void
+test_add_bits_match_scalar(void **state)
+{
+	static const struct {
+		double clip, w1, w2;
+	} cases[] = {
+	    {1073741824.0, 1.0, 0}, /* scale 1, weight 1: q = round(x) */
+	    {3.7, 0.3, 0.7},
+	    {16.0, 0.125, 0.5},
+	    {1e-3, 0.9, 0.1},
+	};
+	static const uint64_t lens[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33,
+	    63, 65, 4099};
+	uint64_t seed = 0x9e3779b97f4a7c15ull;
+
+	(void)state;
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+			uint64_t n = lens[l];
+			float *x1 = malloc(n * sizeof(*x1));
+			float *x2 = malloc(n * sizeof(*x2));
+			fb_accum *a = NULL;
+			double clip = cases[c].clip;
+
+			assert_non_null(x1);
+			assert_non_null(x2);
+			for (uint64_t j = 0; j < n; j++) {
+				/* uniform in (-1.5 clip, 1.5 clip); every
+				 * fourth a half-integer for the ties of the
+				 * first case */
+				seed = seed * 6364136223846793005ull +
+				    1442695040888963407ull;
+				double u = (double)(seed >> 11) * 0x1p-53;
+				x1[j] = (float)((u * 3 - 1.5) * clip);
+				x2[j] = (float)(-(u * 2 - 1) * clip);
+				if (j % 4 == 1) {
+					x1[j] = (float)(j % 64) - 31.5f;
+				}
+			}
+			assert_int_equal(fb_accum_alloc(n, n, clip, &a), FB_OK);
+			assert_int_equal(fb_accum_add(a, 0, x1, cases[c].w1,
+			    NULL), FB_OK);
+			if (cases[c].w2 > 0) {
+				assert_int_equal(fb_accum_add(a, 0, x2,
+				    cases[c].w2, NULL), FB_OK);
+			}
+			const uint32_t *sum = fb_accum_ring(a);
+			for (uint64_t j = 0; j < n; j++) {
+				uint32_t want = ref_encode(x1[j], cases[c].w1,
+				    clip);
+				if (cases[c].w2 > 0) {
+					want += ref_encode(x2[j], cases[c].w2,
+					    clip);
+				}
+				if (sum[j] != want) {
+					fail_msg("clip %g, length %" PRIu64
+					    ", element %" PRIu64 ": sum %08x, "
+					    "scalar %08x", clip, n, j, sum[j],
+					    want);
+				}
+			}
+			fb_accum_free(a);
+			free(x1);
+			free(x2);
+		}
+	}
+}
+
 static void
 test_ring_add_checks_size(void **state)
 {
@@ -1008,6 +1094,8 @@ FB_TESTS = {
     {"adversarial tiny weights stay within the header's bound",
         test_adversarial_vector_within_bound},
     {"ring adds wrap mod 2^32 at every length", test_ring_add},
+    {"adds give the scalar definition's sums bit for bit, ties and clamps "
+     "included", test_add_bits_match_scalar},
     {"the result is bitwise the same for every order of updates",
         test_order_independent},
     {"chunks split the vector and the last one is shorter",
