@@ -127,14 +127,15 @@ fb_accum_chunk_len(const fb_accum *a, uint32_t chunk)
  * so the arithmetic and the sums are the same bits on every machine
  * (tests/unit/aggregation_test.c checks them against plain scalar C). The
  * device host's Xeon added 2.8 GB/s on one thread with the SSE2 build,
- * less than one ZeroMQ stream brings; on the 2-CPU AMD EPYC of CI,
+ * less than one ZeroMQ stream brings; on our 2-CPU AMD EPYC build machine,
  * AVX-512F adds 25-35% over AVX2 (about 10 vs 8 GB/s of floats).
  * Not under ThreadSanitizer: its runtime is not up yet when the dynamic
  * loader runs the resolvers.
  */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_THREAD__)
-#define FB_KERNEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define FB_KERNEL_CLONES \
+	__attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define FB_KERNEL_CLONES
 #endif

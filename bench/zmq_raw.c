@@ -8,6 +8,7 @@
  *
  *   zmq_raw --senders K --bytes B [--msg-size 1048576] [--reps R]
  *           [--warmup W] [--hwm H] [--header-bytes C] [--io-threads T]
+ *           [--source update|copy|hot] [--malloc tuned|default]
  *           [--endpoint tcp://127.0.0.1:*]
  *
  * Each sender sends B bytes (the last message may be shorter), so one rep
