@@ -66,7 +66,20 @@ typedef struct opts {
  * model-sized update can do (kept for comparison with earlier figures).
  */
 enum { SRC_UPDATE, SRC_COPY, SRC_HOT };
-static const char *const source_names[] = {"update", "copy", "hot"};
+static const char *const source_names[] = {"update", "copy", "hot", NULL};
+static const char *const malloc_names[] = {"tuned", "default", NULL};
+
+/* The index of v in the NULL-ended names, or -1. */
+static int
+name_index(const char *v, const char *const *names)
+{
+	for (int k = 0; names[k] != NULL; k++) {
+		if (strcmp(v, names[k]) == 0) {
+			return k;
+		}
+	}
+	return -1;
+}
 
 static void
 usage(FILE *f)
@@ -137,24 +150,19 @@ parse(int argc, char **argv, opts *o)
 		} else if (strcmp(a, "--hwm") == 0) {
 			o->hwm = atoi(v);
 		} else if (strcmp(a, "--source") == 0) {
-			o->source = -1;
-			for (int k = SRC_UPDATE; k <= SRC_HOT; k++) {
-				if (strcmp(v, source_names[k]) == 0) {
-					o->source = k;
-				}
-			}
-			if (o->source < 0) {
+			if ((o->source = name_index(v, source_names)) < 0) {
 				fprintf(stderr, "zmq_raw: --source: '%s' is not "
 				                "update, copy or hot\n", v);
 				return -1;
 			}
 		} else if (strcmp(a, "--malloc") == 0) {
-			if (strcmp(v, "tuned") != 0 && strcmp(v, "default") != 0) {
+			int m = name_index(v, malloc_names);
+			if (m < 0) {
 				fprintf(stderr, "zmq_raw: --malloc: '%s' is not "
 				                "tuned or default\n", v);
 				return -1;
 			}
-			o->default_malloc = strcmp(v, "default") == 0;
+			o->default_malloc = m == 1;
 		} else if (strcmp(a, "--endpoint") == 0) {
 			o->endpoint = v;
 		} else {
@@ -484,7 +492,7 @@ main(int argc, char **argv)
 		       "\"checksum\": %" PRIu64 "}\n",
 		    o.senders, total, o.msg_size, o.hwm, o.io_threads, o.warmup,
 		    o.reps, med, (double)total / med / 1e6,
-		    source_names[o.source], o.default_malloc ? "default" : "tuned",
+		    source_names[o.source], malloc_names[o.default_malloc],
 		    sum);
 	}
 	rc = 0;

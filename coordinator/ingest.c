@@ -145,7 +145,8 @@ fb_io_threads_for(long cpus)
 	/* One ZeroMQ I/O thread moved 4.6-4.9 GB/s of K = 4-8 uploads on
 	 * the 32-CPU device host while a bare ZeroMQ receiver took 5-8;
 	 * with two, every cell of bench/round_overhead there was at or
-	 * above 70% of that receiver (36 of 36, K = 2-8). On 2 CPUs a
+	 * above 70% of that receiver in that call (36 of 36, K = 2-8; later
+	 * calls on other instances missed 1-2 K = 2 cells). On 2 CPUs a
 	 * second one only competes with the workers and the adds (K = 4,
 	 * N = 1e8: 1.1 GB/s against 1.9 with one). Four gained nothing
 	 * more for small models (bench/RESULTS.md). */
