@@ -251,7 +251,9 @@ sender_main(int fd, const opts *o)
 	if (buf_len < o->header_bytes) {
 		buf_len = o->header_bytes;
 	}
-	if ((buf = malloc(buf_len)) == NULL) {
+	/* Allocated as a worker allocates its update (huge pages where the
+	 * kernel grants them): the yardstick's senders read the same memory. */
+	if ((buf = fb_alloc(buf_len)) == NULL) {
 		fprintf(stderr, "zmq_raw sender: out of memory\n");
 		return 1;
 	}
@@ -296,7 +298,7 @@ out:
 	if (ctx != NULL) {
 		zmq_ctx_term(ctx);
 	}
-	free(buf);
+	fb_free(buf);
 	return rc;
 }
 

@@ -23,7 +23,9 @@ double fb_now_s(void);
 void fb_sleep_ms(int64_t ms);
 
 /* fb_alloc/fb_calloc return NULL on failure (callers map that to FB_ENOMEM).
- * Large buffers are 64-byte aligned so that kernels can vectorise. */
+ * Buffers of 4 KiB and more are 64-byte aligned so that kernels can
+ * vectorise; those of 8 MiB and more are 2 MiB aligned and advised to the
+ * kernel as huge-page memory (util.c). */
 void *fb_alloc(size_t len);
 void *fb_calloc(size_t count, size_t size);
 void fb_free(void *p);
