@@ -3,7 +3,7 @@
  * common_test.c -- unit tests of common/: the YAML config loader (every
  * type, unit and error, with the logged message checked for file:line:col
  * and the key) and the utilities in util.h (random generator, atomic file
- * writes).
+ * writes, large allocations).
  */
 #include <fcntl.h>
 #include <math.h>
@@ -958,6 +958,60 @@ test_write_atomic_missing_dir(void **state)
 	assert_int_equal(count_lines(cap.text), 1);
 }
 
+/* Whether the mapping holding p carries VM_HUGEPAGE ("hg" in VmFlags). */
+static bool
+advised_huge(const void *p)
+{
+	char line[512];
+	uintptr_t a = (uintptr_t)p;
+	bool in = false, hg = false;
+	FILE *f = fopen("/proc/self/smaps", "r");
+
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f) != NULL) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
+		    strchr(line, '-') == line + strspn(line, "0123456789abcdef")) {
+			in = a >= lo && a < hi;
+		} else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+			hg = strstr(line, " hg") != NULL;
+			break;
+		}
+	}
+	fclose(f);
+	return hg;
+}
+
+static void
+test_alloc_large_huge_pages(void **state)
+{
+	const size_t big = ((size_t)8 << 20) + 123, small = ((size_t)8 << 20) - 1;
+	uint8_t *p = fb_alloc(big), *q = fb_alloc(small);
+	uint8_t *z = fb_calloc(big, 1);
+
+	assert_non_null(p);
+	assert_non_null(q);
+	assert_non_null(z);
+	/* 8 MiB and more: on a 2 MiB boundary, zeroed by fb_calloc, and
+	 * usable to the last byte. */
+	assert_int_equal((uintptr_t)p % ((uintptr_t)2 << 20), 0);
+	assert_int_equal((uintptr_t)z % ((uintptr_t)2 << 20), 0);
+	assert_int_equal((uintptr_t)q % 64, 0);
+	memset(p, 0xa5, big);
+	assert_int_equal(p[big - 1], 0xa5);
+	assert_int_equal(z[0], 0);
+	assert_int_equal(z[big / 2], 0);
+	assert_int_equal(z[big - 1], 0);
+	/* Advised as huge-page memory wherever the kernel has THP. */
+	if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0) {
+		assert_true(advised_huge(p));
+		assert_true(advised_huge(z));
+	}
+	fb_free(p);
+	fb_free(q);
+	fb_free(z);
+}
+
 FB_TESTS = {
     {"defaults apply to an empty document", test_defaults},
     {"comments only, --- and null sections give defaults", test_comments_only},
@@ -991,6 +1045,8 @@ FB_TESTS = {
         test_write_atomic},
     {"atomic write into a missing folder fails with FB_EIO",
         test_write_atomic_missing_dir},
+    {"buffers of 8 MiB and more are 2 MiB aligned and advised huge",
+        test_alloc_large_huge_pages},
     {NULL, NULL},
 };
 
