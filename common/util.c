@@ -44,17 +44,17 @@ fb_sleep_ms(int64_t ms)
 /*
  * Buffers of 8 MiB and more (models, updates, accumulators) start on a
  * 2 MiB boundary and ask the kernel for transparent huge pages, which it
- * grants where THP is "always" or "madvise" (in the latter mode, common on
- * Ubuntu and on VMs, only madvise'd memory gets them). Each round streams
- * through several such buffers: with 4 KiB pages every 4 KiB is a page
- * fault on first touch and, where the host samples accessed bits (DAMON,
- * shadow page tables), a trap. On our 2-CPU VM, 1e8 parameters and two
- * workers: the coordinator came up in 0.85 s instead of 3.4 s, the first
- * round took 4.4 s instead of 9.1 s, the host's page sampler used a third
- * of the CPU; steady-state rounds did not change beyond the noise
+ * grants where THP is "always" or "madvise" (in the latter mode, as on our
+ * build VM and the device hosts, only madvise'd memory gets them). Each
+ * round streams through several such buffers: with 4 KiB pages every 4 KiB
+ * is a page fault on first touch and, where the host samples accessed bits
+ * (DAMON, shadow page tables), a trap. On our 2-CPU VM, 1e8 parameters and
+ * two workers: the coordinator came up in 0.85 s instead of 3.4 s, the
+ * first round took 4.4 s instead of 9.1 s, the host's page sampler used a
+ * third as much CPU; steady-state rounds did not change beyond the noise
  * (bench/RESULTS.md). Only whole 2 MiB pages inside the buffer are
- * advised, so no neighbour is affected; where THP is off the advice fails
- * and nothing changes.
+ * advised, so no neighbour is affected; where THP is off or absent nothing
+ * changes.
  */
 #define HUGE_MIN ((size_t)8 << 20)
 #define HUGE_PAGE ((size_t)2 << 20)
@@ -66,22 +66,18 @@ fb_alloc(size_t len)
 	if (len == 0) {
 		len = 1;
 	}
-	if (len >= HUGE_MIN) {
-		if (posix_memalign(&p, HUGE_PAGE, len) != 0) {
-			return NULL;
-		}
+	if (len < 4096) {
+		return malloc(len);
+	}
+	if (posix_memalign(&p, len >= HUGE_MIN ? HUGE_PAGE : 64, len) != 0) {
+		return NULL;
+	}
 #ifdef MADV_HUGEPAGE
+	if (len >= HUGE_MIN) {
 		(void)madvise(p, len & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
+	}
 #endif
-		return p;
-	}
-	if (len >= 4096) {
-		if (posix_memalign(&p, 64, len) != 0) {
-			return NULL;
-		}
-		return p;
-	}
-	return malloc(len);
+	return p;
 }
 
 void *

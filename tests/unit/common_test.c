@@ -970,8 +970,9 @@ advised_huge(const void *p)
 	assert_non_null(f);
 	while (fgets(line, sizeof(line), f) != NULL) {
 		unsigned long lo, hi;
-		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
-		    strchr(line, '-') == line + strspn(line, "0123456789abcdef")) {
+		/* "lo-hi perms ..." opens each mapping; no field name
+		 * ("Size:", "VmFlags:", ...) reads as hex, a dash, hex. */
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
 			in = a >= lo && a < hi;
 		} else if (in && strncmp(line, "VmFlags:", 8) == 0) {
 			hg = strstr(line, " hg") != NULL;
