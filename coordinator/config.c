@@ -116,6 +116,10 @@ const fb_cfg_field fb_coord_config_schema[] = {
         auto_word, "ZeroMQ I/O threads moving the socket's bytes (one moves "
         "~5 GB/s); auto = 2 on hosts with 8 or more CPUs, else 1 "
         "(bench/RESULTS.md)"},
+    {"transport.lanes", FB_CFG_INT, F(lanes), "auto", 1, 64, auto_word,
+        "listening ports: listen's port and the next lanes - 1, each served "
+        "by its own I/O threads; workers are sent to them in turn, so their "
+        "bytes spread evenly; auto = io_threads (1 for non-tcp endpoints)"},
     {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,
         "encrypt and sign every message; false only for benchmarks"},
     {"security.key", FB_CFG_STRING, F(key), "", NOB, MB,
@@ -202,6 +206,18 @@ fb_coord_config_load(const char *path, fb_coord_config *cfg)
 		             "the signed sessions); set "
 		             "secure_aggregation.enabled: false as well to run "
 		             "without security", path);
+		rc = FB_ECONFIG;
+	} else if (cfg->lanes > 1 && cfg->io_threads > 0 &&
+	    cfg->lanes > cfg->io_threads) {
+		fb_log_error("%s: transport.lanes (%lld) exceeds "
+		             "transport.io_threads (%lld): each lane needs an I/O "
+		             "thread of its own", path, (long long)cfg->lanes,
+		    (long long)cfg->io_threads);
+		rc = FB_ECONFIG;
+	} else if (cfg->lanes > 1 && strncmp(cfg->listen, "tcp://", 6) != 0) {
+		fb_log_error("%s: transport.lanes (%lld) needs a tcp:// listen "
+		             "endpoint, not %s", path, (long long)cfg->lanes,
+		    cfg->listen);
 		rc = FB_ECONFIG;
 	} else if (strcmp(cfg->model_arch, "synthetic") == 0 &&
 	    cfg->synthetic_params == 0) {

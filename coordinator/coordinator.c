@@ -194,6 +194,7 @@ drop_of_reject(int why)
 #define RL_MAX_BAD 20   /* bad messages per window before blocking */
 #define RL_BLOCK_MS 10000
 #define HELLO_CACHE 4096 /* remembered handshake nonces (replays) */
+#define LANE_SEEN 256    /* remembered lane choices (retried first messages) */
 
 typedef struct rl_entry {
 	fb_peer peer;
@@ -260,6 +261,14 @@ typedef struct coord {
 	uint32_t allow_count;
 	uint8_t (*hello_nonces)[32];
 	uint32_t hello_next;
+	/* lanes: the choice made for recent connections on the listen port */
+	uint32_t lanes;
+	uint32_t lane_next;
+	struct {
+		fb_peer peer;
+		uint32_t lane;
+	} lane_seen[LANE_SEEN];
+	uint32_t lane_seen_next;
 	uint8_t *bcast;          /* the round's model, encrypted once */
 	fb_lent *bcast_lent;     /* bcast's memory, sent from without a copy */
 	uint64_t bcast_stride;   /* bytes per chunk slot in bcast */
@@ -454,6 +463,46 @@ worker_forget(coord *c, worker *w, const char *why)
 }
 
 /*
+ * Lanes: the first message of a connection on the listen port (lane 0)
+ * gives the connection the next lane in turn. For lane 0 it returns true
+ * (go on); for another it answers with a Redirect to that lane's port and
+ * returns false. The choice is remembered per connection, so a first
+ * message retried on it gets the same answer. A message saying it came
+ * in on a lane is let through (a wrong claim costs only balance).
+ */
+static bool
+lane_admit(coord *c, const fb_peer *peer, uint32_t lane)
+{
+	fb_msg m = {.type = FB_MSG_REDIRECT};
+	uint32_t pick = 0, i;
+
+	if (c->lanes < 2 || lane != 0) {
+		return true;
+	}
+	for (i = 0; i < LANE_SEEN; i++) {
+		if (fb_peer_equal(&c->lane_seen[i].peer, peer)) {
+			pick = c->lane_seen[i].lane;
+			break;
+		}
+	}
+	if (i == LANE_SEEN) {
+		pick = c->lane_next++ % c->lanes;
+		c->lane_seen[c->lane_seen_next].peer = *peer;
+		c->lane_seen[c->lane_seen_next].lane = pick;
+		c->lane_seen_next = (c->lane_seen_next + 1) % LANE_SEEN;
+	}
+	if (pick == 0) {
+		return true;
+	}
+	m.u.redirect.lane = pick;
+	m.u.redirect.port = fb_link_lane_port(c->link, pick);
+	fb_log_debug("a new connection is sent to lane %u (port %u)", pick,
+	    m.u.redirect.port);
+	send_quiet(c, peer, &m);
+	return false;
+}
+
+/*
  * on_hello admits a worker. Plain mode: `w` is the slot of its connection
  * (or NULL). Secure mode: `w` is the slot of the identity whose session
  * opened this sealed hello, so the name must be the allowlist's.
@@ -486,6 +535,10 @@ on_hello(coord *c, worker *w, const fb_frame *f)
 		send_reject(c, &f->peer, "this worker keeps its sample count "
 		    "private (it requires secure aggregation) but this "
 		    "coordinator has secure_aggregation.enabled: false");
+		return;
+	}
+	if (!c->secure && w == NULL &&
+	    !lane_admit(c, &f->peer, m->u.hello.lane)) {
 		return;
 	}
 	if (c->secure) {
@@ -1546,6 +1599,11 @@ on_handshake(coord *c, const fb_frame *f)
 	}
 	memcpy(c->hello_nonces[c->hello_next], h->b + 68, 32);
 	c->hello_next = (c->hello_next + 1) % HELLO_CACHE;
+	if (!lane_admit(c, &f->peer, f->msg.u.handshake.lane)) {
+		/* It hands shakes again on its lane, with a fresh hello. */
+		fb_session_free(sess);
+		return;
+	}
 	id = fb_session_worker_id(sess);
 	w = &c->workers[id];
 	if (w->sess == NULL) {
@@ -2522,6 +2580,17 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 	    .io_threads = cfg->io_threads < 0 ? (int)fb_io_threads_auto()
 	                                      : (int)cfg->io_threads,
 	};
+	/* lanes auto: one per I/O thread where the endpoint is TCP; lanes set
+	 * with io_threads auto: at least as many I/O threads as lanes. */
+	if (cfg->lanes < 0) {
+		lo.lanes = strncmp(cfg->listen, "tcp://", 6) == 0 ? lo.io_threads
+		                                                  : 1;
+	} else {
+		lo.lanes = (int)cfg->lanes;
+		if (cfg->io_threads < 0 && lo.io_threads < lo.lanes) {
+			lo.io_threads = lo.lanes;
+		}
+	}
 
 	*first_round = 1;
 	pthread_mutex_init(&c->extra_mu, NULL);
@@ -2684,9 +2753,26 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 	if ((rc = fb_link_bind(cfg->listen, &lo, &c->link)) != FB_OK) {
 		return rc;
 	}
-	fb_log_info("listening on %s (%d ZeroMQ I/O thread%s); model %s; run "
-	            "%016" PRIx64, cfg->listen, lo.io_threads,
-	    lo.io_threads == 1 ? "" : "s", c->model_desc, c->run_id);
+	c->lanes = fb_link_lanes(c->link);
+	if (c->lanes > 1) {
+		char ports[FB_LANES_MAX * 7] = "";
+		size_t used = 0;
+		for (uint32_t i = 1; i < c->lanes && used < sizeof(ports); i++) {
+			int n = snprintf(ports + used, sizeof(ports) - used,
+			    "%s%u", i > 1 ? ", " : "",
+			    fb_link_lane_port(c->link, i));
+			used += n > 0 ? (size_t)n : 0;
+		}
+		fb_log_info("listening on %s (%d ZeroMQ I/O threads, %u lanes: "
+		            "workers are sent in turn to this port and to "
+		            "port%s %s); model %s; run %016" PRIx64,
+		    cfg->listen, lo.io_threads, c->lanes,
+		    c->lanes > 2 ? "s" : "", ports, c->model_desc, c->run_id);
+	} else {
+		fb_log_info("listening on %s (%d ZeroMQ I/O thread%s); model %s; "
+		            "run %016" PRIx64, cfg->listen, lo.io_threads,
+		    lo.io_threads == 1 ? "" : "s", c->model_desc, c->run_id);
+	}
 	return FB_OK;
 }
 

@@ -64,6 +64,7 @@ typedef struct fb_coord_config {
 	int64_t send_timeout_ms;
 	int64_t max_workers;
 	int64_t io_threads;        /* ZeroMQ I/O threads of the socket */
+	int64_t lanes;             /* listening ports, one per I/O thread set */
 	/* security */
 	bool security;             /* encrypted, signed sessions (default) */
 	char *key;                 /* identity secret key file */

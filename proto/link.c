@@ -31,6 +31,8 @@ struct fb_link {
 	bool head_live;
 	uint64_t sent;
 	uint64_t received;
+	uint32_t lanes;
+	uint32_t lane_port[FB_LANES_MAX];
 };
 
 #define ZMQ_TRY(call, rc, label)                                           \
@@ -54,6 +56,128 @@ fb_upload_chunk(uint32_t first_chunk, uint32_t chunk_count, uint32_t pos)
 	return pos < chunk_count
 	    ? (uint32_t)(((uint64_t)first_chunk + pos) % chunk_count)
 	    : pos;
+}
+
+fb_err
+fb_endpoint_port(const char *endpoint, uint32_t port, char *out, size_t cap,
+    uint32_t *base_port)
+{
+	const char *colon, *p;
+	uint32_t base = 0;
+	int n;
+
+	if (strncmp(endpoint, "tcp://", 6) != 0 ||
+	    (colon = strrchr(endpoint + 6, ':')) == NULL ||
+	    colon == endpoint + 6 || port > 65535) {
+		return FB_EINVAL;
+	}
+	p = colon + 1;
+	if (strcmp(p, "*") != 0) {
+		if (*p == '\0') {
+			return FB_EINVAL;
+		}
+		for (; *p != '\0'; p++) {
+			if (*p < '0' || *p > '9' || base > 65535) {
+				return FB_EINVAL;
+			}
+			base = base * 10 + (uint32_t)(*p - '0');
+		}
+		if (base > 65535) {
+			return FB_EINVAL;
+		}
+	}
+	if (port == 0) {
+		n = snprintf(out, cap, "%.*s:*", (int)(colon - endpoint),
+		    endpoint);
+	} else {
+		n = snprintf(out, cap, "%.*s:%u", (int)(colon - endpoint),
+		    endpoint, (unsigned)port);
+	}
+	if (n < 0 || (size_t)n >= cap) {
+		return FB_ERANGE;
+	}
+	if (base_port != NULL) {
+		*base_port = base;
+	}
+	return FB_OK;
+}
+
+/* The port a ROUTER's last bind took (ZMQ_LAST_ENDPOINT), 0 if unknown. */
+static uint32_t
+last_port(void *sock)
+{
+	char ep[256], scratch[256];
+	size_t len = sizeof(ep);
+	uint32_t port = 0;
+
+	if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ep, &len) != 0 ||
+	    len == 0) {
+		return 0;
+	}
+	ep[sizeof(ep) - 1] = '\0';
+	if (fb_endpoint_port(ep, 1, scratch, sizeof(scratch), &port) != FB_OK) {
+		return 0;
+	}
+	return port;
+}
+
+/*
+ * Binds lanes: lane i on endpoint's port + i, with the affinity of the
+ * I/O threads j = i, i + L, i + 2L, ... The affinity is taken by each
+ * listener when it binds and given to the connections it accepts.
+ */
+static fb_err
+bind_lanes(fb_link *l, const char *endpoint, uint32_t lanes, int threads)
+{
+	uint32_t base = 0;
+	char ep[512];
+
+	if (fb_endpoint_port(endpoint, 0, ep, sizeof(ep), &base) != FB_OK) {
+		fb_log_error("cannot listen on %s: lanes need a tcp://HOST:PORT "
+		             "endpoint", endpoint);
+		return FB_EINVAL;
+	}
+	if (base != 0 && base + lanes - 1 > 65535) {
+		fb_log_error("cannot listen on %s: its %u lanes would go past "
+		             "port 65535", endpoint, lanes);
+		return FB_EINVAL;
+	}
+	for (uint32_t i = 0; i < lanes; i++) {
+		uint64_t aff = 0;
+		for (int j = (int)i; j < threads && j < 64; j += (int)lanes) {
+			aff |= 1ULL << j;
+		}
+		if (fb_endpoint_port(endpoint, base == 0 ? 0 : base + i, ep,
+		        sizeof(ep), NULL) != FB_OK) {
+			return FB_EINVAL;
+		}
+		if (zmq_setsockopt(l->sock, ZMQ_AFFINITY, &aff, sizeof(aff)) !=
+		    0) {
+			fb_log_error("zmq_setsockopt(ZMQ_AFFINITY): %s",
+			    zmq_strerror(errno));
+			return FB_EZMQ;
+		}
+		if (zmq_bind(l->sock, ep) != 0) {
+			fb_log_error("cannot listen on %s (lane %u of %u): %s", ep,
+			    i, lanes, zmq_strerror(errno));
+			return FB_EZMQ;
+		}
+		l->lane_port[i] = last_port(l->sock);
+	}
+	l->lanes = lanes;
+	return FB_OK;
+}
+
+uint32_t
+fb_link_lanes(const fb_link *l)
+{
+	return l->lanes;
+}
+
+uint32_t
+fb_link_lane_port(const fb_link *l, uint32_t lane)
+{
+	return lane < l->lanes ? l->lane_port[lane] : 0;
 }
 
 static fb_err
@@ -104,11 +228,27 @@ link_open(const char *endpoint, const fb_link_opts *opts, bool router,
 		ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_ROUTER_MANDATORY, &one,
 		            sizeof(one)),
 		    rc, out);
-		if (zmq_bind(l->sock, endpoint) != 0) {
+		if (opts->lanes >= 2) {
+			if (opts->lanes > FB_LANES_MAX ||
+			    opts->lanes > opts->io_threads) {
+				fb_log_error("cannot listen on %s: %d lanes need as "
+				             "many I/O threads (%d)", endpoint,
+				    opts->lanes, opts->io_threads);
+				rc = FB_EINVAL;
+				goto out;
+			}
+			if ((rc = bind_lanes(l, endpoint, (uint32_t)opts->lanes,
+			         opts->io_threads)) != FB_OK) {
+				goto out;
+			}
+		} else if (zmq_bind(l->sock, endpoint) != 0) {
 			fb_log_error("cannot listen on %s: %s", endpoint,
 			    zmq_strerror(errno));
 			rc = FB_EZMQ;
 			goto out;
+		} else {
+			l->lanes = 1;
+			l->lane_port[0] = last_port(l->sock);
 		}
 	} else {
 		int ivl = 100, ivl_max = 2000;

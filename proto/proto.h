@@ -23,7 +23,7 @@
 #include "common/err.h"
 
 /* 2: RoundStart.first_chunk (updates go up in a rotated chunk order). */
-#define FB_PROTOCOL_VERSION 2
+#define FB_PROTOCOL_VERSION 3
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
@@ -57,6 +57,7 @@ typedef enum fb_msg_type {
 	FB_MSG_HANDSHAKE,
 	FB_MSG_UPDATE_END,
 	FB_MSG_SECAGG,
+	FB_MSG_REDIRECT,
 	FB_MSG_TYPE_COUNT_
 } fb_msg_type;
 
@@ -95,6 +96,7 @@ typedef struct fb_msg {
 			char backend[FB_TEXT_MAX];
 			char software[FB_NAME_MAX];
 			uint64_t session;
+			uint32_t lane;
 		} hello;
 		struct {
 			uint32_t protocol_version;
@@ -170,7 +172,12 @@ typedef struct fb_msg {
 		} update_end;
 		struct {
 			fb_blob data;
+			uint32_t lane;
 		} handshake;
+		struct {
+			uint32_t lane;
+			uint32_t port;
+		} redirect;
 		struct {
 			uint32_t round;
 		} heartbeat;
@@ -243,7 +250,10 @@ typedef struct fb_link_opts {
 	int send_timeout_ms;  /* blocking sends give up after this (> 0) */
 	int hwm;              /* messages queued per peer each way, >= 2 */
 	int io_threads;       /* ZeroMQ I/O threads; 0 = ZeroMQ's default */
+	int lanes;            /* ROUTER: listening ports (see fb_link_bind) */
 } fb_link_opts;
+
+#define FB_LANES_MAX 64
 
 typedef struct fb_link fb_link;
 
@@ -251,6 +261,15 @@ typedef struct fb_link fb_link;
  * fb_link_bind opens a ROUTER socket bound to `endpoint` (e.g.
  * "tcp://0.0.0.0:5555"). Errors: FB_EZMQ (logged with zmq's reason, e.g.
  * address in use), FB_ENOMEM. The caller owns *out.
+ *
+ * With opts->lanes = L >= 2 (a tcp:// endpoint, L <= io_threads and
+ * FB_LANES_MAX) it listens on L ports: lane 0 on endpoint's port, lane i
+ * on that port + i (each on an ephemeral port if endpoint's port is "*"
+ * or 0). The connections accepted on lane i are served by the I/O threads
+ * j with j % L == i. libzmq otherwise gives each new connection to the
+ * least loaded I/O thread as it counts them, and connections accepted in
+ * a burst can all land on one thread (bench/RESULTS.md); lanes make the
+ * spread the coordinator's choice (Redirect).
  */
 FB_MUST_CHECK fb_err fb_link_bind(const char *endpoint,
     const fb_link_opts *opts, fb_link **out);
@@ -259,6 +278,21 @@ FB_MUST_CHECK fb_err fb_link_bind(const char *endpoint,
  * reconnects by itself when the connection drops. */
 FB_MUST_CHECK fb_err fb_link_connect(const char *endpoint,
     const fb_link_opts *opts, fb_link **out);
+
+/* fb_link_lanes is the number of listening ports (1 without lanes);
+ * fb_link_lane_port the TCP port lane `lane` listens on (0: none). */
+uint32_t fb_link_lanes(const fb_link *l);
+uint32_t fb_link_lane_port(const fb_link *l, uint32_t lane);
+
+/*
+ * fb_endpoint_port writes to `out` the tcp:// endpoint `endpoint` with its
+ * port replaced by `port` ("*" when port is 0): "tcp://host:5555", 5557 ->
+ * "tcp://host:5557". FB_EINVAL if endpoint is not tcp://HOST:PORT (PORT
+ * digits or "*"), FB_ERANGE if out is too small. *base_port (may be NULL)
+ * receives endpoint's own port, 0 for "*".
+ */
+FB_MUST_CHECK fb_err fb_endpoint_port(const char *endpoint, uint32_t port,
+    char *out, size_t cap, uint32_t *base_port);
 
 /* fb_link_close closes the socket without lingering; NULL is a no-op. */
 void fb_link_close(fb_link *l);

@@ -19,6 +19,7 @@ static const char *const type_names[FB_MSG_TYPE_COUNT_] = {
 	"none", "hello", "welcome", "reject", "round_start", "model_fetch",
 	"model_chunk", "update_begin", "update_chunk", "heartbeat",
 	"round_cancel", "shutdown", "handshake", "update_end", "secagg",
+	"redirect",
 };
 
 const char *
@@ -112,6 +113,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 	Fedbox__UpdateEnd ue;
 	Fedbox__SecAgg sa;
 	Fedbox__SecAggRound sar;
+	Fedbox__Redirect rd;
 	size_t need;
 
 	*len = 0;
@@ -125,6 +127,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		hello.backend = (char *)(uintptr_t)m->u.hello.backend;
 		hello.software = (char *)(uintptr_t)m->u.hello.software;
 		hello.session = m->u.hello.session;
+		hello.lane = m->u.hello.lane;
 		env.body_case = FEDBOX__ENVELOPE__BODY_HELLO;
 		env.hello = &hello;
 		break;
@@ -249,6 +252,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 	case FB_MSG_HANDSHAKE:
 		fedbox__handshake__init(&hs);
 		hs.data = blob_to_pb(&m->u.handshake.data);
+		hs.lane = m->u.handshake.lane;
 		env.body_case = FEDBOX__ENVELOPE__BODY_HANDSHAKE;
 		env.handshake = &hs;
 		break;
@@ -258,6 +262,13 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		ue.stream_trailer = blob_to_pb(&m->u.update_end.stream_trailer);
 		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_END;
 		env.update_end = &ue;
+		break;
+	case FB_MSG_REDIRECT:
+		fedbox__redirect__init(&rd);
+		rd.lane = m->u.redirect.lane;
+		rd.port = m->u.redirect.port;
+		env.body_case = FEDBOX__ENVELOPE__BODY_REDIRECT;
+		env.redirect = &rd;
 		break;
 	case FB_MSG_SECAGG:
 		fedbox__sec_agg__init(&sa);
@@ -376,6 +387,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.hello.worker_index = env->hello->worker_index;
 		m->u.hello.num_samples = env->hello->num_samples;
 		m->u.hello.session = env->hello->session;
+		m->u.hello.lane = env->hello->lane;
 		if (!copy_text(m->u.hello.name, sizeof(m->u.hello.name),
 		        env->hello->name) ||
 		    !copy_text(m->u.hello.backend, sizeof(m->u.hello.backend),
@@ -523,6 +535,12 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 			reason = "handshake: blob too long";
 			goto out;
 		}
+		m->u.handshake.lane = env->handshake->lane;
+		break;
+	case FEDBOX__ENVELOPE__BODY_REDIRECT:
+		m->type = FB_MSG_REDIRECT;
+		m->u.redirect.lane = env->redirect->lane;
+		m->u.redirect.port = env->redirect->port;
 		break;
 	case FEDBOX__ENVELOPE__BODY_UPDATE_END:
 		m->type = FB_MSG_UPDATE_END;

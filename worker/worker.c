@@ -36,6 +36,8 @@
 
 #define HELLO_RETRY_MS 2000
 #define HANDSHAKE_RETRY_MS 5000
+#define LANE_GIVEUP_MS 15000 /* no welcome on a lane: back to listen's port */
+#define LANE_STAY UINT32_MAX /* "do not send me to a lane" */
 
 typedef enum wk_state {
 	S_HELLO = 0, /* waiting for Welcome */
@@ -47,6 +49,9 @@ typedef enum wk_state {
 typedef struct wk {
 	const fb_worker_config *cfg;
 	fb_link *link;
+	fb_link_opts link_opts;
+	uint32_t lane;         /* the coordinator's lane we are on; 0: listen */
+	int64_t lane_since_ms; /* when we went to it */
 	fb_dataset shard;
 	fb_model *model;
 	fb_trainer *trainer;
@@ -158,6 +163,7 @@ send_hello(wk *w)
 	snprintf(m.u.hello.software, sizeof(m.u.hello.software),
 	    "fedbox %s", FB_VERSION);
 	m.u.hello.session = w->session;
+	m.u.hello.lane = w->lane;
 	w->last_hello_ms = fb_now_ms();
 	return wk_send(w, &m, NULL, 0);
 }
@@ -177,6 +183,7 @@ send_handshake(wk *w)
 		return rc;
 	}
 	m.u.handshake.data.len = FB_HS_HELLO_LEN;
+	m.u.handshake.lane = w->lane;
 	w->last_hello_ms = fb_now_ms();
 	rc = fb_link_send(w->link, NULL, &m, NULL, 0);
 	if (rc != FB_OK) {
@@ -222,6 +229,58 @@ on_handshake_reply(wk *w, const fb_msg *m)
 	fb_log_info("secure session established (worker id %u)",
 	    fb_session_worker_id(s));
 	(void)send_hello(w);
+}
+
+/*
+ * Moves the link to `endpoint`, as lane `lane`, and starts joining there.
+ * Nothing is in flight before a welcome, so closing the old link loses
+ * nothing. On failure the old link stays.
+ */
+static void
+move_link(wk *w, const char *endpoint, uint32_t lane)
+{
+	fb_link *nl = NULL;
+
+	if (fb_link_connect(endpoint, &w->link_opts, &nl) != FB_OK) {
+		fb_log_warn("cannot connect to %s: staying where we are",
+		    endpoint);
+		return;
+	}
+	fb_link_close(w->link);
+	w->link = nl;
+	w->lane = lane;
+	w->lane_since_ms = fb_now_ms();
+	join(w);
+}
+
+/* A Redirect (before the welcome, on the listen port): go to that lane. */
+static void
+on_redirect(wk *w, const fb_msg *m)
+{
+	char ep[FB_TEXT_MAX + 16];
+
+	if (w->welcomed || w->lane != 0) {
+		fb_log_debug("dropped a redirect: already on lane %u%s", w->lane,
+		    w->welcomed ? ", admitted" : "");
+		return;
+	}
+	if (m->u.redirect.lane == 0 || m->u.redirect.lane == LANE_STAY ||
+	    m->u.redirect.port == 0 || m->u.redirect.port > 65535) {
+		fb_log_warn("dropped a redirect to lane %u, port %u: not a "
+		            "lane's port", m->u.redirect.lane,
+		    m->u.redirect.port);
+		return;
+	}
+	if (fb_endpoint_port(w->cfg->coordinator, m->u.redirect.port, ep,
+	        sizeof(ep), NULL) != FB_OK) {
+		fb_log_warn("the coordinator sends this worker to its port %u, "
+		            "but %s is not a tcp://HOST:PORT endpoint: staying",
+		    m->u.redirect.port, w->cfg->coordinator);
+		return;
+	}
+	fb_log_info("the coordinator sends this worker to its lane %u: "
+	            "connecting to %s", m->u.redirect.lane, ep);
+	move_link(w, ep, m->u.redirect.lane);
 }
 
 static void
@@ -1130,6 +1189,9 @@ on_message(wk *w, const fb_frame *f)
 	case FB_MSG_HANDSHAKE:
 		on_handshake_reply(w, m);
 		return FB_OK;
+	case FB_MSG_REDIRECT:
+		on_redirect(w, m); /* closes the link f came on: f is gone */
+		return FB_OK;
 	case FB_MSG_ROUND_CANCEL:
 		if (m->u.round_cancel.round == w->round &&
 		    (w->st == S_FETCHING || w->st == S_TRAINING)) {
@@ -1206,6 +1268,16 @@ tick(wk *w)
 		if (now - w->hello_since_ms > w->cfg->connect_timeout_ms) {
 			return;
 		}
+		if (w->lane != 0 && w->lane != LANE_STAY &&
+		    now - w->lane_since_ms > LANE_GIVEUP_MS) {
+			fb_log_warn("no answer on the coordinator's lane %u for "
+			            "%.0fs (is its port open?): back to %s, "
+			            "staying there", w->lane,
+			    (double)(now - w->lane_since_ms) / 1000.0,
+			    w->cfg->coordinator);
+			move_link(w, w->cfg->coordinator, LANE_STAY);
+			return;
+		}
 		if (w->secure && w->sess == NULL) {
 			if (now - w->last_hello_ms >= HANDSHAKE_RETRY_MS) {
 				(void)send_handshake(w);
@@ -1228,7 +1300,13 @@ tick(wk *w)
 		w->st = S_HELLO;
 		new_session(w);
 		w->hello_since_ms = now;
-		join(w);
+		if (w->lane != 0) {
+			/* The coordinator may have restarted with other lanes:
+			 * ask its listen port again. */
+			move_link(w, w->cfg->coordinator, 0);
+		} else {
+			join(w);
+		}
 	}
 }
 
@@ -1252,7 +1330,8 @@ accept_frame(wk *w, fb_frame *f)
 	}
 	if (!f->sealed) {
 		if (f->msg.type == FB_MSG_HANDSHAKE ||
-		    f->msg.type == FB_MSG_REJECT) {
+		    f->msg.type == FB_MSG_REJECT ||
+		    f->msg.type == FB_MSG_REDIRECT) {
 			return true;
 		}
 		fb_log_warn("dropped a plain %s: this worker only accepts "
@@ -1374,6 +1453,7 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 		rc = FB_EIO;
 		goto out;
 	}
+	w.link_opts = lo;
 	if ((rc = fb_link_connect(cfg->coordinator, &lo, &w.link)) != FB_OK) {
 		goto out;
 	}

@@ -38,8 +38,25 @@ skip() {
 	exit 77
 }
 
+# free_port: a port P with P..P+3 free (a coordinator with lanes listens on
+# P and the next lanes - 1 ports).
 free_port() {
-	"$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+	"$PY" -c '
+import socket
+for _ in range(200):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]
+    held = [s]
+    try:
+        for q in range(p + 1, p + 4):
+            t = socket.socket(); t.bind(("127.0.0.1", q)); held.append(t)
+    except OSError:
+        continue
+    finally:
+        for h in held: h.close()
+    print(p); break
+else:
+    raise SystemExit("no free run of 4 ports")
+'
 }
 
 # wait_for FILE PATTERN SECONDS: waits until FILE has a line matching PATTERN.

@@ -32,6 +32,22 @@ def dealer(ctx, endpoint):
     return s
 
 
+def join(ctx, endpoint, name, samples, session):
+    """A dealer that said hello as `name` and is where the coordinator wants
+    it: a Redirect (coordinator lanes) is followed like a worker does."""
+    s = dealer(ctx, endpoint)
+    s.send(fbwire.hello(name, samples, session=session))
+    if s.poll(2000):
+        top = fbwire.parse_top(s.recv_multipart()[0])
+        if top and top[0] == fbwire.REDIRECT:
+            f = fbwire.fields(top[1])
+            lane, port = f[1][0], f[2][0]
+            s.close()
+            s = dealer(ctx, fbwire.with_port(endpoint, port))
+            s.send(fbwire.hello(name, samples, session=session, lane=lane))
+    return s
+
+
 def random_protobuf(rng):
     out = bytearray()
     for _ in range(rng.randint(0, 6)):
@@ -116,9 +132,8 @@ def hostile(endpoint, seconds, rng):
     ctx = zmq.Context()
     socks = {}
     for who in "abc":
-        s = dealer(ctx, endpoint)
+        s = join(ctx, endpoint, "mallory-" + who, 10, rng.getrandbits(63))
         s.setsockopt(zmq.RCVTIMEO, 50)
-        s.send(fbwire.hello("mallory-" + who, 10, session=rng.getrandbits(63)))
         socks[who] = s
     end = time.time() + seconds
     n = 0

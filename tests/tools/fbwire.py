@@ -21,6 +21,7 @@ PREFIX = b"FB\x01"
 # Envelope body field numbers (proto/fedbox.proto).
 HELLO, WELCOME, REJECT, ROUND_START, MODEL_FETCH, MODEL_CHUNK = 1, 2, 3, 4, 5, 6
 UPDATE_BEGIN, UPDATE_CHUNK, HEARTBEAT, ROUND_CANCEL, SHUTDOWN = 7, 8, 9, 10, 11
+REDIRECT = 15
 WITH_PAYLOAD = {MODEL_CHUNK, UPDATE_CHUNK}
 
 
@@ -57,11 +58,17 @@ def frame(body_field, body, payload_flag=None):
     return PREFIX + bytes([flag]) + field_bytes(body_field, body)
 
 
-def hello(name, samples=1000, version=PROTOCOL_VERSION, index=0, session=1):
+def hello(name, samples=1000, version=PROTOCOL_VERSION, index=0, session=1,
+          lane=0):
     b = (field_varint(1, version) + field_bytes(2, name) + field_varint(3, index)
          + field_varint(4, samples) + field_bytes(5, "test") + field_bytes(6, "fbwire")
-         + field_varint(7, session))
+         + field_varint(7, session) + (field_varint(8, lane) if lane else b""))
     return frame(HELLO, b)
+
+
+def with_port(endpoint, port):
+    """tcp://HOST:PORT with another port."""
+    return endpoint.rsplit(":", 1)[0] + ":%d" % port
 
 
 def model_fetch(rnd, chunk):

@@ -46,6 +46,7 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		    "cuda: 2 x NVIDIA H200 (fp32)");
 		fill_text(m->u.hello.software, FB_NAME_MAX, "fedbox 0.1.0");
 		m->u.hello.session = 0xfedcba9876543210ULL;
+		m->u.hello.lane = 3;
 		break;
 	case FB_MSG_WELCOME:
 		m->u.welcome.protocol_version = 3;
@@ -143,6 +144,11 @@ sample_msg(fb_msg_type t, fb_msg *m)
 			m->u.handshake.data.b[i] = (uint8_t)(i * 7);
 		}
 		m->u.handshake.data.len = 164;
+		m->u.handshake.lane = 1;
+		break;
+	case FB_MSG_REDIRECT:
+		m->u.redirect.lane = 5;
+		m->u.redirect.port = 65535;
 		break;
 	case FB_MSG_UPDATE_CHUNK:
 		m->u.update_chunk.round = 5;
@@ -479,22 +485,22 @@ test_frame_too_long(void **state)
 	pb_str(&body, 2, "w");
 	frame(&f, 0, 1, &body);
 	fixed = f.n;
-	/* unknown field 15 of length L costs 1 (tag) + 2 (length) + L */
-	size_t l = FB_MAX_CONTROL_LEN - fixed - 3;
-	pb_bytes(&f, 15, pad, l);
+	/* unknown field 16 of length L costs 2 (tag) + 2 (length) + L */
+	size_t l = FB_MAX_CONTROL_LEN - fixed - 4;
+	pb_bytes(&f, 16, pad, l);
 	assert_int_equal(f.n, FB_MAX_CONTROL_LEN);
 	assert_int_equal(unpack_pbuf(&f, &m), FB_OK);
 	assert_int_equal(m.type, FB_MSG_HELLO);
 	assert_string_equal(m.u.hello.name, "w");
 	/* one byte more is too long */
 	frame(&f, 0, 1, &body);
-	pb_bytes(&f, 15, pad, l + 1);
+	pb_bytes(&f, 16, pad, l + 1);
 	assert_int_equal(f.n, FB_MAX_CONTROL_LEN + 1);
 	assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
 	/* and much longer */
 	frame(&f, 0, 1, &body);
-	pb_bytes(&f, 15, pad, sizeof(pad));
-	pb_bytes(&f, 15, pad, sizeof(pad));
+	pb_bytes(&f, 16, pad, sizeof(pad));
+	pb_bytes(&f, 16, pad, sizeof(pad));
 	assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
 }
 
@@ -1222,6 +1228,104 @@ test_link_bind_refuses_busy_endpoint(void **state)
 	fb_link_close(router);
 }
 
+/* Endpoints with another port: tcp://HOST:PORT only. */
+static void
+test_endpoint_port(void **state)
+{
+	char out[64];
+	uint32_t base = 99;
+
+	(void)state;
+	assert_int_equal(fb_endpoint_port("tcp://10.0.0.5:5555", 5557, out,
+	                     sizeof(out), &base), FB_OK);
+	assert_string_equal(out, "tcp://10.0.0.5:5557");
+	assert_int_equal(base, 5555);
+	assert_int_equal(fb_endpoint_port("tcp://[::1]:7300", 7301, out,
+	                     sizeof(out), &base), FB_OK);
+	assert_string_equal(out, "tcp://[::1]:7301");
+	assert_int_equal(base, 7300);
+	assert_int_equal(fb_endpoint_port("tcp://*:*", 0, out, sizeof(out),
+	                     &base), FB_OK);
+	assert_string_equal(out, "tcp://*:*");
+	assert_int_equal(base, 0);
+	assert_int_equal(fb_endpoint_port("tcp://host.example:80", 0, out,
+	                     sizeof(out), NULL), FB_OK);
+	assert_string_equal(out, "tcp://host.example:*");
+	const char *bad[] = {"ipc:///tmp/x", "tcp://host", "tcp://:5555",
+	    "tcp://host:", "tcp://host:55a5", "tcp://host:65536",
+	    "tcp://host:99999999999", "inproc://x:5"};
+	for (size_t i = 0; i < FB_ARRAY_LEN(bad); i++) {
+		assert_int_equal(fb_endpoint_port(bad[i], 1, out, sizeof(out),
+		                     NULL), FB_EINVAL);
+	}
+	assert_int_equal(fb_endpoint_port("tcp://10.0.0.5:5555", 1, out,
+	                     8, NULL), FB_ERANGE);
+	assert_int_equal(fb_endpoint_port("tcp://h:1", 65536, out,
+	                     sizeof(out), NULL), FB_EINVAL);
+}
+
+/* A ROUTER with lanes listens on consecutive ports, and each carries
+ * messages; lanes need as many I/O threads and a tcp endpoint. */
+static void
+test_link_lanes(void **state)
+{
+	fb_link_opts lo = opts;
+	fb_link *router = NULL, *dealer = NULL;
+	char ep[64], lane_ep[64];
+	fb_frame f;
+	fb_msg m;
+	const char *why = NULL;
+	fb_rng r;
+	fb_err rc = FB_EZMQ;
+
+	(void)state;
+	lo.io_threads = 3;
+	lo.lanes = 3;
+	fb_rng_init(&r, (uint64_t)getpid() ^ (uint64_t)fb_now_ms(), 2);
+	for (int tries = 0; tries < 100 && rc != FB_OK; tries++) {
+		unsigned port = 20000 + (unsigned)fb_rng_below(&r, 40000);
+		snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port);
+		rc = fb_link_bind(ep, &lo, &router);
+		assert_true(rc == FB_OK || rc == FB_EZMQ);
+	}
+	assert_int_equal(rc, FB_OK);
+	assert_int_equal(fb_link_lanes(router), 3);
+	for (uint32_t i = 1; i < 3; i++) {
+		assert_int_equal(fb_link_lane_port(router, i),
+		    fb_link_lane_port(router, 0) + i);
+	}
+	assert_int_equal(fb_link_lane_port(router, 3), 0);
+	assert_int_equal(fb_endpoint_port(ep, fb_link_lane_port(router, 2),
+	                     lane_ep, sizeof(lane_ep), NULL), FB_OK);
+	assert_int_equal(fb_link_connect(lane_ep, &opts, &dealer), FB_OK);
+	sample_msg(FB_MSG_HELLO, &m);
+	assert_int_equal(fb_link_send(dealer, NULL, &m, NULL, 0), FB_OK);
+	assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+	assert_memory_equal(&f.msg, &m, sizeof(m));
+	sample_msg(FB_MSG_REDIRECT, &m);
+	assert_int_equal(fb_link_send(router, &f.peer, &m, NULL, 0), FB_OK);
+	assert_int_equal(recv_wait(dealer, &f, &why), FB_OK);
+	assert_memory_equal(&f.msg, &m, sizeof(m));
+	fb_link_close(dealer);
+	fb_link_close(router);
+
+	/* ephemeral ports: each lane gets one */
+	assert_int_equal(fb_link_bind("tcp://127.0.0.1:*", &lo, &router), FB_OK);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_true(fb_link_lane_port(router, i) > 0);
+	}
+	fb_link_close(router);
+
+	router = (fb_link *)&router;
+	lo.lanes = 4; /* more than the I/O threads */
+	assert_int_equal(fb_link_bind(ep, &lo, &router), FB_EINVAL);
+	assert_null(router);
+	lo.lanes = 2;
+	router = (fb_link *)&router;
+	assert_int_equal(fb_link_bind("ipc:///tmp/fb-lanes-test", &lo, &router),
+	    FB_EINVAL);
+	assert_null(router);
+}
 
 /* ---- sealed secure-aggregation payloads (secure.c) ---------------------- */
 
@@ -1349,6 +1453,10 @@ FB_TESTS = {
     {"a routing id longer than the peer id limit is handled",
         test_link_long_routing_id},
     {"binding a busy endpoint fails", test_link_bind_refuses_busy_endpoint},
+    {"an endpoint's port is replaced, tcp://HOST:PORT only",
+        test_endpoint_port},
+    {"lanes listen on consecutive ports, each carrying messages",
+        test_link_lanes},
     {"secure-aggregation payloads travel sealed; tampering is refused",
         test_secagg_payload_sealed},
     {NULL, NULL},

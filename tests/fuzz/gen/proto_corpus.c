@@ -158,6 +158,10 @@ example(fb_msg_type t, const fz_fixture *f, fb_msg *m)
 		memcpy(m->u.handshake.data.b, f->hello, sizeof(f->hello));
 		m->u.handshake.data.len = sizeof(f->hello);
 		break;
+	case FB_MSG_REDIRECT:
+		m->u.redirect.lane = 1;
+		m->u.redirect.port = 7301;
+		break;
 	case FB_MSG_UPDATE_END:
 		m->u.update_end.round = FZ_ROUND;
 		fill(&m->u.update_end.stream_trailer, FB_STREAM_TRAILER_LEN,
