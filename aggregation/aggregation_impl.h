@@ -19,6 +19,7 @@ struct fb_accum {
 	uint64_t chunk_elems;
 	uint32_t chunks;
 	double clip;
+	float clip_f;        /* the largest float not above clip */
 	double scale;        /* S = 2^30 / clip */
 	uint32_t *sum;       /* count ring elements (int32 two's complement) */
 	_Atomic uint64_t *weight_q; /* per chunk, weight sum in units of 2^-32 */
