@@ -67,7 +67,10 @@ fb_accum_alloc(uint64_t count, uint64_t chunk_elems, double clip,
 	a->sum = fb_calloc(count, sizeof(*a->sum));
 	a->weight_q = fb_calloc(chunks, sizeof(*a->weight_q));
 	a->locks = calloc(a->nlocks, sizeof(*a->locks));
-	if (a->sum == NULL || a->weight_q == NULL || a->locks == NULL) {
+	a->part_epoch = calloc(chunks * a->chunk_parts,
+	    sizeof(*a->part_epoch));
+	if (a->sum == NULL || a->weight_q == NULL || a->locks == NULL ||
+	    a->part_epoch == NULL) {
 		free(a->locks);
 		a->locks = NULL;
 		fb_accum_free(a);
@@ -94,14 +97,26 @@ fb_accum_free(fb_accum *a)
 	}
 	fb_free(a->sum);
 	fb_free((void *)(uintptr_t)a->weight_q); /* (the _Atomic array) */
+	free(a->part_epoch);
 	free(a);
 }
 
+/*
+ * fb_accum_reset leaves the sums where they are and starts a new epoch:
+ * every part now reads as zero until its first add of the round stores
+ * into it (see aggregation_impl.h). Once in 2^32 rounds the epoch wraps;
+ * then the sum is cleared for real, so that no part of an old epoch can
+ * look current.
+ */
 void
 fb_accum_reset(fb_accum *a)
 {
 	a->scale = ldexp(1.0, 30) / a->clip;
-	memset(a->sum, 0, a->count * sizeof(*a->sum));
+	if (++a->epoch == 0) {
+		memset(a->sum, 0, a->count * sizeof(*a->sum));
+		memset(a->part_epoch, 0, (uint64_t)a->chunks * a->chunk_parts *
+		    sizeof(*a->part_epoch));
+	}
 	for (uint32_t c = 0; c < a->chunks; c++) {
 		atomic_store_explicit(&a->weight_q[c], 0, memory_order_relaxed);
 	}
@@ -187,6 +202,24 @@ add_chunk(uint32_t *restrict sum, const float *restrict x, uint64_t n,
 	return bad != 0;
 }
 
+/* store_chunk is add_chunk into a part that reads as zero: it stores
+ * instead of adding, so the sum is not read. */
+FB_KERNEL_CLONES static int
+store_chunk(uint32_t *restrict sum, const float *restrict x, uint64_t n,
+    double clip, float clip_f, double k, uint32_t *over)
+{
+	uint32_t bad = 0, c = 0;
+	for (uint64_t j = 0; j < n; j++) {
+		float f = x[j];
+		float m = fabsf(f);
+		bad |= (uint32_t)!(m <= FLT_MAX);
+		c += (uint32_t)(m > clip_f);
+		sum[j] = encode_one(f, clip, k);
+	}
+	*over = c;
+	return bad != 0;
+}
+
 /* sub_chunk takes back what add_chunk added (the ring makes it exact). */
 FB_KERNEL_CLONES static void
 sub_chunk(uint32_t *restrict sum, const float *restrict x, uint64_t n,
@@ -249,22 +282,42 @@ part_piece(void *arg, uint32_t i)
 	uint32_t p = (j->start + i) % j->parts;
 	uint64_t len, off = part_span(j, p, &len);
 	pthread_mutex_t *mu = part_lock(a, j->chunk, p);
+	uint32_t *epoch = &a->part_epoch[(uint64_t)j->chunk * a->chunk_parts +
+	    p];
+	uint32_t *sum = j->sum + off;
+	int fresh, bad;
 
 	if (j->x != NULL &&
 	    atomic_load_explicit(&j->refused, memory_order_relaxed)) {
 		return;
 	}
 	pthread_mutex_lock(mu);
+	fresh = *epoch != a->epoch; /* the part reads as zero */
 	if (j->x == NULL) {
-		fb_ring_add(j->sum + off, j->v + off, len);
-	} else if (add_chunk(j->sum + off, j->x + off, len, a->clip,
-	               a->clip_f, j->k, &j->over[p])) {
-		sub_chunk(j->sum + off, j->x + off, len, a->clip, j->k);
-		atomic_store_explicit(&j->refused, 1, memory_order_relaxed);
-	} else {
-		atomic_fetch_or_explicit(&j->added, UINT64_C(1) << p,
-		    memory_order_relaxed);
+		if (fresh) {
+			memcpy(sum, j->v + off, len * sizeof(*sum));
+		} else {
+			fb_ring_add(sum, j->v + off, len);
+		}
+		*epoch = a->epoch;
+		goto out;
 	}
+	bad = fresh ? store_chunk(sum, j->x + off, len, a->clip, a->clip_f,
+	                  j->k, &j->over[p])
+	            : add_chunk(sum, j->x + off, len, a->clip, a->clip_f,
+	                  j->k, &j->over[p]);
+	if (bad) {
+		/* A fresh part stays stale: it still reads as zero. */
+		if (!fresh) {
+			sub_chunk(sum, j->x + off, len, a->clip, j->k);
+		}
+		atomic_store_explicit(&j->refused, 1, memory_order_relaxed);
+		goto out;
+	}
+	*epoch = a->epoch;
+	atomic_fetch_or_explicit(&j->added, UINT64_C(1) << p,
+	    memory_order_relaxed);
+out:
 	pthread_mutex_unlock(mu);
 }
 
@@ -395,14 +448,9 @@ void
 fb_accum_mean(const fb_accum *a, float *out)
 {
 	for (uint32_t c = 0; c < a->chunks; c++) {
-		uint64_t first = (uint64_t)c * a->chunk_elems;
-		uint64_t n = fb_accum_chunk_len(a, c);
-		double w = fb_accum_chunk_weight(a, c);
-		double inv = w > 0 ? 1.0 / (w * a->scale) : 0.0;
-		for (uint64_t j = 0; j < n; j++) {
-			out[first + j] =
-			    (float)((double)(int32_t)a->sum[first + j] * inv);
-		}
+		fb_err rc = fb_accum_mean_chunk(a, c,
+		    out + (uint64_t)c * a->chunk_elems);
+		FB_ASSERT(rc == FB_OK); /* c is a chunk */
 	}
 }
 
@@ -450,9 +498,32 @@ fb_fedavg_weights(const uint64_t *n, uint32_t count, double *w)
 	return FB_OK;
 }
 
+/* accum_settle zeroes every stale part and makes it current, so that the
+ * whole sum can be read and written as is. */
+static void
+accum_settle(fb_accum *a)
+{
+	for (uint32_t c = 0; c < a->chunks; c++) {
+		uint64_t n = fb_accum_chunk_len(a, c);
+		for (uint32_t p = 0; (uint64_t)p * a->part_elems < n; p++) {
+			uint64_t off = (uint64_t)p * a->part_elems;
+			uint64_t len = n - off < a->part_elems ? n - off
+			                                       : a->part_elems;
+			if (!accum_part_stale(a, c, p)) {
+				continue;
+			}
+			memset(a->sum + (uint64_t)c * a->chunk_elems + off, 0,
+			    len * sizeof(*a->sum));
+			a->part_epoch[(uint64_t)c * a->chunk_parts + p] =
+			    a->epoch;
+		}
+	}
+}
+
 uint32_t *
 fb_accum_ring(fb_accum *a)
 {
+	accum_settle(a);
 	return a->sum;
 }
 
@@ -468,6 +539,7 @@ fb_accum_set_secure_sum(fb_accum *a, const fb_encoding *e, double W)
 	if (W * (double)WEIGHT_ONE >= 0x1p63) {
 		return FB_ERANGE;
 	}
+	accum_settle(a);
 	wq = (uint64_t)llround(W * (double)WEIGHT_ONE);
 	if (wq == 0) {
 		return FB_ERANGE;

@@ -52,7 +52,9 @@ FB_MUST_CHECK fb_err fb_accum_alloc(uint64_t count, uint64_t chunk_elems,
 /* fb_accum_free releases it; NULL is a no-op. */
 void fb_accum_free(fb_accum *a);
 
-/* fb_accum_reset zeroes the sums and weights for a new round. */
+/* fb_accum_reset zeroes the sums and weights for a new round. It does not
+ * touch the sums' memory: each part of a chunk reads as zero until its
+ * first add of the round, which stores instead of adding. O(chunks). */
 void fb_accum_reset(fb_accum *a);
 
 uint32_t fb_accum_chunk_count(const fb_accum *a);

@@ -1196,6 +1196,12 @@ test_multipart_bits_match_scalar(void **state)
 
 		assert_int_equal(fb_accum_alloc(count, MP_N, clip, &a), FB_OK);
 		set_run_mode(a, mode);
+		/* a round before, so that the first adds find old sums */
+		for (uint32_t c = 0; c < fb_accum_chunk_count(a); c++) {
+			assert_int_equal(fb_accum_add(a, c,
+			    x[1] + (uint64_t)c * MP_N, 1.0, NULL), FB_OK);
+		}
+		fb_accum_reset(a);
 		for (int i = 0; i < 2; i++) {
 			for (uint32_t c = 0; c < fb_accum_chunk_count(a); c++) {
 				assert_int_equal(fb_accum_add(a, c,
@@ -1281,6 +1287,86 @@ test_refused_chunk_leaves_sum(void **state)
 	free(want);
 }
 
+/*
+ * After a reset, chunks nobody adds into read as zero whatever the last
+ * round left there, through every reader; a refused first add leaves its
+ * chunk reading zero; a ring add into a chunk of a new round replaces
+ * the old sums.
+ */
+static void
+test_reset_then_partial_round(void **state)
+{
+	const uint64_t count = 2 * MP_N + 5;
+	const double clip = 3.7;
+	float *x = malloc(count * sizeof(*x)), *out = malloc(count *
+	    sizeof(*out)), *params = malloc(count * sizeof(*params));
+	float *zero = calloc(count, sizeof(*zero));
+	uint32_t *v = malloc(MP_N * sizeof(*v));
+	uint64_t seed = 99;
+
+	(void)state;
+	assert_true(x && out && params && zero && v);
+	mp_fill(x, count, clip, &seed);
+	for (uint64_t j = 0; j < MP_N; j++) {
+		v[j] = (uint32_t)(j * 2654435761u);
+	}
+	for (int mode = 0; mode < RUN_MODES; mode++) {
+		fb_accum *a = NULL;
+		const uint32_t *ring;
+		double scale = ldexp(1.0, 30) / clip;
+
+		assert_int_equal(fb_accum_alloc(count, MP_N, clip, &a), FB_OK);
+		set_run_mode(a, mode);
+		add_update(a, x, 1.0, NULL);
+		fb_accum_reset(a);
+		/* a refused first add into chunk 0, a good one into 1 */
+		x[2 * 8192 + 5] = NAN;
+		assert_int_equal(fb_accum_add(a, 0, x, 0.5, NULL), FB_EINVAL);
+		x[2 * 8192 + 5] = 0.25f;
+		assert_int_equal(fb_accum_add(a, 1, x + MP_N, 0.5, NULL),
+		    FB_OK);
+		fb_accum_mean(a, out);
+		assert_memory_equal(out, zero, MP_N * sizeof(*out));
+		assert_memory_equal(out + 2 * MP_N, zero, 5 * sizeof(*out));
+		for (uint64_t j = 0; j < MP_N; j++) {
+			float want = (float)((double)(int32_t)ref_encode(
+			    x[MP_N + j], 0.5, clip) * (1.0 / (0.5 * scale)));
+			assert_true(memcmp(&out[MP_N + j], &want,
+			    sizeof(want)) == 0);
+		}
+		assert_int_equal(fb_accum_mean_chunk(a, 0, out), FB_OK);
+		assert_memory_equal(out, zero, MP_N * sizeof(*out));
+		memcpy(params, x, count * sizeof(*params));
+		fb_accum_apply(a, params, 1.0);
+		assert_memory_equal(params, x, MP_N * sizeof(*params));
+		assert_memory_equal(params + 2 * MP_N, x + 2 * MP_N,
+		    5 * sizeof(*params));
+		ring = fb_accum_ring(a);
+		for (uint64_t j = 0; j < count; j++) {
+			uint32_t want = j >= MP_N && j < 2 * MP_N
+			    ? ref_encode(x[j], 0.5, clip) : 0;
+			assert_int_equal(ring[j], want);
+		}
+		/* a ring add into chunk 2 of a new round, then chunk 0 */
+		fb_accum_reset(a);
+		assert_int_equal(fb_accum_ring_add(a, 2, v, 5), FB_OK);
+		assert_int_equal(fb_accum_ring_add(a, 0, v, MP_N), FB_OK);
+		assert_int_equal(fb_accum_ring_add(a, 0, v, MP_N), FB_OK);
+		ring = fb_accum_ring(a);
+		for (uint64_t j = 0; j < count; j++) {
+			uint32_t want = j < MP_N ? 2 * v[j]
+			    : j >= 2 * MP_N ? v[j - 2 * MP_N] : 0;
+			assert_int_equal(ring[j], want);
+		}
+		fb_accum_free(a);
+	}
+	free(x);
+	free(out);
+	free(params);
+	free(zero);
+	free(v);
+}
+
 static void
 test_ring_add_checks_size(void **state)
 {
@@ -1335,6 +1421,8 @@ FB_TESTS = {
     {"a NaN or infinity in any part leaves the sum's bytes, the weight and "
      "the clip count as they were, inline and in parallel",
         test_refused_chunk_leaves_sum},
+    {"after a reset, chunks nobody adds into read as zero through every "
+     "reader, a refused first add included", test_reset_then_partial_round},
     {"a ring add of the wrong length or chunk is refused",
         test_ring_add_checks_size},
     {NULL, NULL},
