@@ -112,10 +112,12 @@ void
 fb_accum_reset(fb_accum *a)
 {
 	a->scale = ldexp(1.0, 30) / a->clip;
+	a->stale = true;
 	if (++a->epoch == 0) {
 		memset(a->sum, 0, a->count * sizeof(*a->sum));
 		memset(a->part_epoch, 0, (uint64_t)a->chunks * a->chunk_parts *
 		    sizeof(*a->part_epoch));
+		a->stale = false;
 	}
 	for (uint32_t c = 0; c < a->chunks; c++) {
 		atomic_store_explicit(&a->weight_q[c], 0, memory_order_relaxed);
@@ -499,10 +501,16 @@ fb_fedavg_weights(const uint64_t *n, uint32_t count, double *w)
 }
 
 /* accum_settle zeroes every stale part and makes it current, so that the
- * whole sum can be read and written as is. */
+ * whole sum can be read and written as is. Adds only make parts current,
+ * so once settled the sum stays so until the next reset (the coordinator
+ * asks for the ring once per chunk). */
 static void
 accum_settle(fb_accum *a)
 {
+	if (!a->stale) {
+		return;
+	}
+	a->stale = false;
 	for (uint32_t c = 0; c < a->chunks; c++) {
 		uint64_t n = fb_accum_chunk_len(a, c);
 		for (uint32_t p = 0; (uint64_t)p * a->part_elems < n; p++) {

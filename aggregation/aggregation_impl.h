@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "aggregation/aggregation.h"
@@ -42,6 +43,7 @@ struct fb_accum {
 	 * first (accum_settle). */
 	uint32_t epoch;
 	uint32_t *part_epoch;
+	bool stale;          /* some part may be stale (since a reset) */
 	fb_par_run par;      /* runs an add's parts at once, or NULL */
 	void *par_ctx;
 };
