@@ -105,6 +105,11 @@ $(B)/crypto/mask.o: crypto/mask.c
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS) -MMD -MP -c $< -o $@
 
+# bench/accum_add keeps a copy of the old add loops, built as the kernels are.
+$(B)/bench/accum_add.o: bench/accum_add.c
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CPPFLAGS) $(CFLAGS) $(KERNEL_CFLAGS) -MMD -MP -c $< -o $@
+
 # ---- programs ----------------------------------------------------------------
 BINS = $(B)/fedbox-coordinator $(B)/fedbox-worker
 ifneq ($(wildcard crypto/keygen.c),)

@@ -52,7 +52,9 @@ FB_MUST_CHECK fb_err fb_accum_alloc(uint64_t count, uint64_t chunk_elems,
 /* fb_accum_free releases it; NULL is a no-op. */
 void fb_accum_free(fb_accum *a);
 
-/* fb_accum_reset zeroes the sums and weights for a new round. */
+/* fb_accum_reset zeroes the sums and weights for a new round. It does not
+ * touch the sums' memory: each part of a chunk reads as zero until its
+ * first add of the round, which stores instead of adding. O(chunks). */
 void fb_accum_reset(fb_accum *a);
 
 uint32_t fb_accum_chunk_count(const fb_accum *a);
@@ -61,9 +63,13 @@ uint64_t fb_accum_chunk_len(const fb_accum *a, uint32_t chunk);
 
 /*
  * fb_accum_add adds weight * x, x being chunk `chunk` of one update
- * (fb_accum_chunk_len(a, chunk) floats). It checks the chunk first: a NaN
- * or infinity is FB_EINVAL and nothing is added; a weight that would bring
- * the chunk's weight sum above 1 is FB_ERANGE, nothing added. `weight` is
+ * (fb_accum_chunk_len(a, chunk) floats). A NaN or infinity in the chunk
+ * is FB_EINVAL and leaves the sum and the chunk's weight as they were (the
+ * add checks as it adds, then takes back what it added, exactly: the sum
+ * is a ring; meanwhile the chunk's weight counts `weight`, so an add into
+ * the same chunk at the same time may be refused with FB_ERANGE that would
+ * have fitted without it); a weight that would bring the chunk's weight
+ * sum above 1 is FB_ERANGE, nothing added. `weight` is
  * in (0, 1]; a weight below 2^-32 rounds to nothing and is FB_ERANGE.
  * *clipped (if non-NULL) is increased by the number of
  * coordinates that had to be clamped.

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "aggregation/aggregation.h"
@@ -19,6 +20,7 @@ struct fb_accum {
 	uint64_t chunk_elems;
 	uint32_t chunks;
 	double clip;
+	float clip_f;        /* the largest float not above clip */
 	double scale;        /* S = 2^30 / clip */
 	uint32_t *sum;       /* count ring elements (int32 two's complement) */
 	_Atomic uint64_t *weight_q; /* per chunk, weight sum in units of 2^-32 */
@@ -29,8 +31,28 @@ struct fb_accum {
 	pthread_mutex_t *locks;
 	uint32_t nlocks;
 	_Atomic uint32_t ticket; /* spreads concurrent adds' first parts */
+	/* A round's reset does not clear the sum: it starts a new epoch. A
+	 * part whose part_epoch is not `epoch` holds an older round's sums and
+	 * reads as zero; the first add into it in a round stores instead of
+	 * adding (part_piece). Part p of chunk c is part_epoch[c * chunk_parts
+	 * + p], read and written under that part's lock while adds run. A
+	 * chunk with weight has all its parts current (an add that counts
+	 * goes into every part), so readers of weighted chunks read sum as
+	 * is; fb_accum_mean_chunk zeroes stale parts of the others, and
+	 * fb_accum_ring and fb_accum_set_secure_sum zero every stale part
+	 * first (accum_settle). */
+	uint32_t epoch;
+	uint32_t *part_epoch;
+	bool stale;          /* some part may be stale (since a reset) */
 	fb_par_run par;      /* runs an add's parts at once, or NULL */
 	void *par_ctx;
 };
+
+/* accum_part_stale says whether part p of chunk c reads as zero. */
+static inline int
+accum_part_stale(const struct fb_accum *a, uint32_t c, uint32_t p)
+{
+	return a->part_epoch[(uint64_t)c * a->chunk_parts + p] != a->epoch;
+}
 
 #endif

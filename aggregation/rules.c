@@ -65,8 +65,15 @@ fb_accum_mean_chunk(const fb_accum *a, uint32_t chunk, float *out)
 	n = fb_accum_chunk_len(a, chunk);
 	sum = a->sum + (uint64_t)chunk * a->chunk_elems;
 	inv = chunk_inv(a, chunk);
-	for (uint64_t j = 0; j < n; j++) {
-		out[j] = (float)((double)(int32_t)sum[j] * inv);
+	for (uint32_t p = 0; (uint64_t)p * a->part_elems < n; p++) {
+		uint64_t off = (uint64_t)p * a->part_elems;
+		uint64_t end = n - off < a->part_elems ? n : off + a->part_elems;
+		/* A stale part reads as zero (aggregation_impl.h): 0 * inv. */
+		int live = !accum_part_stale(a, chunk, p);
+		for (uint64_t j = off; j < end; j++) {
+			out[j] = live ? (float)((double)(int32_t)sum[j] * inv)
+			              : 0.0f;
+		}
 	}
 out:
 	return rc;

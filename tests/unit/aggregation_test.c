@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1073,6 +1074,299 @@ test_add_bits_match_scalar(void **state)
 	}
 }
 
+/* ---- adds over many parts, inline and handed to a runner ---------------- */
+
+/* A chunk of four full parts (accum.c: parts of 8192 elements at least)
+ * and a short fifth one. */
+#define MP_N (4 * 8192 + 3)
+#define PAR_THREADS 3
+
+/* The ways fb_accum_add may run a chunk's parts (fb_accum_set_parallel). */
+enum { RUN_INLINE, RUN_BACKWARDS, RUN_THREADS, RUN_MODES };
+
+/* Runs the pieces last first on the calling thread, so that parts after
+ * a refused one run before it. */
+static void
+par_backwards(void *ctx, uint32_t n, void (*fn)(void *arg, uint32_t i),
+    void *arg)
+{
+	(void)ctx;
+	for (uint32_t i = n; i-- > 0;) {
+		fn(arg, i);
+	}
+}
+
+typedef struct par_pool {
+	void (*fn)(void *arg, uint32_t i);
+	void *arg;
+	uint32_t n;
+	_Atomic uint32_t next;
+} par_pool;
+
+static void *
+par_worker(void *p)
+{
+	par_pool *pp = p;
+	uint32_t i;
+
+	while ((i = atomic_fetch_add(&pp->next, 1)) < pp->n) {
+		pp->fn(pp->arg, i);
+	}
+	return NULL;
+}
+
+/* Runs the pieces on PAR_THREADS threads and the caller, each taking the
+ * next piece, as the coordinator's ingest pool does. */
+static void
+par_threads(void *ctx, uint32_t n, void (*fn)(void *arg, uint32_t i),
+    void *arg)
+{
+	par_pool pp = {.fn = fn, .arg = arg, .n = n};
+	pthread_t th[PAR_THREADS];
+
+	(void)ctx;
+	for (int i = 0; i < PAR_THREADS; i++) {
+		assert_int_equal(pthread_create(&th[i], NULL, par_worker, &pp),
+		    0);
+	}
+	par_worker(&pp);
+	for (int i = 0; i < PAR_THREADS; i++) {
+		assert_int_equal(pthread_join(th[i], NULL), 0);
+	}
+}
+
+static void
+set_run_mode(fb_accum *a, int mode)
+{
+	fb_accum_set_parallel(a, mode == RUN_BACKWARDS ? par_backwards
+	                         : mode == RUN_THREADS ? par_threads
+	                                               : NULL,
+	    NULL);
+}
+
+/* mp_fill writes values uniform in (-1.5 clip, 1.5 clip), so about a
+ * third are clamped. */
+static void
+mp_fill(float *x, uint64_t n, double clip, uint64_t *seed)
+{
+	for (uint64_t j = 0; j < n; j++) {
+		*seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+		x[j] = (float)(((double)(*seed >> 11) * 0x1p-53 * 3 - 1.5) *
+		    clip);
+	}
+}
+
+/* The scalar definition of the sums of adds of x[0..k) with weights w,
+ * and the number of clamped coordinates. */
+static void
+mp_reference(const float *const *x, const double *w, uint32_t k,
+    uint64_t n, double clip, uint32_t *want, uint64_t *clipped)
+{
+	*clipped = 0;
+	for (uint64_t j = 0; j < n; j++) {
+		want[j] = 0;
+		for (uint32_t i = 0; i < k; i++) {
+			want[j] += ref_encode(x[i][j], w[i], clip);
+			*clipped += fabs((double)x[i][j]) > clip;
+		}
+	}
+}
+
+static void
+test_multipart_bits_match_scalar(void **state)
+{
+	/* Three chunks of MP_N (the last 5 elements), every run mode. */
+	const uint64_t count = 2 * MP_N + 5;
+	const double clip = 3.7, w[2] = {0.3, 0.7};
+	float *x[2];
+	uint32_t *want = malloc(count * sizeof(*want));
+	uint64_t seed = 42, want_clipped;
+
+	(void)state;
+	assert_non_null(want);
+	for (int i = 0; i < 2; i++) {
+		assert_non_null(x[i] = malloc(count * sizeof(*x[i])));
+		mp_fill(x[i], count, clip, &seed);
+	}
+	mp_reference((const float *const *)x, w, 2, count, clip, want,
+	    &want_clipped);
+	for (int mode = 0; mode < RUN_MODES; mode++) {
+		fb_accum *a = NULL;
+		uint64_t clipped = 0;
+
+		assert_int_equal(fb_accum_alloc(count, MP_N, clip, &a), FB_OK);
+		set_run_mode(a, mode);
+		/* a round before, so that the first adds find old sums */
+		for (uint32_t c = 0; c < fb_accum_chunk_count(a); c++) {
+			assert_int_equal(fb_accum_add(a, c,
+			    x[1] + (uint64_t)c * MP_N, 1.0, NULL), FB_OK);
+		}
+		fb_accum_reset(a);
+		for (int i = 0; i < 2; i++) {
+			for (uint32_t c = 0; c < fb_accum_chunk_count(a); c++) {
+				assert_int_equal(fb_accum_add(a, c,
+				    x[i] + (uint64_t)c * MP_N, w[i], &clipped),
+				    FB_OK);
+			}
+		}
+		assert_memory_equal(fb_accum_ring(a), want,
+		    count * sizeof(*want));
+		assert_int_equal(clipped, want_clipped);
+		fb_accum_free(a);
+	}
+	free(x[0]);
+	free(x[1]);
+	free(want);
+}
+
+/*
+ * A NaN or an infinity in the first, a middle or the last part of a chunk
+ * (its first or last element included) refuses the chunk, however its
+ * parts run: the sum is the same bytes as before the add, and the weight
+ * and the clip count are unchanged, so a later add may still take the
+ * weight up to 1.
+ */
+static void
+test_refused_chunk_leaves_sum(void **state)
+{
+	static const uint64_t pos[] = {0, 8192 + 100, 2 * 8192 - 1,
+	    4 * 8192, MP_N - 1};
+	static const float poison[] = {NAN, INFINITY, -INFINITY, -NAN};
+	const double clip = 2.0, w[2] = {0.25, 0.75};
+	float *x[2], *bad = malloc(MP_N * sizeof(*bad));
+	uint32_t *before = malloc(MP_N * sizeof(*before));
+	uint32_t *want = malloc(MP_N * sizeof(*want));
+	uint64_t seed = 7, want_clipped;
+
+	(void)state;
+	assert_true(bad != NULL && before != NULL && want != NULL);
+	for (int i = 0; i < 2; i++) {
+		assert_non_null(x[i] = malloc(MP_N * sizeof(*x[i])));
+		mp_fill(x[i], MP_N, clip, &seed);
+	}
+	mp_reference((const float *const *)x, w, 2, MP_N, clip, want,
+	    &want_clipped);
+	for (int mode = 0; mode < RUN_MODES; mode++) {
+		fb_accum *a = NULL;
+		uint64_t clipped = 0, clipped0;
+
+		assert_int_equal(fb_accum_alloc(MP_N, MP_N, clip, &a), FB_OK);
+		set_run_mode(a, mode);
+		assert_int_equal(fb_accum_add(a, 0, x[0], w[0], &clipped),
+		    FB_OK);
+		memcpy(before, fb_accum_ring(a), MP_N * sizeof(*before));
+		clipped0 = clipped;
+		/* Each poison at each place, and again: the parts start at a
+		 * different place on each add. */
+		for (int rep = 0; rep < 3; rep++) {
+			for (size_t p = 0; p < FB_ARRAY_LEN(pos); p++) {
+				memcpy(bad, x[1], MP_N * sizeof(*bad));
+				bad[pos[p]] = poison[(p + rep) %
+				    FB_ARRAY_LEN(poison)];
+				assert_int_equal(fb_accum_add(a, 0, bad, w[1],
+				    &clipped), FB_EINVAL);
+				assert_memory_equal(fb_accum_ring(a), before,
+				    MP_N * sizeof(*before));
+				assert_true(fb_accum_chunk_weight(a, 0) ==
+				    w[0]);
+				assert_int_equal(clipped, clipped0);
+			}
+		}
+		assert_int_equal(fb_accum_add(a, 0, x[1], w[1], &clipped),
+		    FB_OK);
+		assert_true(fb_accum_chunk_weight(a, 0) == 1.0);
+		assert_memory_equal(fb_accum_ring(a), want,
+		    MP_N * sizeof(*want));
+		assert_int_equal(clipped, want_clipped);
+		fb_accum_free(a);
+	}
+	free(x[0]);
+	free(x[1]);
+	free(bad);
+	free(before);
+	free(want);
+}
+
+/*
+ * After a reset, chunks nobody adds into read as zero whatever the last
+ * round left there, through every reader; a refused first add leaves its
+ * chunk reading zero; a ring add into a chunk of a new round replaces
+ * the old sums.
+ */
+static void
+test_reset_then_partial_round(void **state)
+{
+	const uint64_t count = 2 * MP_N + 5;
+	const double clip = 3.7;
+	float *x = malloc(count * sizeof(*x)), *out = malloc(count *
+	    sizeof(*out)), *params = malloc(count * sizeof(*params));
+	float *zero = calloc(count, sizeof(*zero));
+	uint32_t *v = malloc(MP_N * sizeof(*v));
+	uint64_t seed = 99;
+
+	(void)state;
+	assert_true(x && out && params && zero && v);
+	mp_fill(x, count, clip, &seed);
+	for (uint64_t j = 0; j < MP_N; j++) {
+		v[j] = (uint32_t)(j * 2654435761u);
+	}
+	for (int mode = 0; mode < RUN_MODES; mode++) {
+		fb_accum *a = NULL;
+		const uint32_t *ring;
+		double scale = ldexp(1.0, 30) / clip;
+
+		assert_int_equal(fb_accum_alloc(count, MP_N, clip, &a), FB_OK);
+		set_run_mode(a, mode);
+		add_update(a, x, 1.0, NULL);
+		fb_accum_reset(a);
+		/* a refused first add into chunk 0, a good one into 1 */
+		x[2 * 8192 + 5] = NAN;
+		assert_int_equal(fb_accum_add(a, 0, x, 0.5, NULL), FB_EINVAL);
+		x[2 * 8192 + 5] = 0.25f;
+		assert_int_equal(fb_accum_add(a, 1, x + MP_N, 0.5, NULL),
+		    FB_OK);
+		fb_accum_mean(a, out);
+		assert_memory_equal(out, zero, MP_N * sizeof(*out));
+		assert_memory_equal(out + 2 * MP_N, zero, 5 * sizeof(*out));
+		for (uint64_t j = 0; j < MP_N; j++) {
+			float want = (float)((double)(int32_t)ref_encode(
+			    x[MP_N + j], 0.5, clip) * (1.0 / (0.5 * scale)));
+			assert_true(memcmp(&out[MP_N + j], &want,
+			    sizeof(want)) == 0);
+		}
+		assert_int_equal(fb_accum_mean_chunk(a, 0, out), FB_OK);
+		assert_memory_equal(out, zero, MP_N * sizeof(*out));
+		memcpy(params, x, count * sizeof(*params));
+		fb_accum_apply(a, params, 1.0);
+		assert_memory_equal(params, x, MP_N * sizeof(*params));
+		assert_memory_equal(params + 2 * MP_N, x + 2 * MP_N,
+		    5 * sizeof(*params));
+		ring = fb_accum_ring(a);
+		for (uint64_t j = 0; j < count; j++) {
+			uint32_t want = j >= MP_N && j < 2 * MP_N
+			    ? ref_encode(x[j], 0.5, clip) : 0;
+			assert_int_equal(ring[j], want);
+		}
+		/* a ring add into chunk 2 of a new round, then chunk 0 */
+		fb_accum_reset(a);
+		assert_int_equal(fb_accum_ring_add(a, 2, v, 5), FB_OK);
+		assert_int_equal(fb_accum_ring_add(a, 0, v, MP_N), FB_OK);
+		assert_int_equal(fb_accum_ring_add(a, 0, v, MP_N), FB_OK);
+		ring = fb_accum_ring(a);
+		for (uint64_t j = 0; j < count; j++) {
+			uint32_t want = j < MP_N ? 2 * v[j]
+			    : j >= 2 * MP_N ? v[j - 2 * MP_N] : 0;
+			assert_int_equal(ring[j], want);
+		}
+		fb_accum_free(a);
+	}
+	free(x);
+	free(out);
+	free(params);
+	free(zero);
+	free(v);
+}
+
 static void
 test_ring_add_checks_size(void **state)
 {
@@ -1122,6 +1416,13 @@ FB_TESTS = {
         test_concurrent_adds},
     {"concurrent adds never take a chunk's weight above one",
         test_concurrent_weight_limit},
+    {"adds over many parts give the scalar sums bit for bit, inline and "
+     "in parallel", test_multipart_bits_match_scalar},
+    {"a NaN or infinity in any part leaves the sum's bytes, the weight and "
+     "the clip count as they were, inline and in parallel",
+        test_refused_chunk_leaves_sum},
+    {"after a reset, chunks nobody adds into read as zero through every "
+     "reader, a refused first add included", test_reset_then_partial_round},
     {"a ring add of the wrong length or chunk is refused",
         test_ring_add_checks_size},
     {NULL, NULL},
