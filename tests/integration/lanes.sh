@@ -7,7 +7,9 @@
 # least 3/8 of their CPU time (read from /proc while the run goes; three
 # uploads of four on one thread, as seen without lanes, gives 3/4 : 1/4). Then the
 # secure path (the handshake is what gets redirected), a lane port that is
-# taken (a clear error naming it), and lanes that exceed the I/O threads.
+# taken (a clear error naming it), lanes that exceed the I/O threads, and a
+# worker sent to a lane port where nobody answers: it goes back to the
+# listen port and asks to stay there.
 source tests/integration/lib.sh
 
 # thread_ticks PID NAME: utime + stime of PID's thread called NAME.
@@ -114,4 +116,50 @@ st=0
 [ "$st" -eq 2 ] || fail "lanes 3 with io_threads 2: exit $st, not 2"
 grep -q "transport.lanes (3) exceeds transport.io_threads (2)" "$T/bad.log" ||
 	fail "no error naming transport.lanes"
-echo "lanes: 2 + 2 workers, both I/O threads busy; secure redirect; errors"
+# --- 5. a lane that does not answer: back to the listen port, to stay
+SECURE=0 SECAGG=0
+port=$(free_port)
+dead=$(free_port)
+"$PY" - "$port" "$dead" >"$T/fake.txt" 2>&1 <<'PYEOF' &
+import sys, time, zmq
+sys.path.insert(0, "tests/tools")
+import fbwire
+port, dead = int(sys.argv[1]), int(sys.argv[2])
+ctx = zmq.Context()
+s = ctx.socket(zmq.ROUTER)
+s.bind("tcp://127.0.0.1:%d" % port)
+lanes_seen = []
+end = time.time() + 40
+while time.time() < end:
+    if not s.poll(200):
+        continue
+    peer, f0 = s.recv_multipart()[:2]
+    top = fbwire.parse_top(f0)
+    if not top or top[0] != fbwire.HELLO:
+        continue
+    lane = fbwire.fields(top[1]).get(8, [0])[0]
+    lanes_seen.append(lane)
+    if lane == 0 and len(lanes_seen) == 1:
+        s.send_multipart([peer, fbwire.frame(fbwire.REDIRECT,
+            fbwire.field_varint(1, 1) + fbwire.field_varint(2, dead))])
+    elif lane == 0xFFFFFFFF:
+        print("back on the listen port, staying: lanes seen", lanes_seen)
+        sys.exit(0)
+print("no hello asking to stay; lanes seen", lanes_seen)
+sys.exit(1)
+PYEOF
+fpid=$!
+PIDS+=("$fpid")
+sleep 0.3
+{
+	worker_security 0
+	printf 'coordinator: tcp://127.0.0.1:%s\nname: w0\n' "$port"
+	printf 'data: {dataset: none, index: 0, workers: 1}\n'
+	printf 'transport: {connect_timeout: 1m}\n'
+} >"$T/lost.yaml"
+start_worker "$T/lost.yaml" lost
+wait "$fpid" || fail "fake coordinator: $(cat "$T/fake.txt")"
+cat "$T/fake.txt"
+grep -q "no answer on the coordinator's lane 1" "$T/lost.log" ||
+	fail "the worker did not say why it left the lane"
+echo "lanes: 2 + 2 workers, both I/O threads busy; secure redirect; errors; lost lane"
