@@ -260,15 +260,6 @@ part_lock(const fb_accum *a, uint32_t chunk, uint32_t p)
 	return &a->locks[((uint64_t)chunk * a->chunk_parts + p) % a->nlocks];
 }
 
-/* part_span gives part p's offset and length in the job's chunk. */
-static uint64_t
-part_span(const part_job *j, uint32_t p, uint64_t *len)
-{
-	uint64_t off = (uint64_t)p * j->a->part_elems;
-	*len = j->n - off < j->a->part_elems ? j->n - off : j->a->part_elems;
-	return off;
-}
-
 /*
  * Adds the i-th part of the job, counting from its start part, under
  * that part's lock (a piece for fb_par_run). A part of x with a NaN or an
@@ -282,7 +273,7 @@ part_piece(void *arg, uint32_t i)
 	part_job *j = arg;
 	const fb_accum *a = j->a;
 	uint32_t p = (j->start + i) % j->parts;
-	uint64_t len, off = part_span(j, p, &len);
+	uint64_t len, off = accum_part_span(a, j->n, p, &len);
 	pthread_mutex_t *mu = part_lock(a, j->chunk, p);
 	uint32_t *epoch = &a->part_epoch[(uint64_t)j->chunk * a->chunk_parts +
 	    p];
@@ -361,7 +352,7 @@ take_back(fb_accum *a, part_job *j)
 	uint64_t added = atomic_load_explicit(&j->added, memory_order_relaxed);
 
 	for (uint32_t p = 0; p < j->parts; p++) {
-		uint64_t len, off = part_span(j, p, &len);
+		uint64_t len, off = accum_part_span(a, j->n, p, &len);
 		pthread_mutex_t *mu = part_lock(a, j->chunk, p);
 		if (!(added >> p & 1)) {
 			continue;
@@ -514,9 +505,7 @@ accum_settle(fb_accum *a)
 	for (uint32_t c = 0; c < a->chunks; c++) {
 		uint64_t n = fb_accum_chunk_len(a, c);
 		for (uint32_t p = 0; (uint64_t)p * a->part_elems < n; p++) {
-			uint64_t off = (uint64_t)p * a->part_elems;
-			uint64_t len = n - off < a->part_elems ? n - off
-			                                       : a->part_elems;
+			uint64_t len, off = accum_part_span(a, n, p, &len);
 			if (!accum_part_stale(a, c, p)) {
 				continue;
 			}

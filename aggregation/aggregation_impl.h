@@ -48,6 +48,17 @@ struct fb_accum {
 	void *par_ctx;
 };
 
+/* accum_part_span gives part p's offset and length in a chunk of n
+ * elements (p * part_elems < n). */
+static inline uint64_t
+accum_part_span(const struct fb_accum *a, uint64_t n, uint32_t p,
+    uint64_t *len)
+{
+	uint64_t off = (uint64_t)p * a->part_elems;
+	*len = n - off < a->part_elems ? n - off : a->part_elems;
+	return off;
+}
+
 /* accum_part_stale says whether part p of chunk c reads as zero. */
 static inline int
 accum_part_stale(const struct fb_accum *a, uint32_t c, uint32_t p)

@@ -66,8 +66,8 @@ fb_accum_mean_chunk(const fb_accum *a, uint32_t chunk, float *out)
 	sum = a->sum + (uint64_t)chunk * a->chunk_elems;
 	inv = chunk_inv(a, chunk);
 	for (uint32_t p = 0; (uint64_t)p * a->part_elems < n; p++) {
-		uint64_t off = (uint64_t)p * a->part_elems;
-		uint64_t end = n - off < a->part_elems ? n : off + a->part_elems;
+		uint64_t len, off = accum_part_span(a, n, p, &len);
+		uint64_t end = off + len;
 		/* A stale part reads as zero (aggregation_impl.h): 0 * inv. */
 		int live = !accum_part_stale(a, chunk, p);
 		for (uint64_t j = off; j < end; j++) {

@@ -2754,24 +2754,26 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 		return rc;
 	}
 	c->lanes = fb_link_lanes(c->link);
-	if (c->lanes > 1) {
-		char ports[FB_LANES_MAX * 7] = "";
-		size_t used = 0;
-		for (uint32_t i = 1; i < c->lanes && used < sizeof(ports); i++) {
-			int n = snprintf(ports + used, sizeof(ports) - used,
-			    "%s%u", i > 1 ? ", " : "",
-			    fb_link_lane_port(c->link, i));
-			used += n > 0 ? (size_t)n : 0;
+	{
+		/* ", 2 lanes: workers are sent in turn to this port and to
+		 * port 5556", or nothing without lanes */
+		char lanes[64 + FB_LANES_MAX * 7] = "";
+		int used = 0;
+		if (c->lanes > 1) {
+			used = snprintf(lanes, sizeof(lanes), ", %u lanes: workers "
+			    "are sent in turn to this port and to port%s", c->lanes,
+			    c->lanes > 2 ? "s" : "");
 		}
-		fb_log_info("listening on %s (%d ZeroMQ I/O threads, %u lanes: "
-		            "workers are sent in turn to this port and to "
-		            "port%s %s); model %s; run %016" PRIx64,
-		    cfg->listen, lo.io_threads, c->lanes,
-		    c->lanes > 2 ? "s" : "", ports, c->model_desc, c->run_id);
-	} else {
-		fb_log_info("listening on %s (%d ZeroMQ I/O thread%s); model %s; "
+		for (uint32_t i = 1; i < c->lanes && used > 0 &&
+		     (size_t)used < sizeof(lanes); i++) {
+			int n = snprintf(lanes + used, sizeof(lanes) - (size_t)used,
+			    "%s %u", i > 1 ? "," : "", fb_link_lane_port(c->link, i));
+			used = n > 0 ? used + n : -1;
+		}
+		fb_log_info("listening on %s (%d ZeroMQ I/O thread%s%s); model %s; "
 		            "run %016" PRIx64, cfg->listen, lo.io_threads,
-		    lo.io_threads == 1 ? "" : "s", c->model_desc, c->run_id);
+		    lo.io_threads == 1 ? "" : "s", lanes, c->model_desc,
+		    c->run_id);
 	}
 	return FB_OK;
 }
