@@ -67,12 +67,13 @@ fb_accum_mean_chunk(const fb_accum *a, uint32_t chunk, float *out)
 	inv = chunk_inv(a, chunk);
 	for (uint32_t p = 0; (uint64_t)p * a->part_elems < n; p++) {
 		uint64_t len, off = accum_part_span(a, n, p, &len);
-		uint64_t end = off + len;
 		/* A stale part reads as zero (aggregation_impl.h): 0 * inv. */
-		int live = !accum_part_stale(a, chunk, p);
-		for (uint64_t j = off; j < end; j++) {
-			out[j] = live ? (float)((double)(int32_t)sum[j] * inv)
-			              : 0.0f;
+		if (accum_part_stale(a, chunk, p)) {
+			memset(out + off, 0, len * sizeof(*out));
+			continue;
+		}
+		for (uint64_t j = off; j < off + len; j++) {
+			out[j] = (float)((double)(int32_t)sum[j] * inv);
 		}
 	}
 out:

@@ -1172,6 +1172,32 @@ mp_reference(const float *const *x, const double *w, uint32_t k,
 	}
 }
 
+/* Two updates of n values for weights w (seeded), and their reference
+ * sums and clamp count; free with mp_pair_free. */
+static uint32_t *
+mp_pair(float *x[2], const double w[2], uint64_t n, double clip,
+    uint64_t seed, uint64_t *want_clipped)
+{
+	uint32_t *want = malloc(n * sizeof(*want));
+
+	assert_non_null(want);
+	for (int i = 0; i < 2; i++) {
+		assert_non_null(x[i] = malloc(n * sizeof(*x[i])));
+		mp_fill(x[i], n, clip, &seed);
+	}
+	mp_reference((const float *const *)x, w, 2, n, clip, want,
+	    want_clipped);
+	return want;
+}
+
+static void
+mp_pair_free(float *x[2], uint32_t *want)
+{
+	free(x[0]);
+	free(x[1]);
+	free(want);
+}
+
 static void
 test_multipart_bits_match_scalar(void **state)
 {
@@ -1179,17 +1205,10 @@ test_multipart_bits_match_scalar(void **state)
 	const uint64_t count = 2 * MP_N + 5;
 	const double clip = 3.7, w[2] = {0.3, 0.7};
 	float *x[2];
-	uint32_t *want = malloc(count * sizeof(*want));
-	uint64_t seed = 42, want_clipped;
+	uint64_t want_clipped;
+	uint32_t *want = mp_pair(x, w, count, clip, 42, &want_clipped);
 
 	(void)state;
-	assert_non_null(want);
-	for (int i = 0; i < 2; i++) {
-		assert_non_null(x[i] = malloc(count * sizeof(*x[i])));
-		mp_fill(x[i], count, clip, &seed);
-	}
-	mp_reference((const float *const *)x, w, 2, count, clip, want,
-	    &want_clipped);
 	for (int mode = 0; mode < RUN_MODES; mode++) {
 		fb_accum *a = NULL;
 		uint64_t clipped = 0;
@@ -1214,9 +1233,7 @@ test_multipart_bits_match_scalar(void **state)
 		assert_int_equal(clipped, want_clipped);
 		fb_accum_free(a);
 	}
-	free(x[0]);
-	free(x[1]);
-	free(want);
+	mp_pair_free(x, want);
 }
 
 /*
@@ -1235,17 +1252,11 @@ test_refused_chunk_leaves_sum(void **state)
 	const double clip = 2.0, w[2] = {0.25, 0.75};
 	float *x[2], *bad = malloc(MP_N * sizeof(*bad));
 	uint32_t *before = malloc(MP_N * sizeof(*before));
-	uint32_t *want = malloc(MP_N * sizeof(*want));
-	uint64_t seed = 7, want_clipped;
+	uint64_t want_clipped;
+	uint32_t *want = mp_pair(x, w, MP_N, clip, 7, &want_clipped);
 
 	(void)state;
-	assert_true(bad != NULL && before != NULL && want != NULL);
-	for (int i = 0; i < 2; i++) {
-		assert_non_null(x[i] = malloc(MP_N * sizeof(*x[i])));
-		mp_fill(x[i], MP_N, clip, &seed);
-	}
-	mp_reference((const float *const *)x, w, 2, MP_N, clip, want,
-	    &want_clipped);
+	assert_true(bad != NULL && before != NULL);
 	for (int mode = 0; mode < RUN_MODES; mode++) {
 		fb_accum *a = NULL;
 		uint64_t clipped = 0, clipped0;
@@ -1280,11 +1291,9 @@ test_refused_chunk_leaves_sum(void **state)
 		assert_int_equal(clipped, want_clipped);
 		fb_accum_free(a);
 	}
-	free(x[0]);
-	free(x[1]);
 	free(bad);
 	free(before);
-	free(want);
+	mp_pair_free(x, want);
 }
 
 /*
