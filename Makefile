@@ -19,8 +19,10 @@ WARN      = -std=c11 -Wall -Wextra -Wpedantic -Wshadow -Wformat=2 \
 ifeq ($(WERROR),1)
 WARN     += -Werror
 endif
-# Sanitizer builds live in their own tree so they never mix with normal ones.
-B := build$(if $(SAN),/san)
+# Sanitizer builds live in their own tree so they never mix with normal ones
+# (nor with each other: SAN=thread builds in build/san-thread).
+comma := ,
+B := build$(if $(SAN),/san-$(subst $(comma),-,$(SAN)))
 CPPFLAGS += -D_GNU_SOURCE -I. -I$(B)
 LDLIBS    = -lzmq -lprotobuf-c -lsodium -lyaml -lz -lm -lpthread -ldl
 ifdef SAN
@@ -202,4 +204,4 @@ fuzz: all
 clean:
 	rm -rf $(B)
 
--include $(shell find $(B) -name '*.d' $(if $(SAN),,-not -path 'build/san/*') 2>/dev/null)
+-include $(shell find $(B) -name '*.d' $(if $(SAN),,-not -path 'build/san-*') 2>/dev/null)
