@@ -22,6 +22,7 @@ static const char *const err_names[FB_ERR_COUNT_] = {
 	[FB_EZMQ] = "ZeroMQ error",
 	[FB_ECUDA] = "CUDA error",
 	[FB_ENCCL] = "NCCL error",
+	[FB_EAGAIN] = "peer queue full",
 };
 
 const char *

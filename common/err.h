@@ -26,6 +26,7 @@ typedef enum fb_err {
 	FB_EZMQ,      /* ZeroMQ call failed */
 	FB_ECUDA,     /* CUDA runtime or cuBLAS call failed */
 	FB_ENCCL,     /* NCCL call failed */
+	FB_EAGAIN,    /* would block: the peer's queue is full, try later */
 	FB_ERR_COUNT_
 } fb_err;
 

@@ -109,7 +109,8 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"transport.liveness_timeout", FB_CFG_DURATION, F(liveness_ms), "10s",
         50, 3600000, MB, "a worker silent this long is declared lost"},
     {"transport.send_timeout", FB_CFG_DURATION, F(send_timeout_ms), "30s",
-        10, 3600000, MB, "a send to a full peer queue gives up after this"},
+        10, 3600000, MB, "a worker whose send queue stays full this long is dropped (sends "
+        "never wait)"},
     {"transport.max_workers", FB_CFG_INT, F(max_workers), "1024", 1, 65536,
         MB, "most workers admitted at once"},
     {"transport.io_threads", FB_CFG_INT, F(io_threads), "auto", 1, 64,

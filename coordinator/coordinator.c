@@ -65,6 +65,7 @@ typedef struct worker {
 	uint64_t session;
 	char backend[FB_TEXT_MAX];
 	int64_t last_seen_ms;
+	int64_t full_since_ms;   /* its send queue was found full; 0: not */
 	/* current round */
 	wstate state;
 	double weight;
@@ -404,6 +405,11 @@ send_to(coord *c, worker *w, const fb_msg *m, const void *payload,
 	    ? fb_secure_send_from(c->link, &w->peer, w->sess, c->round, m,
 	          payload, len, origin)
 	    : fb_link_send_from(c->link, &w->peer, m, payload, len, origin);
+	if (rc == FB_EAGAIN && w->full_since_ms == 0) {
+		w->full_since_ms = fb_now_ms();
+	} else if (rc == FB_OK) {
+		w->full_since_ms = 0;
+	}
 	if (rc != FB_OK) {
 		fb_log_warn("cannot send %s to %s: %s", fb_msg_type_name(m->type),
 		    w->name, fb_strerror(rc));
@@ -1749,7 +1755,14 @@ tick(coord *c)
 	c->last_scan_ms = now;
 	for (uint32_t i = 0; i < c->worker_cap; i++) {
 		worker *w = &c->workers[i];
-		if (w->used && now - w->last_seen_ms > c->cfg->liveness_ms) {
+		if (w->used && w->full_since_ms != 0 &&
+		    now - w->full_since_ms > c->cfg->send_timeout_ms) {
+			fb_log_warn("worker %s lost: its queue stayed full for "
+			            "%.1fs (transport.send_timeout)", w->name,
+			    (double)(now - w->full_since_ms) / 1000.0);
+			worker_forget(c, w, "lost (not reading)");
+		} else if (w->used &&
+		    now - w->last_seen_ms > c->cfg->liveness_ms) {
 			char why[96];
 			snprintf(why, sizeof(why), "no message for %.1fs",
 			    (double)(now - w->last_seen_ms) / 1000.0);
@@ -2573,10 +2586,14 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 {
 	fb_err rc;
 	fb_model_spec spec;
+	/* Sends never wait: a worker that stops reading loses messages and,
+	 * past transport.send_timeout, its place (tick). Model chunks go
+	 * without a copy, so the send queue may hold a whole fetch window. */
 	fb_link_opts lo = {
 	    .max_payload = (uint32_t)cfg->chunk_size,
-	    .send_timeout_ms = (int)cfg->send_timeout_ms,
+	    .send_timeout_ms = 0,
 	    .hwm = 16,
+	    .send_hwm = FB_FETCH_WINDOW_MAX + 16,
 	    .io_threads = cfg->io_threads < 0 ? (int)fb_io_threads_auto()
 	                                      : (int)cfg->io_threads,
 	};

@@ -187,8 +187,10 @@ link_open(const char *endpoint, const fb_link_opts *opts, bool router,
 	fb_err rc = FB_OK;
 	fb_link *l = NULL;
 	int zero = 0, one = 1, hwm = opts->hwm < 2 ? 2 : opts->hwm;
+	int send_hwm = opts->send_hwm > 0 ? opts->send_hwm : hwm;
 	int64_t maxmsg = (int64_t)opts->max_payload + FB_MAX_CONTROL_LEN;
-	int sndtimeo = opts->send_timeout_ms > 0 ? opts->send_timeout_ms : 1;
+	/* 0: sends never wait (a full peer queue is FB_EAGAIN at once) */
+	int sndtimeo = opts->send_timeout_ms > 0 ? opts->send_timeout_ms : 0;
 
 	*out = NULL;
 	if ((l = calloc(1, sizeof(*l))) == NULL) {
@@ -214,7 +216,8 @@ link_open(const char *endpoint, const fb_link_opts *opts, bool router,
 	}
 	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_LINGER, &zero, sizeof(zero)), rc,
 	    out);
-	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm)), rc,
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_SNDHWM, &send_hwm,
+	            sizeof(send_hwm)), rc,
 	    out);
 	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm)), rc,
 	    out);
@@ -310,7 +313,7 @@ send_errno(int err)
 {
 	switch (err) {
 	case EAGAIN:
-		return FB_ETIMEDOUT;
+		return FB_EAGAIN;
 	case EHOSTUNREACH:
 		return FB_ECLOSED;
 	case EINTR:
@@ -586,6 +589,40 @@ link_wait(fb_link *l, int timeout_ms, int wake_fd, bool *woke)
 		*woke = true;
 	}
 	return (items[0].revents & ZMQ_POLLIN) ? FB_OK : FB_ETIMEDOUT;
+}
+
+fb_err
+fb_link_wait(fb_link *l, int timeout_ms, int wake_fd, unsigned want,
+    unsigned *ready)
+{
+	zmq_pollitem_t items[2] = {
+	    {l->sock, 0, 0, 0},
+	    {NULL, wake_fd, ZMQ_POLLIN, 0},
+	};
+	bool wake = wake_fd >= 0 && (want & FB_LINK_WAKE);
+	int n;
+
+	*ready = 0;
+	items[0].events = (short)(((want & FB_LINK_IN) ? ZMQ_POLLIN : 0) |
+	    ((want & FB_LINK_OUT) ? ZMQ_POLLOUT : 0));
+	n = zmq_poll(items, wake ? 2 : 1, timeout_ms);
+	if (n < 0) {
+		if (errno == EINTR) {
+			return FB_OK;
+		}
+		fb_log_error("zmq_poll: %s", zmq_strerror(errno));
+		return FB_EZMQ;
+	}
+	if (items[0].revents & ZMQ_POLLIN) {
+		*ready |= FB_LINK_IN;
+	}
+	if (items[0].revents & ZMQ_POLLOUT) {
+		*ready |= FB_LINK_OUT;
+	}
+	if (wake && (items[1].revents & ZMQ_POLLIN)) {
+		*ready |= FB_LINK_WAKE;
+	}
+	return FB_OK;
 }
 
 /* A payload frame taken out of the link: the ZeroMQ message itself, so

@@ -247,13 +247,17 @@ uint32_t fb_upload_chunk(uint32_t first_chunk, uint32_t chunk_count,
 
 typedef struct fb_link_opts {
 	uint32_t max_payload; /* frame 1 limit in bytes (the chunk size) */
-	int send_timeout_ms;  /* blocking sends give up after this (> 0) */
+	int send_timeout_ms;  /* blocking sends give up after this; 0: sends
+	                       * never wait (FB_EAGAIN when the queue is full) */
 	int hwm;              /* messages queued per peer each way, >= 2 */
+	int send_hwm;         /* > 0: the send side's instead of hwm */
 	int io_threads;       /* ZeroMQ I/O threads; 0 = ZeroMQ's default */
 	int lanes;            /* ROUTER: listening ports (see fb_link_bind) */
 } fb_link_opts;
 
 #define FB_LANES_MAX 64
+/* Model chunks a worker may request ahead (transport.fetch_window). */
+#define FB_FETCH_WINDOW_MAX 1024
 
 typedef struct fb_link fb_link;
 
@@ -300,8 +304,9 @@ void fb_link_close(fb_link *l);
 /*
  * fb_link_send sends `m` (and `payload`, `payload_len` bytes, when the type
  * carries one) to `peer` (ROUTER) or to the coordinator (DEALER; peer is
- * NULL). It blocks up to send_timeout_ms when the peer's queue is full.
- * Errors: FB_ETIMEDOUT (queue stayed full), FB_ECLOSED (ROUTER: peer is
+ * NULL). It blocks up to send_timeout_ms when the peer's queue is full
+ * (with send_timeout_ms 0 it never blocks). Errors: FB_EAGAIN (the queue
+ * is, or stayed, full: nothing was sent), FB_ECLOSED (ROUTER: peer is
  * gone), FB_EINVAL, FB_EZMQ.
  */
 FB_MUST_CHECK fb_err fb_link_send(fb_link *l, const fb_peer *peer,
@@ -337,6 +342,21 @@ typedef struct fb_frame {
  */
 FB_MUST_CHECK fb_err fb_link_recv(fb_link *l, int timeout_ms, int wake_fd,
     bool *woke, fb_frame *f, const char **why);
+
+/* What fb_link_wait waits for, and what it found ready. */
+#define FB_LINK_IN 1u   /* a message can be received */
+#define FB_LINK_OUT 2u  /* a message can be sent without waiting */
+#define FB_LINK_WAKE 4u /* wake_fd is readable */
+
+/*
+ * fb_link_wait waits up to `timeout_ms` (0: poll) until one of the events
+ * in `want` (FB_LINK_IN, FB_LINK_OUT; FB_LINK_WAKE with wake_fd >= 0) is
+ * ready and sets *ready to those that are (0 on timeout or a signal).
+ * FB_LINK_OUT on a DEALER means the coordinator's queue has room for one
+ * more message. Errors: FB_EZMQ.
+ */
+FB_MUST_CHECK fb_err fb_link_wait(fb_link *l, int timeout_ms, int wake_fd,
+    unsigned want, unsigned *ready);
 
 /*
  * A payload frame taken out of the link (fb_link_take_payload), owned by

@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "data/data.h"
+#include "proto/proto.h"
 #include "worker/worker.h"
 
 #define F(field) offsetof(fb_worker_config, field)
@@ -59,7 +60,7 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "give up when no coordinator answers for this long"},
     {"transport.send_timeout", FB_CFG_DURATION, F(send_timeout_ms), "30s",
         10, 3600000, MB, "a send to a full queue gives up after this"},
-    {"transport.fetch_window", FB_CFG_INT, F(fetch_window), "8", 1, 1024,
+    {"transport.fetch_window", FB_CFG_INT, F(fetch_window), "8", 1, FB_FETCH_WINDOW_MAX,
         MB, "model chunks requested ahead while downloading"},
     {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,
         "encrypt and sign every message; false only for benchmarks"},

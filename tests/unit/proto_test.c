@@ -707,9 +707,10 @@ static const fb_link_opts opts = {
     .hwm = 16,
 };
 
-/* bind_router binds a ROUTER on a random free loopback port. */
+/* bind_router_with binds a ROUTER with `o` on a random free loopback
+ * port; bind_router with the default opts. */
 static fb_link *
-bind_router(char *endpoint, size_t cap)
+bind_router_with(const fb_link_opts *o, char *endpoint, size_t cap)
 {
 	fb_link *l = NULL;
 	fb_rng r;
@@ -717,7 +718,7 @@ bind_router(char *endpoint, size_t cap)
 	for (int tries = 0; tries < 100; tries++) {
 		unsigned port = 20000 + (unsigned)fb_rng_below(&r, 40000);
 		snprintf(endpoint, cap, "tcp://127.0.0.1:%u", port);
-		fb_err rc = fb_link_bind(endpoint, &opts, &l);
+		fb_err rc = fb_link_bind(endpoint, o, &l);
 		if (rc == FB_OK) {
 			return l;
 		}
@@ -725,6 +726,12 @@ bind_router(char *endpoint, size_t cap)
 	}
 	fail_msg("no free port found");
 	return NULL;
+}
+
+static fb_link *
+bind_router(char *endpoint, size_t cap)
+{
+	return bind_router_with(&opts, endpoint, cap);
 }
 
 /* recv_wait waits up to 5 s for anything but a timeout. */
@@ -935,14 +942,15 @@ test_link_lent(void **state)
 	}
 	assert_true(fb_lent_lendable(b));
 
-	/* sends that time out on a full queue leave no reference behind */
+	/* sends refused by a full queue (FB_EAGAIN: the send gave up after
+	 * send_timeout_ms) leave no reference behind */
 	stuck = connect_nowhere();
 	p = fb_lent_data(b);
 	do {
 		rc = fb_link_send_from(stuck, NULL, &m, p, len, b);
 		sent += rc == FB_OK;
 	} while (rc == FB_OK && sent < 1000);
-	assert_int_equal(rc, FB_ETIMEDOUT);
+	assert_int_equal(rc, FB_EAGAIN);
 	assert_true(sent >= 2 && sent < 1000);
 	assert_false(fb_lent_idle(b));
 	fb_link_close(stuck);
@@ -986,6 +994,73 @@ test_link_recv_times_out(void **state)
 	close(fds[0]);
 	close(fds[1]);
 	assert_int_equal(fb_link_bytes_received(router), 0);
+	fb_link_close(router);
+}
+
+/*
+ * With send_timeout_ms 0 a send never waits: a full queue (a peer that
+ * does not read) is FB_EAGAIN at once, fb_link_wait says when there is
+ * room (FB_LINK_OUT) and when a message waits (FB_LINK_IN), and a ROUTER
+ * refuses a full peer at once too.
+ */
+static void
+test_link_nonblocking_send(void **state)
+{
+	char ep[64];
+	fb_link_opts nb = opts;
+	fb_link *router = NULL, *dealer = NULL, *stuck = NULL;
+	fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+	fb_peer peer;
+	fb_frame f;
+	unsigned ready = 0;
+	uint32_t sent = 0;
+	int64_t t0;
+	fb_err rc;
+
+	nb.send_timeout_ms = 0;
+	nb.hwm = 2;
+	/* a DEALER whose coordinator never answers: the queue fills */
+	{
+		fb_link *gone = bind_router(ep, sizeof(ep));
+		fb_link_close(gone);
+	}
+	assert_int_equal(fb_link_connect(ep, &nb, &stuck), FB_OK);
+	t0 = fb_now_ms();
+	do {
+		rc = fb_link_send(stuck, NULL, &hb, NULL, 0);
+		sent += rc == FB_OK;
+	} while (rc == FB_OK && sent < 1000);
+	assert_int_equal(rc, FB_EAGAIN);
+	assert_true(sent < 1000);
+	assert_true(fb_now_ms() - t0 < 500); /* nothing waited */
+	assert_int_equal(fb_link_wait(stuck, 50, -1, FB_LINK_OUT, &ready),
+	    FB_OK);
+	assert_false(ready & FB_LINK_OUT);
+	fb_link_close(stuck);
+
+	/* a live pair: room to send, then a message to receive */
+	router = bind_router_with(&nb, ep, sizeof(ep));
+	assert_int_equal(fb_link_connect(ep, &opts, &dealer), FB_OK);
+	assert_int_equal(fb_link_wait(dealer, 2000, -1, FB_LINK_OUT, &ready),
+	    FB_OK);
+	assert_true(ready & FB_LINK_OUT);
+	assert_int_equal(fb_link_send(dealer, NULL, &hb, NULL, 0), FB_OK);
+	assert_int_equal(fb_link_wait(router, 2000, -1, FB_LINK_IN, &ready),
+	    FB_OK);
+	assert_true(ready & FB_LINK_IN);
+	assert_int_equal(recv_wait(router, &f, NULL), FB_OK);
+	peer = f.peer;
+	/* the dealer never reads: the ROUTER's queue to it fills, and the
+	 * ROUTER refuses at once instead of waiting */
+	sent = 0;
+	t0 = fb_now_ms();
+	do {
+		rc = fb_link_send(router, &peer, &hb, NULL, 0);
+		sent += rc == FB_OK;
+	} while (rc == FB_OK && sent < 100000);
+	assert_int_equal(rc, FB_EAGAIN);
+	assert_true(fb_now_ms() - t0 < 2000);
+	fb_link_close(dealer);
 	fb_link_close(router);
 }
 
@@ -1446,6 +1521,8 @@ FB_TESTS = {
     {"payloads sent from lent memory arrive intact and hold it until sent",
         test_link_lent},
     {"recv times out, polls, and wakes on its fd", test_link_recv_times_out},
+    {"sends that never wait refuse a full queue at once; wait sees room",
+        test_link_nonblocking_send},
     {"a raw dealer's malformed messages are dropped and the router goes on",
         test_link_raw_dealer_garbage},
     {"an oversize message costs only its sender",
