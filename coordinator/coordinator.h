@@ -11,14 +11,27 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "aggregation/aggregation.h"
 #include "common/config.h"
 #include "common/err.h"
+
+/* round.local_work */
+typedef enum fb_local_work {
+	FB_WORK_FIXED = 0,       /* local_epochs or local_steps */
+	FB_WORK_TIME_BUDGET = 1, /* what fits in round.time_budget */
+} fb_local_work;
+
+/* round.stragglers */
+typedef enum fb_stragglers {
+	FB_STRAGGLERS_DROP = 0, /* the deadline closes the round */
+	FB_STRAGGLERS_WAIT = 1, /* the round waits for every selected worker */
+} fb_stragglers;
 
 typedef struct fb_coord_config {
 	char *listen;             /* ZeroMQ endpoint to bind */
 	char *output_dir;         /* metrics.jsonl, model.safetensors */
 	int64_t seed;             /* model init, sampling, batch order */
-	int log_level;            /* fb_log_level */
+	int log_level;            /* fb_log_level (common/log.h) */
 	/* model */
 	char *model_arch;
 	int64_t input_dim;
@@ -40,15 +53,15 @@ typedef struct fb_coord_config {
 	double momentum;
 	double weight_decay;
 	double server_lr;
-	int local_work;            /* 0 fixed, 1 time_budget */
+	fb_local_work local_work;
 	int64_t time_budget_ms;    /* time_budget: local training time */
 	int64_t min_steps;
 	int64_t max_steps;
-	int stragglers;            /* 0 drop, 1 wait */
+	fb_stragglers stragglers;
 	int64_t over_select;       /* extra workers started, first kept */
 	double prox_mu;            /* FedProx proximal term on workers */
 	/* aggregation */
-	int rule;                  /* fb_rule */
+	fb_rule rule;
 	double beta1;
 	double beta2;
 	double tau;
