@@ -173,6 +173,7 @@ typedef struct setup {
 	const char *extra;     /* more config lines (indented under round:) */
 	const char *agg_extra; /* lines under aggregation: */
 	const char *sa_extra;  /* lines under secure_aggregation: */
+	bool threads;          /* the job thread and a pool, not inline */
 } setup;
 
 /* One event's worth of loop turns: as many as the phase keeps moving
@@ -185,8 +186,17 @@ turn(void)
 	int k = 0;
 
 	do {
+		int64_t waited = 0;
 		before = t.c->rd.phase;
 		coord_turn(t.c, t.now);
+		/* with the job thread: a job's end comes like the loop's wake
+		 * fd would bring it */
+		while (jobs_busy(t.c) && t.c->rd.phase == before &&
+		    waited < 20000) {
+			fb_sleep_ms(1);
+			waited++;
+			coord_turn(t.c, t.now);
+		}
 		if (t.c->rd.phase != before && t.ntrace < FB_ARRAY_LEN(t.trace)) {
 			t.trace[t.ntrace++] = t.c->rd.phase;
 		}
@@ -332,7 +342,7 @@ bench_start(const setup *s)
 			assert_int_equal(registry_allow_add(t.c, &pk, name), FB_OK);
 		}
 	}
-	assert_int_equal(coord_init(t.c, &t.cfg, &fake_io, true), FB_OK);
+	assert_int_equal(coord_init(t.c, &t.cfg, &fake_io, !s->threads), FB_OK);
 	{
 		uint32_t first = 0;
 		assert_int_equal(outputs_open(t.c, false, &first), FB_OK);
@@ -1062,6 +1072,44 @@ test_secure_round_phases(void **state)
 	bench_stop();
 }
 
+/* The same secure round with the job thread and the pool (the jobs run
+ * beside the loop, as in the product): it commits the same model. */
+static void
+test_secure_round_with_job_thread(void **state)
+{
+	static float inline_model[PARAMS];
+
+	bench_start(&(setup){.workers = 3, .secure = true});
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+	memcpy(inline_model, t.c->params, sizeof(inline_model));
+	bench_stop();
+
+	bench_start(&(setup){.workers = 3, .secure = true, .threads = true});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	/* the masks' randomness differs, the decoded sum does not: the
+	 * stochastic rounding is seeded the same */
+	assert_memory_equal(t.c->params, inline_model, sizeof(inline_model));
+	bench_stop();
+}
+
 /* Secure: a worker lost before its advert is left out (the neighbourhood
  * is complete without it), the other two commit. */
 static void
@@ -1304,6 +1352,8 @@ FB_TESTS = {
         test_fednova_plain_scale},
     {"a secure round passes prepare, train, unmask, aggregate, record",
         test_secure_round_phases},
+    {"a secure round with the job thread commits the same model",
+        test_secure_round_with_job_thread},
     {"secure: a worker lost before its advert is left out",
         test_secure_worker_lost_in_setup},
     {"secure: a worker lost after its input stays included",
