@@ -217,6 +217,7 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 	c->io = *io;
 	c->wake_fd = -1;
 	c->job.efd = -1;
+	c->lock_fd = -1;
 	pthread_mutex_init(&c->extra_mu, NULL);
 	fb_rng_init(&c->rng, (uint64_t)cfg->seed, 0xc00d);
 	if ((rc = open_model(c)) != FB_OK ||
@@ -268,9 +269,11 @@ coord_fini(coord *c)
 	free(c->stream_arg);
 	free(c->rd.sel);
 	free(c->rd.sel_id);
+	free(c->rd.resume_line);
 	registry_fini(c);
 	broadcast_fini(c);
 	fb_identity_free(c->self);
+	outputs_unlock(c);
 }
 
 /* Secure mode: the identity, the allowlist and a fresh run id. */
@@ -406,8 +409,55 @@ shutdown_workers(coord *c, const char *reason)
 	fb_sleep_ms(200);
 }
 
+/* Settings that can never commit a round with this allowlist. */
+static fb_err
+check_feasible(const coord *c)
+{
+	const fb_coord_config *cfg = c->cfg;
+
+	if (!c->secure) {
+		return FB_OK;
+	}
+	if ((uint32_t)cfg->min_workers > c->reg.allow_count) {
+		fb_log_error("round.min_workers (%lld) exceeds the %u workers on "
+		             "the allowlist: no round could start",
+		    (long long)cfg->min_workers, c->reg.allow_count);
+		return FB_ECONFIG;
+	}
+	if (cfg->sa_enabled && cfg->sa_threshold > 0 &&
+	    (uint32_t)cfg->sa_threshold > c->reg.allow_count) {
+		fb_log_error("secure_aggregation.threshold (%lld) exceeds the %u "
+		             "workers on the allowlist: no round could unmask",
+		    (long long)cfg->sa_threshold, c->reg.allow_count);
+		return FB_ECONFIG;
+	}
+	return FB_OK;
+}
+
+/* The run is over: say how it went. */
+static fb_err
+run_outcome(coord *c, fb_err rc, volatile sig_atomic_t *stop)
+{
+	if (rc == FB_ECLOSED && *stop) {
+		fb_log_info("stopped by signal after round %u",
+		    c->rd.number > 0 ? c->rd.number - 1 : 0);
+		return FB_OK;
+	}
+	if (rc == FB_OK && c->rd.ran > 0 && c->rd.committed == 0) {
+		fb_log_error("none of the %u rounds committed (their reasons are in "
+		             "%s); no model was written", c->rd.ran,
+		    c->metrics_path);
+		return FB_ERANGE;
+	}
+	if (rc == FB_OK && c->rd.ran > 0) {
+		fb_log_info("all %lld rounds done (%u committed); model in %s",
+		    (long long)c->cfg->rounds, c->rd.committed, c->model_path);
+	}
+	return rc;
+}
+
 fb_err
-fb_coordinator_run(const fb_coord_config *cfg, bool resume,
+fb_coordinator_run(const fb_coord_config *cfg, fb_coord_start how,
     volatile sig_atomic_t *stop)
 {
 	coord *c = calloc(1, sizeof(*c));
@@ -422,17 +472,22 @@ fb_coordinator_run(const fb_coord_config *cfg, bool resume,
 	c->now = fb_now_ms();
 	c->wake_fd = -1;
 	c->job.efd = -1;
+	c->lock_fd = -1;
+	/* The checks first; nothing in OUTPUT_DIR changes before they pass. */
 	if ((rc = cfg->security ? load_security(c, cfg) : plain_run_id(c)) !=
 	        FB_OK ||
+	    (rc = check_feasible(c)) != FB_OK ||
 	    (rc = coord_init(c, cfg, &link_io, false)) != FB_OK ||
-	    (rc = outputs_open(c, resume, &first)) != FB_OK ||
-	    (rc = listen_link(c)) != FB_OK) {
+	    (rc = outputs_lock(c)) != FB_OK ||
+	    (rc = outputs_prepare(c, how, &first)) != FB_OK ||
+	    (rc = listen_link(c)) != FB_OK ||
+	    (rc = outputs_begin(c, how)) != FB_OK) {
 		goto out;
 	}
 	c->rd.number = first;
 	c->rd.idle_since_ms = c->rd.last_note_ms = fb_now_ms();
 	if (first > (uint32_t)cfg->rounds) {
-		fb_log_info("all %lld rounds done; model in %s",
+		fb_log_info("all %lld rounds were done already; model in %s",
 		    (long long)cfg->rounds, c->model_path);
 		goto out;
 	}
@@ -442,11 +497,7 @@ out:
 		shutdown_workers(c, rc == FB_OK ? "training finished"
 		                                : "coordinator stopping");
 	}
-	if (rc == FB_ECLOSED && *stop) {
-		fb_log_info("stopped by signal after round %u",
-		    c->rd.number > 0 ? c->rd.number - 1 : 0);
-		rc = FB_OK;
-	}
+	rc = run_outcome(c, rc, stop);
 	coord_fini(c);
 	free(c);
 	return rc;

@@ -105,14 +105,27 @@ FB_MUST_CHECK fb_err fb_coord_config_load(const char *path,
     fb_coord_config *cfg);
 void fb_coord_config_fini(fb_coord_config *cfg);
 
+/* How a run treats what OUTPUT_DIR already holds. */
+typedef enum fb_coord_start {
+	FB_START_FRESH = 0, /* refuse a folder that holds a run */
+	FB_START_RESUME,    /* continue from its checkpoint */
+	FB_START_FORCE,     /* start over, removing its checkpoint and metrics */
+} fb_coord_start;
+
 /*
  * fb_coordinator_run runs the whole federation per `cfg` and returns when
  * every round is done, *stop becomes non-zero (signal), or a fatal error
- * occurs. With `resume`, training continues from the output folder's
- * model.safetensors. Blocks. Errors: FB_ETIMEDOUT (too few workers came),
- * FB_EZMQ (cannot listen), FB_EIO (cannot write outputs), FB_ENOMEM.
+ * occurs. OUTPUT_DIR is locked for the run (another coordinator on it is
+ * refused) and nothing in it changes before the checks at start passed
+ * (config, keys, the listen address). FB_START_RESUME continues from
+ * OUTPUT_DIR/checkpoint exactly (model, optimiser state, RNG, round).
+ * Blocks. Errors: FB_ECONFIG (bad config, or a folder with a run and
+ * neither resume nor force; logged), FB_EFORMAT (corrupt checkpoint),
+ * FB_ETIMEDOUT (too few workers came), FB_EZMQ (cannot listen), FB_EIO
+ * (cannot write outputs), FB_ERANGE (rounds ran and none committed),
+ * FB_ENOMEM.
  */
 FB_MUST_CHECK fb_err fb_coordinator_run(const fb_coord_config *cfg,
-    bool resume, volatile sig_atomic_t *stop);
+    fb_coord_start how, volatile sig_atomic_t *stop);
 
 #endif

@@ -119,6 +119,7 @@ extern const char *const drop_names[DROP_REASON_COUNT_];
 
 typedef struct worker {
 	bool used;
+	bool welcomed;           /* its hello was taken */
 	fb_peer peer;
 	uint32_t id;             /* secure: allowlist index; plain: a count */
 	char name[FB_NAME_MAX];
@@ -292,7 +293,11 @@ typedef struct round_state {
 	uint32_t *sel;           /* the selected workers' slots ... */
 	uint32_t *sel_id;        /* ... and their ids at selection */
 	uint32_t nsel;
-	uint32_t committed;      /* rounds committed in this run */
+	uint32_t committed;      /* rounds committed, resumed runs included */
+	uint32_t ran;            /* rounds recorded by this process */
+	uint32_t model_round;    /* the last committed round (its model) */
+	char *resume_line;       /* --resume: the checkpoint's metrics line */
+	size_t resume_line_len;
 	fb_err exit_rc;          /* PHASE_DONE: what fb_coordinator_run says */
 } round_state;
 
@@ -301,8 +306,10 @@ typedef enum job_kind {
 	JOB_NONE = 0,
 	JOB_ENCRYPT,   /* reads params; writes bcast */
 	JOB_AGGREGATE, /* reads/writes accum, sa (srv, extra), params, opt;
-	                * reads model, test; writes the model file */
-	JOB_RECORD,    /* appends job.line to metrics.jsonl */
+	                * reads model, test */
+	JOB_RECORD,    /* reads params, opt, rng, rd; writes rd.model_round,
+	                * the checkpoint, the export, then appends job.line to
+	                * metrics.jsonl */
 	JOB_KIND_COUNT_
 } job_kind;
 
@@ -319,7 +326,7 @@ typedef struct job {
 	/* AGGREGATE outputs */
 	double W, loss, a;       /* SecAgg: decoded sums */
 	double test_loss, test_accuracy;
-	double seconds[4];       /* unmask, step, evaluate, save */
+	double seconds[3];       /* unmask, step, evaluate */
 	/* RECORD input */
 	char *line;
 	size_t line_len;
@@ -377,6 +384,7 @@ struct coord {
 	uint64_t run_id;
 	char metrics_path[4096];
 	char model_path[4096];
+	int lock_fd;             /* OUTPUT_DIR/.lock, flock'd; -1: none */
 	/* security */
 	bool secure;
 	fb_identity *self;
@@ -453,6 +461,7 @@ void sa_advance(coord *c, int64_t now);
 void sa_request_reveals(coord *c, int64_t now);
 bool sa_reveals_pending(const coord *c);
 uint32_t sa_count(const sa_round *sa, unsigned flag);
+double sa_a_bound(const coord *c);
 void sa_note_included(coord *c, worker *w);
 void sa_note_cut(coord *c, worker *w);
 fb_err sa_unmask(coord *c, job *j);      /* job thread */
@@ -465,11 +474,24 @@ job_kind jobs_take_done(coord *c);
 bool jobs_busy(coord *c);
 
 /* ---- outputs.c ---- */
-FB_MUST_CHECK fb_err outputs_open(coord *c, bool resume, uint32_t *first);
-fb_err outputs_save_model(coord *c, double acc);   /* job thread */
+FB_MUST_CHECK fb_err outputs_lock(coord *c);
+FB_MUST_CHECK fb_err outputs_prepare(coord *c, fb_coord_start how,
+    uint32_t *first);
+FB_MUST_CHECK fb_err outputs_begin(coord *c, fb_coord_start how);
+void outputs_unlock(coord *c);
+fb_err outputs_save_model(coord *c, double acc, const char *path);
 fb_err outputs_metrics_line(coord *c, char **line, size_t *len);
 fb_err outputs_append_line(coord *c, const char *line, size_t len);
 void outputs_round_line(coord *c);
+
+/* ---- checkpoint.c (the write and the read run on the job thread or
+ * before the loop starts) ---- */
+fb_err checkpoint_write(coord *c, bool committed, const char *line,
+    size_t len);
+FB_MUST_CHECK fb_err checkpoint_read(coord *c, uint32_t *first);
+bool checkpoint_exists(const coord *c, uint32_t *round);
+fb_err checkpoint_export(coord *c);
+void checkpoint_clear(const coord *c);
 
 /* ---- coordinator.c ---- */
 FB_MUST_CHECK fb_err coord_init(coord *c, const fb_coord_config *cfg,

@@ -104,14 +104,28 @@ job_aggregate(coord *c, job *j)
 		}
 	}
 	j->seconds[2] = fb_now_s() - t;
-	t = fb_now_s();
-	if ((j->rc = outputs_save_model(c, j->test_accuracy)) != FB_OK) {
-		snprintf(j->why, sizeof(j->why), "cannot write the model file: "
-		    "%s", fb_strerror(j->rc));
+}
+
+/* The round's record: its checkpoint, then its metrics line. */
+static void
+job_record(coord *c, job *j)
+{
+	double t = fb_now_s();
+
+	j->rc = checkpoint_write(c, c->rd.r.status == ROUND_OK, j->line,
+	    j->line_len);
+	if (j->rc != FB_OK) {
+		snprintf(j->why, sizeof(j->why), "cannot write the checkpoint: %s",
+		    fb_strerror(j->rc));
 		j->fatal = true;
 		return;
 	}
-	j->seconds[3] = fb_now_s() - t;
+	j->seconds[0] = fb_now_s() - t;
+	if ((j->rc = outputs_append_line(c, j->line, j->line_len)) != FB_OK) {
+		snprintf(j->why, sizeof(j->why), "cannot append the metrics "
+		    "line: %s", fb_strerror(j->rc));
+		j->fatal = true;
+	}
 }
 
 static void
@@ -131,13 +145,13 @@ job_run(coord *c, job *j)
 	case JOB_AGGREGATE:
 		job_aggregate(c, j);
 		fb_log_debug("round %u: unmask %.3fs, step %.3fs, evaluation "
-		             "%.3fs, model file %.3fs",
-		    c->rd.number, j->seconds[0], j->seconds[1], j->seconds[2],
-		    j->seconds[3]);
+		             "%.3fs",
+		    c->rd.number, j->seconds[0], j->seconds[1], j->seconds[2]);
 		break;
 	case JOB_RECORD:
-		j->rc = outputs_append_line(c, j->line, j->line_len);
-		j->fatal = j->rc != FB_OK;
+		job_record(c, j);
+		fb_log_debug("round %u: checkpoint %.3fs, in all %.3fs",
+		    c->rd.number, j->seconds[0], fb_now_s() - t);
 		break;
 	default:
 		break;

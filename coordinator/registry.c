@@ -280,9 +280,26 @@ lane_admit(coord *c, const fb_peer *peer, uint32_t lane)
 	return false;
 }
 
+/* Refuses a hello: sealed over the worker's session in secure mode (a
+ * worker heeds no plaintext refusal once it has a session), else plain. */
+static void
+hello_reject(coord *c, worker *w, const fb_frame *f, const char *reason)
+{
+	fb_msg m = {.type = FB_MSG_REJECT};
+
+	if (!c->secure || w == NULL || w->sess == NULL) {
+		coord_send_reject(c, &f->peer, reason);
+		return;
+	}
+	snprintf(m.u.reject.reason, sizeof(m.u.reject.reason), "%s", reason);
+	m.u.reject.protocol_version = FB_PROTOCOL_VERSION;
+	w->peer = f->peer;
+	(void)coord_send(c, w, &m, NULL, 0, NULL);
+}
+
 /* Whether the hello can be taken at all; answers and drops it if not. */
 static bool
-hello_acceptable(coord *c, const fb_frame *f)
+hello_acceptable(coord *c, worker *w, const fb_frame *f)
 {
 	const fb_msg *m = &f->msg;
 	char reason[FB_TEXT_MAX];
@@ -294,18 +311,30 @@ hello_acceptable(coord *c, const fb_frame *f)
 		    m->u.hello.protocol_version, FB_PROTOCOL_VERSION);
 		guard_drop(c, DROP_VERSION, "hello from '%s': %s",
 		    m->u.hello.name, reason);
-		coord_send_reject(c, &f->peer, reason);
+		hello_reject(c, w, f, reason);
 		return false;
 	}
 	if (m->u.hello.name[0] == '\0') {
 		guard_drop(c, DROP_MALFORMED, "hello without a name");
-		coord_send_reject(c, &f->peer, "hello needs a name");
+		hello_reject(c, w, f, "hello needs a name");
+		return false;
+	}
+	if (!c->cfg->sa_enabled &&
+	    m->u.hello.num_samples > (uint64_t)c->cfg->sa_max_samples) {
+		snprintf(reason, sizeof(reason),
+		    "it claims %" PRIu64 " samples, more than "
+		    "secure_aggregation.max_samples (%lld), the most one worker "
+		    "may weigh: raise that bound if a box really holds more",
+		    m->u.hello.num_samples, (long long)c->cfg->sa_max_samples);
+		guard_drop(c, DROP_UNEXPECTED, "hello from '%s': %s",
+		    m->u.hello.name, reason);
+		hello_reject(c, w, f, reason);
 		return false;
 	}
 	if (m->u.hello.num_samples == 0 && !c->cfg->sa_enabled) {
 		guard_drop(c, DROP_UNEXPECTED, "hello from '%s' without a sample "
 		    "count", m->u.hello.name);
-		coord_send_reject(c, &f->peer, "this worker keeps its sample "
+		hello_reject(c, w, f, "this worker keeps its sample "
 		    "count private (it requires secure aggregation) but this "
 		    "coordinator has secure_aggregation.enabled: false");
 		return false;
@@ -373,7 +402,7 @@ hello_slot_secure(coord *c, worker *w, const fb_frame *f)
 		    "this key belongs to worker '%s', not '%s'",
 		    c->reg.allow_names[id], m->u.hello.name);
 		guard_drop(c, DROP_IDENTITY, "hello: %s", reason);
-		coord_send_reject(c, &f->peer, reason);
+		hello_reject(c, w, f, reason);
 		return false;
 	}
 	if (!w->used) {
@@ -427,6 +456,19 @@ welcome(coord *c, worker *w)
 	}
 }
 
+/* The other admitted worker with data index `index`, or NULL. */
+static worker *
+index_taken(coord *c, const worker *self, uint32_t index)
+{
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		worker *o = &c->reg.workers[i];
+		if (o != self && o->used && o->welcomed && o->index == index) {
+			return o;
+		}
+	}
+	return NULL;
+}
+
 /*
  * registry_on_hello admits a worker. Plain mode: `w` is the slot of its
  * connection (or NULL). Secure mode: `w` is the slot of the identity whose
@@ -437,7 +479,7 @@ registry_on_hello(coord *c, worker *w, const fb_frame *f)
 {
 	const fb_msg *m = &f->msg;
 
-	if (!hello_acceptable(c, f)) {
+	if (!hello_acceptable(c, c->secure ? w : NULL, f)) {
 		return;
 	}
 	if (!c->secure && w == NULL &&
@@ -451,9 +493,34 @@ registry_on_hello(coord *c, worker *w, const fb_frame *f)
 	} else if ((w = hello_slot_plain(c, w, f)) == NULL) {
 		return;
 	}
+	{
+		worker *o = index_taken(c, w, m->u.hello.worker_index);
+		if (o != NULL) {
+			char reason[FB_TEXT_MAX];
+			snprintf(reason, sizeof(reason), "data.index %u is worker "
+			    "'%s''s already: each worker needs its own",
+			    m->u.hello.worker_index, o->name);
+			fb_log_error("refused worker '%s': %s", m->u.hello.name,
+			    reason);
+			guard_drop(c, DROP_IDENTITY, "hello from '%s': %s",
+			    m->u.hello.name, reason);
+			hello_reject(c, w, f, reason);
+			if (!w->welcomed) {
+				bool keep_session = c->secure;
+				fb_session *sess = w->sess, *pend = w->pending;
+				memset(w, 0, sizeof(*w));
+				if (keep_session) {
+					w->sess = sess;
+					w->pending = pend;
+				}
+			}
+			return;
+		}
+	}
 	snprintf(w->name, sizeof(w->name), "%s", m->u.hello.name);
 	snprintf(w->backend, sizeof(w->backend), "%s", m->u.hello.backend);
 	w->index = m->u.hello.worker_index;
+	w->welcomed = true;
 	/* under secure aggregation only the masked sum of weights counts */
 	w->num_samples = c->cfg->sa_enabled ? 0 : m->u.hello.num_samples;
 	w->session = m->u.hello.session;

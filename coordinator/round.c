@@ -550,7 +550,8 @@ aggregate_done(coord *c, int64_t now)
 	round_state *rd = &c->rd;
 
 	if (j->fatal) {
-		/* the model could not be evaluated or written: the run stops */
+		/* the model could not be evaluated: the run stops */
+		fb_log_error("round %u: %s; stopping", rd->number, j->why);
 		rd->exit_rc = j->rc;
 		enter(c, PHASE_DONE, now);
 		return;
@@ -582,15 +583,15 @@ record_done(coord *c, int64_t now)
 	round_state *rd = &c->rd;
 
 	if (c->job.rc != FB_OK) {
+		fb_log_error("round %u: %s; stopping", rd->number, c->job.why);
 		rd->exit_rc = c->job.rc;
 		enter(c, PHASE_DONE, now);
 		return;
 	}
+	rd->ran++;
 	outputs_round_line(c);
 	sa_free(&c->sa);
 	if (rd->number >= (uint32_t)c->cfg->rounds) {
-		fb_log_info("all %lld rounds done; model in %s",
-		    (long long)c->cfg->rounds, c->model_path);
 		rd->exit_rc = FB_OK;
 		enter(c, PHASE_DONE, now);
 		return;

@@ -66,9 +66,10 @@ sa_in_round(coord *c, uint32_t slot)
 
 /*
  * sa_a_bound is the public bound on a worker's FedNova ||a_i||_1 this
- * round: that of the most local steps the round policy can give.
+ * round: that of the most local steps the round policy can give (1 for
+ * the other rules).
  */
-static double
+double
 sa_a_bound(const coord *c)
 {
 	const fb_coord_config *cfg = c->cfg;

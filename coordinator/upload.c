@@ -56,12 +56,22 @@ begin_plain_ok(coord *c, worker *w, const fb_msg *m)
 		round_worker_failed(c, w, "sample count changed");
 		return false;
 	}
-	if (fb_rule_is_fednova((fb_rule)c->cfg->rule) &&
+	if (fb_rule_is_fednova(c->cfg->rule) &&
 	    !(m->u.update_begin.a_norm > 0 &&
 	        isfinite(m->u.update_begin.a_norm))) {
 		guard_drop(c, DROP_MALFORMED, "FedNova update from %s without a "
 		    "normaliser", w->name);
 		round_worker_failed(c, w, "FedNova update without a normaliser");
+		return false;
+	}
+	if (fb_rule_is_fednova(c->cfg->rule) &&
+	    m->u.update_begin.a_norm > sa_a_bound(c)) {
+		/* more than the round's most local steps can give: it would
+		 * scale the whole round's step (tau_eff) */
+		guard_drop(c, DROP_MALFORMED, "FedNova update from %s with a "
+		    "normaliser of %g, above the round's bound %g", w->name,
+		    m->u.update_begin.a_norm, sa_a_bound(c));
+		round_worker_failed(c, w, "FedNova normaliser out of range");
 		return false;
 	}
 	return true;

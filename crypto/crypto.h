@@ -168,6 +168,12 @@ FB_MUST_CHECK fb_err fb_crypto_init(void);
  * stream keys and plaintext once they are used. */
 void fb_wipe(void *p, size_t len);
 
+#define FB_HASH_LEN 32
+
+/* fb_hash writes the BLAKE2b-256 of `len` bytes at `data` to `out`.
+ * Thread-safe; never fails. */
+void fb_hash(const void *data, size_t len, uint8_t out[FB_HASH_LEN]);
+
 /* fb_run_id_random fills `run` with 16 random bytes. Thread-safe. */
 FB_MUST_CHECK fb_err fb_run_id_random(fb_run_id *run);
 

@@ -345,8 +345,11 @@ bench_start(const setup *s)
 	assert_int_equal(coord_init(t.c, &t.cfg, &fake_io, !s->threads), FB_OK);
 	{
 		uint32_t first = 0;
-		assert_int_equal(outputs_open(t.c, false, &first), FB_OK);
+		assert_int_equal(outputs_lock(t.c), FB_OK);
+		assert_int_equal(outputs_prepare(t.c, FB_START_FORCE, &first),
+		    FB_OK);
 		assert_int_equal(first, 1);
+		assert_int_equal(outputs_begin(t.c, FB_START_FORCE), FB_OK);
 	}
 	t.c->rd.idle_since_ms = t.c->rd.last_note_ms = t.now;
 	memcpy(t.start, t.c->params, sizeof(t.start));
@@ -1329,6 +1332,75 @@ test_secure_bad_weight_refused(void **state)
 	}
 }
 
+/* Admission: a second worker with a data index already in use is
+ * refused, naming the first; a plain-mode sample count above
+ * secure_aggregation.max_samples is refused (it would take the weight). */
+static void
+test_admission_refusals(void **state)
+{
+	fb_msg m = {.type = FB_MSG_HELLO};
+	fb_frame f;
+	const sent *r;
+
+	bench_start(&(setup){.workers = 3});
+	hello(0);
+	hello(1);
+	/* w2 claims w0's index */
+	m.u.hello.protocol_version = FB_PROTOCOL_VERSION;
+	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "w2");
+	m.u.hello.worker_index = 0;
+	m.u.hello.num_samples = 300;
+	m.u.hello.session = 102;
+	f = frame_of(2, &m);
+	coord_handle_frame(t.c, &f);
+	turn();
+	assert_int_equal(registry_live_count(t.c), 2);
+	r = &io.v[io.n - 1];
+	assert_int_equal(r->m.type, FB_MSG_REJECT);
+	assert_non_null(strstr(r->m.u.reject.reason, "data.index 0 is worker "
+	                                              "'w0''s already"));
+	/* 10^15 samples */
+	m.u.hello.worker_index = 2;
+	m.u.hello.num_samples = 1000000000000000ull;
+	f = frame_of(2, &m);
+	coord_handle_frame(t.c, &f);
+	turn();
+	assert_int_equal(registry_live_count(t.c), 2);
+	r = &io.v[io.n - 1];
+	assert_int_equal(r->m.type, FB_MSG_REJECT);
+	assert_non_null(strstr(r->m.u.reject.reason,
+	    "more than secure_aggregation.max_samples"));
+	/* with its own index and an honest count it is admitted */
+	m.u.hello.num_samples = 300;
+	f = frame_of(2, &m);
+	coord_handle_frame(t.c, &f);
+	turn();
+	assert_int_equal(registry_live_count(t.c), 3);
+	bench_stop();
+}
+
+/* Plain FedNova: a normaliser above what the round's most local steps
+ * give is refused (it would scale the whole round's step). */
+static void
+test_fednova_normaliser_bound(void **state)
+{
+	bench_start(&(setup){.workers = 3, .agg_extra = "  rule: fednova\n"});
+	t.fw[0].a_norm = 2.0;
+	t.fw[1].a_norm = 3.0;
+	t.fw[2].a_norm = 1e30;
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->reg.workers[2].state, W_FAILED);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(t.c->rd.tau_eff < 5.0);
+	bench_stop();
+}
+
 FB_TESTS = {
     {"a plain round goes idle, train, aggregate, record with FedAvg weights",
         test_plain_round_phases_and_fedavg},
@@ -1369,6 +1441,10 @@ FB_TESTS = {
     {"secure: a malicious weight claim is refused after unmasking",
         test_secure_bad_weight_refused},
     {"a worker whose queue stays full is dropped", test_full_queue_drops_worker},
+    {"admission refuses a taken data index and an oversized sample count",
+        test_admission_refusals},
+    {"plain FedNova refuses a normaliser above the round's bound",
+        test_fednova_normaliser_bound},
     {NULL, NULL},
 };
 
