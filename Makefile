@@ -77,6 +77,7 @@ DEPS_worker      = worker model data aggregation proto crypto common
 DEPS_coordinator = coordinator model data aggregation proto crypto common
 DEPS_rules       = aggregation common
 DEPS_secagg = crypto aggregation common
+DEPS_round  = coordinator model data aggregation proto crypto common
 
 libs_of = $(foreach d,$(DEPS_$(1)),$(B)/lib/libfb_$(d).a)
 

@@ -437,35 +437,6 @@ fb_accum_chunk_weight(const fb_accum *a, uint32_t chunk)
 	           memory_order_relaxed) / (double)WEIGHT_ONE;
 }
 
-void
-fb_accum_mean(const fb_accum *a, float *out)
-{
-	for (uint32_t c = 0; c < a->chunks; c++) {
-		fb_err rc = fb_accum_mean_chunk(a, c,
-		    out + (uint64_t)c * a->chunk_elems);
-		FB_ASSERT(rc == FB_OK); /* c is a chunk */
-	}
-}
-
-void
-fb_accum_apply(const fb_accum *a, float *params, double lr)
-{
-	for (uint32_t c = 0; c < a->chunks; c++) {
-		uint64_t first = (uint64_t)c * a->chunk_elems;
-		uint64_t n = fb_accum_chunk_len(a, c);
-		double w = fb_accum_chunk_weight(a, c);
-		double k;
-		if (w <= 0) {
-			continue;
-		}
-		k = lr / (w * a->scale);
-		for (uint64_t j = 0; j < n; j++) {
-			params[first + j] = (float)((double)params[first + j] -
-			    (double)(int32_t)a->sum[first + j] * k);
-		}
-	}
-}
-
 double
 fb_accum_resolution(const fb_accum *a)
 {

@@ -86,25 +86,13 @@ FB_MUST_CHECK fb_err fb_accum_add(fb_accum *a, uint32_t chunk, const float *x,
 double fb_accum_chunk_weight(const fb_accum *a, uint32_t chunk);
 
 /*
- * fb_accum_mean writes, for each coordinate, the weighted mean of what was
- * added (0 where a chunk received nothing) into `out` (count floats).
- */
-void fb_accum_mean(const fb_accum *a, float *out);
-
-/*
- * fb_accum_apply updates params in place: params -= lr * mean. Chunks with
- * no weight are left unchanged. It needs no buffer besides params.
- */
-void fb_accum_apply(const fb_accum *a, float *params, double lr);
-
-/*
  * Secure aggregation reuses the accumulator's ring: the coordinator adds
  * masked inputs (fb_encode_chunk + masks, crypto.h) with fb_accum_ring_add,
  * removes the masks there, and then fb_accum_set_secure_sum declares what
  * the ring now holds: sum_i q_i under encoding e (reduced mod 2^e->bits),
  * with total weight W = sum_i w_i (W > 0, finite). It sign-extends every
  * element from e->bits and sets each chunk's weight to W and the scale to
- * e->scale, so that fb_accum_mean, fb_accum_apply and fb_server_opt_step
+ * e->scale, so that fb_accum_mean_chunk and fb_server_opt_step
  * read sum / (W S), the weighted mean. fb_accum_reset undoes it. Errors:
  * FB_EINVAL (W or e), FB_ERANGE (W too large for the weight format).
  */
@@ -292,6 +280,17 @@ void fb_server_opt_state(fb_server_opt *opt, float **m, float **v);
  */
 FB_MUST_CHECK fb_err fb_server_opt_step(fb_server_opt *opt, const fb_accum *a,
     float *params, double scale);
+
+/*
+ * fb_server_opt_step_chunks is fb_server_opt_step over the chunks
+ * first_chunk .. first_chunk + chunks - 1 only. Calls over disjoint chunk
+ * ranges may run at the same time (each touches only its chunks of params
+ * and of the state); one round's step is the union of such calls.
+ * Errors: as fb_server_opt_step, and FB_EINVAL for a range past the end.
+ */
+FB_MUST_CHECK fb_err fb_server_opt_step_chunks(fb_server_opt *opt,
+    const fb_accum *a, float *params, double scale, uint32_t first_chunk,
+    uint32_t chunks);
 
 /* The rules a config names (coordinator `rule:`); see fb_rule_names. */
 typedef enum fb_rule {

@@ -368,16 +368,17 @@ step_chunk(fb_server_opt *opt, const uint32_t *sum, double k, uint64_t first,
 }
 
 fb_err
-fb_server_opt_step(fb_server_opt *opt, const fb_accum *a, float *params,
-    double scale)
+fb_server_opt_step_chunks(fb_server_opt *opt, const fb_accum *a,
+    float *params, double scale, uint32_t first_chunk, uint32_t chunks)
 {
 	fb_err rc = FB_OK;
 
-	if (!(scale > 0) || !isfinite(scale) || a->count != opt->count) {
+	if (!(scale > 0) || !isfinite(scale) || a->count != opt->count ||
+	    first_chunk > a->chunks || chunks > a->chunks - first_chunk) {
 		rc = FB_EINVAL;
 		goto out;
 	}
-	for (uint32_t c = 0; c < a->chunks; c++) {
+	for (uint32_t c = first_chunk; c < first_chunk + chunks; c++) {
 		double inv = chunk_inv(a, c);
 		uint64_t first = (uint64_t)c * a->chunk_elems;
 		if (inv == 0) {
@@ -388,6 +389,13 @@ fb_server_opt_step(fb_server_opt *opt, const fb_accum *a, float *params,
 	}
 out:
 	return rc;
+}
+
+fb_err
+fb_server_opt_step(fb_server_opt *opt, const fb_accum *a, float *params,
+    double scale)
+{
+	return fb_server_opt_step_chunks(opt, a, params, scale, 0, a->chunks);
 }
 
 /* ---- rule names --------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* util.c -- clocks, allocation, atomic file writes, the seeded PRNG. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -235,6 +236,78 @@ out:
 		(void)unlink(tmp);
 	}
 	return rc;
+}
+
+fb_err
+fb_file_read_all(const char *path, uint8_t **out, size_t *len)
+{
+	fb_err rc = FB_OK;
+	struct stat st;
+	uint8_t *b = NULL;
+	size_t got = 0;
+	int fd;
+
+	*out = NULL;
+	*len = 0;
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+		fb_log_error("cannot open %s: %s", path, strerror(errno));
+		return FB_EIO;
+	}
+	if (fstat(fd, &st) != 0) {
+		fb_log_error("cannot stat %s: %s", path, strerror(errno));
+		rc = FB_EIO;
+		goto out;
+	}
+	if ((b = fb_alloc((size_t)st.st_size > 0 ? (size_t)st.st_size : 1)) ==
+	    NULL) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	while (got < (size_t)st.st_size) {
+		ssize_t n = read(fd, b + got, (size_t)st.st_size - got);
+		if (n < 0 && errno == EINTR) {
+			continue;
+		}
+		if (n <= 0) {
+			fb_log_error("cannot read %s: %s", path,
+			    n < 0 ? strerror(errno) : "file shrank while read");
+			rc = FB_EIO;
+			goto out;
+		}
+		got += (size_t)n;
+	}
+	*out = b;
+	*len = got;
+	b = NULL;
+out:
+	fb_free(b);
+	close(fd);
+	return rc;
+}
+
+unsigned
+fb_remove_matching(const char *dir, const char *part)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	unsigned n = 0;
+
+	if (d == NULL) {
+		return 0;
+	}
+	while ((e = readdir(d)) != NULL) {
+		char path[4096];
+		struct stat st;
+		if ((part != NULL && strstr(e->d_name, part) == NULL) ||
+		    snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) >=
+		        (int)sizeof(path) ||
+		    lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+			continue;
+		}
+		n += unlink(path) == 0;
+	}
+	closedir(d);
+	return n;
 }
 
 fb_err

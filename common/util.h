@@ -65,6 +65,21 @@ FB_MUST_CHECK fb_err fb_file_write_atomic(const char *path,
  * EINTR. Errors: FB_EIO (errno says why). */
 FB_MUST_CHECK fb_err fb_write_all(int fd, const void *buf, size_t len);
 
+/*
+ * fb_file_read_all reads the whole file at `path` into a new buffer (*out,
+ * released with fb_free; *len its bytes). Errors: FB_EIO (logged with the
+ * path and errno text), FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_file_read_all(const char *path, uint8_t **out,
+    size_t *len);
+
+/*
+ * fb_remove_matching removes the plain files in folder `dir` whose names
+ * contain `part` (every plain file when `part` is NULL) and returns how
+ * many it removed. A missing folder removes nothing.
+ */
+unsigned fb_remove_matching(const char *dir, const char *part);
+
 /* fb_mkdir_p creates `path` and its parents (mode 0755). Errors: FB_EIO. */
 FB_MUST_CHECK fb_err fb_mkdir_p(const char *path);
 
@@ -93,6 +108,21 @@ fb_load_be32(const uint8_t *p)
 {
 	return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
 	    ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static inline void
+fb_store_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++) {
+		p[i] = (uint8_t)(v >> (8 * i));
+	}
+}
+
+static inline uint32_t
+fb_load_le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) |
+	    ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 static inline void

@@ -11,14 +11,27 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "aggregation/aggregation.h"
 #include "common/config.h"
 #include "common/err.h"
+
+/* round.local_work */
+typedef enum fb_local_work {
+	FB_WORK_FIXED = 0,       /* local_epochs or local_steps */
+	FB_WORK_TIME_BUDGET = 1, /* what fits in round.time_budget */
+} fb_local_work;
+
+/* round.stragglers */
+typedef enum fb_stragglers {
+	FB_STRAGGLERS_DROP = 0, /* the deadline closes the round */
+	FB_STRAGGLERS_WAIT = 1, /* the round waits for every selected worker */
+} fb_stragglers;
 
 typedef struct fb_coord_config {
 	char *listen;             /* ZeroMQ endpoint to bind */
 	char *output_dir;         /* metrics.jsonl, model.safetensors */
 	int64_t seed;             /* model init, sampling, batch order */
-	int log_level;            /* fb_log_level */
+	int log_level;            /* fb_log_level (common/log.h) */
 	/* model */
 	char *model_arch;
 	int64_t input_dim;
@@ -40,15 +53,15 @@ typedef struct fb_coord_config {
 	double momentum;
 	double weight_decay;
 	double server_lr;
-	int local_work;            /* 0 fixed, 1 time_budget */
+	fb_local_work local_work;
 	int64_t time_budget_ms;    /* time_budget: local training time */
 	int64_t min_steps;
 	int64_t max_steps;
-	int stragglers;            /* 0 drop, 1 wait */
+	fb_stragglers stragglers;
 	int64_t over_select;       /* extra workers started, first kept */
 	double prox_mu;            /* FedProx proximal term on workers */
 	/* aggregation */
-	int rule;                  /* fb_rule */
+	fb_rule rule;
 	double beta1;
 	double beta2;
 	double tau;
@@ -92,14 +105,27 @@ FB_MUST_CHECK fb_err fb_coord_config_load(const char *path,
     fb_coord_config *cfg);
 void fb_coord_config_fini(fb_coord_config *cfg);
 
+/* How a run treats what OUTPUT_DIR already holds. */
+typedef enum fb_coord_start {
+	FB_START_FRESH = 0, /* refuse a folder that holds a run */
+	FB_START_RESUME,    /* continue from its checkpoint */
+	FB_START_FORCE,     /* start over, removing its checkpoint and metrics */
+} fb_coord_start;
+
 /*
  * fb_coordinator_run runs the whole federation per `cfg` and returns when
  * every round is done, *stop becomes non-zero (signal), or a fatal error
- * occurs. With `resume`, training continues from the output folder's
- * model.safetensors. Blocks. Errors: FB_ETIMEDOUT (too few workers came),
- * FB_EZMQ (cannot listen), FB_EIO (cannot write outputs), FB_ENOMEM.
+ * occurs. OUTPUT_DIR is locked for the run (another coordinator on it is
+ * refused) and nothing in it changes before the checks at start passed
+ * (config, keys, the listen address). FB_START_RESUME continues from
+ * OUTPUT_DIR/checkpoint exactly (model, optimiser state, RNG, round).
+ * Blocks. Errors: FB_ECONFIG (bad config, or a folder with a run and
+ * neither resume nor force; logged), FB_EFORMAT (corrupt checkpoint),
+ * FB_ETIMEDOUT (too few workers came), FB_EZMQ (cannot listen), FB_EIO
+ * (cannot write outputs), FB_ERANGE (rounds ran and none committed),
+ * FB_ENOMEM.
  */
 FB_MUST_CHECK fb_err fb_coordinator_run(const fb_coord_config *cfg,
-    bool resume, volatile sig_atomic_t *stop);
+    fb_coord_start how, volatile sig_atomic_t *stop);
 
 #endif

@@ -12,7 +12,7 @@ static void
 usage(FILE *f)
 {
 	fprintf(f,
-	    "usage: fedbox-coordinator --config FILE [--resume]\n"
+	    "usage: fedbox-coordinator --config FILE [--resume | --force]\n"
 	    "       fedbox-coordinator --config-reference\n"
 	    "\n"
 	    "Runs federated training rounds: admits fedbox-worker processes,\n"
@@ -23,7 +23,10 @@ usage(FILE *f)
 	    "OUTPUT_DIR/model.safetensors after every round.\n"
 	    "\n"
 	    "  -c, --config FILE       coordinator YAML config (required)\n"
-	    "  -r, --resume            continue from OUTPUT_DIR/model.safetensors\n"
+	    "  -r, --resume            continue from OUTPUT_DIR/checkpoint: the\n"
+	    "                          model, optimiser state, RNG and round\n"
+	    "  -f, --force             start over in an OUTPUT_DIR that holds a\n"
+	    "                          run (its checkpoint and metrics go)\n"
 	    "      --config-reference  print every config key with its default\n"
 	    "  -h, --help              this help\n"
 	    "  -V, --version           print the version\n"
@@ -38,25 +41,32 @@ main(int argc, char **argv)
 	static const struct option opts[] = {
 	    {"config", required_argument, NULL, 'c'},
 	    {"resume", no_argument, NULL, 'r'},
+	    {"force", no_argument, NULL, 'f'},
 	    {"config-reference", no_argument, NULL, 'R'},
 	    {"help", no_argument, NULL, 'h'},
 	    {"version", no_argument, NULL, 'V'},
 	    {NULL, 0, NULL, 0},
 	};
 	const char *config = NULL;
-	bool resume = false;
+	fb_coord_start how = FB_START_FRESH;
 	fb_coord_config cfg;
 	fb_err rc;
 	int ch;
 
 	fb_log_init("coordinator", FB_LOG_INFO);
-	while ((ch = getopt_long(argc, argv, "c:rhV", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "c:rfhV", opts, NULL)) != -1) {
 		switch (ch) {
 		case 'c':
 			config = optarg;
 			break;
 		case 'r':
-			resume = true;
+		case 'f':
+			if (how != FB_START_FRESH) {
+				fprintf(stderr, "fedbox-coordinator: --resume and "
+				                "--force exclude each other\n");
+				return 2;
+			}
+			how = ch == 'r' ? FB_START_RESUME : FB_START_FORCE;
 			break;
 		case 'R':
 			fb_cfg_print_reference(stdout, fb_coord_config_schema);
@@ -84,7 +94,7 @@ main(int argc, char **argv)
 	}
 	fb_log_init("coordinator", (fb_log_level)cfg.log_level);
 	fb_tune_malloc((size_t)cfg.chunk_size);
-	rc = fb_coordinator_run(&cfg, resume, fb_stop_on_signals());
+	rc = fb_coordinator_run(&cfg, how, fb_stop_on_signals());
 	fb_coord_config_fini(&cfg);
 	if (rc == FB_ECONFIG) {
 		return 2;

@@ -45,18 +45,23 @@
  *   stream header (FB_STREAM_HEADER_LEN = 32)
  *     0:1 version  1:1 kind=3  2:1 digest mode (fb_stream_digest)
  *     3:1 reserved, zero  4:4 max chunk length
- *     8:24 secretstream header
- *   stream chunk: secretstream ciphertext of up to `max chunk length`
- *     bytes (+17); AD = run id || round || sender; last chunk tagged FINAL.
+ *     8:24 TAGS: secretstream header; FULL: 8:16 random nonce, 24:8 zero
+ *   stream chunk, TAGS: secretstream ciphertext of up to `max chunk
+ *     length` bytes (+17); AD = run id || round || sender; last chunk
+ *     tagged FINAL.
+ *   stream chunk k, FULL: 0:1 flag (0, or 1 on the last chunk), then
+ *     XChaCha20-Poly1305-IETF ciphertext and 16-byte tag (+17 in all);
+ *     nonce = header nonce || LE64(k); AD = run id || round || sender ||
+ *     LE64(k) || flag.
  *   stream trailer (FB_STREAM_TRAILER_LEN = 140)
  *     0:1 version  1:1 kind=4  2:2 reserved, zero  4:16 run id  20:4 round
  *     24:4 sender id  28:8 payload length (plaintext bytes)
  *     36:8 chunk count  44:32 digest
  *     76:64 Ed25519 sig by the sender over "fedbox/trailr/v1" || 0..76
  *     digest = BLAKE2b-256("fedbox/stream/v1" || stream header ||
- *              for each chunk: LE64(ciphertext length) || ciphertext)
- *     (digest mode TAGS: the last 16 bytes of each chunk, its Poly1305
- *     tag, stand in for the whole ciphertext)
+ *              for each chunk: FULL: BLAKE2b-256(LE64(ciphertext length)
+ *              || ciphertext); TAGS: LE64(ciphertext length) || the last
+ *              16 bytes of the chunk, its Poly1305 tag)
  *
  * Session keys: worker = crypto_kx client, coordinator = server, over the
  * two ephemeral keys; each direction's key is then
@@ -108,6 +113,7 @@
 #define FB_STREAM_CHUNK_OVERHEAD 17     /* ciphertext = plaintext + this */
 #define FB_STREAM_CHUNK_MAX (64u << 20) /* bytes of plaintext per chunk */
 #define FB_STREAM_TRAILER_LEN 140
+#define FB_STREAM_HASH_LEN 32 /* a FULL chunk's own digest */
 
 /* Sender id the coordinator uses; worker ids are never this value. */
 #define FB_SENDER_COORDINATOR UINT32_C(0xffffffff)
@@ -161,6 +167,12 @@ FB_MUST_CHECK fb_err fb_crypto_init(void);
 /* fb_wipe zeroes `len` bytes in a way the compiler cannot elide. Use it on
  * stream keys and plaintext once they are used. */
 void fb_wipe(void *p, size_t len);
+
+#define FB_HASH_LEN 32
+
+/* fb_hash writes the BLAKE2b-256 of `len` bytes at `data` to `out`.
+ * Thread-safe; never fails. */
+void fb_hash(const void *data, size_t len, uint8_t out[FB_HASH_LEN]);
 
 /* fb_run_id_random fills `run` with 16 random bytes. Thread-safe. */
 FB_MUST_CHECK fb_err fb_run_id_random(fb_run_id *run);
@@ -427,6 +439,28 @@ FB_MUST_CHECK fb_err fb_stream_push_alloc(const fb_stream_ctx *ctx,
  */
 FB_MUST_CHECK fb_err fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m,
     size_t m_len, int final, uint8_t *c, size_t c_cap, size_t *c_len);
+
+/*
+ * fb_stream_push_chunk_at seals chunk `index` of a FULL stream on its own,
+ * as fb_stream_push_chunk would have as the index-th chunk, and writes the
+ * chunk's hash for the trailer's digest to `hash`. Chunks may be sealed in
+ * any order and on several threads at once (`p` is only read), each index
+ * once; then fb_stream_push_hashes takes their hashes in index order.
+ * Errors: FB_EINVAL (a TAGS stream, or finished), FB_ERANGE (sizes).
+ */
+FB_MUST_CHECK fb_err fb_stream_push_chunk_at(const fb_stream_push *p,
+    uint64_t index, const uint8_t *m, size_t m_len, int final, uint8_t *c,
+    size_t c_cap, size_t *c_len, uint8_t hash[FB_STREAM_HASH_LEN]);
+
+/*
+ * fb_stream_push_hashes appends `count` chunk hashes (count *
+ * FB_STREAM_HASH_LEN bytes, in index order) of chunks holding payload_len
+ * plaintext bytes in all to a FULL stream's digest; `final` says the last
+ * of them was the FINAL chunk. One thread. Errors: FB_EINVAL (a TAGS
+ * stream, or finished).
+ */
+FB_MUST_CHECK fb_err fb_stream_push_hashes(fb_stream_push *p,
+    const uint8_t *hashes, uint64_t count, uint64_t payload_len, int final);
 
 /*
  * fb_stream_push_final signs the trailer with `signer` (whose key the

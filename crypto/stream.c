@@ -3,19 +3,26 @@
  * stream.c -- encrypted, signed payload streams (model updates, the global
  * model broadcast).
  *
- * crypto_secretstream_xchacha20poly1305 over caller-sized chunks: each
- * chunk's MAC chains on the previous ones, so tampering, reordering and
- * duplication fail at the chunk and truncation fails for want of a FINAL
- * tag. Both ends keep one BLAKE2b over the stream header and the
- * length-prefixed ciphertext chunks; the sender signs it in the trailer, so
- * the receiver can attribute the payload to an identity even when the key
- * is shared (the broadcast's round key is known to every selected worker).
- * Work per chunk: one ChaCha20 + Poly1305 pass and, in the FULL digest
- * mode, one BLAKE2b pass over the ciphertext; in place, no copies. The TAGS
- * mode hashes only each chunk's length and Poly1305 tag: as strong against
- * anyone without the stream key, and nearly as fast as raw secretstream,
- * but a key holder could forge chunks with the same tags, so it is only for
- * streams whose key is private to the two ends (see crypto.h).
+ * TAGS streams (worker updates): crypto_secretstream_xchacha20poly1305 over
+ * caller-sized chunks: each chunk's MAC chains on the previous ones, so
+ * tampering, reordering and duplication fail at the chunk and truncation
+ * fails for want of a FINAL tag. The digest hashes only each chunk's
+ * length and Poly1305 tag: as strong against anyone without the stream
+ * key, and nearly as fast as raw secretstream, but a key holder could forge
+ * chunks with the same tags, so it is only for streams whose key is private
+ * to the two ends (see crypto.h).
+ *
+ * FULL streams (the broadcast, whose round key every selected worker
+ * holds): each chunk is sealed on its own, XChaCha20-Poly1305-IETF with the
+ * nonce (header nonce || chunk index) and the chunk index and FINAL flag in
+ * its associated data, so reordering, duplication and a moved FINAL fail at
+ * the chunk, and the chunks of one stream can be sealed on many threads at
+ * once. The digest is BLAKE2b over the header and each chunk's own
+ * BLAKE2b-256 of its length-prefixed ciphertext; the sender signs it in the
+ * trailer, so a worker holding the round key cannot forge a chunk that
+ * another worker would accept as the coordinator's.
+ * Work per chunk either way: one ChaCha20 + Poly1305 pass (+ one BLAKE2b
+ * pass over the ciphertext in FULL mode); in place, no copies.
  */
 #include <string.h>
 
@@ -24,6 +31,11 @@
 
 #define SS_HEADER_LEN crypto_secretstream_xchacha20poly1305_HEADERBYTES
 #define AD_LEN (FB_RUN_ID_LEN + 8)
+/* FULL chunks: AD = run id || round || sender || LE64(index) || flag. */
+#define IX_AD_LEN (AD_LEN + 9)
+#define IX_NONCE_LEN 16 /* the header's nonce; the index fills the rest */
+#define IX_FLAG_MESSAGE 0
+#define IX_FLAG_FINAL 1
 /* Trailer offsets. */
 #define T_RUN 4
 #define T_ROUND 20
@@ -37,6 +49,12 @@ _Static_assert(SS_HEADER_LEN == 24, "secretstream header size");
 _Static_assert(
     FB_STREAM_CHUNK_OVERHEAD == crypto_secretstream_xchacha20poly1305_ABYTES,
     "chunk overhead");
+_Static_assert(FB_STREAM_CHUNK_OVERHEAD ==
+        1 + crypto_aead_xchacha20poly1305_ietf_ABYTES,
+    "a FULL chunk is its flag, its ciphertext and its tag");
+_Static_assert(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES ==
+        IX_NONCE_LEN + 8,
+    "nonce = header nonce || LE64(index)");
 
 /* Both ends' state; sodium_malloc'd (it holds the stream key). The
  * BLAKE2b state first: it needs 64-byte alignment, which sodium_malloc
@@ -48,6 +66,9 @@ typedef struct stream_core {
 	uint8_t ad[AD_LEN]; /* run id || round || sender */
 	uint8_t digest[32]; /* valid once `finished` */
 	int tags_only;      /* FB_STREAM_DIGEST_TAGS: hash only the MACs */
+	/* FULL: the key and the header's nonce, chunks sealed one by one */
+	uint8_t key[FB_STREAM_KEY_LEN];
+	uint8_t nonce[IX_NONCE_LEN];
 	size_t chunk_len;   /* max plaintext bytes per chunk */
 	uint64_t payload_len;
 	uint64_t chunk_count;
@@ -79,20 +100,49 @@ core_start(stream_core *c, const fb_stream_ctx *ctx, size_t chunk_len,
 	crypto_generichash_update(&c->hash, header, FB_STREAM_HEADER_LEN);
 }
 
+/* ix_chunk_hash is a FULL chunk's own digest: BLAKE2b-256 of LE64(len)
+ * || ciphertext (flag and tag included). */
+static void
+ix_chunk_hash(const uint8_t *ct, size_t len, uint8_t out[FB_STREAM_HASH_LEN])
+{
+	crypto_generichash_state h;
+	uint8_t l[8];
+
+	fb_store_le64(l, (uint64_t)len);
+	crypto_generichash_init(&h, NULL, 0, FB_STREAM_HASH_LEN);
+	crypto_generichash_update(&h, l, sizeof(l));
+	crypto_generichash_update(&h, ct, len);
+	crypto_generichash_final(&h, out, FB_STREAM_HASH_LEN);
+}
+
 static void
 core_hash_chunk(stream_core *c, const uint8_t *ct, size_t len)
 {
 	uint8_t l[8];
 
+	if (!c->tags_only) {
+		uint8_t h[FB_STREAM_HASH_LEN];
+		ix_chunk_hash(ct, len, h);
+		crypto_generichash_update(&c->hash, h, sizeof(h));
+		return;
+	}
 	fb_store_le64(l, (uint64_t)len);
 	crypto_generichash_update(&c->hash, l, sizeof(l));
-	if (c->tags_only) {
-		/* The Poly1305 tag closes every chunk (len >= 17 here). */
-		crypto_generichash_update(
-		    &c->hash, ct + len - FB_MSG_MAC_LEN, FB_MSG_MAC_LEN);
-	} else {
-		crypto_generichash_update(&c->hash, ct, len);
-	}
+	/* The Poly1305 tag closes every chunk (len >= 17 here). */
+	crypto_generichash_update(
+	    &c->hash, ct + len - FB_MSG_MAC_LEN, FB_MSG_MAC_LEN);
+}
+
+/* ix_nonce_ad fills chunk `index`'s nonce and associated data. */
+static void
+ix_nonce_ad(const stream_core *c, uint64_t index, uint8_t flag,
+    uint8_t nonce[IX_NONCE_LEN + 8], uint8_t ad[IX_AD_LEN])
+{
+	memcpy(nonce, c->nonce, IX_NONCE_LEN);
+	fb_store_le64(nonce + IX_NONCE_LEN, index);
+	memcpy(ad, c->ad, AD_LEN);
+	fb_store_le64(ad + AD_LEN, index);
+	ad[AD_LEN + 8] = flag;
 }
 
 static void
@@ -139,8 +189,14 @@ fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
 	header[1] = FB_KIND_STREAM_HEADER;
 	header[2] = (uint8_t)digest;
 	le32_store(header + 4, (uint32_t)chunk_len);
-	crypto_secretstream_xchacha20poly1305_init_push(
-	    &p->c.ss, header + 8, key);
+	if (digest == FB_STREAM_DIGEST_TAGS) {
+		crypto_secretstream_xchacha20poly1305_init_push(
+		    &p->c.ss, header + 8, key);
+	} else {
+		randombytes_buf(header + 8, IX_NONCE_LEN);
+		memcpy(p->c.key, key, FB_STREAM_KEY_LEN);
+		memcpy(p->c.nonce, header + 8, IX_NONCE_LEN);
+	}
 	core_start(&p->c, ctx, chunk_len, header);
 	*out = p;
 	p = NULL;
@@ -186,6 +242,15 @@ fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m, size_t m_len,
 	    c_cap < m_len + FB_STREAM_CHUNK_OVERHEAD) {
 		return FB_ERANGE;
 	}
+	if (!p->c.tags_only) {
+		uint8_t h[FB_STREAM_HASH_LEN];
+		fb_err rc = fb_stream_push_chunk_at(p, p->c.chunk_count, m, m_len,
+		    final, c, c_cap, c_len, h);
+		if (rc != FB_OK) {
+			return rc;
+		}
+		return fb_stream_push_hashes(p, h, 1, m_len, final);
+	}
 	crypto_secretstream_xchacha20poly1305_push(
 	    &p->c.ss, c, &clen, m, m_len, p->c.ad, AD_LEN, tag);
 	core_hash_chunk(&p->c, c, (size_t)clen);
@@ -196,6 +261,52 @@ fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m, size_t m_len,
 		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
 	}
 	*c_len = (size_t)clen;
+	return FB_OK;
+}
+
+fb_err
+fb_stream_push_chunk_at(const fb_stream_push *p, uint64_t index,
+    const uint8_t *m, size_t m_len, int final, uint8_t *c, size_t c_cap,
+    size_t *c_len, uint8_t hash[FB_STREAM_HASH_LEN])
+{
+	uint8_t nonce[IX_NONCE_LEN + 8], ad[IX_AD_LEN];
+	uint8_t flag = final ? IX_FLAG_FINAL : IX_FLAG_MESSAGE;
+
+	*c_len = 0;
+	memset(hash, 0, FB_STREAM_HASH_LEN);
+	if (p->c.tags_only || p->c.finished) {
+		return FB_EINVAL;
+	}
+	if (m_len > p->c.chunk_len ||
+	    c_cap < m_len + FB_STREAM_CHUNK_OVERHEAD) {
+		return FB_ERANGE;
+	}
+	ix_nonce_ad(&p->c, index, flag, nonce, ad);
+	/* (in place when m == c + 1) */
+	crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c + 1,
+	    c + 1 + m_len, NULL, m, m_len, ad, sizeof(ad), NULL, nonce,
+	    p->c.key);
+	c[0] = flag;
+	*c_len = m_len + FB_STREAM_CHUNK_OVERHEAD;
+	ix_chunk_hash(c, *c_len, hash);
+	return FB_OK;
+}
+
+fb_err
+fb_stream_push_hashes(fb_stream_push *p, const uint8_t *hashes,
+    uint64_t count, uint64_t payload_len, int final)
+{
+	if (p->c.tags_only || p->c.finished) {
+		return FB_EINVAL;
+	}
+	crypto_generichash_update(&p->c.hash, hashes,
+	    (size_t)count * FB_STREAM_HASH_LEN);
+	p->c.payload_len += payload_len;
+	p->c.chunk_count += count;
+	if (final) {
+		p->c.finished = 1;
+		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
+	}
 	return FB_OK;
 }
 
@@ -259,8 +370,17 @@ fb_stream_pull_alloc(const fb_stream_ctx *ctx, fb_stream_digest digest,
 		goto out;
 	}
 	memset(p, 0, sizeof(*p));
-	if (crypto_secretstream_xchacha20poly1305_init_pull(
-	        &p->c.ss, header + 8, key) != 0) {
+	if (digest == FB_STREAM_DIGEST_FULL) {
+		if (!sodium_is_zero(header + 8 + IX_NONCE_LEN,
+		        FB_STREAM_HEADER_LEN - 8 - IX_NONCE_LEN)) {
+			fb_set_why(why, FB_REJECT_MALFORMED);
+			rc = FB_EPROTO;
+			goto out;
+		}
+		memcpy(p->c.key, key, FB_STREAM_KEY_LEN);
+		memcpy(p->c.nonce, header + 8, IX_NONCE_LEN);
+	} else if (crypto_secretstream_xchacha20poly1305_init_pull(
+	               &p->c.ss, header + 8, key) != 0) {
 		fb_set_why(why, FB_REJECT_MALFORMED);
 		rc = FB_EPROTO;
 		goto out;
@@ -281,6 +401,36 @@ pull_die(fb_stream_pull *p, fb_err rc, fb_reject r, fb_reject *why)
 	p->c.dead_why = r;
 	fb_set_why(why, r);
 	return rc;
+}
+
+/* A FULL chunk (length checked, hashed): the next index, its flag. */
+static fb_err
+ix_pull(fb_stream_pull *p, const uint8_t *c, size_t c_len, uint8_t *m,
+    size_t *m_len, int *final, fb_reject *why)
+{
+	uint8_t nonce[IX_NONCE_LEN + 8], ad[IX_AD_LEN];
+	size_t n = c_len - FB_STREAM_CHUNK_OVERHEAD;
+	uint8_t flag = c[0];
+
+	/* The flag is authenticated as it came; only then is it read. */
+	ix_nonce_ad(&p->c, p->c.chunk_count, flag, nonce, ad);
+	if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL,
+	        c + 1, n, c + 1 + n, ad, sizeof(ad), nonce, p->c.key) != 0) {
+		return pull_die(p, FB_EAUTH, FB_REJECT_BAD_MAC, why);
+	}
+	if (flag != IX_FLAG_MESSAGE && flag != IX_FLAG_FINAL) {
+		sodium_memzero(m, n);
+		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
+	}
+	p->c.payload_len += n;
+	p->c.chunk_count++;
+	if (flag == IX_FLAG_FINAL) {
+		p->c.finished = 1;
+		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
+		*final = 1;
+	}
+	*m_len = n;
+	return FB_OK;
 }
 
 fb_err
@@ -310,6 +460,9 @@ fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	}
 	/* Hash first: with m == c + 1 the pull overwrites the ciphertext. */
 	core_hash_chunk(&p->c, c, c_len);
+	if (!p->c.tags_only) {
+		return ix_pull(p, c, c_len, m, m_len, final, why);
+	}
 	if (crypto_secretstream_xchacha20poly1305_pull(
 	        &p->c.ss, m, &mlen, &tag, c, c_len, p->c.ad, AD_LEN) != 0) {
 		return pull_die(p, FB_EAUTH, FB_REJECT_BAD_MAC, why);

@@ -16,11 +16,14 @@ for bin in fedbox-coordinator fedbox-worker; do
 done
 # The examples are valid: loading them gets past config checks. The
 # coordinator is pointed at a port of ours; --config-reference does not
-# load, so start it and stop it once it listens.
+# load, so start it and stop it once it listens. Its allowlist has the 4
+# boxes its round.min_workers needs (fewer is refused at start).
 port=$(free_port)
 mkdir -p "$T/keys"
 "$B/fedbox-keygen" -o "$T/keys/coordinator" >/dev/null
-"$B/fedbox-keygen" -o "$T/keys/box-0" -C box-0 >"$T/keys/allowlist"
+for i in 0 1 2 3; do
+	"$B/fedbox-keygen" -o "$T/keys/box-$i" -C "box-$i" >>"$T/keys/allowlist"
+done
 sed -e "s|tcp://0.0.0.0:5555|tcp://127.0.0.1:$port|" -e "s|runs/example|$T/ex|" \
 	-e "s|keys/|$T/keys/|" configs/coordinator.yaml >"$T/c.yaml"
 start_coordinator "$T/c.yaml"

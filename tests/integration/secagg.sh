@@ -34,8 +34,9 @@ for r in ${SECAGG_SKIP_EQUIV:+none} 1 2 3; do
 		mkdir -p "$o"
 		resume=()
 		if [ "$r" -gt 1 ]; then
-			# Both start from the plain run's model of round r - 1.
-			cp "$T/plain$((r - 1))/model.safetensors" "$o/model.safetensors"
+			# Both resume the plain run's checkpoint of round r - 1.
+			cp -r "$T/plain$((r - 1))/checkpoint" "$o/"
+			cp "$T/plain$((r - 1))/metrics.jsonl" "$o/"
 			resume=(--resume)
 		fi
 		sa=off

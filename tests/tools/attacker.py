@@ -32,11 +32,12 @@ def dealer(ctx, endpoint):
     return s
 
 
-def join(ctx, endpoint, name, samples, session):
-    """A dealer that said hello as `name` and is where the coordinator wants
-    it: a Redirect (coordinator lanes) is followed like a worker does."""
+def join(ctx, endpoint, name, samples, session, index=0):
+    """A dealer that said hello as `name` (data index `index`, which must
+    be no other worker's) and is where the coordinator wants it: a Redirect
+    (coordinator lanes) is followed like a worker does."""
     s = dealer(ctx, endpoint)
-    s.send(fbwire.hello(name, samples, session=session))
+    s.send(fbwire.hello(name, samples, session=session, index=index))
     if s.poll(2000):
         top = fbwire.parse_top(s.recv_multipart()[0])
         if top and top[0] == fbwire.REDIRECT:
@@ -44,7 +45,8 @@ def join(ctx, endpoint, name, samples, session):
             lane, port = f[1][0], f[2][0]
             s.close()
             s = dealer(ctx, fbwire.with_port(endpoint, port))
-            s.send(fbwire.hello(name, samples, session=session, lane=lane))
+            s.send(fbwire.hello(name, samples, session=session, lane=lane,
+                                index=index))
     return s
 
 
@@ -131,8 +133,9 @@ def hostile(endpoint, seconds, rng):
     """
     ctx = zmq.Context()
     socks = {}
-    for who in "abc":
-        s = join(ctx, endpoint, "mallory-" + who, 10, rng.getrandbits(63))
+    for k, who in enumerate("abc"):
+        s = join(ctx, endpoint, "mallory-" + who, 10, rng.getrandbits(63),
+                 index=100 + k)
         s.setsockopt(zmq.RCVTIMEO, 50)
         socks[who] = s
     end = time.time() + seconds

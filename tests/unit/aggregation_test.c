@@ -21,6 +21,7 @@
 
 #include "aggregation/aggregation.h"
 #include "common/util.h"
+#include "tests/unit/accum_read.h"
 #include "tests/unit/harness.h"
 
 #define VECTORS "tests/vectors/fedavg.txt"
@@ -253,9 +254,9 @@ check_case(const vcase *c, bool assert_bound)
 	if (assert_bound) {
 		assert_int_equal(clipped, c->clipped);
 	}
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	memcpy(params, c->model, c->n * sizeof(*params));
-	fb_accum_apply(a, params, c->lr);
+	accum_sgd_step(a, params, c->lr);
 	for (uint64_t j = 0; j < c->n; j++) {
 		uint32_t ch = (uint32_t)(j / c->chunk);
 		double w = fb_accum_chunk_weight(a, ch);
@@ -377,7 +378,7 @@ test_order_independent(void **state)
 		for (int p = 0; p < K; p++) {
 			add_update(a, x[perm[p]], w[perm[p]], NULL);
 		}
-		fb_accum_mean(a, perms == 0 ? ref : got);
+		accum_mean(a, perms == 0 ? ref : got);
 		if (perms > 0) {
 			assert_memory_equal(ref, got, sizeof(ref));
 		}
@@ -416,7 +417,7 @@ test_chunk_boundaries(void **state)
 		x[j] = (float)j - 4.5f;
 	}
 	add_update(a, x, 1.0, NULL);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	for (int j = 0; j < 10; j++) {
 		assert_true(fabs(mean[j] - x[j]) <=
 		    quant_bound(1, 8.0, 1.0, x[j], mean[j]));
@@ -489,14 +490,14 @@ test_nonfinite_refused(void **state)
 		}
 	}
 	assert_int_equal(clipped, 0);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	for (int j = 0; j < 6; j++) {
 		assert_true(mean[j] == 0.0f);
 	}
 	/* the refused chunks left nothing: a good one now gives its values */
 	assert_int_equal(fb_accum_add(a, 0, good, 1.0, &clipped), FB_OK);
 	assert_int_equal(clipped, 2);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	for (int j = 0; j < 6; j++) {
 		double want = fmax(-2.0, fmin(2.0, good[j]));
 		assert_true(fabs(mean[j] - want) <=
@@ -515,7 +516,7 @@ test_weight_sum_above_one_refused(void **state)
 	assert_int_equal(fb_accum_add(a, 0, x, 0.6, NULL), FB_OK);
 	assert_int_equal(fb_accum_add(a, 0, y, 0.5, NULL), FB_ERANGE);
 	assert_true(fabs(fb_accum_chunk_weight(a, 0) - 0.6) < 1e-9);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	for (int j = 0; j < 3; j++) {
 		assert_true(fabs(mean[j] - 1.0) <=
 		    quant_bound(1, 1.0, 0.6, 1.0, mean[j]));
@@ -551,7 +552,7 @@ test_clipped_counted(void **state)
 	add_update(a, x, 0.25, &clipped);
 	assert_int_equal(clipped, 5 + 4);
 	add_update(a, x, 0.25, NULL);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	for (int j = 0; j < 8; j++) {
 		double want = fmax(-1.0, fmin(1.0, x[j]));
 		assert_true(fabs(mean[j] - want) <=
@@ -574,7 +575,7 @@ test_per_chunk_weights(void **state)
 	assert_int_equal(fb_accum_add(a, 0, v, 0.25, NULL), FB_OK);
 	assert_true(fabs(fb_accum_chunk_weight(a, 0) - 0.75) < 1e-9);
 	assert_true(fabs(fb_accum_chunk_weight(a, 1) - 0.5) < 1e-9);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	double want[4] = {(0.5 * 1 + 0.25 * -3) / 0.75,
 	    (0.5 * 2 + 0.25 * -2) / 0.75, 3, 4};
 	for (int j = 0; j < 4; j++) {
@@ -583,7 +584,7 @@ test_per_chunk_weights(void **state)
 		assert_true(fabs(mean[j] - want[j]) <=
 		    quant_bound(k, 8.0, w, want[j], mean[j]));
 	}
-	fb_accum_apply(a, params, 0.5);
+	accum_sgd_step(a, params, 0.5);
 	for (int j = 0; j < 4; j++) {
 		double w = j < 2 ? 0.75 : 0.5;
 		int k = j < 2 ? 2 : 1;
@@ -603,16 +604,13 @@ test_apply_leaves_empty_chunks(void **state)
 
 	assert_int_equal(fb_accum_alloc(5, 2, 1.0, &a), FB_OK);
 	assert_int_equal(fb_accum_add(a, 0, u, 1.0, NULL), FB_OK);
-	fb_accum_apply(a, params, 2.0);
+	accum_sgd_step(a, params, 2.0);
 	assert_true(fabs(params[0] - 0.5) <= 1e-6);
 	assert_true(fabs(params[1] - 3.0) <= 1e-6);
 	/* chunks 1 and 2 received nothing: untouched, mean 0 */
 	assert_true(params[2] == 3 && params[3] == 4 && params[4] == 5);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	assert_true(mean[2] == 0 && mean[3] == 0 && mean[4] == 0);
-	/* lr 0 changes nothing */
-	fb_accum_apply(a, params, 0.0);
-	assert_true(fabs(params[0] - 0.5) <= 1e-6);
 	fb_accum_free(a);
 }
 
@@ -628,7 +626,7 @@ test_reset_clears(void **state)
 	for (uint32_t c = 0; c < fb_accum_chunk_count(a); c++) {
 		assert_true(fb_accum_chunk_weight(a, c) == 0.0);
 	}
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	for (int j = 0; j < 7; j++) {
 		assert_true(mean[j] == 0.0f);
 	}
@@ -637,7 +635,7 @@ test_reset_clears(void **state)
 		x[j] = -x[j];
 	}
 	add_update(a, x, 1.0, NULL);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	for (int j = 0; j < 7; j++) {
 		assert_true(fabs(mean[j] - x[j]) <=
 		    quant_bound(1, 4.0, 1.0, x[j], mean[j]));
@@ -671,7 +669,7 @@ stress(double clip, float sign, const double *w, uint32_t k)
 		}
 		assert_int_equal(clipped, (uint64_t)k * over);
 	}
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	for (int j = 0; j < N; j++) {
 		double want = sign * clip;
 		double b = quant_bound(k, clip,
@@ -684,7 +682,7 @@ stress(double clip, float sign, const double *w, uint32_t k)
 		}
 		params[j] = 0;
 	}
-	fb_accum_apply(a, params, 1.0);
+	accum_sgd_step(a, params, 1.0);
 	for (int j = 0; j < N; j++) {
 		assert_true(fabs(params[j] + sign * clip) <= 1e-5 * clip);
 	}
@@ -756,7 +754,7 @@ test_clip_not_a_float_is_honoured(void **state)
 	assert_int_equal(fb_accum_alloc(2, 2, 0.1, &a), FB_OK);
 	assert_int_equal(fb_accum_add(a, 0, x, 0.5, &clipped), FB_OK);
 	assert_int_equal(fb_accum_add(a, 0, y, 0.5, &clipped), FB_OK);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	fb_accum_free(a);
 	for (int j = 0; j < 2; j++) {
 		double want = 0.5 * (j == 0 ? 0.1 : -0.1) + 0.5 * (double)y[j];
@@ -905,11 +903,11 @@ test_concurrent_adds(void **state)
 		for (uint32_t i = 0; i < CT_K; i++) {
 			add_update(serial, x + i * n, w[i], &clip_ref);
 		}
-		fb_accum_mean(serial, ref);
+		accum_mean(serial, ref);
 		for (int rep = 0; rep < 10; rep++) {
 			fb_accum_reset(a);
 			ct_run(a, x, NULL, w, n, &clip_got);
-			fb_accum_mean(a, got);
+			accum_mean(a, got);
 			assert_memory_equal(ref, got, n * sizeof(*ref));
 			assert_true(clip_got == clip_ref);
 		}
@@ -980,7 +978,7 @@ test_concurrent_weight_limit(void **state)
 		assert_int_equal(ok, 4);
 		assert_int_equal(refused, 4);
 		assert_true(fb_accum_chunk_weight(a, 0) == 1.0);
-		fb_accum_mean(a, mean);
+		accum_mean(a, mean);
 		for (uint32_t j = 0; j < N; j++) {
 			assert_true(fabs(mean[j] - x[j]) <=
 			    quant_bound(4, 1.0, 1.0, 1.0, mean[j]));
@@ -1334,7 +1332,7 @@ test_reset_then_partial_round(void **state)
 		x[2 * 8192 + 5] = 0.25f;
 		assert_int_equal(fb_accum_add(a, 1, x + MP_N, 0.5, NULL),
 		    FB_OK);
-		fb_accum_mean(a, out);
+		accum_mean(a, out);
 		assert_memory_equal(out, zero, MP_N * sizeof(*out));
 		assert_memory_equal(out + 2 * MP_N, zero, 5 * sizeof(*out));
 		for (uint64_t j = 0; j < MP_N; j++) {
@@ -1346,7 +1344,7 @@ test_reset_then_partial_round(void **state)
 		assert_int_equal(fb_accum_mean_chunk(a, 0, out), FB_OK);
 		assert_memory_equal(out, zero, MP_N * sizeof(*out));
 		memcpy(params, x, count * sizeof(*params));
-		fb_accum_apply(a, params, 1.0);
+		accum_sgd_step(a, params, 1.0);
 		assert_memory_equal(params, x, MP_N * sizeof(*params));
 		assert_memory_equal(params + 2 * MP_N, x + 2 * MP_N,
 		    5 * sizeof(*params));

@@ -6,6 +6,7 @@
  * writes, large allocations).
  */
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/config.h"
+#include "common/pool.h"
 #include "common/util.h"
 #include "tests/unit/harness.h"
 
@@ -1013,7 +1015,57 @@ test_alloc_large_huge_pages(void **state)
 	fb_free(z);
 }
 
+/* ---- pool ---------------------------------------------------------------- */
+
+typedef struct pool_case {
+	atomic_uint hits[4096];
+	atomic_uint calls;
+	uint32_t n;
+} pool_case;
+
+static void
+pool_mark(void *arg, uint32_t i)
+{
+	pool_case *pc = arg;
+	atomic_fetch_add(&pc->hits[i], 1);
+	atomic_fetch_add(&pc->calls, 1);
+}
+
+/* Every index runs exactly once, on pools of 0..4 threads, for batches of
+ * every size from 0 to past the thread count, many batches in a row (a
+ * thread late to one batch must not run it inside the next). */
+static void
+test_pool_runs_each_index_once(void **state)
+{
+	static pool_case pc;
+
+	for (uint32_t t = 0; t <= 4; t++) {
+		fb_pool *p = NULL;
+		assert_int_equal(fb_pool_alloc(t, &p), FB_OK);
+		assert_int_equal(fb_pool_threads(p), t);
+		for (uint32_t rep = 0; rep < 300; rep++) {
+			uint32_t n = rep % 37 + (rep % 5 == 0 ? 4000 : 0);
+			memset(&pc, 0, sizeof(pc));
+			fb_pool_for(p, n, pool_mark, &pc);
+			assert_int_equal(atomic_load(&pc.calls), n);
+			for (uint32_t i = 0; i < n; i++) {
+				assert_int_equal(atomic_load(&pc.hits[i]), 1);
+			}
+		}
+		fb_pool_free(p);
+	}
+	/* a NULL pool runs everything on the caller */
+	memset(&pc, 0, sizeof(pc));
+	fb_pool_for(NULL, 10, pool_mark, &pc);
+	assert_int_equal(atomic_load(&pc.calls), 10);
+	assert_true(fb_pool_cpus() >= 1);
+	assert_int_equal(fb_pool_alloc(100000, &(fb_pool *){NULL}), FB_EINVAL);
+	fb_pool_free(NULL);
+}
+
 FB_TESTS = {
+    {"a pool runs each index of a batch exactly once",
+        test_pool_runs_each_index_once},
     {"defaults apply to an empty document", test_defaults},
     {"comments only, --- and null sections give defaults", test_comments_only},
     {"every type parses", test_every_type},

@@ -914,6 +914,78 @@ out:
 
 static const size_t in_order[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 
+/*
+ * A FULL stream's chunks sealed one by one, last first (as threads would,
+ * in any order), pull like a stream pushed in order; a TAGS stream cannot
+ * be sealed that way; a chunk sealed at the wrong index, or with the FINAL
+ * flag moved, fails its MAC.
+ */
+static void
+test_stream_chunks_sealed_out_of_order(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w, bad;
+	uint8_t hashes[4][FB_STREAM_HASH_LEN];
+	fb_stream_push *p = NULL;
+	size_t len = 3 * CH + 5, clen = 0;
+	fb_reject why;
+
+	memset(&w, 0, sizeof(w));
+	for (size_t i = 0; i < len; i++) {
+		w.plain[i] = (uint8_t)(7 + i * 13);
+	}
+	w.plain_len = len;
+	w.nchunks = 4;
+	assert_int_equal(fb_stream_push_alloc(&ctx, CH, FB_STREAM_DIGEST_FULL,
+	                     w.key, w.header, &p),
+	    FB_OK);
+	for (size_t k = 4; k-- > 0;) {
+		size_t n = k == 3 ? 5 : CH;
+		assert_int_equal(fb_stream_push_chunk_at(p, k, w.plain + k * CH, n,
+		                     k == 3, w.chunks[k], sizeof(w.chunks[k]),
+		                     &w.chunk_len[k], hashes[k]),
+		    FB_OK);
+	}
+	/* the trailer cannot be signed before the hashes are in */
+	assert_int_equal(fb_stream_push_final(p, f->w1, w.trailer), FB_EINVAL);
+	assert_int_equal(fb_stream_push_hashes(p, hashes[0], 4, len, 1), FB_OK);
+	assert_int_equal(fb_stream_push_final(p, f->w1, w.trailer), FB_OK);
+	assert_int_equal(fb_stream_push_chunk_at(p, 4, w.plain, 1, 1,
+	                     bad.chunks[0], sizeof(bad.chunks[0]), &clen,
+	                     hashes[0]),
+	    FB_EINVAL); /* finished */
+	fb_stream_push_free(p);
+	cur_mode = FB_STREAM_DIGEST_FULL;
+	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, in_order, 4, &why),
+	    FB_OK);
+	/* a chunk sealed as index 2 cannot stand at index 1 */
+	bad = w;
+	memcpy(bad.chunks[1], w.chunks[2], w.chunk_len[2]);
+	bad.chunk_len[1] = w.chunk_len[2];
+	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &bad, in_order, 4,
+	                     &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	bad = w;
+	bad.chunks[2][0] = 1; /* FINAL moved to chunk 2 */
+	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &bad, in_order, 4,
+	                     &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	/* TAGS streams chain their chunks: no sealing out of order */
+	assert_int_equal(fb_stream_push_alloc(&ctx, CH, FB_STREAM_DIGEST_TAGS,
+	                     w.key, w.header, &p),
+	    FB_OK);
+	assert_int_equal(fb_stream_push_chunk_at(p, 0, w.plain, 1, 1,
+	                     bad.chunks[0], sizeof(bad.chunks[0]), &clen,
+	                     hashes[0]),
+	    FB_EINVAL);
+	assert_int_equal(fb_stream_push_hashes(p, hashes[0], 1, 1, 1),
+	    FB_EINVAL);
+	fb_stream_push_free(p);
+}
+
 static void
 test_stream_roundtrip(void **state)
 {
@@ -1323,6 +1395,8 @@ FB_TESTS = {
     {"stream sizes beyond the limits are rejected", test_stream_limits},
     {"TAGS digest streams pass the same checks and cannot be downgraded",
         test_stream_tags_mode},
+    {"FULL chunks sealed out of order on their own pull as one stream",
+        test_stream_chunks_sealed_out_of_order},
     {"global model is encrypted once and opens for each selected worker",
         test_broadcast},
     {"reject reasons have distinct names", test_reject_names},

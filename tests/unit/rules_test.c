@@ -18,6 +18,7 @@
 
 #include "aggregation/aggregation.h"
 #include "common/util.h"
+#include "tests/unit/accum_read.h"
 #include "tests/unit/harness.h"
 
 #define VECTORS "tests/vectors/rules.txt"
@@ -782,7 +783,7 @@ test_mean_chunk_matches_mean(void **state)
 		assert_int_equal(fb_accum_add(a, c, u + c * CH, 0.25, NULL),
 		    FB_OK);
 	}
-	fb_accum_mean(a, full);
+	accum_mean(a, full);
 	for (uint32_t c = 0; c < fb_accum_chunk_count(a); c++) {
 		uint64_t len = fb_accum_chunk_len(a, c);
 		assert_int_equal(fb_accum_mean_chunk(a, c, part), FB_OK);
@@ -906,6 +907,58 @@ test_bad_arguments_rejected(void **state)
 	fb_accum_free(b);
 }
 
+/* A step taken in disjoint chunk ranges (as threads take it) is bitwise
+ * the whole step, for every server rule, over two rounds of state. */
+static void
+test_step_by_ranges_is_the_whole_step(void **state)
+{
+	enum { N = 1000, CHUNK = 64 };
+	static float x[N], p1[N], p2[N];
+	fb_accum *a = NULL;
+
+	for (int j = 0; j < N; j++) {
+		x[j] = (float)sin(j * 0.37) * 0.5f;
+	}
+	assert_int_equal(fb_accum_alloc(N, CHUNK, 1.0, &a), FB_OK);
+	for (int k = 0; k < FB_SERVER_KIND_COUNT_; k++) {
+		fb_server_opt_params op;
+		fb_server_opt *o1 = NULL, *o2 = NULL;
+		uint32_t nc = fb_accum_chunk_count(a);
+		fb_server_opt_params_default(&op, (fb_server_opt_kind)k);
+		assert_int_equal(fb_server_opt_alloc(&op, N, &o1), FB_OK);
+		assert_int_equal(fb_server_opt_alloc(&op, N, &o2), FB_OK);
+		for (int j = 0; j < N; j++) {
+			p1[j] = p2[j] = (float)j * 0.01f;
+		}
+		for (int round = 0; round < 2; round++) {
+			fb_accum_reset(a);
+			for (uint32_t c = 0; c < nc; c++) {
+				assert_int_equal(fb_accum_add(a, c,
+				                     x + (uint64_t)c * CHUNK, 0.75, NULL),
+				    FB_OK);
+			}
+			assert_int_equal(fb_server_opt_step(o1, a, p1, 1.5), FB_OK);
+			/* ranges 3, 7, 5, ... out of order */
+			for (uint32_t c0 = nc; c0 > 0;) {
+				uint32_t len = c0 >= 3 ? 3 : c0;
+				c0 -= len;
+				assert_int_equal(fb_server_opt_step_chunks(o2, a, p2,
+				                     1.5, c0, len),
+				    FB_OK);
+			}
+			assert_memory_equal(p1, p2, sizeof(p1));
+		}
+		assert_int_equal(fb_server_opt_step_chunks(o2, a, p2, 1.5, nc, 1),
+		    FB_EINVAL);
+		assert_int_equal(fb_server_opt_step_chunks(o2, a, p2, 1.5,
+		                     nc + 1, 0),
+		    FB_EINVAL);
+		fb_server_opt_free(o1);
+		fb_server_opt_free(o2);
+	}
+	fb_accum_free(a);
+}
+
 FB_TESTS = {
 	{"rules match the numpy reference within the quantisation bound",
 	    test_vectors_within_bound},
@@ -919,6 +972,8 @@ FB_TESTS = {
 	{"server state persists across rounds until reset",
 	    test_state_persists_across_rounds},
 	{"mean by chunk equals the full mean", test_mean_chunk_matches_mean},
+	{"a step taken in chunk ranges is bitwise the whole step",
+	    test_step_by_ranges_is_the_whole_step},
 	{"rule names parse and pick their server optimiser", test_rule_names},
 	{"bad arguments are rejected", test_bad_arguments_rejected},
 	{NULL, NULL},

@@ -17,6 +17,7 @@
 
 #include "aggregation/aggregation.h"
 #include "crypto/crypto.h"
+#include "tests/unit/accum_read.h"
 #include "tests/unit/harness.h"
 
 #define VECTORS "tests/vectors/shamir.txt"
@@ -941,7 +942,7 @@ test_steps_refuse_wrong_order_and_bad_input(void **state)
 /*
  * The coordinator's path: encoded inputs summed in an accumulator's ring
  * (mod 2^32, here in a 20-bit ring so that sign extension matters), then
- * fb_accum_set_secure_sum: fb_accum_mean gives the weighted mean within
+ * fb_accum_set_secure_sum: the chunk means give the weighted mean within
  * the encoding's documented bound, negative values included, and a reset
  * returns the accumulator to plain use.
  */
@@ -976,7 +977,7 @@ test_accum_reads_secure_sum(void **state)
 	}
 	assert_int_equal(fb_accum_set_secure_sum(a, &e, 0.0), FB_EINVAL);
 	assert_int_equal(fb_accum_set_secure_sum(a, &e, W), FB_OK);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	bound = fb_encoding_bound(&e, K) / W + 1e-6;
 	for (int j = 0; j < N; j++) {
 		double exact = 0;
@@ -990,7 +991,7 @@ test_accum_reads_secure_sum(void **state)
 	assert_true(mean[0] < 0); /* sign extension from 20 bits */
 	fb_accum_reset(a);
 	assert_int_equal(fb_accum_add(a, 0, x[0], 1.0, NULL), FB_OK);
-	fb_accum_mean(a, mean);
+	accum_mean(a, mean);
 	assert_true(fabs(mean[5] - x[0][5]) < 1e-6);
 	fb_accum_free(a);
 }

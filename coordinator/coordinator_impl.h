@@ -1,0 +1,508 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * coordinator_impl.h -- the coordinator's private state, shared by its
+ * files (never included outside coordinator/ and its unit tests).
+ *
+ *   loop.c       the one event loop: socket, ingest results, job
+ *                completions and timers as events; authentication
+ *   registry.c   the roster: handshakes, hellos, allowlist, lanes,
+ *                liveness, heartbeats
+ *   guard.c      drop reasons, their logs and counts, per-peer rate limit
+ *   round.c      the round's phase machine: select, schedule, close
+ *   broadcast.c  the model under the round key; ModelFetch serving
+ *   upload.c     update streams: checks, the ingest pool's results
+ *   secagg.c     SecAgg+: adverts, share relay, reveals
+ *   jobs.c       the job thread: encryption, unmasking and the commit,
+ *                off the loop, on every core
+ *   outputs.c    metrics.jsonl, model.safetensors, the round line
+ *   coordinator.c  init, fini, fb_coordinator_run
+ *
+ * Threads: the loop thread owns everything here, except what a job reads
+ * and writes while it runs (job.h's list per job kind), the ingest pool's
+ * adds into the accumulator, and the link's zero-copy sends (fb_lent).
+ * Every transition of the round takes `now` (ms on the coordinator's
+ * clock) as an argument, so a test drives the machine with a fake clock
+ * and fake sends (coord_io) and no sockets: tests/unit/round_test.c.
+ */
+#ifndef FB_COORDINATOR_COORDINATOR_IMPL_H
+#define FB_COORDINATOR_COORDINATOR_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "aggregation/aggregation.h"
+#include "common/pool.h"
+#include "common/util.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/ingest.h"
+#include "crypto/crypto.h"
+#include "data/data.h"
+#include "model/model.h"
+#include "proto/proto.h"
+
+/* Ids that must not be mixed up. A worker slot indexes coord.workers (in
+ * secure mode it is also the allowlist entry and the sender id); a SecAgg
+ * slot indexes one round's participants. */
+typedef struct { uint32_t v; } wslot;
+typedef struct { uint32_t v; } sa_slot;
+
+typedef enum worker_state {
+	W_IDLE = 0,  /* admitted, not in the current round */
+	W_TRAINING,  /* RoundStart sent; fetching or training */
+	W_UPLOADING, /* UpdateBegin accepted, chunks arriving */
+	W_DONE,      /* complete update added */
+	W_FAILED,    /* lost, cancelled or rejected this round */
+	W_STATE_COUNT_
+} worker_state;
+
+extern const char *const worker_state_names[W_STATE_COUNT_];
+
+/*
+ * The round's phases. A round runs IDLE -> [PREPARE] -> TRAIN ->
+ * [OVERTIME] -> [UNMASK] -> AGGREGATE -> RECORD, then IDLE for the next
+ * or DONE. PREPARE only with security (the model is encrypted once for
+ * the round); UNMASK only with secure aggregation. A round that cannot
+ * commit skips to RECORD with its reason.
+ */
+typedef enum round_phase {
+	PHASE_IDLE = 0, /* between rounds: waiting for round.min_workers */
+	PHASE_PREPARE,  /* job: the model encrypted under the round key */
+	PHASE_TRAIN,    /* RoundStart out: fetch, train, upload (and the
+	                 * SecAgg setup alongside, sa.phase) */
+	PHASE_OVERTIME, /* past the deadline: stragglers waited for, or
+	                 * masked uploads under way let finish */
+	PHASE_UNMASK,   /* SecAgg: reveals asked for, up to unmask_timeout */
+	PHASE_AGGREGATE, /* job: unmask, checks, server step, evaluation,
+	                  * model file */
+	PHASE_RECORD,   /* job: the round's metrics line */
+	PHASE_DONE,     /* every round ran, or the run stops */
+	PHASE_COUNT_
+} round_phase;
+
+extern const char *const round_phase_names[PHASE_COUNT_];
+
+typedef enum round_status {
+	ROUND_OK = 0,
+	ROUND_FAILED,  /* too few updates, or the model step refused */
+	ROUND_ABORTED, /* secure aggregation could not finish */
+	ROUND_STATUS_COUNT_
+} round_status;
+
+extern const char *const round_status_names[ROUND_STATUS_COUNT_];
+
+/* Reasons a message is dropped, counted per round in metrics.jsonl. */
+typedef enum drop_reason {
+	DROP_MALFORMED = 0,
+	DROP_UNKNOWN_PEER,
+	DROP_STALE_ROUND,
+	DROP_UNEXPECTED,
+	DROP_OUT_OF_ORDER,
+	DROP_WRONG_SIZE,
+	DROP_NONFINITE,
+	DROP_VERSION,
+	DROP_UNKNOWN_KEY,
+	DROP_BAD_SIGNATURE,
+	DROP_BAD_MAC,
+	DROP_REPLAY,
+	DROP_WRONG_RUN,
+	DROP_WRONG_SENDER,
+	DROP_TRUNCATED,
+	DROP_IDENTITY,
+	DROP_INSECURE,
+	DROP_RATE_LIMITED,
+	DROP_REASON_COUNT_
+} drop_reason;
+
+extern const char *const drop_names[DROP_REASON_COUNT_];
+
+typedef struct worker {
+	bool used;
+	bool welcomed;           /* its hello was taken */
+	fb_peer peer;
+	uint32_t id;             /* secure: allowlist index; plain: a count */
+	char name[FB_NAME_MAX];
+	uint32_t index;          /* its data.index */
+	uint64_t num_samples;    /* plain mode only; 0 under SecAgg */
+	uint64_t session;
+	char backend[FB_TEXT_MAX];
+	int64_t last_seen_ms;
+	int64_t full_since_ms;   /* its send queue was found full; 0: not */
+	fb_session *sess;        /* secure: current session, NULL until one */
+	fb_session *pending;     /* secure: newer handshake, taken on use */
+	/* this round */
+	worker_state state;
+	const char *fail_reason; /* static text */
+	double weight;           /* plain FedAvg weight */
+	uint64_t assigned_steps;
+	uint32_t first_chunk;    /* where its upload starts (RoundStart) */
+	uint32_t next_chunk;     /* chunks of its upload received so far */
+	uint64_t steps;
+	double train_loss;
+	double train_seconds;
+	uint64_t ingest_gen;     /* its update's stream number in the pool */
+	double begin_s;          /* when its update began (fb_now_s) */
+	bool final_seen;         /* the update's trailer was queued */
+	int64_t done_ms;         /* when its update completed */
+	double a_norm;           /* plain FedNova ||a_i||_1 */
+	uint32_t sa_slot;        /* SecAgg: its slot in the round */
+	/* heterogeneity */
+	double speed;            /* smoothed local steps per second */
+	bool has_speed;
+	double round_speed;      /* this round's steps per second */
+} worker;
+
+/* Secure aggregation (SecAgg+, crypto.h) of one round. */
+#define SA_EXTRA FB_SECAGG_EXTRA /* weight, weight*loss, weight*a */
+
+typedef enum sa_phase {
+	SA_OFF = 0,
+	SA_ADVERTS, /* collecting key adverts */
+	SA_SHARES,  /* collecting share batches */
+	SA_INPUT,   /* shares relayed: masked inputs may stream in */
+	SA_UNMASK,  /* reveals asked for */
+	SA_PHASE_COUNT_
+} sa_phase;
+
+extern const char *const sa_phase_names[SA_PHASE_COUNT_];
+
+#define SA_F_ADV 1u
+#define SA_F_SHARED 2u
+#define SA_F_INCLUDED 4u
+#define SA_F_REVEALED 8u
+
+typedef struct sa_round {
+	sa_phase phase;
+	int64_t phase_end_ms;
+	fb_secagg_params p;
+	fb_secagg_server *srv;
+	uint32_t n, k, t;
+	uint32_t *slot_worker;  /* SecAgg slot -> worker slot */
+	uint8_t *flags;         /* per SecAgg slot, SA_F_* */
+	uint8_t *adv;           /* per SecAgg slot, its advert */
+	uint8_t *shares;        /* per SecAgg slot, its sealed shares */
+	uint32_t *share_len;    /* bytes in each batch */
+	uint32_t extra[SA_EXTRA]; /* coord.extra_mu: the pool adds here */
+	fb_secagg_encodings enc;
+	const char *poisoned;   /* why the sum is unusable, or NULL */
+} sa_round;
+
+/* What the ingest pool's callback needs to add one worker's update; set
+ * when the update begins, unchanged while the pool holds its chunks. */
+typedef struct ingest_arg {
+	double weight; /* plain FedAvg weight */
+	bool masked;   /* secure aggregation: ring elements, mod 2^32 */
+} ingest_arg;
+
+/* Peers sending bad messages fast are ignored for a while, so that a
+ * flood costs one table lookup per message, not a decode or a MAC. */
+#define RL_SLOTS 256
+#define RL_WINDOW_MS 1000
+#define RL_MAX_BAD 20 /* bad messages per window before blocking */
+#define RL_BLOCK_MS 10000
+
+typedef struct rl_entry {
+	fb_peer peer;
+	int64_t window_ms;
+	uint32_t bad;
+	int64_t blocked_until_ms;
+} rl_entry;
+
+typedef struct guard {
+	uint64_t drops[DROP_REASON_COUNT_];          /* since the start */
+	uint64_t drops_reported[DROP_REASON_COUNT_]; /* up to the last line */
+	int64_t logged_ms[DROP_REASON_COUNT_];
+	uint64_t unlogged[DROP_REASON_COUNT_];
+	const fb_peer *cur_peer; /* sender of the message being handled */
+	rl_entry rl[RL_SLOTS];
+} guard;
+
+#define HELLO_CACHE 4096 /* remembered handshake nonces (replays) */
+#define LANE_SEEN 256    /* remembered lane choices (retried hellos) */
+
+typedef struct registry {
+	worker *workers;
+	uint32_t cap;            /* slots: allowlist size, or max_workers */
+	uint32_t next_id;
+	uint32_t last_found;     /* find_peer's last hit */
+	int64_t last_scan_ms;    /* liveness scan */
+	int64_t last_heartbeat_ms;
+	/* secure mode */
+	fb_pubkey *allow;        /* allowlist keys; slot i = entry i */
+	char (*allow_names)[FB_NAME_MAX];
+	uint32_t allow_count;
+	uint8_t (*hello_nonces)[32];
+	uint32_t hello_next;
+	/* lanes: the choice made for recent connections on the listen port */
+	uint32_t lanes;
+	uint32_t lane_next;
+	struct {
+		fb_peer peer;
+		uint32_t lane;
+	} lane_seen[LANE_SEEN];
+	uint32_t lane_seen_next;
+} registry;
+
+/* The global model as sent this round: plain, or encrypted once. */
+typedef struct broadcast {
+	uint8_t *data;           /* ciphertext: fb_lent_data(lent) */
+	fb_lent *lent;           /* sent from without a copy */
+	uint64_t stride;         /* bytes per chunk slot in data */
+	uint32_t *len;           /* ciphertext bytes of each chunk */
+	uint8_t (*hash)[FB_STREAM_HASH_LEN]; /* per chunk, for the digest */
+	uint8_t key[FB_STREAM_KEY_LEN];
+	uint8_t header[FB_STREAM_HEADER_LEN];
+	uint8_t trailer[FB_STREAM_TRAILER_LEN];
+} broadcast;
+
+/* What a round found, for its metrics line and round line. */
+typedef struct round_result {
+	round_status status;
+	uint32_t selected;
+	uint32_t participants;
+	uint32_t partial;
+	double test_accuracy; /* NaN when not evaluated */
+	double test_loss;
+	double train_loss;    /* NaN when unknown */
+	double sa_a;          /* SecAgg: sum p_i a_i / sum p_i (FedNova) */
+	double seconds;
+	char backend[FB_TEXT_MAX];
+	bool mixed;           /* workers on different backends */
+} round_result;
+
+typedef struct round_state {
+	round_phase phase;
+	uint32_t number;         /* the round being run, 1-based */
+	int64_t phase_ms;        /* when the phase began */
+	int64_t idle_since_ms;   /* waiting for workers since */
+	int64_t last_note_ms;    /* "waiting for workers" log */
+	int64_t started_ms;      /* its first action */
+	int64_t deadline_ms;
+	uint32_t target_updates; /* updates that close a round early */
+	bool waiting_logged;
+	char why[256];           /* why it failed or aborted */
+	double tau_eff;
+	uint32_t in_chunks;      /* chunks of an update (+1 with SecAgg) */
+	uint64_t clipped_base;   /* fb_ingest_counter at its start */
+	uint64_t clipped;
+	uint64_t sent0, recv0;   /* the link's counters at its start */
+	uint64_t up_bytes, down_bytes;
+	double first_begin_s;    /* the round's first update began; 0 */
+	round_result r;
+	uint32_t *sel;           /* the selected workers' slots ... */
+	uint32_t *sel_id;        /* ... and their ids at selection */
+	uint32_t nsel;
+	uint32_t committed;      /* rounds committed, resumed runs included */
+	uint32_t ran;            /* rounds recorded by this process */
+	uint32_t model_round;    /* the last committed round (its model) */
+	char *resume_line;       /* --resume: the checkpoint's metrics line */
+	size_t resume_line_len;
+	fb_err exit_rc;          /* PHASE_DONE: what fb_coordinator_run says */
+} round_state;
+
+/* Work done off the loop (jobs.c). One job at a time. */
+typedef enum job_kind {
+	JOB_NONE = 0,
+	JOB_ENCRYPT,   /* reads params; writes bcast */
+	JOB_AGGREGATE, /* reads/writes accum, sa (srv, extra), params, opt;
+	                * reads model, test */
+	JOB_RECORD,    /* reads params, opt, rng, rd; writes rd.model_round,
+	                * the checkpoint, the export, then appends job.line to
+	                * metrics.jsonl */
+	JOB_KIND_COUNT_
+} job_kind;
+
+typedef struct job {
+	job_kind kind;           /* the job running or done; NONE: idle */
+	bool done;               /* its result waits for the loop */
+	fb_err rc;
+	bool fatal;              /* the run cannot go on (files, evaluation) */
+	char why[256];           /* the reason, when rc != FB_OK */
+	/* AGGREGATE inputs */
+	bool secure_sum;         /* unmask first */
+	double scale;            /* plain: tau_eff (FedNova) or 1 */
+	bool evaluate;
+	/* AGGREGATE outputs */
+	double W, loss, a;       /* SecAgg: decoded sums */
+	double test_loss, test_accuracy;
+	double seconds[3];       /* unmask, step, evaluate */
+	/* RECORD input */
+	char *line;
+	size_t line_len;
+	/* the thread */
+	pthread_t thread;
+	bool thread_live;
+	bool started;            /* jobs_start ran: mu, cv and efd exist */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool stop;
+	int efd;                 /* readable: a job is done */
+	bool inline_only;        /* tests: run jobs on the caller */
+} job;
+
+typedef struct coord coord;
+
+/*
+ * The coordinator's sends and clock. The loop's are the link's; a unit
+ * test gives fakes. send_worker sends to an admitted worker (sealed with
+ * its session in secure mode); send_peer sends an unsealed answer (reject,
+ * redirect, handshake reply) to a connection. Both never block: FB_EAGAIN
+ * means the peer's queue is full.
+ */
+typedef struct coord_io {
+	fb_err (*send_worker)(coord *c, worker *w, const fb_msg *m,
+	    const void *payload, size_t len, fb_lent *origin);
+	fb_err (*send_peer)(coord *c, const fb_peer *peer, const fb_msg *m);
+	uint64_t (*bytes_sent)(coord *c);
+	uint64_t (*bytes_received)(coord *c);
+	void *arg;
+} coord_io;
+
+struct coord {
+	const fb_coord_config *cfg;
+	coord_io io;
+	fb_link *link;           /* NULL in unit tests */
+	volatile sig_atomic_t *stop;
+	int64_t now;             /* the time of the event being handled */
+	/* model and aggregation */
+	fb_model *model;
+	uint64_t param_count;
+	uint32_t chunk_elems;
+	uint32_t chunk_count;
+	float *params;           /* fb_lent_data(params_lent) */
+	fb_lent *params_lent;    /* plain chunks are sent from it */
+	char model_desc[128];
+	fb_accum *accum;
+	fb_server_opt *opt;
+	fb_ingest *ingest;       /* decrypts and adds update chunks */
+	ingest_arg *stream_arg;  /* per worker slot */
+	fb_pool *pool;           /* every core, for the jobs' long passes */
+	fb_dataset test;
+	bool evaluate;
+	fb_rng rng;
+	uint64_t run_id;
+	char metrics_path[4096];
+	char model_path[4096];
+	int lock_fd;             /* OUTPUT_DIR/.lock, flock'd; -1: none */
+	/* security */
+	bool secure;
+	fb_identity *self;
+	fb_run_id run;
+	registry reg;
+	guard g;
+	round_state rd;
+	broadcast bc;
+	sa_round sa;
+	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */
+	job job;
+	int wake_fd;             /* epoll set: ingest results, job done */
+};
+
+/* ---- registry.c ---- */
+worker *registry_find_peer(coord *c, const fb_peer *p);
+uint32_t registry_live_count(const coord *c);
+wslot registry_slot(const coord *c, const worker *w);
+FB_MUST_CHECK fb_err registry_allow_add(coord *c, const fb_pubkey *pk,
+    const char *name);
+FB_MUST_CHECK fb_err registry_load_allowlist(coord *c);
+FB_MUST_CHECK fb_err registry_alloc(coord *c, uint32_t cap);
+void registry_fini(coord *c);
+void registry_on_hello(coord *c, worker *w, const fb_frame *f);
+void registry_on_handshake(coord *c, const fb_frame *f);
+void registry_forget(coord *c, worker *w, const char *why);
+void registry_tick(coord *c, int64_t now);
+fb_err coord_send(coord *c, worker *w, const fb_msg *m,
+    const void *payload, size_t len, fb_lent *origin);
+void coord_send_reject(coord *c, const fb_peer *peer, const char *reason);
+
+/* ---- guard.c ---- */
+void guard_drop(coord *c, drop_reason r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+bool guard_blocked(coord *c, const fb_peer *p);
+drop_reason guard_reason_of_reject(int why);
+
+/* ---- round.c ---- */
+void round_step(coord *c, int64_t now);
+void round_worker_failed(coord *c, worker *w, const char *why);
+void round_job_done(coord *c, job_kind kind, int64_t now);
+void round_cancel(coord *c, worker *w, const char *why);
+bool round_open_for(const coord *c, uint32_t round);
+int64_t round_next_timer(const coord *c, int64_t now);
+void round_stop(coord *c, int64_t now);
+
+/* ---- broadcast.c ---- */
+FB_MUST_CHECK fb_err broadcast_alloc(coord *c);
+void broadcast_fini(coord *c);
+FB_MUST_CHECK fb_err broadcast_prepare(coord *c);
+fb_err broadcast_encrypt(coord *c);      /* job thread */
+void broadcast_round_start(const coord *c, fb_msg *m);
+void broadcast_on_fetch(coord *c, worker *w, const fb_msg *m);
+FB_MUST_CHECK fb_err model_writable(coord *c, fb_lent **b, size_t len,
+    bool keep);
+
+/* ---- upload.c ---- */
+void upload_on_begin(coord *c, worker *w, const fb_msg *m);
+void upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf);
+void upload_on_end(coord *c, worker *w, const fb_msg *m);
+void upload_results(coord *c);
+void upload_settle(coord *c);
+fb_err upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
+    size_t len, uint64_t *counter);
+bool upload_any_in_flight(const coord *c);
+
+/* ---- secagg.c ---- */
+FB_MUST_CHECK fb_err sa_begin(coord *c, const uint32_t *cand, uint32_t n,
+    const char **why);
+void sa_free(sa_round *sa);
+void sa_round_start(const coord *c, const worker *w, fb_msg *m);
+void sa_on_message(coord *c, worker *w, const fb_frame *f);
+void sa_advance(coord *c, int64_t now);
+void sa_request_reveals(coord *c, int64_t now);
+bool sa_reveals_pending(const coord *c);
+uint32_t sa_count(const sa_round *sa, unsigned flag);
+double sa_a_bound(const coord *c);
+void sa_note_included(coord *c, worker *w);
+void sa_note_cut(coord *c, worker *w);
+fb_err sa_unmask(coord *c, job *j);      /* job thread */
+
+/* ---- jobs.c ---- */
+FB_MUST_CHECK fb_err jobs_start(coord *c, bool inline_only);
+void jobs_stop(coord *c);
+void jobs_submit(coord *c, job_kind kind);
+job_kind jobs_take_done(coord *c);
+bool jobs_busy(coord *c);
+
+/* ---- outputs.c ---- */
+FB_MUST_CHECK fb_err outputs_lock(coord *c);
+FB_MUST_CHECK fb_err outputs_prepare(coord *c, fb_coord_start how,
+    uint32_t *first);
+FB_MUST_CHECK fb_err outputs_begin(coord *c, fb_coord_start how);
+void outputs_unlock(coord *c);
+fb_err outputs_save_model(coord *c, double acc, const char *path);
+fb_err outputs_metrics_line(coord *c, char **line, size_t *len);
+fb_err outputs_append_line(coord *c, const char *line, size_t len);
+void outputs_round_line(coord *c);
+
+/* ---- checkpoint.c (the write and the read run on the job thread or
+ * before the loop starts) ---- */
+fb_err checkpoint_write(coord *c, bool committed, const char *line,
+    size_t len);
+FB_MUST_CHECK fb_err checkpoint_read(coord *c, uint32_t *first);
+bool checkpoint_exists(const coord *c, uint32_t *round);
+fb_err checkpoint_export(coord *c);
+void checkpoint_clear(const coord *c);
+
+/* ---- coordinator.c ---- */
+FB_MUST_CHECK fb_err coord_init(coord *c, const fb_coord_config *cfg,
+    const coord_io *io, bool inline_jobs);
+void coord_fini(coord *c);
+/* loop.c: what the loop does with one received, well-formed frame */
+void coord_handle_frame(coord *c, fb_frame *f);
+void coord_dispatch(coord *c, worker *w, const fb_frame *f, fb_buf *buf);
+/* coord_turn: after each event, the pool's results, a finished job, the
+ * registry's tick and the round's step, at `now`. */
+void coord_turn(coord *c, int64_t now);
+FB_MUST_CHECK fb_err coord_loop(coord *c);
+
+#endif

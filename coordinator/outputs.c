@@ -1,0 +1,454 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * outputs.c -- what a run leaves behind: OUTPUT_DIR/model.safetensors
+ * (the committed model, replaced atomically; checkpoint.c), one
+ * metrics.jsonl line per round (appended whole and fsync'd after the
+ * round's checkpoint), and the round line on stdout. The folder is locked
+ * for the run; nothing in it changes before the start-up checks passed.
+ * The files are written by the job thread; the metrics line is composed
+ * on the loop, which owns the roster it reads.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "coordinator/coordinator_impl.h"
+
+/* OUTPUT_DIR/.lock, held with flock for the run: a second coordinator on
+ * the same folder is refused before it touches anything. */
+fb_err
+outputs_lock(coord *c)
+{
+	const fb_coord_config *cfg = c->cfg;
+	char path[4200], pid[32];
+	int n;
+
+	snprintf(path, sizeof(path), "%s/checkpoint", cfg->output_dir);
+	if (fb_mkdir_p(path) != FB_OK) {
+		return FB_EIO;
+	}
+	snprintf(c->metrics_path, sizeof(c->metrics_path), "%s/metrics.jsonl",
+	    cfg->output_dir);
+	snprintf(c->model_path, sizeof(c->model_path), "%s/model.safetensors",
+	    cfg->output_dir);
+	snprintf(path, sizeof(path), "%s/.lock", cfg->output_dir);
+	c->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (c->lock_fd < 0) {
+		fb_log_error("cannot open %s: %s", path, strerror(errno));
+		return FB_EIO;
+	}
+	if (flock(c->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+		char other[32] = "?";
+		ssize_t got = pread(c->lock_fd, other, sizeof(other) - 1, 0);
+		other[got > 0 ? got : 1] = '\0';
+		other[strcspn(other, "\n")] = '\0';
+		fb_log_error("%s is in use by another fedbox-coordinator (pid %s): "
+		             "one coordinator per output_dir", cfg->output_dir,
+		    other);
+		close(c->lock_fd);
+		c->lock_fd = -1;
+		return FB_ECONFIG;
+	}
+	n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+	if (ftruncate(c->lock_fd, 0) != 0 ||
+	    pwrite(c->lock_fd, pid, (size_t)n, 0) != n) {
+		fb_log_warn("cannot write the pid into %s", path);
+	}
+	return FB_OK;
+}
+
+void
+outputs_unlock(coord *c)
+{
+	if (c->lock_fd >= 0) {
+		close(c->lock_fd); /* releases the flock */
+		c->lock_fd = -1;
+	}
+}
+
+/* Whether metrics.jsonl holds anything. */
+static bool
+metrics_nonempty(const coord *c)
+{
+	struct stat st;
+	return stat(c->metrics_path, &st) == 0 && st.st_size > 0;
+}
+
+/*
+ * outputs_prepare (before the coordinator listens; it changes no file)
+ * reads the checkpoint for a resume (*first = the round to run next), or
+ * refuses a fresh start on a folder that holds a run.
+ */
+fb_err
+outputs_prepare(coord *c, fb_coord_start how, uint32_t *first)
+{
+	uint32_t round = 0;
+
+	*first = 1;
+	if (how == FB_START_RESUME && !checkpoint_exists(c, &round)) {
+		fb_log_error("--resume: %s holds no checkpoint (checkpoint/state) "
+		             "to resume from; start without --resume",
+		    c->cfg->output_dir);
+		return FB_ECONFIG;
+	}
+	if (how == FB_START_RESUME) {
+		return checkpoint_read(c, first);
+	}
+	if (how == FB_START_FRESH &&
+	    (checkpoint_exists(c, &round) || metrics_nonempty(c))) {
+		char what[64];
+		if (round > 0) {
+			snprintf(what, sizeof(what), "checkpointed after round %u",
+			    round);
+		} else {
+			snprintf(what, sizeof(what), "no round recorded yet");
+		}
+		fb_log_error("%s holds a run (%s): continue it with --resume, or "
+		             "start over with --force (which removes its checkpoint "
+		             "and metrics)", c->cfg->output_dir, what);
+		return FB_ECONFIG;
+	}
+	return FB_OK;
+}
+
+/* The round number a metrics line starts with ({"round": N, ...}). */
+static bool
+line_round(const char *line, uint32_t *round)
+{
+	return sscanf(line, "{\"round\": %" SCNu32, round) == 1;
+}
+
+/*
+ * metrics_repair makes metrics.jsonl end at round R of the checkpoint: a
+ * torn last line (a kill mid-write) goes, lines past R go, and round R's
+ * line, if a kill came between the checkpoint and its line, is appended
+ * from the checkpoint.
+ */
+static fb_err
+metrics_repair(coord *c)
+{
+	uint8_t *b = NULL;
+	size_t len = 0, keep = 0;
+	uint32_t last = 0, r;
+	fb_err rc = FB_OK;
+	int fd;
+
+	if (access(c->metrics_path, F_OK) == 0 &&
+	    (rc = fb_file_read_all(c->metrics_path, &b, &len)) != FB_OK) {
+		return rc;
+	}
+	for (size_t i = 0; i < len;) {
+		uint8_t *nl = memchr(b + i, '\n', len - i);
+		if (nl == NULL) {
+			fb_log_warn("%s: a torn last line (%zu bytes) removed",
+			    c->metrics_path, len - i);
+			break;
+		}
+		*nl = '\0';
+		if (line_round((const char *)b + i, &r) && r > c->rd.number) {
+			fb_log_warn("%s: lines past round %u (the checkpoint's) "
+			            "removed", c->metrics_path, c->rd.number);
+			break;
+		}
+		if (line_round((const char *)b + i, &r)) {
+			last = r;
+		}
+		i = (size_t)(nl - b) + 1;
+		keep = i;
+	}
+	fb_free(b);
+	if ((fd = open(c->metrics_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) <
+	        0 ||
+	    ftruncate(fd, (off_t)keep) != 0 || fsync(fd) != 0) {
+		fb_log_error("cannot repair %s: %s", c->metrics_path,
+		    strerror(errno));
+		if (fd >= 0) {
+			close(fd);
+		}
+		return FB_EIO;
+	}
+	close(fd);
+	if (last < c->rd.number && c->rd.resume_line_len > 0) {
+		fb_log_info("%s: round %u's line restored from the checkpoint",
+		    c->metrics_path, c->rd.number);
+		rc = outputs_append_line(c, c->rd.resume_line,
+		    c->rd.resume_line_len);
+	}
+	return rc;
+}
+
+/*
+ * outputs_begin (once the coordinator listens: every start-up check
+ * passed) removes temporary files a killed run left, then starts the
+ * metrics afresh (fresh, force) or repairs them (resume).
+ */
+fb_err
+outputs_begin(coord *c, fb_coord_start how)
+{
+	char dir[4200];
+	unsigned n;
+
+	snprintf(dir, sizeof(dir), "%s/checkpoint", c->cfg->output_dir);
+	n = fb_remove_matching(dir, ".tmp.") +
+	    fb_remove_matching(c->cfg->output_dir, ".tmp.");
+	if (n > 0) {
+		fb_log_info("removed %u temporary file%s a stopped run left in %s",
+		    n, n == 1 ? "" : "s", c->cfg->output_dir);
+	}
+	if (how == FB_START_RESUME) {
+		fb_err rc = metrics_repair(c);
+		return rc == FB_OK ? checkpoint_export(c) : rc;
+	}
+	checkpoint_clear(c);
+	(void)unlink(c->model_path);
+	{
+		int fd = open(c->metrics_path,
+		    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd < 0) {
+			fb_log_error("cannot create %s: %s", c->metrics_path,
+			    strerror(errno));
+			return FB_EIO;
+		}
+		close(fd);
+	}
+	/* Round 0's checkpoint (the seed's model, nothing recorded): from
+	 * now on --resume finds a run, however early this one is killed. */
+	{
+		uint32_t number = c->rd.number;
+		fb_err rc;
+		c->rd.number = 0;
+		rc = checkpoint_write(c, false, "", 0);
+		c->rd.number = number;
+		return rc;
+	}
+}
+
+fb_err
+outputs_save_model(coord *c, double acc, const char *path)
+{
+	char round[16], accs[32], run[32];
+	const char *const meta[][2] = {
+	    {"format", "pt"},
+	    {"fedbox.round", round},
+	    {"fedbox.model", c->model_desc},
+	    {"fedbox.preprocessing", FB_FMNIST_PREPROCESSING},
+	    {"fedbox.test_accuracy", accs},
+	    {"fedbox.run_id", run},
+	    {"fedbox.version", FB_VERSION},
+	};
+
+	snprintf(round, sizeof(round), "%u", c->rd.number);
+	if (isnan(acc)) {
+		snprintf(accs, sizeof(accs), "null");
+	} else {
+		snprintf(accs, sizeof(accs), "%.6f", acc);
+	}
+	snprintf(run, sizeof(run), "%016" PRIx64, c->run_id);
+	return fb_model_save_safetensors(c->model, c->params, path, meta,
+	    FB_ARRAY_LEN(meta));
+}
+
+static void
+json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+		if (ch == '"' || ch == '\\') {
+			fprintf(f, "\\%c", ch);
+		} else if (ch < 0x20) {
+			fprintf(f, "\\u%04x", ch);
+		} else {
+			fputc(ch, f);
+		}
+	}
+	fputc('"', f);
+}
+
+/* A number with `digits` significant digits (%.*g) or `digits` decimals
+ * (fixed), or null when it is not finite (JSON has no NaN). */
+static void
+json_num(FILE *f, const char *key, double v, int digits, bool fixed)
+{
+	fprintf(f, "\"%s\": ", key);
+	if (!isfinite(v)) {
+		fputs("null", f);
+	} else if (fixed) {
+		fprintf(f, "%.*f", digits, v);
+	} else {
+		fprintf(f, "%.*g", digits, v);
+	}
+	fputs(", ", f);
+}
+
+static void
+json_time(FILE *f)
+{
+	struct timeval tv;
+	struct tm tm;
+	char buf[40];
+
+	gettimeofday(&tv, NULL);
+	gmtime_r(&tv.tv_sec, &tm);
+	strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+	fprintf(f, "\"time\": \"%s.%03dZ\", ", buf, (int)(tv.tv_usec / 1000));
+}
+
+static void
+json_worker(coord *c, FILE *f, const worker *w)
+{
+	bool secure = c->sa.phase != SA_OFF;
+
+	fprintf(f, "{\"name\": ");
+	json_str(f, w->name);
+	fprintf(f, ", \"status\": \"%s\"", worker_state_names[w->state]);
+	if (!secure) {
+		fprintf(f, ", \"assigned_steps\": %" PRIu64 ", \"steps\": %" PRIu64
+		           ", \"train_seconds\": %.3f",
+		    w->assigned_steps, w->steps, w->train_seconds);
+	} else if (w->assigned_steps > 0) {
+		/* Secure aggregation: what a worker did stays its own; its
+		 * speed is known (it schedules time budgets). */
+		fprintf(f, ", \"assigned_steps\": %" PRIu64, w->assigned_steps);
+	}
+	fprintf(f, ", \"steps_per_s\": %.3f, \"made_deadline\": %s",
+	    w->round_speed,
+	    w->state == W_DONE && w->done_ms <= c->rd.deadline_ms ? "true"
+	                                                        : "false");
+	if (fb_rule_is_fednova(c->cfg->rule) && !secure) {
+		fprintf(f, ", \"a_norm\": %.6g", w->a_norm);
+	}
+	fprintf(f, ", \"backend\": ");
+	json_str(f, w->backend);
+	if (w->fail_reason != NULL) {
+		fprintf(f, ", \"reason\": ");
+		json_str(f, w->fail_reason);
+	}
+	fputc('}', f);
+}
+
+static void
+json_round(coord *c, FILE *f)
+{
+	const round_state *rd = &c->rd;
+	const round_result *r = &rd->r;
+
+	fprintf(f, "{\"round\": %u, ", rd->number);
+	json_time(f);
+	fprintf(f, "\"status\": \"%s\", \"selected\": %u, "
+	           "\"participants\": %u, \"partial\": %u, ",
+	    round_status_names[r->status], r->selected, r->participants,
+	    r->partial);
+	json_num(f, "test_accuracy", r->test_accuracy, 6, true);
+	json_num(f, "test_loss", r->test_loss, 6, true);
+	fprintf(f, "\"rule\": \"%s\", ", fb_rule_names[c->cfg->rule]);
+	json_num(f, "tau_eff", rd->tau_eff, 6, false);
+	json_num(f, "train_loss", r->train_loss, 6, true);
+	if (r->status != ROUND_OK && rd->why[0] != '\0') {
+		fprintf(f, "\"reason\": ");
+		json_str(f, rd->why);
+		fprintf(f, ", ");
+	}
+	if (c->sa.phase != SA_OFF) {
+		fprintf(f, "\"secure_aggregation\": {\"workers\": %u, "
+		           "\"neighbours\": %u, \"threshold\": %u, "
+		           "\"included\": %u, \"revealed\": %u}, ",
+		    c->sa.n, c->sa.k, c->sa.t, sa_count(&c->sa, SA_F_INCLUDED),
+		    sa_count(&c->sa, SA_F_REVEALED));
+	}
+	fprintf(f, "\"seconds\": %.3f, \"bytes_up\": %" PRIu64
+	           ", \"bytes_down\": %" PRIu64 ", \"clipped\": %" PRIu64
+	           ", \"rejected\": {",
+	    r->seconds, rd->up_bytes, rd->down_bytes, rd->clipped);
+	for (int i = 0; i < DROP_REASON_COUNT_; i++) {
+		fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", drop_names[i],
+		    c->g.drops[i] - c->g.drops_reported[i]);
+	}
+	fprintf(f, "}, \"workers\": [");
+	for (uint32_t i = 0, n = 0; i < c->reg.cap; i++) {
+		const worker *w = &c->reg.workers[i];
+		if (w->used && w->state != W_IDLE) {
+			fputs(n++ ? ", " : "", f);
+			json_worker(c, f, w);
+		}
+	}
+	fprintf(f, "]}\n");
+}
+
+fb_err
+outputs_metrics_line(coord *c, char **line, size_t *len)
+{
+	FILE *f = open_memstream(line, len);
+
+	if (f == NULL) {
+		return FB_ENOMEM;
+	}
+	json_round(c, f);
+	if (fclose(f) != 0) {
+		free(*line);
+		*line = NULL;
+		return FB_ENOMEM;
+	}
+	memcpy(c->g.drops_reported, c->g.drops, sizeof(c->g.drops));
+	return FB_OK;
+}
+
+fb_err
+outputs_append_line(coord *c, const char *line, size_t len)
+{
+	int fd = open(c->metrics_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
+	    0644);
+	fb_err rc = FB_OK;
+
+	if (fd < 0) {
+		fb_log_error("cannot append to %s", c->metrics_path);
+		return FB_EIO;
+	}
+	/* One write of the whole line: O_APPEND puts it at the end whole. */
+	if (fb_write_all(fd, line, len) != FB_OK || fsync(fd) != 0) {
+		fb_log_error("cannot write %s", c->metrics_path);
+		rc = FB_EIO;
+	}
+	close(fd);
+	return rc;
+}
+
+void
+outputs_round_line(coord *c)
+{
+	const round_state *rd = &c->rd;
+	const round_result *r = &rd->r;
+
+	printf("round %3u/%lld  workers %u/%u%s  ", rd->number,
+	    (long long)c->cfg->rounds, r->participants, r->selected,
+	    r->partial ? " (+partial)" : "");
+	if (isnan(r->test_accuracy)) {
+		printf("acc    -     loss   -     ");
+	} else {
+		printf("acc %6.2f%%  loss %.4f  ", 100.0 * r->test_accuracy,
+		    r->test_loss);
+	}
+	printf("%6.1fs  up %.1f MB  down %.1f MB", r->seconds,
+	    (double)rd->up_bytes / 1e6, (double)rd->down_bytes / 1e6);
+	if (r->backend[0] != '\0') {
+		printf("  [%s%s]", r->backend, r->mixed ? " and others" : "");
+	}
+	if (r->status == ROUND_OK) {
+		printf("\n");
+	} else {
+		printf("  %s (model unchanged): %s\n",
+		    r->status == ROUND_ABORTED ? "ABORTED" : "FAILED", rd->why);
+	}
+	fflush(stdout);
+}

@@ -1,0 +1,705 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * round.c -- the round's phase machine (coordinator_impl.h, round_phase).
+ *
+ *   IDLE      waits for round.min_workers, then selects the round's workers
+ *             (all, or a sample plus over-selection), gives each its local
+ *             work (fixed, or what its measured speed fits in the time
+ *             budget) and its FedAvg weight (fb_fedavg_weights)
+ *   PREPARE   (security on) the job thread encrypts the model once
+ *   TRAIN     RoundStart to each; the SecAgg setup runs alongside; closes
+ *             when every selected worker is done or gone, or at the
+ *             deadline
+ *   OVERTIME  past the deadline: stragglers are waited for
+ *             (round.stragglers: wait), or masked uploads under way are let
+ *             finish, up to secure_aggregation.unmask_timeout
+ *   UNMASK    the included workers' reveals, up to unmask_timeout
+ *   AGGREGATE the job thread unmasks, checks, steps the server rule
+ *             (FedNova's tau_eff from fb_fednova_tau_eff), evaluates and
+ *             writes the model
+ *   RECORD    the job thread appends the round's metrics line
+ * Every function takes `now`; nothing here touches a socket or sleeps.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "coordinator/coordinator_impl.h"
+
+const char *const round_phase_names[PHASE_COUNT_] = {"idle", "prepare",
+    "train", "overtime", "unmask", "aggregate", "record", "done"};
+const char *const round_status_names[ROUND_STATUS_COUNT_] = {"ok", "failed",
+    "aborted"};
+
+static void
+enter(coord *c, round_phase p, int64_t now)
+{
+	fb_log_debug("round %u: %s -> %s", c->rd.number,
+	    round_phase_names[c->rd.phase], round_phase_names[p]);
+	c->rd.phase = p;
+	c->rd.phase_ms = now;
+}
+
+bool
+round_open_for(const coord *c, uint32_t round)
+{
+	return round == c->rd.number && c->rd.phase != PHASE_IDLE &&
+	    c->rd.phase != PHASE_DONE;
+}
+
+void
+round_worker_failed(coord *c, worker *w, const char *why)
+{
+	sa_note_cut(c, w);
+	if (w->state != W_TRAINING && w->state != W_UPLOADING) {
+		return;
+	}
+	if (w->state == W_UPLOADING) {
+		/* Chunks already queued are still added, as they were when
+		 * each was added on arrival. */
+		fb_ingest_abort(c->ingest, registry_slot(c, w).v);
+	}
+	fb_log_warn("round %u: %s leaves the round: %s", c->rd.number, w->name,
+	    why);
+	w->state = W_FAILED;
+	w->fail_reason = why;
+}
+
+/* Takes worker w out of the round, telling it why. */
+void
+round_cancel(coord *c, worker *w, const char *why)
+{
+	fb_msg m = {.type = FB_MSG_ROUND_CANCEL};
+
+	m.u.round_cancel.round = c->rd.number;
+	snprintf(m.u.round_cancel.reason, sizeof(m.u.round_cancel.reason), "%s",
+	    why);
+	(void)coord_send(c, w, &m, NULL, 0, NULL);
+	round_worker_failed(c, w, why);
+}
+
+/* Stops the workers still training (and uploading, unless keep_uploads). */
+static void
+cancel_stragglers(coord *c, bool deadline, bool keep_uploads)
+{
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		worker *w = &c->reg.workers[i];
+		if (!w->used || !(w->state == W_TRAINING ||
+		                    (w->state == W_UPLOADING && !keep_uploads))) {
+			continue;
+		}
+		round_cancel(c, w, !deadline ? "not needed (over-selected)"
+		        : w->state == W_UPLOADING ? "deadline passed during upload"
+		                                  : "deadline passed during "
+		                                    "training");
+	}
+}
+
+/* ---- selection and schedule ----------------------------------------------- */
+
+/* The local steps worker w is asked for (0: it derives them from
+ * local_epochs itself, keeping its sample count private). */
+static uint64_t
+schedule_steps(const coord *c, const worker *w)
+{
+	const fb_coord_config *cfg = c->cfg;
+	uint64_t steps = (uint64_t)cfg->local_steps;
+
+	if (steps == 0 && w->num_samples > 0) {
+		double st = ceil(cfg->local_epochs * (double)w->num_samples /
+		    (double)cfg->batch_size);
+		steps = st < 1 ? 1 : (uint64_t)st;
+	}
+	if (cfg->local_work == FB_WORK_TIME_BUDGET && w->has_speed) {
+		/* as many steps as fit in the budget at the worker's measured
+		 * speed (the first round, without one, uses the fixed work) */
+		double fit = floor(w->speed * (double)cfg->time_budget_ms / 1000.0);
+		fit = fit < (double)cfg->min_steps ? (double)cfg->min_steps : fit;
+		fit = fit > (double)cfg->max_steps ? (double)cfg->max_steps : fit;
+		steps = (uint64_t)fit;
+	}
+	return steps;
+}
+
+/* Plain mode: each selected worker's FedAvg weight n_i / sum n. */
+static fb_err
+select_weights(coord *c)
+{
+	round_state *rd = &c->rd;
+	uint64_t *n = calloc(rd->nsel, sizeof(*n));
+	double *w = calloc(rd->nsel, sizeof(*w));
+	fb_err rc = FB_ENOMEM;
+
+	if (n != NULL && w != NULL) {
+		for (uint32_t s = 0; s < rd->nsel; s++) {
+			n[s] = c->reg.workers[rd->sel[s]].num_samples;
+		}
+		rc = fb_fedavg_weights(n, rd->nsel, w);
+		for (uint32_t s = 0; rc == FB_OK && s < rd->nsel; s++) {
+			c->reg.workers[rd->sel[s]].weight = w[s];
+		}
+	}
+	free(n);
+	free(w);
+	return rc;
+}
+
+/* Picks the round's workers into rd->sel (returns how many). */
+static uint32_t
+select_workers(coord *c)
+{
+	const fb_coord_config *cfg = c->cfg;
+	round_state *rd = &c->rd;
+	uint32_t ncand = 0, nsel;
+
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		worker *w = &c->reg.workers[i];
+		w->state = W_IDLE;
+		w->fail_reason = NULL;
+		if (w->used) {
+			rd->sel[ncand++] = i;
+		}
+	}
+	nsel = ncand;
+	rd->target_updates = ncand;
+	if (cfg->workers_per_round > 0 &&
+	    (uint32_t)cfg->workers_per_round < ncand) {
+		rd->target_updates = (uint32_t)cfg->workers_per_round;
+		nsel = rd->target_updates + (uint32_t)cfg->over_select;
+		nsel = nsel < ncand ? nsel : ncand;
+		fb_rng_shuffle_u32(&c->rng, rd->sel, ncand);
+	}
+	for (uint32_t s = 0; s < nsel; s++) {
+		worker *w = &c->reg.workers[rd->sel[s]];
+		rd->sel_id[s] = w->id;
+		w->assigned_steps = schedule_steps(c, w);
+		w->weight = 0;
+		w->round_speed = 0;
+		w->a_norm = 0;
+		w->done_ms = 0;
+		w->next_chunk = 0;
+		w->steps = 0;
+		w->train_loss = 0;
+		w->train_seconds = 0;
+		/* Uploads start evenly spread over the model, so that the
+		 * ingest threads add different streams to different chunks of
+		 * the sum instead of queueing on the same one. */
+		w->first_chunk = (uint32_t)((uint64_t)s * c->chunk_count / nsel);
+	}
+	rd->nsel = nsel;
+	return nsel;
+}
+
+/* The round's results start empty; the round's clock starts. */
+static void
+round_reset(coord *c, int64_t now)
+{
+	round_state *rd = &c->rd;
+
+	memset(&rd->r, 0, sizeof(rd->r));
+	rd->r.status = ROUND_OK;
+	rd->r.test_accuracy = NAN;
+	rd->r.test_loss = NAN;
+	rd->r.train_loss = NAN;
+	rd->why[0] = '\0';
+	rd->waiting_logged = false;
+	rd->first_begin_s = 0;
+	rd->started_ms = now;
+	rd->sent0 = c->io.bytes_sent(c);
+	rd->recv0 = c->io.bytes_received(c);
+	rd->clipped_base = fb_ingest_counter(c->ingest);
+	rd->in_chunks = c->chunk_count;
+	fb_accum_reset(c->accum);
+	sa_free(&c->sa);
+}
+
+static void record_round(coord *c, int64_t now);
+
+/* Ends the round without a commit: the model stays as it was. */
+static void
+round_fail(coord *c, round_status st, int64_t now, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void
+round_fail(coord *c, round_status st, int64_t now, const char *fmt, ...)
+{
+	va_list ap;
+
+	c->rd.r.status = st;
+	if (fmt != NULL && c->rd.why[0] == '\0') {
+		va_start(ap, fmt);
+		vsnprintf(c->rd.why, sizeof(c->rd.why), fmt, ap);
+		va_end(ap);
+	}
+	fb_log_error("round %u %s: %s; the model is unchanged", c->rd.number,
+	    st == ROUND_ABORTED ? "aborted" : "failed", c->rd.why);
+	record_round(c, now);
+}
+
+/* Sends RoundStart to each selected worker still here. */
+static void
+send_round_starts(coord *c, int64_t now)
+{
+	const fb_coord_config *cfg = c->cfg;
+	round_state *rd = &c->rd;
+
+	rd->deadline_ms = now + cfg->deadline_ms;
+	if (c->sa.phase != SA_OFF) {
+		c->sa.phase_end_ms = now + cfg->sa_setup_ms;
+	}
+	for (uint32_t s = 0; s < rd->nsel; s++) {
+		worker *w = &c->reg.workers[rd->sel[s]];
+		fb_msg m = {.type = FB_MSG_ROUND_START};
+		if (!w->used || w->id != rd->sel_id[s]) {
+			continue; /* gone since the selection */
+		}
+		m.u.round_start.round = rd->number;
+		m.u.round_start.param_count = c->param_count;
+		m.u.round_start.chunk_count = c->chunk_count;
+		m.u.round_start.chunk_bytes = c->chunk_elems * 4;
+		m.u.round_start.local_steps = w->assigned_steps;
+		if (w->assigned_steps == 0) {
+			/* The sample count is the worker's secret: it turns
+			 * local_epochs into steps itself. */
+			m.u.round_start.local_epochs = (float)cfg->local_epochs;
+		}
+		m.u.round_start.batch_size = (uint32_t)cfg->batch_size;
+		m.u.round_start.lr = (float)cfg->lr;
+		m.u.round_start.momentum = (float)cfg->momentum;
+		m.u.round_start.weight_decay = (float)cfg->weight_decay;
+		m.u.round_start.seed = (uint64_t)cfg->seed;
+		m.u.round_start.deadline_ms = (uint32_t)cfg->deadline_ms;
+		m.u.round_start.prox_mu = (float)cfg->prox_mu;
+		m.u.round_start.fednova = fb_rule_is_fednova(cfg->rule);
+		m.u.round_start.synthetic =
+		    strcmp(cfg->model_arch, "synthetic") == 0;
+		m.u.round_start.first_chunk = w->first_chunk;
+		if (c->sa.phase != SA_OFF) {
+			sa_round_start(c, w, &m);
+		}
+		if (c->secure) {
+			broadcast_round_start(c, &m);
+		}
+		w->state = W_TRAINING;
+		rd->r.selected++;
+		if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
+			round_worker_failed(c, w, "round start could not be sent");
+		}
+		fb_wipe(&m.u.round_start.round_key,
+		    sizeof(m.u.round_start.round_key));
+	}
+	enter(c, PHASE_TRAIN, now);
+}
+
+/* IDLE -> PREPARE or TRAIN: selects, schedules, sets up SecAgg. */
+static void
+round_begin(coord *c, int64_t now)
+{
+	const fb_coord_config *cfg = c->cfg;
+	round_state *rd = &c->rd;
+	uint32_t nsel;
+
+	round_reset(c, now);
+	nsel = select_workers(c);
+	if (!cfg->sa_enabled && select_weights(c) != FB_OK) {
+		round_fail(c, ROUND_FAILED, now, "no usable sample counts");
+		return;
+	}
+	if (cfg->sa_enabled) {
+		const char *why = NULL;
+		if (sa_begin(c, rd->sel, nsel, &why) != FB_OK) {
+			sa_free(&c->sa);
+			round_fail(c, ROUND_FAILED, now, "cannot aggregate securely: "
+			    "%s", why);
+			return;
+		}
+		rd->in_chunks = c->chunk_count + 1;
+	}
+	if (!c->secure) {
+		send_round_starts(c, now);
+		return;
+	}
+	if (broadcast_prepare(c) != FB_OK) {
+		round_fail(c, ROUND_FAILED, now, "out of memory for the model");
+		return;
+	}
+	jobs_submit(c, JOB_ENCRYPT);
+	enter(c, PHASE_PREPARE, now);
+}
+
+/* ---- closing ---------------------------------------------------------------- */
+
+static bool
+round_finished(const coord *c)
+{
+	uint32_t done = 0;
+
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		const worker *w = &c->reg.workers[i];
+		done += w->used && w->state == W_DONE;
+	}
+	if (done >= c->rd.target_updates) {
+		return true;
+	}
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		const worker *w = &c->reg.workers[i];
+		if (w->used && (w->state == W_TRAINING ||
+		                   w->state == W_UPLOADING)) {
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Counts the round's updates and the plain weighted train loss. */
+static void
+tally(coord *c)
+{
+	round_result *r = &c->rd.r;
+	double wloss = 0, wsum = 0;
+
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		const worker *w = &c->reg.workers[i];
+		if (w->used && w->state == W_DONE) {
+			r->participants++;
+			if (r->backend[0] == '\0') {
+				snprintf(r->backend, sizeof(r->backend), "%s",
+				    w->backend);
+			} else if (strcmp(r->backend, w->backend) != 0) {
+				r->mixed = true;
+			}
+			wloss += w->weight * w->train_loss;
+			wsum += w->weight;
+		} else if (w->state == W_FAILED && w->next_chunk > 0) {
+			r->partial++;
+		}
+	}
+	r->train_loss = wsum > 0 ? wloss / wsum : NAN;
+}
+
+/* Plain FedNova: tau_eff = sum p_i ||a_i||_1 / sum p_i over the updates
+ * included (their weights p_i are the sample shares). */
+static fb_err
+plain_tau_eff(coord *c, double *tau)
+{
+	uint32_t n = c->rd.r.participants, k = 0;
+	double *p = calloc(n, sizeof(*p)), *a = calloc(n, sizeof(*a));
+	fb_err rc = FB_ENOMEM;
+
+	if (p != NULL && a != NULL) {
+		for (uint32_t i = 0; i < c->reg.cap && k < n; i++) {
+			const worker *w = &c->reg.workers[i];
+			if (w->used && w->state == W_DONE) {
+				p[k] = w->weight;
+				a[k] = w->a_norm;
+				k++;
+			}
+		}
+		rc = fb_fednova_tau_eff(p, a, k, tau);
+	}
+	free(p);
+	free(a);
+	return rc;
+}
+
+/* The updates are in: the job thread unmasks, steps, evaluates, saves. */
+static void
+start_aggregate(coord *c, int64_t now)
+{
+	job *j = &c->job;
+	double scale = 1.0;
+
+	if (c->sa.phase == SA_OFF && fb_rule_is_fednova(c->cfg->rule) &&
+	    plain_tau_eff(c, &scale) != FB_OK) {
+		round_fail(c, ROUND_FAILED, now, "FedNova normalisers unusable");
+		return;
+	}
+	if (model_writable(c, &c->params_lent, c->param_count * 4, true) !=
+	    FB_OK) {
+		round_fail(c, ROUND_FAILED, now, "out of memory for the model");
+		return;
+	}
+	c->params = fb_lent_data(c->params_lent);
+	j->secure_sum = c->sa.phase != SA_OFF;
+	j->scale = scale;
+	j->evaluate = c->evaluate && c->cfg->eval_every > 0 &&
+	    (c->rd.number % c->cfg->eval_every == 0 ||
+	        c->rd.number == (uint32_t)c->cfg->rounds);
+	jobs_submit(c, JOB_AGGREGATE);
+	enter(c, PHASE_AGGREGATE, now);
+}
+
+/* TRAIN/OVERTIME -> UNMASK, AGGREGATE or (too few updates) RECORD. */
+static void
+round_close(coord *c, int64_t now)
+{
+	round_state *rd = &c->rd;
+
+	/* Over-selection: the round has its updates; stop the others. */
+	cancel_stragglers(c, false, false);
+	/* Every chunk received is added before the round commits. */
+	upload_settle(c);
+	rd->clipped = fb_ingest_counter(c->ingest) - rd->clipped_base;
+	tally(c);
+	if (rd->r.participants < (uint32_t)c->cfg->min_updates) {
+		round_fail(c, ROUND_FAILED, now, "%u complete updates, %lld needed "
+		    "(round.min_updates)", rd->r.participants,
+		    (long long)c->cfg->min_updates);
+		return;
+	}
+	if (c->sa.phase != SA_OFF) {
+		if (c->sa.poisoned != NULL) {
+			round_fail(c, ROUND_ABORTED, now, "%s", c->sa.poisoned);
+			return;
+		}
+		if (sa_count(&c->sa, SA_F_INCLUDED) < c->sa.t) {
+			round_fail(c, ROUND_ABORTED, now, "only %u masked inputs "
+			    "complete, below the secure-aggregation threshold of %u",
+			    sa_count(&c->sa, SA_F_INCLUDED), c->sa.t);
+			return;
+		}
+		sa_request_reveals(c, now);
+		enter(c, PHASE_UNMASK, now);
+		return;
+	}
+	start_aggregate(c, now);
+}
+
+/* TRAIN and OVERTIME: the deadline and its policies. */
+static void
+round_train_step(coord *c, int64_t now)
+{
+	round_state *rd = &c->rd;
+	const fb_coord_config *cfg = c->cfg;
+	int64_t over = now - rd->deadline_ms;
+
+	sa_advance(c, now);
+	if (round_finished(c)) {
+		round_close(c, now);
+		return;
+	}
+	if (over < 0) {
+		return;
+	}
+	if (cfg->stragglers == FB_STRAGGLERS_WAIT) {
+		if (rd->phase == PHASE_TRAIN) {
+			fb_log_warn("round %u: deadline (%.1fs) passed; waiting for "
+			            "the stragglers (round.stragglers: wait)",
+			    rd->number, (double)cfg->deadline_ms / 1000.0);
+			enter(c, PHASE_OVERTIME, now);
+		}
+		return;
+	}
+	if (c->sa.phase == SA_INPUT && upload_any_in_flight(c) &&
+	    over < cfg->sa_unmask_ms) {
+		/* A masked input must arrive whole or not at all: uploads under
+		 * way at the deadline may finish. */
+		if (rd->phase == PHASE_TRAIN) {
+			fb_log_warn("round %u: deadline (%.1fs) passed; letting the "
+			            "masked uploads under way finish",
+			    rd->number, (double)cfg->deadline_ms / 1000.0);
+			cancel_stragglers(c, true, true);
+			enter(c, PHASE_OVERTIME, now);
+		}
+		return;
+	}
+	/* Updates whose last chunks the pool holds are in. */
+	upload_settle(c);
+	if (!round_finished(c)) {
+		fb_log_warn("round %u: deadline (%.1fs) reached", rd->number,
+		    (double)cfg->deadline_ms / 1000.0);
+		cancel_stragglers(c, true, false);
+	}
+	round_close(c, now);
+}
+
+/* ---- the commit and the record ---------------------------------------------- */
+
+/* Builds the metrics line (on the loop: it reads the roster) and has the
+ * job thread append it. */
+static void
+record_round(coord *c, int64_t now)
+{
+	round_state *rd = &c->rd;
+	job *j = &c->job;
+
+	rd->up_bytes = c->io.bytes_received(c) - rd->recv0;
+	rd->down_bytes = c->io.bytes_sent(c) - rd->sent0;
+	rd->r.seconds = (double)(now - rd->started_ms) / 1000.0;
+	free(j->line);
+	j->line = NULL;
+	if (outputs_metrics_line(c, &j->line, &j->line_len) != FB_OK) {
+		rd->exit_rc = FB_ENOMEM;
+		enter(c, PHASE_DONE, now);
+		return;
+	}
+	jobs_submit(c, JOB_RECORD);
+	enter(c, PHASE_RECORD, now);
+}
+
+/* AGGREGATE is done: the round committed, or it did not and why. */
+static void
+aggregate_done(coord *c, int64_t now)
+{
+	job *j = &c->job;
+	round_state *rd = &c->rd;
+
+	if (j->fatal) {
+		/* the model could not be evaluated: the run stops */
+		fb_log_error("round %u: %s; stopping", rd->number, j->why);
+		rd->exit_rc = j->rc;
+		enter(c, PHASE_DONE, now);
+		return;
+	}
+	if (j->rc != FB_OK) {
+		snprintf(rd->why, sizeof(rd->why), "%s", j->why);
+		round_fail(c, j->secure_sum ? ROUND_ABORTED : ROUND_FAILED, now,
+		    NULL);
+		return;
+	}
+	if (j->secure_sum) {
+		rd->r.train_loss = j->loss;
+		rd->r.sa_a = j->a;
+		/* included inputs, also of workers lost since */
+		rd->r.participants = sa_count(&c->sa, SA_F_INCLUDED);
+	}
+	rd->tau_eff = j->secure_sum && fb_rule_is_fednova(c->cfg->rule)
+	    ? j->a : j->scale;
+	rd->r.test_accuracy = j->test_accuracy;
+	rd->r.test_loss = j->test_loss;
+	rd->committed++;
+	record_round(c, now);
+}
+
+/* RECORD is done: the round line, then the next round or the end. */
+static void
+record_done(coord *c, int64_t now)
+{
+	round_state *rd = &c->rd;
+
+	if (c->job.rc != FB_OK) {
+		fb_log_error("round %u: %s; stopping", rd->number, c->job.why);
+		rd->exit_rc = c->job.rc;
+		enter(c, PHASE_DONE, now);
+		return;
+	}
+	rd->ran++;
+	outputs_round_line(c);
+	sa_free(&c->sa);
+	if (rd->number >= (uint32_t)c->cfg->rounds) {
+		rd->exit_rc = FB_OK;
+		enter(c, PHASE_DONE, now);
+		return;
+	}
+	rd->number++;
+	rd->idle_since_ms = now;
+	rd->last_note_ms = now;
+	enter(c, PHASE_IDLE, now);
+}
+
+void
+round_job_done(coord *c, job_kind kind, int64_t now)
+{
+	switch (kind) {
+	case JOB_ENCRYPT:
+		if (c->job.rc != FB_OK) {
+			round_fail(c, ROUND_FAILED, now, "cannot encrypt the model: "
+			    "%s", fb_strerror(c->job.rc));
+			return;
+		}
+		send_round_starts(c, now);
+		return;
+	case JOB_AGGREGATE:
+		aggregate_done(c, now);
+		return;
+	case JOB_RECORD:
+		record_done(c, now);
+		return;
+	default:
+		return;
+	}
+}
+
+/* ---- the step -------------------------------------------------------------- */
+
+static void
+round_idle_step(coord *c, int64_t now)
+{
+	const fb_coord_config *cfg = c->cfg;
+	round_state *rd = &c->rd;
+	uint32_t live = registry_live_count(c);
+
+	if (live >= (uint32_t)cfg->min_workers) {
+		round_begin(c, now);
+		return;
+	}
+	if (now - rd->idle_since_ms > cfg->wait_for_workers_ms) {
+		fb_log_error("only %u of the %lld workers needed "
+		             "(round.min_workers) connected within %.0fs "
+		             "(round.wait_for_workers)",
+		    live, (long long)cfg->min_workers,
+		    (double)cfg->wait_for_workers_ms / 1000.0);
+		rd->exit_rc = FB_ETIMEDOUT;
+		enter(c, PHASE_DONE, now);
+		return;
+	}
+	if (now - rd->last_note_ms > 10000) {
+		fb_log_info("waiting for workers: %u of %lld connected", live,
+		    (long long)cfg->min_workers);
+		rd->last_note_ms = now;
+	}
+}
+
+void
+round_step(coord *c, int64_t now)
+{
+	switch (c->rd.phase) {
+	case PHASE_IDLE:
+		round_idle_step(c, now);
+		return;
+	case PHASE_TRAIN:
+	case PHASE_OVERTIME:
+		round_train_step(c, now);
+		return;
+	case PHASE_UNMASK:
+		if (!sa_reveals_pending(c) || now >= c->sa.phase_end_ms) {
+			start_aggregate(c, now);
+		}
+		return;
+	default:
+		return; /* PREPARE, AGGREGATE, RECORD: the job's completion */
+	}
+}
+
+/* Milliseconds until the round has something to do on its own. */
+int64_t
+round_next_timer(const coord *c, int64_t now)
+{
+	int64_t next = 100;
+
+	if (c->rd.phase == PHASE_TRAIN && c->rd.deadline_ms - now < next) {
+		next = c->rd.deadline_ms - now;
+	}
+	if ((c->sa.phase == SA_ADVERTS || c->sa.phase == SA_SHARES ||
+	        c->sa.phase == SA_UNMASK) &&
+	    c->sa.phase_end_ms - now < next) {
+		next = c->sa.phase_end_ms - now;
+	}
+	return next < 0 ? 0 : next;
+}
+
+/* The coordinator stops (signal): the round ends where it is. */
+void
+round_stop(coord *c, int64_t now)
+{
+	if (c->rd.phase == PHASE_TRAIN || c->rd.phase == PHASE_OVERTIME) {
+		cancel_stragglers(c, true, false);
+	}
+	c->rd.exit_rc = FB_ECLOSED;
+	enter(c, PHASE_DONE, now);
+}

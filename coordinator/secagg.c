@@ -1,0 +1,755 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * secagg.c -- the coordinator's side of secure aggregation (SecAgg+,
+ * crypto.h), one instance per round.
+ *
+ * Alongside training: the selected workers' signed key adverts are
+ * collected (up to secure_aggregation.setup_timeout) and each advertiser
+ * gets its neighbours'; then their sealed share batches, each worker
+ * getting the shares addressed to it. Masked inputs stream in through
+ * upload.c into the accumulator's ring. After the round closes the
+ * included workers are asked for their shares (the included set travels
+ * in the request); once they answered (or unmask_timeout passed) the job
+ * thread reconstructs the secrets, removes the masks on every core, and
+ * checks the decoded sums against what honest inputs can produce.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "coordinator/coordinator_impl.h"
+
+const char *const sa_phase_names[SA_PHASE_COUNT_] = {"off", "key adverts",
+    "share distribution", "masked inputs", "unmasking"};
+
+void
+sa_free(sa_round *sa)
+{
+	fb_secagg_server_free(sa->srv);
+	free(sa->slot_worker);
+	free(sa->flags);
+	free(sa->adv);
+	free(sa->shares);
+	free(sa->share_len);
+	memset(sa, 0, sizeof(*sa)); /* phase SA_OFF */
+}
+
+uint32_t
+sa_count(const sa_round *sa, unsigned flag)
+{
+	uint32_t n = 0;
+	for (uint32_t s = 0; s < sa->n; s++) {
+		n += (sa->flags[s] & flag) != 0;
+	}
+	return n;
+}
+
+static worker *
+sa_worker(coord *c, uint32_t slot)
+{
+	return &c->reg.workers[c->sa.slot_worker[slot]];
+}
+
+/* Whether slot's worker is still taking part in the round. */
+static bool
+sa_in_round(coord *c, uint32_t slot)
+{
+	const worker *w = sa_worker(c, slot);
+	return w->used && (w->state == W_TRAINING || w->state == W_UPLOADING ||
+	                      w->state == W_DONE);
+}
+
+/*
+ * sa_a_bound is the public bound on a worker's FedNova ||a_i||_1 this
+ * round: that of the most local steps the round policy can give (1 for
+ * the other rules).
+ */
+double
+sa_a_bound(const coord *c)
+{
+	const fb_coord_config *cfg = c->cfg;
+	double steps, a = 1.0;
+
+	if (!fb_rule_is_fednova(cfg->rule)) {
+		return 1.0;
+	}
+	steps = cfg->local_steps > 0
+	    ? (double)cfg->local_steps
+	    : ceil(cfg->local_epochs * (double)cfg->sa_max_samples /
+	          (double)cfg->batch_size);
+	if (cfg->local_work == FB_WORK_TIME_BUDGET &&
+	    (double)cfg->max_steps > steps) {
+		steps = (double)cfg->max_steps;
+	}
+	if (fb_fednova_a_norm((uint64_t)(steps < 1 ? 1 : steps), cfg->momentum,
+	        cfg->lr, cfg->prox_mu, &a) != FB_OK) {
+		return 1.0;
+	}
+	return a * (1 + 1e-6);
+}
+
+/* sa_params picks the round's graph seed, degree and threshold. */
+static fb_err
+sa_params(coord *c, uint32_t n, const char **why)
+{
+	const fb_coord_config *cfg = c->cfg;
+	sa_round *sa = &c->sa;
+	/* auto (-1 in the config) is 0 for the library */
+	uint32_t tcfg = cfg->sa_threshold > 0 ? (uint32_t)cfg->sa_threshold : 0;
+	uint32_t kcfg = cfg->sa_neighbours > 0 ? (uint32_t)cfg->sa_neighbours
+	                                       : FB_SECAGG_DEGREE_AUTO;
+	fb_secagg_graph *g = NULL;
+	fb_err rc;
+
+	sa->p.run = c->run;
+	sa->p.round = c->rd.number;
+	sa->p.n = n;
+	if (getrandom(sa->p.graph_seed, sizeof(sa->p.graph_seed), 0) !=
+	    (ssize_t)sizeof(sa->p.graph_seed)) {
+		*why = "no randomness for the neighbour graph";
+		return FB_EIO;
+	}
+	rc = fb_secagg_graph_alloc(n, kcfg, tcfg, sa->p.graph_seed,
+	    c->rd.number, &g);
+	if (rc != FB_OK) {
+		*why = "cannot build the neighbour graph";
+		return rc;
+	}
+	sa->k = fb_secagg_graph_degree(g);
+	fb_secagg_graph_free(g);
+	sa->t = tcfg != 0 ? tcfg : fb_secagg_threshold_default(sa->k);
+	if (sa->t > sa->k + 1) {
+		*why = "secure_aggregation.threshold exceeds a neighbourhood "
+		       "(neighbours + 1) in this round: lower it, raise "
+		       "secure_aggregation.neighbours, or add workers";
+		return FB_ERANGE;
+	}
+	sa->n = n;
+	sa->p.degree = sa->k;
+	sa->p.threshold = sa->t;
+	return FB_OK;
+}
+
+/*
+ * sa_begin sets up the round's secure aggregation over the n selected
+ * workers (cand[s] gets slot s): graph randomness, degree, threshold and
+ * the encodings, which every worker derives the same way from RoundStart.
+ * On failure *why says what is wrong and the round cannot run.
+ */
+fb_err
+sa_begin(coord *c, const uint32_t *cand, uint32_t n, const char **why)
+{
+	const fb_coord_config *cfg = c->cfg;
+	sa_round *sa = &c->sa;
+	fb_err rc;
+
+	sa_free(sa);
+	if (n < 2) {
+		*why = "secure aggregation needs at least 2 workers in a round";
+		return FB_ERANGE;
+	}
+	if (n > FB_SECAGG_MAX_WORKERS) {
+		*why = "more workers in one round than secure aggregation takes";
+		return FB_ERANGE;
+	}
+	if ((rc = sa_params(c, n, why)) != FB_OK) {
+		return rc;
+	}
+	if (fb_secagg_encodings_init(&sa->enc, (uint32_t)cfg->sa_ring_bits, n,
+	        cfg->sa_clip, sa_a_bound(c)) != FB_OK) {
+		*why = "no overflow-free encoding for this many workers: raise "
+		       "secure_aggregation.ring_bits or lower "
+		       "secure_aggregation.clip";
+		return FB_ERANGE;
+	}
+	if ((rc = fb_secagg_server_alloc(&sa->p, &sa->srv)) != FB_OK) {
+		*why = "cannot start the secure-aggregation server";
+		return rc;
+	}
+	sa->slot_worker = calloc(n, sizeof(*sa->slot_worker));
+	sa->flags = calloc(n, 1);
+	sa->adv = calloc(n, FB_SECAGG_ADV_LEN);
+	sa->shares = calloc((size_t)n * sa->k, FB_SECAGG_SHARE_MSG_LEN);
+	sa->share_len = calloc(n, sizeof(*sa->share_len));
+	if (sa->slot_worker == NULL || sa->flags == NULL || sa->adv == NULL ||
+	    sa->shares == NULL || sa->share_len == NULL) {
+		sa_free(sa);
+		*why = "out of memory";
+		return FB_ENOMEM;
+	}
+	for (uint32_t s = 0; s < n; s++) {
+		sa->slot_worker[s] = cand[s];
+		c->reg.workers[cand[s]].sa_slot = s;
+	}
+	sa->phase = SA_ADVERTS;
+	sa->phase_end_ms = c->now + cfg->sa_setup_ms;
+	return FB_OK;
+}
+
+/* Fills the RoundStart fields of secure aggregation for worker w. */
+void
+sa_round_start(const coord *c, const worker *w, fb_msg *m)
+{
+	const sa_round *sa = &c->sa;
+
+	m->u.round_start.secagg = true;
+	m->u.round_start.sa_slot = w->sa_slot;
+	m->u.round_start.sa_n = sa->n;
+	m->u.round_start.sa_degree = sa->k;
+	m->u.round_start.sa_threshold = sa->t;
+	memcpy(m->u.round_start.sa_graph_seed.b, sa->p.graph_seed, 32);
+	m->u.round_start.sa_graph_seed.len = 32;
+	m->u.round_start.sa_ring_bits = sa->enc.x.bits;
+	m->u.round_start.sa_clip = sa->enc.x.clip;
+	m->u.round_start.sa_max_samples = (uint64_t)c->cfg->sa_max_samples;
+	m->u.round_start.sa_a_bound = sa->enc.a.clip;
+}
+
+/* Worker w's whole masked input is in the sum. */
+void
+sa_note_included(coord *c, worker *w)
+{
+	if (fb_secagg_server_set_included(c->sa.srv, w->sa_slot) != FB_OK) {
+		c->sa.poisoned = "a masked input could not be recorded";
+	}
+	c->sa.flags[w->sa_slot] |= SA_F_INCLUDED;
+}
+
+/* Worker w leaves mid-upload: part of its masked input is in the sum, and
+ * without all of it the masks cannot be removed (revealing both of its
+ * secrets would expose the part). */
+void
+sa_note_cut(coord *c, worker *w)
+{
+	if (c->sa.phase != SA_OFF && w->state == W_UPLOADING &&
+	    w->next_chunk > 0 && c->sa.poisoned == NULL) {
+		c->sa.poisoned = "a masked input was cut off mid-stream";
+	}
+}
+
+static drop_reason
+sa_drop_reason(fb_err rc)
+{
+	return rc == FB_EAUTH ? DROP_BAD_SIGNATURE
+	    : rc == FB_ESTALE ? DROP_STALE_ROUND
+	                      : DROP_MALFORMED;
+}
+
+static void
+on_advert(coord *c, worker *w, const fb_frame *f)
+{
+	sa_round *sa = &c->sa;
+	uint32_t slot = w->sa_slot;
+	fb_err rc;
+
+	if (sa->phase != SA_ADVERTS || (sa->flags[slot] & SA_F_ADV)) {
+		guard_drop(c, DROP_UNEXPECTED, "key advert from %s in the %s "
+		    "phase", w->name, sa_phase_names[sa->phase]);
+		return;
+	}
+	rc = fb_secagg_server_add_advert(sa->srv, slot, &c->reg.allow[w->id],
+	    f->payload, f->payload_len);
+	if (rc != FB_OK) {
+		guard_drop(c, sa_drop_reason(rc), "key advert from %s: %s",
+		    w->name, fb_strerror(rc));
+		round_cancel(c, w, "bad secure-aggregation key advert");
+		return;
+	}
+	memcpy(sa->adv + (size_t)slot * FB_SECAGG_ADV_LEN, f->payload,
+	    FB_SECAGG_ADV_LEN);
+	sa->flags[slot] |= SA_F_ADV;
+}
+
+static void
+on_shares(coord *c, worker *w, const fb_frame *f)
+{
+	sa_round *sa = &c->sa;
+	uint32_t slot = w->sa_slot;
+	fb_err rc;
+
+	if (sa->phase != SA_SHARES || !(sa->flags[slot] & SA_F_ADV) ||
+	    (sa->flags[slot] & SA_F_SHARED)) {
+		guard_drop(c, DROP_UNEXPECTED, "shares from %s in the %s phase",
+		    w->name, sa_phase_names[sa->phase]);
+		return;
+	}
+	if (f->payload_len > (size_t)sa->k * FB_SECAGG_SHARE_MSG_LEN) {
+		guard_drop(c, DROP_WRONG_SIZE, "%zu bytes of shares from %s",
+		    f->payload_len, w->name);
+		round_cancel(c, w, "bad secure-aggregation shares");
+		return;
+	}
+	rc = fb_secagg_server_add_shares(sa->srv, slot, f->payload,
+	    f->payload_len);
+	if (rc != FB_OK) {
+		guard_drop(c, sa_drop_reason(rc), "shares from %s: %s", w->name,
+		    fb_strerror(rc));
+		round_cancel(c, w, "bad secure-aggregation shares");
+		return;
+	}
+	memcpy(sa->shares + (size_t)slot * sa->k * FB_SECAGG_SHARE_MSG_LEN,
+	    f->payload, f->payload_len);
+	sa->share_len[slot] = (uint32_t)f->payload_len;
+	sa->flags[slot] |= SA_F_SHARED;
+}
+
+static void
+on_reveal(coord *c, worker *w, const fb_frame *f)
+{
+	sa_round *sa = &c->sa;
+	uint32_t slot = w->sa_slot;
+	fb_err rc;
+
+	if (sa->phase != SA_UNMASK || c->rd.phase != PHASE_UNMASK ||
+	    !(sa->flags[slot] & SA_F_INCLUDED) ||
+	    (sa->flags[slot] & SA_F_REVEALED)) {
+		guard_drop(c, DROP_UNEXPECTED, "reveal from %s in the %s phase",
+		    w->name, sa_phase_names[sa->phase]);
+		return;
+	}
+	rc = fb_secagg_server_add_reveal(sa->srv, slot, f->payload,
+	    f->payload_len);
+	if (rc != FB_OK) {
+		guard_drop(c, sa_drop_reason(rc), "reveal from %s: %s", w->name,
+		    fb_strerror(rc));
+		return;
+	}
+	sa->flags[slot] |= SA_F_REVEALED;
+}
+
+void
+sa_on_message(coord *c, worker *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+
+	if (!round_open_for(c, m->u.secagg.round)) {
+		guard_drop(c, DROP_STALE_ROUND, "secure-aggregation message for "
+		    "round %u from %s (round %u is open)", m->u.secagg.round,
+		    w->name, c->rd.number);
+		return;
+	}
+	if (c->sa.phase == SA_OFF || !(w->state == W_TRAINING ||
+	                                 w->state == W_UPLOADING ||
+	                                 w->state == W_DONE)) {
+		guard_drop(c, DROP_UNEXPECTED, "secure-aggregation message from "
+		    "%s, which is %s", w->name, worker_state_names[w->state]);
+		return;
+	}
+	switch (m->u.secagg.phase) {
+	case FB_SA_ADVERT:
+		on_advert(c, w, f);
+		return;
+	case FB_SA_SHARES:
+		on_shares(c, w, f);
+		return;
+	case FB_SA_REVEAL:
+		on_reveal(c, w, f);
+		return;
+	default:
+		guard_drop(c, DROP_UNEXPECTED, "secure-aggregation step %u from "
+		    "%s", m->u.secagg.phase, w->name);
+		return;
+	}
+}
+
+static fb_err
+sa_send(coord *c, worker *w, fb_secagg_phase phase, uint32_t count,
+    const void *data, size_t len)
+{
+	fb_msg m = {.type = FB_MSG_SECAGG};
+	m.u.secagg.round = c->rd.number;
+	m.u.secagg.phase = phase;
+	m.u.secagg.count = count;
+	return coord_send(c, w, &m, data, len, NULL);
+}
+
+/* Writes slot s's neighbours' entries (slot, identity key, advert) into
+ * buf; returns how many. */
+static uint32_t
+peer_entries(coord *c, const uint32_t *nb, uint8_t *buf)
+{
+	sa_round *sa = &c->sa;
+	uint32_t cnt = 0;
+
+	for (uint32_t i = 0; i < sa->k; i++) {
+		uint32_t j = nb[i];
+		uint8_t *e = buf + (size_t)cnt * FB_SECAGG_PEER_ENTRY_LEN;
+		if (!(sa->flags[j] & SA_F_ADV)) {
+			continue;
+		}
+		e[0] = (uint8_t)j;
+		e[1] = (uint8_t)(j >> 8);
+		e[2] = (uint8_t)(j >> 16);
+		e[3] = (uint8_t)(j >> 24);
+		memcpy(e + 4, c->reg.allow[sa_worker(c, j)->id].b, FB_PUBKEY_LEN);
+		memcpy(e + 4 + FB_PUBKEY_LEN,
+		    sa->adv + (size_t)j * FB_SECAGG_ADV_LEN, FB_SECAGG_ADV_LEN);
+		cnt++;
+	}
+	return cnt;
+}
+
+/* Key adverts are in (or late): each advertiser gets its neighbours'. */
+static void
+sa_send_peers(coord *c, int64_t now)
+{
+	sa_round *sa = &c->sa;
+	const fb_secagg_graph *g = fb_secagg_server_graph(sa->srv);
+	uint32_t *nb = calloc(sa->k + 1, sizeof(*nb));
+	uint8_t *buf = calloc(sa->k + 1, FB_SECAGG_PEER_ENTRY_LEN);
+	uint32_t sent = 0;
+
+	for (uint32_t s = 0; s < sa->n; s++) {
+		worker *w = sa_worker(c, s);
+		uint32_t cnt;
+		if (!sa_in_round(c, s)) {
+			continue;
+		}
+		if (!(sa->flags[s] & SA_F_ADV)) {
+			round_cancel(c, w, "no secure-aggregation key advert "
+			                   "within secure_aggregation.setup_timeout");
+			continue;
+		}
+		if (nb == NULL || buf == NULL ||
+		    fb_secagg_graph_neighbours(g, s, nb) != FB_OK) {
+			round_cancel(c, w, "out of memory");
+			continue;
+		}
+		cnt = peer_entries(c, nb, buf);
+		if (sa_send(c, w, FB_SA_PEERS, cnt, buf,
+		        (size_t)cnt * FB_SECAGG_PEER_ENTRY_LEN) != FB_OK) {
+			round_worker_failed(c, w, "key adverts could not be sent");
+			continue;
+		}
+		sent++;
+	}
+	free(nb);
+	free(buf);
+	fb_log_debug("round %u: %u key adverts relayed", c->rd.number, sent);
+	sa->phase = SA_SHARES;
+	sa->phase_end_ms = now + c->cfg->sa_setup_ms;
+}
+
+/* Copies the shares addressed to slot s into buf; returns how many. */
+static uint32_t
+shares_for(const sa_round *sa, uint32_t s, uint8_t *buf)
+{
+	uint32_t cnt = 0;
+
+	for (uint32_t j = 0; j < sa->n; j++) {
+		const uint8_t *batch = sa->shares +
+		    (size_t)j * sa->k * FB_SECAGG_SHARE_MSG_LEN;
+		if (j == s || !(sa->flags[j] & SA_F_SHARED)) {
+			continue;
+		}
+		for (uint32_t off = 0; off < sa->share_len[j];
+		     off += FB_SECAGG_SHARE_MSG_LEN) {
+			uint32_t from = 0, to = 0;
+			if (fb_secagg_share_msg_peek(batch + off,
+			        FB_SECAGG_SHARE_MSG_LEN, &from, &to) == FB_OK &&
+			    to == s && cnt <= sa->k) {
+				memcpy(buf + (size_t)cnt * FB_SECAGG_SHARE_MSG_LEN,
+				    batch + off, FB_SECAGG_SHARE_MSG_LEN);
+				cnt++;
+			}
+		}
+	}
+	return cnt;
+}
+
+/* Shares are in (or late): each sharer gets the shares addressed to it. */
+static void
+sa_relay_shares(coord *c)
+{
+	sa_round *sa = &c->sa;
+	uint8_t *buf = calloc(sa->k + 1, FB_SECAGG_SHARE_MSG_LEN);
+	uint32_t sent = 0;
+
+	for (uint32_t s = 0; s < sa->n; s++) {
+		worker *w = sa_worker(c, s);
+		uint32_t cnt;
+		if (!sa_in_round(c, s) || !(sa->flags[s] & SA_F_ADV)) {
+			continue;
+		}
+		if (!(sa->flags[s] & SA_F_SHARED)) {
+			round_cancel(c, w, "no secure-aggregation shares within "
+			                   "secure_aggregation.setup_timeout");
+			continue;
+		}
+		cnt = buf != NULL ? shares_for(sa, s, buf) : 0;
+		if (buf == NULL ||
+		    sa_send(c, w, FB_SA_RELAY, cnt, buf,
+		        (size_t)cnt * FB_SECAGG_SHARE_MSG_LEN) != FB_OK) {
+			round_worker_failed(c, w, "shares could not be relayed");
+			continue;
+		}
+		sent++;
+	}
+	free(buf);
+	fb_log_debug("round %u: shares relayed to %u workers", c->rd.number,
+	    sent);
+	sa->phase = SA_INPUT;
+}
+
+/* Moves the setup phases on once every worker answered or time is up. */
+void
+sa_advance(coord *c, int64_t now)
+{
+	sa_round *sa = &c->sa;
+	unsigned need = sa->phase == SA_ADVERTS ? 0 : SA_F_ADV;
+	unsigned have = sa->phase == SA_ADVERTS ? SA_F_ADV : SA_F_SHARED;
+	bool waiting = false;
+
+	if (sa->phase != SA_ADVERTS && sa->phase != SA_SHARES) {
+		return;
+	}
+	for (uint32_t s = 0; s < sa->n && !waiting; s++) {
+		waiting = sa_in_round(c, s) && (sa->flags[s] & need) == need &&
+		    !(sa->flags[s] & have);
+	}
+	if (waiting && now < sa->phase_end_ms) {
+		return;
+	}
+	if (sa->phase == SA_ADVERTS) {
+		sa_send_peers(c, now);
+	} else {
+		sa_relay_shares(c);
+	}
+}
+
+/* Asks every included worker still here for its shares. */
+void
+sa_request_reveals(coord *c, int64_t now)
+{
+	sa_round *sa = &c->sa;
+	uint8_t *inc = calloc(sa->n, 1);
+
+	sa->phase = SA_UNMASK;
+	sa->phase_end_ms = now + c->cfg->sa_unmask_ms;
+	if (inc == NULL) {
+		return; /* nobody asked: the unmask finds too few shares */
+	}
+	fb_secagg_server_included(sa->srv, inc);
+	for (uint32_t s = 0; s < sa->n; s++) {
+		if ((sa->flags[s] & SA_F_INCLUDED) && sa_worker(c, s)->used) {
+			(void)sa_send(c, sa_worker(c, s), FB_SA_UNMASK, sa->n, inc,
+			    sa->n);
+		}
+	}
+	free(inc);
+}
+
+/* Whether an included worker still here has not revealed yet. */
+bool
+sa_reveals_pending(const coord *c)
+{
+	const sa_round *sa = &c->sa;
+
+	for (uint32_t s = 0; s < sa->n; s++) {
+		if ((sa->flags[s] & SA_F_INCLUDED) &&
+		    !(sa->flags[s] & SA_F_REVEALED) &&
+		    c->reg.workers[sa->slot_worker[s]].used) {
+			return true;
+		}
+	}
+	return false;
+}
+
+/* ---- the unmask (job thread) ---------------------------------------------- */
+
+/* fb_accum_ring settles the sum on its first call after a reset: it is
+ * called once, before the threads, which share its pointer. */
+typedef struct unmask_arg {
+	coord *c;
+	uint32_t *ring;
+	atomic_int rc;
+} unmask_arg;
+
+static void
+unmask_chunk(void *arg, uint32_t k)
+{
+	unmask_arg *a = arg;
+	coord *c = a->c;
+	uint64_t first = (uint64_t)k * c->chunk_elems;
+	fb_err rc = fb_secagg_server_unmask_chunk(c->sa.srv, a->ring + first,
+	    first, fb_accum_chunk_len(c->accum, k));
+
+	if (rc != FB_OK) {
+		int ok = FB_OK;
+		atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
+	}
+}
+
+/*
+ * sa_check_sums refuses decoded sums that no honest set of inputs gives
+ * (a worker's masked input cannot be clipped before the sum, so one
+ * malicious input could otherwise move the model without bound): the
+ * weight sum must lie in (0, included], and the weighted means of the
+ * loss and of FedNova's normaliser within their encodings' bounds (the
+ * quantisation bound added).
+ */
+static fb_err
+sa_check_sums(coord *c, job *j, uint32_t included)
+{
+	const fb_secagg_encodings *e = &c->sa.enc;
+	double slack_w = fb_encoding_bound(&e->w, included);
+
+	if (!(j->W > 0) || j->W > (double)included + slack_w) {
+		snprintf(j->why, sizeof(j->why), "the included workers' weights "
+		    "sum to %.6g, outside (0, %u]: a masked input is not what an "
+		    "honest worker sends", j->W, included);
+		return FB_ERANGE;
+	}
+	if (!(fabs(j->loss) <= e->loss.clip * (1 + 1e-6) +
+	                           fb_encoding_bound(&e->loss, included) / j->W)) {
+		snprintf(j->why, sizeof(j->why), "the weighted train loss %.6g is "
+		    "outside its bound %g: a masked input is not what an honest "
+		    "worker sends", j->loss, e->loss.clip);
+		return FB_ERANGE;
+	}
+	if (fb_rule_is_fednova(c->cfg->rule) &&
+	    !(j->a > 0 && j->a <= e->a.clip * (1 + 1e-6) +
+	                              fb_encoding_bound(&e->a, included) / j->W)) {
+		snprintf(j->why, sizeof(j->why), "the weighted FedNova normaliser "
+		    "%.6g is outside (0, %g]: a masked input is not what an honest "
+		    "worker sends", j->a, e->a.clip);
+		return FB_ERANGE;
+	}
+	return FB_OK;
+}
+
+typedef struct range_arg {
+	coord *c;
+	const uint32_t *ring;
+	atomic_uint_fast32_t max_abs; /* of the decoded sums, ring units */
+} range_arg;
+
+static void
+range_chunk(void *arg, uint32_t k)
+{
+	range_arg *a = arg;
+	coord *c = a->c;
+	const uint32_t *sum = a->ring + (uint64_t)k * c->chunk_elems;
+	uint64_t n = fb_accum_chunk_len(c->accum, k);
+	uint32_t m = 0;
+	uint_fast32_t seen;
+
+	for (uint64_t i = 0; i < n; i++) {
+		int32_t v = (int32_t)sum[i];
+		uint32_t mag = v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v;
+		m = mag > m ? mag : m;
+	}
+	seen = atomic_load(&a->max_abs);
+	while (m > seen && !atomic_compare_exchange_weak(&a->max_abs, &seen,
+	                       m)) {
+	}
+}
+
+/*
+ * sa_check_mean refuses a decoded sum (sign-extended in the ring) whose
+ * mean leaves [-clip, clip] anywhere, beyond the quantisation bound: no
+ * honest inputs give one, and so one malicious input moves no coordinate
+ * of the mean further than clipping lets any round move it.
+ */
+static fb_err
+sa_check_mean(coord *c, job *j, uint32_t included)
+{
+	const fb_secagg_encodings *e = &c->sa.enc;
+	range_arg a = {.c = c};
+	double limit = e->x.clip * (j->W + fb_encoding_bound(&e->w, included)) +
+	    fb_encoding_bound(&e->x, included);
+	double got;
+
+	atomic_init(&a.max_abs, 0);
+	a.ring = fb_accum_ring(c->accum);
+	fb_pool_for(c->pool, c->chunk_count, range_chunk, &a);
+	got = (double)atomic_load(&a.max_abs) / e->x.scale;
+	if (got > limit) {
+		snprintf(j->why, sizeof(j->why), "the unmasked mean reaches %.6g, "
+		    "outside [-%g, %g] (secure_aggregation.clip): a masked input "
+		    "is not what an honest worker sends", got / j->W, e->x.clip,
+		    e->x.clip);
+		return FB_ERANGE;
+	}
+	return FB_OK;
+}
+
+/*
+ * sa_unmask reconstructs the round's secrets from the reveals, removes the
+ * masks from the accumulator's ring on every core, and decodes the sum
+ * into it. On FB_OK the accumulator holds the weighted sum of the included
+ * updates, and j->W, j->loss, j->a the decoded sums of weights, weighted
+ * train losses and weighted FedNova normalisers. Otherwise j->why says
+ * why the round cannot be committed.
+ */
+fb_err
+sa_unmask(coord *c, job *j)
+{
+	sa_round *sa = &c->sa;
+	uint32_t included = sa_count(sa, SA_F_INCLUDED);
+	uint32_t revealed = sa_count(sa, SA_F_REVEALED);
+	unmask_arg a = {.c = c};
+	fb_err rc;
+
+	if (sa->poisoned != NULL) {
+		snprintf(j->why, sizeof(j->why), "%s", sa->poisoned);
+		return FB_ERANGE;
+	}
+	rc = fb_secagg_server_finish(sa->srv);
+	if (rc == FB_ERANGE) {
+		snprintf(j->why, sizeof(j->why), "too few shares to unmask: %u of "
+		    "%u included workers answered, %u needed", revealed, included,
+		    sa->t);
+		return rc;
+	}
+	if (rc != FB_OK) {
+		snprintf(j->why, sizeof(j->why), "unmasking failed: %s%s",
+		    fb_strerror(rc), rc == FB_EAUTH
+		        ? " (a reconstructed secret does not match its "
+		          "commitment: corrupt shares)"
+		        : "");
+		return rc;
+	}
+	atomic_init(&a.rc, FB_OK);
+	a.ring = fb_accum_ring(c->accum);
+	fb_pool_for(c->pool, c->chunk_count, unmask_chunk, &a);
+	rc = (fb_err)atomic_load(&a.rc);
+	if (rc == FB_OK) {
+		rc = fb_secagg_server_unmask_chunk(sa->srv, sa->extra,
+		    c->param_count, SA_EXTRA);
+	}
+	if (rc != FB_OK) {
+		snprintf(j->why, sizeof(j->why), "unmasking failed: %s",
+		    fb_strerror(rc));
+		return rc;
+	}
+	if (fb_secagg_decode_extras(&sa->enc, sa->extra, &j->W, &j->loss,
+	        &j->a) != FB_OK) {
+		snprintf(j->why, sizeof(j->why), "the included workers' weights "
+		    "sum to zero or less: a masked input is not what an honest "
+		    "worker sends");
+		return FB_ERANGE;
+	}
+	if ((rc = sa_check_sums(c, j, included)) != FB_OK) {
+		return rc;
+	}
+	if ((rc = fb_accum_set_secure_sum(c->accum, &sa->enc.x, j->W)) !=
+	    FB_OK) {
+		snprintf(j->why, sizeof(j->why), "cannot decode the sum: %s",
+		    fb_strerror(rc));
+		return rc;
+	}
+	if ((rc = sa_check_mean(c, j, included)) != FB_OK) {
+		return rc;
+	}
+	fb_log_debug("round %u: unmasked the sum of %u inputs with %u "
+	             "workers' shares (%" PRIu64 " mask expansions)",
+	    c->rd.number, included, revealed,
+	    fb_secagg_server_correction_terms(sa->srv));
+	return FB_OK;
+}

@@ -1,0 +1,417 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * upload.c -- workers' updates as they stream in.
+ *
+ * UpdateBegin, then the chunks in the order RoundStart gave (from the
+ * worker's first_chunk on, wrapping; with SecAgg the extra coordinates
+ * last), then (secure mode) UpdateEnd with the signed trailer. Each
+ * message is checked here, on the loop: round, the worker's state, order,
+ * size. Its payload is then queued to the ingest pool (ingest.h), whose
+ * threads decrypt it and add it into the one fixed-point accumulator
+ * (upload_add_cb); what the pool made of each stream (complete, or refused
+ * and why) comes back in upload_results.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "coordinator/coordinator_impl.h"
+
+/* Updates complete or streaming in: over-selection keeps the first. */
+static uint32_t
+updates_claimed(const coord *c)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		const worker *w = &c->reg.workers[i];
+		n += w->used && (w->state == W_DONE || w->state == W_UPLOADING);
+	}
+	return n;
+}
+
+bool
+upload_any_in_flight(const coord *c)
+{
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		const worker *w = &c->reg.workers[i];
+		if (w->used && w->state == W_UPLOADING) {
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Plain mode: what an update claims must be what the worker declared,
+ * and FedNova needs its normaliser. */
+static bool
+begin_plain_ok(coord *c, worker *w, const fb_msg *m)
+{
+	if (m->u.update_begin.num_samples != w->num_samples) {
+		guard_drop(c, DROP_UNEXPECTED, "update from %s claims %" PRIu64
+		    " samples, it declared %" PRIu64, w->name,
+		    m->u.update_begin.num_samples, w->num_samples);
+		round_worker_failed(c, w, "sample count changed");
+		return false;
+	}
+	if (fb_rule_is_fednova(c->cfg->rule) &&
+	    !(m->u.update_begin.a_norm > 0 &&
+	        isfinite(m->u.update_begin.a_norm))) {
+		guard_drop(c, DROP_MALFORMED, "FedNova update from %s without a "
+		    "normaliser", w->name);
+		round_worker_failed(c, w, "FedNova update without a normaliser");
+		return false;
+	}
+	if (fb_rule_is_fednova(c->cfg->rule) &&
+	    m->u.update_begin.a_norm > sa_a_bound(c)) {
+		/* more than the round's most local steps can give: it would
+		 * scale the whole round's step (tau_eff) */
+		guard_drop(c, DROP_MALFORMED, "FedNova update from %s with a "
+		    "normaliser of %g, above the round's bound %g", w->name,
+		    m->u.update_begin.a_norm, sa_a_bound(c));
+		round_worker_failed(c, w, "FedNova normaliser out of range");
+		return false;
+	}
+	return true;
+}
+
+/* Secure mode: the decryptor of the update's stream, or NULL (dropped). */
+static fb_stream_pull *
+begin_stream(coord *c, worker *w, const fb_msg *m)
+{
+	fb_stream_ctx ctx = {.run = c->run, .round = c->rd.number,
+	    .sender = w->id};
+	fb_reject why = FB_REJECT_NONE;
+	fb_stream_pull *pull = NULL;
+
+	if (m->u.update_begin.stream_key.len != FB_STREAM_KEY_LEN) {
+		guard_drop(c, DROP_MALFORMED, "update from %s without a stream "
+		    "key", w->name);
+		round_worker_failed(c, w, "update without a stream key");
+		return NULL;
+	}
+	if (fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	        m->u.update_begin.stream_key.b,
+	        m->u.update_begin.stream_header.b,
+	        m->u.update_begin.stream_header.len, c->chunk_elems * 4, &pull,
+	        &why) != FB_OK) {
+		guard_drop(c, guard_reason_of_reject(why), "update stream header "
+		    "from %s: %s", w->name, fb_reject_name(why));
+		round_worker_failed(c, w, "bad update stream header");
+		return NULL;
+	}
+	return pull;
+}
+
+/* The round has its updates: a later one is told so and left out. */
+static bool
+begin_needed(coord *c, worker *w)
+{
+	fb_msg cm = {.type = FB_MSG_ROUND_CANCEL};
+
+	if (updates_claimed(c) < c->rd.target_updates) {
+		return true;
+	}
+	cm.u.round_cancel.round = c->rd.number;
+	snprintf(cm.u.round_cancel.reason, sizeof(cm.u.round_cancel.reason),
+	    "the round has its %u updates (over-selection)",
+	    c->rd.target_updates);
+	(void)coord_send(c, w, &cm, NULL, 0, NULL);
+	round_worker_failed(c, w, "not needed: over-selected and later");
+	return false;
+}
+
+/* Records what UpdateBegin says about the worker's training. */
+static void
+begin_record(coord *c, worker *w, const fb_msg *m)
+{
+	double sp = m->u.update_begin.steps_per_second;
+
+	w->a_norm = m->u.update_begin.a_norm;
+	if (sp > 0 && isfinite(sp)) {
+		w->round_speed = sp;
+		w->speed = w->has_speed ? 0.5 * w->speed + 0.5 * sp : sp;
+		w->has_speed = true;
+	}
+	w->state = W_UPLOADING;
+	w->next_chunk = 0;
+	w->final_seen = false;
+	w->begin_s = fb_now_s();
+	if (c->rd.first_begin_s == 0) {
+		c->rd.first_begin_s = w->begin_s;
+	}
+	w->steps = m->u.update_begin.steps;
+	w->train_loss = m->u.update_begin.train_loss;
+	w->train_seconds = m->u.update_begin.train_seconds;
+	if (m->u.update_begin.backend[0] != '\0') {
+		snprintf(w->backend, sizeof(w->backend), "%s",
+		    m->u.update_begin.backend);
+	}
+}
+
+void
+upload_on_begin(coord *c, worker *w, const fb_msg *m)
+{
+	wslot slot = registry_slot(c, w);
+	fb_stream_pull *pull = NULL;
+	bool masked = c->sa.phase != SA_OFF;
+
+	if (!round_open_for(c, m->u.update_begin.round)) {
+		guard_drop(c, DROP_STALE_ROUND, "update for round %u from %s "
+		    "(round %u is open)", m->u.update_begin.round, w->name,
+		    c->rd.number);
+		return;
+	}
+	if (w->state != W_TRAINING) {
+		guard_drop(c, DROP_UNEXPECTED, "update_begin from %s, which is %s",
+		    w->name, worker_state_names[w->state]);
+		return;
+	}
+	if (m->u.update_begin.param_count != c->param_count ||
+	    m->u.update_begin.chunk_count != c->rd.in_chunks) {
+		guard_drop(c, DROP_WRONG_SIZE, "update from %s has %" PRIu64
+		    " params in %u chunks; the model has %" PRIu64 " in %u",
+		    w->name, m->u.update_begin.param_count,
+		    m->u.update_begin.chunk_count, c->param_count,
+		    c->rd.in_chunks);
+		round_worker_failed(c, w, "update of the wrong size");
+		return;
+	}
+	if (masked && (c->sa.phase != SA_INPUT ||
+	                  !(c->sa.flags[w->sa_slot] & SA_F_SHARED))) {
+		guard_drop(c, DROP_UNEXPECTED, "masked update from %s before its "
+		    "shares were relayed (%s phase)", w->name,
+		    sa_phase_names[c->sa.phase]);
+		round_worker_failed(c, w, "update before secure-aggregation "
+		                          "setup");
+		return;
+	}
+	if (!masked && !begin_plain_ok(c, w, m)) {
+		return;
+	}
+	if (c->secure && (pull = begin_stream(c, w, m)) == NULL) {
+		return;
+	}
+	if (!begin_needed(c, w)) {
+		fb_stream_pull_free(pull);
+		return;
+	}
+	/* The pool takes the decryptor (plain mode: none). */
+	c->stream_arg[slot.v].weight = w->weight;
+	c->stream_arg[slot.v].masked = masked;
+	if (fb_ingest_begin(c->ingest, slot.v, pull, &c->stream_arg[slot.v],
+	        &w->ingest_gen) != FB_OK) {
+		round_worker_failed(c, w, "out of memory");
+		return;
+	}
+	begin_record(c, w, m);
+}
+
+void
+upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
+{
+	uint32_t k = m->u.update_chunk.chunk, expect;
+	size_t len = fb_buf_len(buf);
+	uint64_t elems;
+
+	if (!round_open_for(c, m->u.update_chunk.round)) {
+		guard_drop(c, DROP_STALE_ROUND, "update chunk for round %u from "
+		    "%s (round %u is open)", m->u.update_chunk.round, w->name,
+		    c->rd.number);
+		goto drop;
+	}
+	if (w->state != W_UPLOADING || w->next_chunk == c->rd.in_chunks) {
+		/* (all chunks in: the update is done or being finished) */
+		guard_drop(c, DROP_UNEXPECTED, "update chunk from %s, which is %s",
+		    w->name, w->state != W_UPLOADING
+		        ? worker_state_names[w->state] : "done");
+		goto drop;
+	}
+	expect = fb_upload_chunk(w->first_chunk, c->chunk_count,
+	    w->next_chunk);
+	if (k != expect) {
+		guard_drop(c, DROP_OUT_OF_ORDER, "update chunk %u from %s, "
+		    "expected %u", k, w->name, expect);
+		round_worker_failed(c, w, "update chunks out of order");
+		goto drop;
+	}
+	if (k >= c->rd.in_chunks) {
+		guard_drop(c, DROP_WRONG_SIZE, "update chunk %u from %s: the "
+		    "update has %u chunks", k, w->name, c->rd.in_chunks);
+		round_worker_failed(c, w, "update chunk out of range");
+		goto drop;
+	}
+	elems = k < c->chunk_count ? fb_accum_chunk_len(c->accum, k)
+	                           : SA_EXTRA;
+	if (len != elems * 4 + (c->secure ? FB_STREAM_CHUNK_OVERHEAD : 0)) {
+		guard_drop(c, DROP_WRONG_SIZE, "update chunk %u from %s has %zu "
+		    "bytes, expected %" PRIu64, k, w->name, len, elems * 4);
+		round_worker_failed(c, w, "update chunk of the wrong size");
+		goto drop;
+	}
+	/* Decrypted (secure mode), checked and added by the ingest pool;
+	 * what it refuses comes back in upload_results(). It takes buf. */
+	if (fb_ingest_chunk(c->ingest, registry_slot(c, w).v, k, buf,
+	        w->next_chunk + 1 == c->rd.in_chunks) != FB_OK) {
+		round_worker_failed(c, w, "out of memory");
+		return;
+	}
+	w->next_chunk++;
+	return;
+drop:
+	fb_buf_free(buf);
+}
+
+void
+upload_on_end(coord *c, worker *w, const fb_msg *m)
+{
+	fb_pubkey pk;
+
+	if (!round_open_for(c, m->u.update_end.round)) {
+		guard_drop(c, DROP_STALE_ROUND, "update end for round %u from %s",
+		    m->u.update_end.round, w->name);
+		return;
+	}
+	if (!c->secure) {
+		return; /* plain updates are complete at their last chunk */
+	}
+	if (w->state != W_UPLOADING || w->next_chunk != c->rd.in_chunks ||
+	    w->final_seen) {
+		guard_drop(c, DROP_TRUNCATED, "update end from %s after %u of %u "
+		    "chunks", w->name, w->next_chunk, c->rd.in_chunks);
+		round_worker_failed(c, w, "update truncated");
+		return;
+	}
+	/* Checked by the pool after the last chunk: see upload_results(). */
+	pk = c->reg.allow[w->id];
+	if (fb_ingest_end(c->ingest, registry_slot(c, w).v, &pk,
+	        m->u.update_end.stream_trailer.b,
+	        m->u.update_end.stream_trailer.len) != FB_OK) {
+		round_worker_failed(c, w, "out of memory");
+		return;
+	}
+	w->final_seen = true;
+}
+
+/* A complete update: the worker is done (and included, with SecAgg). */
+static void
+result_done(coord *c, worker *w)
+{
+	double now;
+
+	if (w->state != W_UPLOADING) {
+		return;
+	}
+	if (c->sa.phase != SA_OFF) {
+		sa_note_included(c, w);
+	}
+	w->state = W_DONE;
+	w->done_ms = c->now;
+	now = fb_now_s();
+	fb_log_debug("round %u: %supdate from %s complete (%.6fs after the "
+	             "first update began; it took %.6fs)",
+	    c->rd.number, c->secure ? "signed " : "", w->name,
+	    now - c->rd.first_begin_s, now - w->begin_s);
+}
+
+/* A refused stream: dropped and counted, and its worker leaves. */
+static void
+result_failed(coord *c, worker *w, const fb_ingest_result *r,
+    const char *name)
+{
+	const char *why;
+
+	if (r->stage == FB_INGEST_AT_TRAILER) {
+		guard_drop(c, guard_reason_of_reject(r->reject), "update trailer "
+		    "from %s: %s", name, fb_reject_name(r->reject));
+		why = "update signature rejected";
+	} else if (r->stage == FB_INGEST_AT_DECRYPT) {
+		guard_drop(c, guard_reason_of_reject(r->reject), "update chunk %u "
+		    "from %s: %s", r->chunk, name, fb_reject_name(r->reject));
+		why = "update stream rejected";
+	} else if (r->stage == FB_INGEST_AT_FINAL_MARK) {
+		guard_drop(c, DROP_TRUNCATED, "update chunk %u from %s: final "
+		    "mark on the wrong chunk", r->chunk, name);
+		why = "update stream rejected";
+	} else if (r->err == FB_EINVAL) {
+		guard_drop(c, DROP_NONFINITE, "update chunk %u from %s holds NaN "
+		    "or infinity", r->chunk, name);
+		why = "non-finite values in the update";
+	} else {
+		guard_drop(c, DROP_UNEXPECTED, "update chunk %u from %s: %s",
+		    r->chunk, name, fb_strerror(r->err));
+		why = "update could not be added";
+	}
+	if (w != NULL) {
+		round_worker_failed(c, w, why);
+	}
+}
+
+void
+upload_results(coord *c)
+{
+	fb_ingest_result r;
+
+	while (fb_ingest_result_next(c->ingest, &r)) {
+		worker *w = &c->reg.workers[r.slot];
+		bool cur = w->used && w->ingest_gen == r.gen;
+
+		c->g.cur_peer = cur ? &w->peer : NULL;
+		if (cur) {
+			w->next_chunk = r.consumed;
+		}
+		if (r.status == FB_INGEST_DONE) {
+			if (cur) {
+				result_done(c, w);
+			}
+		} else {
+			result_failed(c, cur ? w : NULL, &r,
+			    cur ? w->name : "a departed worker");
+		}
+		c->g.cur_peer = NULL;
+	}
+}
+
+void
+upload_settle(coord *c)
+{
+	fb_ingest_drain(c->ingest);
+	upload_results(c);
+}
+
+/*
+ * The ingest pool's callback: adds one decrypted chunk with the update's
+ * weight, or (secure aggregation) its masked ring elements. Calls for the
+ * same chunk may run at once (cb_concurrent): the accumulator locks parts
+ * of a chunk, so several updates are added into one chunk in parallel,
+ * and the pool's idle threads take parts of each add
+ * (fb_accum_set_parallel); the few SecAgg extras have a lock of their own.
+ */
+fb_err
+upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
+    size_t len, uint64_t *counter)
+{
+	coord *c = arg;
+	const ingest_arg *a = stream_arg;
+
+	if (a->masked) {
+		if (chunk < c->chunk_count) {
+			return len % 4 == 0 && fb_accum_ring_add(c->accum, chunk,
+			    data, len / 4) == FB_OK ? FB_OK : FB_EPROTO;
+		}
+		if (len != SA_EXTRA * 4) {
+			return FB_EPROTO;
+		}
+		pthread_mutex_lock(&c->extra_mu);
+		fb_ring_add(c->sa.extra, data, SA_EXTRA);
+		pthread_mutex_unlock(&c->extra_mu);
+		return FB_OK;
+	}
+	if (chunk >= c->chunk_count ||
+	    len != fb_accum_chunk_len(c->accum, chunk) * 4) {
+		return FB_EPROTO;
+	}
+	return fb_accum_add(c->accum, chunk, data, a->weight, counter);
+}

@@ -1,0 +1,1451 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * round_test.c -- the coordinator's round state machine, driven with
+ * synthetic events and a fake clock: no sockets, no threads.
+ *
+ * A coordinator is built from a real config (written to a file and read
+ * by fb_coord_config_load) with a fake coord_io that records what it
+ * sends, jobs run inline and the ingest pool on the caller. Fake workers
+ * answer with real protocol messages: hellos, updates (plain, or
+ * secretstream-encrypted and signed), and the SecAgg client side from
+ * crypto/ (adverts, shares, masked inputs, reveals). The clock is
+ * `t.now`; turn() is one turn of the loop after an event.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "aggregation/aggregation.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "coordinator/coordinator_impl.h"
+#include "crypto/crypto.h"
+#include "tests/unit/harness.h"
+
+#define MAXW 8
+#define PARAMS 2500   /* synthetic model: 3 chunks of 1024 floats */
+#define CHUNK_BYTES 4096
+#define T0 1000000    /* the fake clock's start, ms */
+
+/* ---- the fake io ------------------------------------------------------- */
+
+typedef struct sent {
+	uint32_t to;      /* worker slot; UINT32_MAX: an unsealed answer */
+	fb_msg m;
+	uint8_t *payload; /* a copy */
+	size_t len;
+} sent;
+
+static struct {
+	sent v[8192];
+	uint32_t n;
+	uint32_t taken[MAXW]; /* per worker: messages read by the fake */
+	bool full[MAXW];      /* that worker's queue refuses sends */
+} io;
+
+static fb_err
+fake_send_worker(coord *c, worker *w, const fb_msg *m, const void *payload,
+    size_t len, fb_lent *origin)
+{
+	uint32_t slot = registry_slot(c, w).v;
+	sent *s;
+
+	(void)origin;
+	if (slot < MAXW && io.full[slot]) {
+		return FB_EAGAIN;
+	}
+	assert_true(io.n < FB_ARRAY_LEN(io.v));
+	s = &io.v[io.n++];
+	s->to = slot;
+	s->m = *m;
+	s->len = len;
+	s->payload = NULL;
+	if (len > 0) {
+		s->payload = malloc(len);
+		assert_non_null(s->payload);
+		memcpy(s->payload, payload, len);
+	}
+	return FB_OK;
+}
+
+static fb_err
+fake_send_peer(coord *c, const fb_peer *peer, const fb_msg *m)
+{
+	(void)c;
+	(void)peer;
+	assert_true(io.n < FB_ARRAY_LEN(io.v));
+	io.v[io.n].to = UINT32_MAX;
+	io.v[io.n].m = *m;
+	io.v[io.n].payload = NULL;
+	io.v[io.n].len = 0;
+	io.n++;
+	return FB_OK;
+}
+
+static uint64_t
+fake_bytes(coord *c)
+{
+	(void)c;
+	return 0;
+}
+
+static const coord_io fake_io = {
+    .send_worker = fake_send_worker,
+    .send_peer = fake_send_peer,
+    .bytes_sent = fake_bytes,
+    .bytes_received = fake_bytes,
+};
+
+static void
+io_reset(void)
+{
+	for (uint32_t i = 0; i < io.n; i++) {
+		free(io.v[i].payload);
+	}
+	memset(&io, 0, sizeof(io));
+}
+
+/* The next message of `type` sent to worker `slot` after the ones already
+ * taken (others are skipped), or NULL. */
+static const sent *
+next_to(uint32_t slot, fb_msg_type type)
+{
+	for (uint32_t i = io.taken[slot]; i < io.n; i++) {
+		if (io.v[i].to == slot && io.v[i].m.type == type) {
+			io.taken[slot] = i + 1;
+			return &io.v[i];
+		}
+	}
+	return NULL;
+}
+
+/* Whether any message of `type` went to `slot` (from the start). */
+static uint32_t
+count_to(uint32_t slot, fb_msg_type type)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < io.n; i++) {
+		n += io.v[i].to == slot && io.v[i].m.type == type;
+	}
+	return n;
+}
+
+/* ---- the test bench ------------------------------------------------------ */
+
+typedef struct fake_worker {
+	fb_identity *id;       /* secure mode */
+	uint64_t samples;
+	float update[PARAMS];  /* what it sends (x_global - x_local) */
+	/* this round */
+	uint32_t round;
+	uint32_t first_chunk;
+	fb_secagg_worker *sa;
+	fb_secagg_encodings enc;
+	uint32_t sa_n;
+	double a_norm;         /* FedNova */
+	double loss;
+	const fb_msg *rs;      /* its last RoundStart */
+	/* a malicious worker: added to each ring element of its input */
+	uint32_t evil_add;     /* model coordinates */
+	uint32_t evil_w;       /* the weight coordinate */
+} fake_worker;
+
+typedef struct bench {
+	coord *c;
+	fb_coord_config cfg;
+	char dir[512];
+	int64_t now;
+	uint32_t n;
+	bool secure, sa;
+	fb_identity *self;
+	fake_worker fw[MAXW];
+	float start[PARAMS];   /* the model before the round */
+	round_phase trace[256]; /* the phases entered, in order */
+	uint32_t ntrace;
+} bench;
+
+static bench t;
+
+typedef struct setup {
+	uint32_t workers;
+	bool secure;           /* security and secure aggregation */
+	const char *extra;     /* more config lines (indented under round:) */
+	const char *agg_extra; /* lines under aggregation: */
+	const char *sa_extra;  /* lines under secure_aggregation: */
+	bool threads;          /* the job thread and a pool, not inline */
+} setup;
+
+/* One event's worth of loop turns: as many as the phase keeps moving
+ * (inline jobs finish at once, and the loop's wake fd would bring it
+ * back for each). */
+static void
+turn(void)
+{
+	round_phase before;
+	int k = 0;
+
+	do {
+		int64_t waited = 0;
+		before = t.c->rd.phase;
+		coord_turn(t.c, t.now);
+		/* with the job thread: a job's end comes like the loop's wake
+		 * fd would bring it */
+		while (jobs_busy(t.c) && t.c->rd.phase == before &&
+		    waited < 20000) {
+			fb_sleep_ms(1);
+			waited++;
+			coord_turn(t.c, t.now);
+		}
+		if (t.c->rd.phase != before && t.ntrace < FB_ARRAY_LEN(t.trace)) {
+			t.trace[t.ntrace++] = t.c->rd.phase;
+		}
+	} while (t.c->rd.phase != before && ++k < 16);
+}
+
+static void
+advance(int64_t ms)
+{
+	/* in steps, so that timers fire in order */
+	while (ms > 0) {
+		int64_t d = ms > 50 ? 50 : ms;
+		t.now += d;
+		ms -= d;
+		turn();
+	}
+}
+
+static fb_frame
+frame_of(uint32_t i, const fb_msg *m)
+{
+	fb_frame f;
+
+	memset(&f, 0, sizeof(f));
+	f.peer.len = 4;
+	memcpy(f.peer.id, "pe", 2);
+	f.peer.id[2] = (uint8_t)i;
+	f.peer.id[3] = 1;
+	f.msg = *m;
+	return f;
+}
+
+/* Delivers worker i's message (authenticated, as on_sealed would). */
+static void
+deliver(uint32_t i, const fb_msg *m, const void *payload, size_t len)
+{
+	fb_frame f = frame_of(i, m);
+	fb_buf *buf = NULL;
+	worker *w = &t.c->reg.workers[i];
+
+	t.c->now = t.now;
+	if (m->type == FB_MSG_UPDATE_CHUNK) {
+		assert_int_equal(fb_buf_alloc(len, &buf), FB_OK);
+		memcpy(fb_buf_data(buf), payload, len);
+	} else {
+		f.payload = (uint8_t *)(uintptr_t)payload;
+		f.payload_len = len;
+	}
+	assert_true(w->used);
+	coord_dispatch(t.c, w, &f, buf);
+	turn();
+}
+
+static void
+hello(uint32_t i)
+{
+	fb_msg m = {.type = FB_MSG_HELLO};
+	fb_frame f;
+
+	m.u.hello.protocol_version = FB_PROTOCOL_VERSION;
+	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "w%u", i);
+	m.u.hello.worker_index = i;
+	m.u.hello.num_samples = t.sa ? 0 : t.fw[i].samples;
+	m.u.hello.session = 100 + i;
+	snprintf(m.u.hello.backend, sizeof(m.u.hello.backend), "cpu");
+	f = frame_of(i, &m);
+	t.c->now = t.now;
+	if (t.secure) {
+		registry_on_hello(t.c, &t.c->reg.workers[i], &f);
+	} else {
+		coord_handle_frame(t.c, &f);
+	}
+	turn();
+}
+
+static void
+write_config(const setup *s, char *path, size_t cap)
+{
+	FILE *f;
+
+	snprintf(path, cap, "%s/c.yaml", t.dir);
+	f = fopen(path, "w");
+	assert_non_null(f);
+	fprintf(f, "listen: tcp://127.0.0.1:1\noutput_dir: %s/out\nseed: 3\n"
+	           "model:\n  arch: synthetic\n  synthetic_params: %d\n"
+	           "round:\n  rounds: 3\n  min_workers: %u\n"
+	           "  min_updates: 2\n  deadline: 10s\n  local_steps: 5\n"
+	           "  wait_for_workers: 60s\n%s"
+	           "aggregation:\n  ingest_threads: 0\n  clip: 16\n%s"
+	           "evaluation:\n  every: 0\n"
+	           "transport:\n  chunk_size: %d\n  heartbeat: 1s\n"
+	           "  liveness_timeout: 5s\n  send_timeout: 3s\n"
+	           "security:\n  enabled: %s\n"
+	           "secure_aggregation:\n  enabled: %s\n  setup_timeout: 4s\n"
+	           "  unmask_timeout: 4s\n  max_samples: 1000\n  clip: 4\n%s",
+	    t.dir, PARAMS, s->workers, s->extra ? s->extra : "",
+	    s->agg_extra ? s->agg_extra : "", CHUNK_BYTES,
+	    s->secure ? "true" : "false", s->secure ? "true" : "false",
+	    s->sa_extra ? s->sa_extra : "");
+	fclose(f);
+}
+
+/* Builds the coordinator and admits s->workers fake workers, each with
+ * samples 100 * (i + 1) and a distinct update. */
+static void
+bench_start(const setup *s)
+{
+	char path[1024];
+
+	memset(&t, 0, sizeof(t));
+	io_reset();
+	snprintf(t.dir, sizeof(t.dir), "%s", fb_test_tmpdir());
+	t.n = s->workers;
+	t.secure = s->secure;
+	t.sa = s->secure;
+	t.now = T0;
+	write_config(s, path, sizeof(path));
+	assert_int_equal(fb_coord_config_load(path, &t.cfg), FB_OK);
+	t.c = calloc(1, sizeof(*t.c));
+	assert_non_null(t.c);
+	t.c->now = t.now;
+	t.c->wake_fd = -1;
+	t.c->job.efd = -1;
+	if (s->secure) {
+		assert_int_equal(fb_identity_alloc("coordinator", &t.self), FB_OK);
+		t.c->self = t.self;
+		t.c->secure = true;
+		assert_int_equal(fb_run_id_random(&t.c->run), FB_OK);
+		memcpy(&t.c->run_id, t.c->run.b, sizeof(t.c->run_id));
+	}
+	for (uint32_t i = 0; i < t.n; i++) {
+		char name[16];
+		t.fw[i].samples = 100 * (uint64_t)(i + 1);
+		for (uint32_t j = 0; j < PARAMS; j++) {
+			t.fw[i].update[j] = (float)(((int)((i * 7 + j) % 23) - 11) *
+			    0.01 * (i + 1));
+		}
+		if (s->secure) {
+			fb_pubkey pk;
+			snprintf(name, sizeof(name), "w%u", i);
+			assert_int_equal(fb_identity_alloc(name, &t.fw[i].id), FB_OK);
+			fb_identity_pubkey(t.fw[i].id, &pk);
+			assert_int_equal(registry_allow_add(t.c, &pk, name), FB_OK);
+		}
+	}
+	assert_int_equal(coord_init(t.c, &t.cfg, &fake_io, !s->threads), FB_OK);
+	{
+		uint32_t first = 0;
+		assert_int_equal(outputs_lock(t.c), FB_OK);
+		assert_int_equal(outputs_prepare(t.c, FB_START_FORCE, &first),
+		    FB_OK);
+		assert_int_equal(first, 1);
+		assert_int_equal(outputs_begin(t.c, FB_START_FORCE), FB_OK);
+	}
+	t.c->rd.idle_since_ms = t.c->rd.last_note_ms = t.now;
+	memcpy(t.start, t.c->params, sizeof(t.start));
+}
+
+static void
+bench_stop(void)
+{
+	for (uint32_t i = 0; i < t.n; i++) {
+		fb_secagg_worker_free(t.fw[i].sa);
+		fb_identity_free(t.fw[i].id);
+	}
+	t.c->self = NULL;
+	coord_fini(t.c);
+	free(t.c);
+	fb_identity_free(t.self);
+	fb_coord_config_fini(&t.cfg);
+	io_reset();
+}
+
+static void
+admit_all(void)
+{
+	for (uint32_t i = 0; i < t.n; i++) {
+		hello(i);
+		assert_non_null(next_to(i, FB_MSG_WELCOME));
+	}
+	turn();
+}
+
+/* ---- fake workers' messages ------------------------------------------------ */
+
+/* The RoundStart worker i got, and its round fields taken. */
+static const fb_msg *
+take_round_start(uint32_t i)
+{
+	const sent *s = next_to(i, FB_MSG_ROUND_START);
+
+	if (s == NULL) {
+		return NULL;
+	}
+	t.fw[i].round = s->m.u.round_start.round;
+	t.fw[i].first_chunk = s->m.u.round_start.first_chunk;
+	t.fw[i].rs = &s->m;
+	return &s->m;
+}
+
+static void
+send_secagg(uint32_t i, fb_secagg_phase ph, uint32_t count,
+    const void *data, size_t len)
+{
+	fb_msg m = {.type = FB_MSG_SECAGG};
+	m.u.secagg.round = t.fw[i].round;
+	m.u.secagg.phase = ph;
+	m.u.secagg.count = count;
+	deliver(i, &m, data, len);
+}
+
+/* SecAgg step 1: keys from RoundStart, the signed advert. */
+static void
+sa_advertise(uint32_t i, const fb_msg *rs)
+{
+	fake_worker *fw = &t.fw[i];
+	fb_secagg_params p;
+	uint8_t adv[FB_SECAGG_ADV_LEN];
+
+	memset(&p, 0, sizeof(p));
+	p.run = t.c->run;
+	p.round = rs->u.round_start.round;
+	p.n = rs->u.round_start.sa_n;
+	p.degree = rs->u.round_start.sa_degree;
+	p.threshold = rs->u.round_start.sa_threshold;
+	memcpy(p.graph_seed, rs->u.round_start.sa_graph_seed.b, 32);
+	fb_secagg_worker_free(fw->sa);
+	assert_int_equal(fb_secagg_worker_alloc(&p, rs->u.round_start.sa_slot,
+	                     &fw->sa),
+	    FB_OK);
+	assert_int_equal(fb_secagg_encodings_init(&fw->enc,
+	                     rs->u.round_start.sa_ring_bits, p.n,
+	                     rs->u.round_start.sa_clip,
+	                     rs->u.round_start.sa_a_bound),
+	    FB_OK);
+	fw->sa_n = p.n;
+	assert_int_equal(fb_secagg_worker_advertise(fw->sa, fw->id, adv),
+	    FB_OK);
+	send_secagg(i, FB_SA_ADVERT, 1, adv, sizeof(adv));
+}
+
+/* SecAgg step 2: neighbours' adverts in, shares out. */
+static void
+sa_share(uint32_t i)
+{
+	fake_worker *fw = &t.fw[i];
+	const sent *s = next_to(i, FB_MSG_SECAGG);
+	uint8_t out[MAXW * FB_SECAGG_SHARE_MSG_LEN];
+	size_t out_len = 0;
+
+	assert_non_null(s);
+	assert_int_equal(s->m.u.secagg.phase, FB_SA_PEERS);
+	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
+		const uint8_t *e = s->payload + (size_t)k * FB_SECAGG_PEER_ENTRY_LEN;
+		fb_pubkey pk;
+		memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
+		assert_int_equal(fb_secagg_worker_add_advert(fw->sa, &pk,
+		                     e + 4 + FB_PUBKEY_LEN, FB_SECAGG_ADV_LEN),
+		    FB_OK);
+	}
+	assert_int_equal(fb_secagg_worker_make_shares(fw->sa, out, sizeof(out),
+	                     &out_len),
+	    FB_OK);
+	send_secagg(i, FB_SA_SHARES, (uint32_t)(out_len /
+	    FB_SECAGG_SHARE_MSG_LEN), out, out_len);
+}
+
+/* SecAgg step 3: relayed shares in, masks fixed. */
+static void
+sa_take_shares(uint32_t i)
+{
+	fake_worker *fw = &t.fw[i];
+	const sent *s = next_to(i, FB_MSG_SECAGG);
+
+	assert_non_null(s);
+	assert_int_equal(s->m.u.secagg.phase, FB_SA_RELAY);
+	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
+		assert_int_equal(fb_secagg_worker_add_share(fw->sa,
+		                     s->payload + (size_t)k * FB_SECAGG_SHARE_MSG_LEN,
+		                     FB_SECAGG_SHARE_MSG_LEN),
+		    FB_OK);
+	}
+	assert_int_equal(fb_secagg_worker_mask_begin(fw->sa), FB_OK);
+}
+
+/* SecAgg step 5: the unmasking request answered. */
+static void
+sa_reveal(uint32_t i)
+{
+	fake_worker *fw = &t.fw[i];
+	const sent *s = next_to(i, FB_MSG_SECAGG);
+	uint8_t out[FB_SECAGG_REVEAL_HEADER_LEN +
+	    MAXW * FB_SECAGG_REVEAL_ENTRY_LEN];
+	size_t len = 0;
+
+	assert_non_null(s);
+	assert_int_equal(s->m.u.secagg.phase, FB_SA_UNMASK);
+	assert_int_equal(fb_secagg_worker_reveal(fw->sa, s->payload, fw->sa_n,
+	                     out, sizeof(out), &len),
+	    FB_OK);
+	send_secagg(i, FB_SA_REVEAL, 1, out, len);
+}
+
+/* The chunk of the upload at position pos: its index and plaintext. */
+static uint32_t
+upload_chunk(uint32_t i, uint32_t pos, uint32_t *buf, size_t *len,
+    const float *x)
+{
+	fake_worker *fw = &t.fw[i];
+	uint32_t chunks = t.c->chunk_count;
+	uint32_t k = fb_upload_chunk(fw->first_chunk, chunks, pos);
+	uint64_t off = (uint64_t)k * (CHUNK_BYTES / 4);
+	uint64_t n;
+
+	if (k == chunks) { /* SecAgg extras */
+		double w = (double)fw->samples / 1000.0;
+		assert_int_equal(fb_secagg_encode_extras(&fw->enc, w, fw->loss,
+		                     fw->a_norm, PARAMS, 7 + i, buf),
+		    FB_OK);
+		buf[0] += fw->evil_w;
+		assert_int_equal(fb_secagg_worker_mask_chunk(fw->sa, buf, PARAMS,
+		                     SA_EXTRA),
+		    FB_OK);
+		*len = SA_EXTRA * 4;
+		return k;
+	}
+	n = PARAMS - off < CHUNK_BYTES / 4 ? PARAMS - off : CHUNK_BYTES / 4;
+	*len = n * 4;
+	if (t.sa) {
+		double w = (double)fw->samples / 1000.0;
+		assert_int_equal(fb_encode_chunk(&fw->enc.x, x + off, n, w, off,
+		                     7 + i, buf, NULL),
+		    FB_OK);
+		for (uint64_t j = 0; j < n; j++) {
+			buf[j] += fw->evil_add;
+		}
+		assert_int_equal(fb_secagg_worker_mask_chunk(fw->sa, buf, off, n),
+		    FB_OK);
+	} else {
+		memcpy(buf, x + off, n * 4);
+	}
+	return k;
+}
+
+/*
+ * Worker i uploads `x` (its update), stopping after `stop_after` chunks
+ * (UINT32_MAX: all, and the trailer). Encrypted and signed in secure mode.
+ */
+static void
+upload(uint32_t i, const float *x, uint32_t stop_after)
+{
+	fake_worker *fw = &t.fw[i];
+	uint32_t chunks = t.c->chunk_count + (t.sa ? 1 : 0);
+	fb_msg b = {.type = FB_MSG_UPDATE_BEGIN};
+	fb_stream_push *push = NULL;
+	static uint32_t plain[CHUNK_BYTES / 4];
+	static uint8_t ct[CHUNK_BYTES + FB_STREAM_CHUNK_OVERHEAD];
+
+	b.u.update_begin.round = fw->round;
+	b.u.update_begin.param_count = PARAMS;
+	b.u.update_begin.chunk_count = chunks;
+	b.u.update_begin.steps_per_second = 10;
+	if (!t.sa) {
+		b.u.update_begin.num_samples = fw->samples;
+		b.u.update_begin.steps = 5;
+		b.u.update_begin.train_loss = fw->loss;
+		b.u.update_begin.a_norm = fw->a_norm;
+	}
+	if (t.secure) {
+		fb_stream_ctx ctx = {.run = t.c->run, .round = fw->round,
+		    .sender = i};
+		assert_int_equal(fb_stream_push_alloc(&ctx, CHUNK_BYTES,
+		                     FB_STREAM_DIGEST_TAGS,
+		                     b.u.update_begin.stream_key.b,
+		                     b.u.update_begin.stream_header.b, &push),
+		    FB_OK);
+		b.u.update_begin.stream_key.len = FB_STREAM_KEY_LEN;
+		b.u.update_begin.stream_header.len = FB_STREAM_HEADER_LEN;
+	}
+	deliver(i, &b, NULL, 0);
+	for (uint32_t pos = 0; pos < chunks && pos < stop_after; pos++) {
+		fb_msg m = {.type = FB_MSG_UPDATE_CHUNK};
+		size_t len = 0, clen = 0;
+		m.u.update_chunk.round = fw->round;
+		m.u.update_chunk.chunk = upload_chunk(i, pos, plain, &len, x);
+		if (t.secure) {
+			assert_int_equal(fb_stream_push_chunk(push,
+			                     (const uint8_t *)plain, len,
+			                     pos + 1 == chunks, ct, sizeof(ct), &clen),
+			    FB_OK);
+			deliver(i, &m, ct, clen);
+		} else {
+			deliver(i, &m, plain, len);
+		}
+	}
+	if (t.secure && stop_after == UINT32_MAX) {
+		fb_msg e = {.type = FB_MSG_UPDATE_END};
+		e.u.update_end.round = fw->round;
+		assert_int_equal(fb_stream_push_final(push, fw->id,
+		                     e.u.update_end.stream_trailer.b),
+		    FB_OK);
+		e.u.update_end.stream_trailer.len = FB_STREAM_TRAILER_LEN;
+		deliver(i, &e, NULL, 0);
+	}
+	fb_stream_push_free(push);
+}
+
+/* Runs the SecAgg setup for the workers in `who` (a bit mask). */
+static void
+sa_setup(uint32_t who)
+{
+	const fb_msg *rs[MAXW] = {0};
+
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			rs[i] = t.fw[i].rs != NULL ? t.fw[i].rs : take_round_start(i);
+			assert_non_null(rs[i]);
+			sa_advertise(i, rs[i]);
+		}
+	}
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			sa_share(i);
+		}
+	}
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			sa_take_shares(i);
+		}
+	}
+}
+
+/* ---- what the round did ------------------------------------------------------ */
+
+/* The expected model after a FedAvg round over the workers in `who`:
+ * start - sum_i p_i x_i, p from fb_fedavg_weights (checked against n_i /
+ * sum n here, too). Returns the largest deviation of the coordinator's
+ * model from it. */
+static double
+fedavg_error(uint32_t who, double scale)
+{
+	uint64_t n[MAXW];
+	double w[MAXW], err = 0, total = 0;
+	uint32_t k = 0, idx[MAXW];
+
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			n[k] = t.fw[i].samples;
+			total += (double)n[k];
+			idx[k++] = i;
+		}
+	}
+	assert_int_equal(fb_fedavg_weights(n, k, w), FB_OK);
+	for (uint32_t j = 0; j < PARAMS; j++) {
+		double mean = 0;
+		for (uint32_t s = 0; s < k; s++) {
+			assert_true(fabs(w[s] - (double)n[s] / total) < 1e-15);
+			mean += w[s] * t.fw[idx[s]].update[j];
+		}
+		double want = t.start[j] - scale * mean;
+		double d = fabs((double)t.c->params[j] - want);
+		err = d > err ? d : err;
+	}
+	return err;
+}
+
+/* The last line of metrics.jsonl. */
+static void
+last_metrics(char *line, size_t cap)
+{
+	FILE *f = fopen(t.c->metrics_path, "r");
+	char buf[16384];
+
+	line[0] = '\0';
+	assert_non_null(f);
+	while (fgets(buf, sizeof(buf), f) != NULL) {
+		snprintf(line, cap, "%s", buf);
+	}
+	fclose(f);
+}
+
+static uint32_t
+metrics_lines(void)
+{
+	FILE *f = fopen(t.c->metrics_path, "r");
+	uint32_t n = 0;
+	int ch;
+
+	if (f == NULL) {
+		return 0;
+	}
+	while ((ch = fgetc(f)) != EOF) {
+		n += ch == '\n';
+	}
+	fclose(f);
+	return n;
+}
+
+/* Whether the phases `want` were entered in this order (others between
+ * them allowed: several may pass in one turn). */
+static bool
+trace_has(const round_phase *want, uint32_t n)
+{
+	uint32_t k = 0;
+	for (uint32_t i = 0; i < t.ntrace && k < n; i++) {
+		k += t.trace[i] == want[k];
+	}
+	return k == n;
+}
+
+#define assert_phase(p)                                                   \
+	do {                                                              \
+		if (t.c->rd.phase != (p)) {                               \
+			fail_msg("phase %s, want %s",                     \
+			    round_phase_names[t.c->rd.phase],             \
+			    round_phase_names[p]);                        \
+		}                                                         \
+	} while (0)
+
+/* ---- tests ------------------------------------------------------------------- */
+
+/* A plain round: IDLE until enough workers, TRAIN, then AGGREGATE and
+ * RECORD inline (jobs run on the caller), back to IDLE for round 2; the
+ * commit is start - sum p_i x_i with p_i = n_i / sum n. */
+static void
+test_plain_round_phases_and_fedavg(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){.workers = 3});
+	assert_phase(PHASE_IDLE);
+	hello(0);
+	hello(1);
+	advance(200);
+	assert_phase(PHASE_IDLE); /* 2 of 3 */
+	hello(2);
+	assert_phase(PHASE_TRAIN);
+	for (uint32_t i = 0; i < 3; i++) {
+		const fb_msg *rs = take_round_start(i);
+		assert_non_null(rs);
+		assert_int_equal(rs->u.round_start.round, 1);
+		assert_int_equal(rs->u.round_start.local_steps, 5);
+		assert_false(rs->u.round_start.secagg);
+		/* the weight the round gives it is the library's */
+		assert_true(fabs(t.c->reg.workers[i].weight -
+		                (double)t.fw[i].samples / 600.0) < 1e-15);
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_phase(PHASE_TRAIN);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	/* all three in: the round committed and the next one began */
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_int_equal(t.c->rd.number, 2);
+	assert_phase(PHASE_TRAIN);
+	{
+		static const round_phase want[] = {PHASE_TRAIN, PHASE_AGGREGATE,
+		    PHASE_RECORD, PHASE_TRAIN};
+		assert_true(trace_has(want, FB_ARRAY_LEN(want)));
+	}
+	assert_true(fedavg_error(7, 1.0) < 3 * 16.0 / 1073741824.0 + 1e-6);
+	assert_int_equal(metrics_lines(), 1);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"round\": 1,"));
+	assert_non_null(strstr(line, "\"status\": \"ok\""));
+	assert_non_null(strstr(line, "\"participants\": 3"));
+	assert_non_null(strstr(line, "\"time\": \""));
+	bench_stop();
+}
+
+/* IDLE gives up after round.wait_for_workers: the run ends with
+ * FB_ETIMEDOUT, no round line. */
+static void
+test_idle_waits_then_times_out(void **state)
+{
+	bench_start(&(setup){.workers = 3});
+	hello(0);
+	advance(59000);
+	assert_phase(PHASE_IDLE);
+	advance(2000);
+	assert_phase(PHASE_DONE);
+	assert_int_equal(t.c->rd.exit_rc, FB_ETIMEDOUT);
+	assert_int_equal(metrics_lines(), 0);
+	bench_stop();
+}
+
+/* A worker lost in TRAIN (liveness: silence) leaves the round; the round
+ * commits with the other two, and the lost one's slot is freed. */
+static void
+test_worker_lost_in_training(void **state)
+{
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	/* w0 and w1 keep talking; w2 goes silent past the 5 s liveness */
+	for (int s = 0; s < 6; s++) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		deliver(1, &hb, NULL, 0);
+		deliver(0, &hb, NULL, 0);
+		advance(1000);
+	}
+	assert_false(t.c->reg.workers[2].used);
+	assert_phase(PHASE_TRAIN); /* w1 still training */
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-6);
+	bench_stop();
+}
+
+/* A worker cut off mid-upload in plain mode (the deadline passes during
+ * its upload): its chunks stay in (per coordinate averaging), it is
+ * "partial", the round commits with the others. */
+static void
+test_worker_cut_mid_upload_plain(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(2, t.fw[2].update, 1);
+	assert_int_equal(t.c->reg.workers[2].state, W_UPLOADING);
+	for (int s = 0; s < 11; s++) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		for (uint32_t i = 0; i < 3; i++) {
+			deliver(i, &hb, NULL, 0);
+		}
+		advance(1000);
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_int_equal(count_to(2, FB_MSG_ROUND_CANCEL), 1);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"partial\": 1"));
+	assert_non_null(strstr(line, "deadline passed during upload"));
+	bench_stop();
+}
+
+/* A worker lost mid-upload (its connection forgotten): its slot goes,
+ * the round commits with the others. */
+static void
+test_worker_lost_mid_upload_plain(void **state)
+{
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(2, t.fw[2].update, 2);
+	registry_forget(t.c, &t.c->reg.workers[2], "test: connection lost");
+	turn();
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_false(t.c->reg.workers[2].used);
+	bench_stop();
+}
+
+/* The deadline (drop policy): a worker that never uploads is cancelled
+ * with a RoundCancel and the round commits with the others. */
+static void
+test_deadline_drops_stragglers(void **state)
+{
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	for (int s = 0; s < 9; s++) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		for (uint32_t i = 0; i < 3; i++) {
+			deliver(i, &hb, NULL, 0);
+		}
+		advance(1000);
+	}
+	assert_int_equal(t.c->rd.committed, 0);
+	advance(1100);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_int_equal(count_to(2, FB_MSG_ROUND_CANCEL), 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-6);
+	bench_stop();
+}
+
+/* Stragglers `wait`: past the deadline the round is in OVERTIME and
+ * commits with the late update too. */
+static void
+test_stragglers_wait(void **state)
+{
+	bench_start(&(setup){.workers = 3, .extra = "  stragglers: wait\n"});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	for (int s = 0; s < 14; s++) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		for (uint32_t i = 0; i < 3; i++) {
+			deliver(i, &hb, NULL, 0);
+		}
+		advance(1000);
+	}
+	assert_phase(PHASE_OVERTIME);
+	assert_int_equal(count_to(2, FB_MSG_ROUND_CANCEL), 0);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	bench_stop();
+}
+
+/* The quorum: with min_updates 2, one update at the deadline fails the
+ * round; the model is unchanged and the metrics line says why. */
+static void
+test_quorum_not_met_fails_round(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	for (int s = 0; s < 11; s++) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		for (uint32_t i = 0; i < 3; i++) {
+			deliver(i, &hb, NULL, 0);
+		}
+		advance(1000);
+	}
+	assert_int_equal(t.c->rd.committed, 0);
+	assert_int_equal(t.c->rd.number, 2);
+	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"status\": \"failed\""));
+	assert_non_null(strstr(line, "round.min_updates"));
+	bench_stop();
+}
+
+/* Over-selection: 2 per round and 1 extra: 3 start, the first 2 updates
+ * are kept, the third worker is told to stop. */
+static void
+test_over_selection_keeps_first(void **state)
+{
+	bench_start(&(setup){.workers = 3,
+	    .extra = "  workers_per_round: 2\n  over_select: 1\n"});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	assert_int_equal(t.c->rd.target_updates, 2);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_int_equal(count_to(1, FB_MSG_ROUND_CANCEL), 1);
+	assert_true(fedavg_error(5, 1.0) < 1e-6);
+	bench_stop();
+}
+
+/* FedNova, plain: the server steps by tau_eff = sum p_i a_i / sum p_i
+ * (fb_fednova_tau_eff) times the mean of the normalised updates. */
+static void
+test_fednova_plain_scale(void **state)
+{
+	double p[2], a[2] = {3.0, 7.0}, tau = 0;
+
+	bench_start(&(setup){.workers = 2, .extra = "",
+	    .agg_extra = "  rule: fednova\n"});
+	t.fw[0].a_norm = a[0];
+	t.fw[1].a_norm = a[1];
+	admit_all();
+	for (uint32_t i = 0; i < 2; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	p[0] = 100.0 / 300.0;
+	p[1] = 200.0 / 300.0;
+	assert_int_equal(fb_fednova_tau_eff(p, a, 2, &tau), FB_OK);
+	assert_true(fabs(t.c->rd.tau_eff - tau) < 1e-12);
+	assert_true(fedavg_error(3, tau) < 1e-5);
+	bench_stop();
+}
+
+/* A secure round: PREPARE (the model encrypted once), TRAIN with the
+ * SecAgg setup, UNMASK, AGGREGATE, RECORD; the commit matches the plain
+ * weighted mean within the quantisation bound. The model chunks a worker
+ * fetches decrypt under the round key and carry the coordinator's
+ * signature. */
+static void
+test_secure_round_phases(void **state)
+{
+	const fb_msg *rs;
+	fb_stream_pull *pull = NULL;
+	fb_reject why;
+
+	bench_start(&(setup){.workers = 3, .secure = true});
+	hello(0);
+	hello(1);
+	hello(2);
+	/* the model was encrypted (PREPARE) before RoundStart went out */
+	assert_phase(PHASE_TRAIN);
+	assert_true(t.ntrace >= 2);
+	assert_int_equal(t.trace[0], PHASE_PREPARE);
+	assert_int_equal(t.trace[1], PHASE_TRAIN);
+	assert_int_equal(t.c->sa.phase, SA_ADVERTS);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	/* worker 0 fetches the model and checks it */
+	rs = t.fw[0].rs;
+	{
+		fb_stream_ctx ctx = {.run = t.c->run, .round = 1,
+		    .sender = FB_SENDER_COORDINATOR};
+		static uint8_t m[CHUNK_BYTES];
+		size_t off = 0;
+		fb_pubkey pk;
+		assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_FULL,
+		                     rs->u.round_start.round_key.b,
+		                     rs->u.round_start.stream_header.b,
+		                     FB_STREAM_HEADER_LEN, CHUNK_BYTES, &pull, &why),
+		    FB_OK);
+		for (uint32_t k = 0; k < t.c->chunk_count; k++) {
+			fb_msg f = {.type = FB_MSG_MODEL_FETCH};
+			const sent *ch;
+			size_t mlen = 0;
+			int fin = 0;
+			f.u.model_fetch.round = 1;
+			f.u.model_fetch.chunk = k;
+			t.fw[0].round = 1;
+			deliver(0, &f, NULL, 0);
+			ch = next_to(0, FB_MSG_MODEL_CHUNK);
+			assert_non_null(ch);
+			assert_int_equal(fb_stream_pull_chunk(pull, ch->payload,
+			                     ch->len, m, sizeof(m), &mlen, &fin, &why),
+			    FB_OK);
+			assert_memory_equal(m, (uint8_t *)t.start + off, mlen);
+			off += mlen;
+		}
+		fb_identity_pubkey(t.self, &pk);
+		assert_int_equal(fb_stream_pull_final(pull, &pk,
+		                     rs->u.round_start.stream_trailer.b,
+		                     FB_STREAM_TRAILER_LEN, NULL, &why),
+		    FB_OK);
+		fb_stream_pull_free(pull);
+	}
+	sa_setup(7);
+	assert_int_equal(t.c->sa.phase, SA_INPUT);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_UNMASK);
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_int_equal(t.c->rd.number, 2);
+	{
+		static const round_phase want[] = {PHASE_PREPARE, PHASE_TRAIN,
+		    PHASE_UNMASK, PHASE_AGGREGATE, PHASE_RECORD, PHASE_TRAIN};
+		assert_true(trace_has(want, FB_ARRAY_LEN(want)));
+	}
+	/* 3 workers, clip 4: within the encoding's bound on the weighted
+	 * sum (3 / 2^27) over the weight sum 0.6, and float rounding */
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	bench_stop();
+}
+
+/* The same secure round with the job thread and the pool (the jobs run
+ * beside the loop, as in the product): it commits the same model. */
+static void
+test_secure_round_with_job_thread(void **state)
+{
+	static float inline_model[PARAMS];
+
+	bench_start(&(setup){.workers = 3, .secure = true});
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+	memcpy(inline_model, t.c->params, sizeof(inline_model));
+	bench_stop();
+
+	bench_start(&(setup){.workers = 3, .secure = true, .threads = true});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	/* the masks' randomness differs, the decoded sum does not: the
+	 * stochastic rounding is seeded the same */
+	assert_memory_equal(t.c->params, inline_model, sizeof(inline_model));
+	bench_stop();
+}
+
+/* Secure: a worker lost before its advert is left out (the neighbourhood
+ * is complete without it), the other two commit. */
+static void
+test_secure_worker_lost_in_setup(void **state)
+{
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n"});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	registry_forget(t.c, &t.c->reg.workers[2], "test: lost");
+	sa_setup(3);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_phase(PHASE_UNMASK);
+	sa_reveal(0);
+	sa_reveal(1);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-3);
+	bench_stop();
+}
+
+/* Secure: a worker lost after its masked input is complete stays
+ * included (its self-mask is recovered from the others' shares). */
+static void
+test_secure_worker_lost_after_input(void **state)
+{
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n"});
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_UNMASK);
+	registry_forget(t.c, &t.c->reg.workers[2], "test: lost");
+	sa_reveal(0);
+	sa_reveal(1);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-3);
+	bench_stop();
+}
+
+/* Secure: a worker cut off mid-upload leaves part of a masked input in
+ * the sum: the round is aborted with the reason, the model unchanged,
+ * and the next round starts. */
+static void
+test_secure_worker_cut_mid_upload(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n"});
+	admit_all();
+	sa_setup(7);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(2, t.fw[2].update, 1);
+	registry_forget(t.c, &t.c->reg.workers[2], "test: lost");
+	turn();
+	assert_int_equal(t.c->rd.committed, 0);
+	assert_int_equal(t.c->rd.number, 2);
+	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"status\": \"aborted\""));
+	assert_non_null(strstr(line, "cut off mid-stream"));
+	bench_stop();
+}
+
+/* Secure: a worker lost while the others reveal, with the threshold
+ * still met by the rest, and lost during AGGREGATE/RECORD (jobs inline:
+ * nothing to lose then) -- the round commits; below the threshold of
+ * reveals (unmask_timeout) it is aborted. */
+static void
+test_secure_too_few_reveals_aborts(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 3\n"});
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_UNMASK);
+	sa_reveal(0);
+	sa_reveal(1);
+	for (int s = 0; s < 5; s++) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		for (uint32_t i = 0; i < 3; i++) {
+			deliver(i, &hb, NULL, 0);
+		}
+		advance(1000);
+	}
+	assert_int_equal(t.c->rd.committed, 0);
+	assert_int_equal(t.c->rd.number, 2);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "too few shares to unmask"));
+	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+	bench_stop();
+}
+
+/* Secure FedNova: tau_eff is the decoded weighted mean of the workers'
+ * normalisers (their extra coordinate), the library's formula over the
+ * masked sums. */
+static void
+test_secure_fednova_scale(void **state)
+{
+	double p[3], a[3] = {2.0, 4.0, 5.0}, tau = 0;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .agg_extra = "  rule: fednova\n"});
+	for (uint32_t i = 0; i < 3; i++) {
+		t.fw[i].a_norm = a[i];
+		p[i] = (double)t.fw[i].samples / 1000.0;
+	}
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_int_equal(fb_fednova_tau_eff(p, a, 3, &tau), FB_OK);
+	assert_true(fabs(t.c->rd.tau_eff - tau) < 1e-3);
+	assert_true(fedavg_error(7, t.c->rd.tau_eff) < 5e-3);
+	bench_stop();
+}
+
+/* A malicious masked input (coordinates far outside the clip, which the
+ * coordinator cannot clip before the sum) is caught after unmasking: the
+ * round is aborted, the model unchanged, the run goes on. */
+static void
+test_secure_poisoned_input_refused(void **state)
+{
+	static float evil[PARAMS];
+	char line[16384];
+
+	bench_start(&(setup){.workers = 3, .secure = true});
+	admit_all();
+	sa_setup(7);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	/* its encoded input plus 2^30 units (8 = 2 clips) per coordinate:
+	 * far past what any clipped, weighted value encodes to */
+	for (uint32_t j = 0; j < PARAMS; j++) {
+		evil[j] = 0.5f;
+	}
+	t.fw[2].evil_add = 1u << 30;
+	upload(2, evil, UINT32_MAX);
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_int_equal(t.c->rd.committed, 0);
+	assert_int_equal(t.c->rd.number, 2);
+	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"status\": \"aborted\""));
+	assert_non_null(strstr(line, "not what an honest worker sends"));
+	bench_stop();
+}
+
+/* A worker whose queue stays full past transport.send_timeout is dropped
+ * (sends never wait for it). */
+static void
+test_full_queue_drops_worker(void **state)
+{
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	io.full[1] = true;
+	for (int s = 0; s < 5; s++) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		for (uint32_t i = 0; i < 3; i++) {
+			deliver(i, &hb, NULL, 0);
+		}
+		advance(1000);
+	}
+	assert_false(t.c->reg.workers[1].used);
+	assert_true(t.c->reg.workers[0].used);
+	bench_stop();
+}
+
+/* A malicious weight claim: its weight coordinate pushed up by 3
+ * (more than 3 workers' weights can sum to), or down by 4 (a negative
+ * sum): refused after unmasking either way. */
+static void
+test_secure_bad_weight_refused(void **state)
+{
+	static const struct {
+		uint32_t add;
+		const char *why;
+	} cases[] = {
+	    {0x60000000u, "outside (0, 3]"},
+	    {0x80000000u, "sum to zero or less"},
+	};
+	char line[16384];
+
+	for (size_t k = 0; k < FB_ARRAY_LEN(cases); k++) {
+		bench_start(&(setup){.workers = 3, .secure = true});
+		admit_all();
+		sa_setup(7);
+		t.fw[1].evil_w = cases[k].add;
+		for (uint32_t i = 0; i < 3; i++) {
+			upload(i, t.fw[i].update, UINT32_MAX);
+		}
+		for (uint32_t i = 0; i < 3; i++) {
+			sa_reveal(i);
+		}
+		assert_int_equal(t.c->rd.committed, 0);
+		assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+		last_metrics(line, sizeof(line));
+		assert_non_null(strstr(line, "\"status\": \"aborted\""));
+		assert_non_null(strstr(line, cases[k].why));
+		bench_stop();
+	}
+}
+
+/* Admission: a second worker with a data index already in use is
+ * refused, naming the first; a plain-mode sample count above
+ * secure_aggregation.max_samples is refused (it would take the weight). */
+static void
+test_admission_refusals(void **state)
+{
+	fb_msg m = {.type = FB_MSG_HELLO};
+	fb_frame f;
+	const sent *r;
+
+	bench_start(&(setup){.workers = 3});
+	hello(0);
+	hello(1);
+	/* w2 claims w0's index */
+	m.u.hello.protocol_version = FB_PROTOCOL_VERSION;
+	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "w2");
+	m.u.hello.worker_index = 0;
+	m.u.hello.num_samples = 300;
+	m.u.hello.session = 102;
+	f = frame_of(2, &m);
+	coord_handle_frame(t.c, &f);
+	turn();
+	assert_int_equal(registry_live_count(t.c), 2);
+	r = &io.v[io.n - 1];
+	assert_int_equal(r->m.type, FB_MSG_REJECT);
+	assert_non_null(strstr(r->m.u.reject.reason, "data.index 0 is worker "
+	                                              "'w0''s already"));
+	/* 10^15 samples */
+	m.u.hello.worker_index = 2;
+	m.u.hello.num_samples = 1000000000000000ull;
+	f = frame_of(2, &m);
+	coord_handle_frame(t.c, &f);
+	turn();
+	assert_int_equal(registry_live_count(t.c), 2);
+	r = &io.v[io.n - 1];
+	assert_int_equal(r->m.type, FB_MSG_REJECT);
+	assert_non_null(strstr(r->m.u.reject.reason,
+	    "more than secure_aggregation.max_samples"));
+	/* with its own index and an honest count it is admitted */
+	m.u.hello.num_samples = 300;
+	f = frame_of(2, &m);
+	coord_handle_frame(t.c, &f);
+	turn();
+	assert_int_equal(registry_live_count(t.c), 3);
+	bench_stop();
+}
+
+/* Plain FedNova: a normaliser above what the round's most local steps
+ * give is refused (it would scale the whole round's step). */
+static void
+test_fednova_normaliser_bound(void **state)
+{
+	bench_start(&(setup){.workers = 3, .agg_extra = "  rule: fednova\n"});
+	t.fw[0].a_norm = 2.0;
+	t.fw[1].a_norm = 3.0;
+	t.fw[2].a_norm = 1e30;
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->reg.workers[2].state, W_FAILED);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(t.c->rd.tau_eff < 5.0);
+	bench_stop();
+}
+
+FB_TESTS = {
+    {"a plain round goes idle, train, aggregate, record with FedAvg weights",
+        test_plain_round_phases_and_fedavg},
+    {"idle waits for min_workers, then times out the run",
+        test_idle_waits_then_times_out},
+    {"a worker lost in training leaves and the round commits",
+        test_worker_lost_in_training},
+    {"a worker cut off mid-upload in plain mode counts as partial",
+        test_worker_cut_mid_upload_plain},
+    {"a worker lost mid-upload in plain mode leaves the round",
+        test_worker_lost_mid_upload_plain},
+    {"the deadline cancels stragglers and commits (drop)",
+        test_deadline_drops_stragglers},
+    {"stragglers wait: overtime commits with the late update",
+        test_stragglers_wait},
+    {"too few updates for the quorum fail the round, model unchanged",
+        test_quorum_not_met_fails_round},
+    {"over-selection keeps the first updates and cancels the rest",
+        test_over_selection_keeps_first},
+    {"plain FedNova steps by the library's tau_eff",
+        test_fednova_plain_scale},
+    {"a secure round passes prepare, train, unmask, aggregate, record",
+        test_secure_round_phases},
+    {"a secure round with the job thread commits the same model",
+        test_secure_round_with_job_thread},
+    {"secure: a worker lost before its advert is left out",
+        test_secure_worker_lost_in_setup},
+    {"secure: a worker lost after its input stays included",
+        test_secure_worker_lost_after_input},
+    {"secure: a worker cut off mid-upload aborts the round",
+        test_secure_worker_cut_mid_upload},
+    {"secure: too few reveals by unmask_timeout abort the round",
+        test_secure_too_few_reveals_aborts},
+    {"secure FedNova steps by the decoded tau_eff",
+        test_secure_fednova_scale},
+    {"secure: a poisoned masked input is refused after unmasking",
+        test_secure_poisoned_input_refused},
+    {"secure: a malicious weight claim is refused after unmasking",
+        test_secure_bad_weight_refused},
+    {"a worker whose queue stays full is dropped", test_full_queue_drops_worker},
+    {"admission refuses a taken data index and an oversized sample count",
+        test_admission_refusals},
+    {"plain FedNova refuses a normaliser above the round's bound",
+        test_fednova_normaliser_bound},
+    {NULL, NULL},
+};
+
+FB_TEST_MAIN("round")
