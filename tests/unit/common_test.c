@@ -756,6 +756,68 @@ test_fuzz_smoke(void **state)
 
 /* ---- config: files and reference --------------------------------------- */
 
+/* Positions of the keys given, for the programs' own cross-checks. */
+static void
+test_load_positions(void **state)
+{
+	char path[600];
+	const char text[] = "# positions\ntrain:\n  lr: 0.5\nround:\n"
+	                    "  deadline:   1m\nnet:\n  peers: [a, b]\n";
+	fb_iovec piece = {text, sizeof(text) - 1};
+	size_t n = fb_cfg_count(schema);
+	fb_cfg_pos pos[16];
+	tcfg c;
+	capture cap;
+	fb_err rc;
+
+	(void)state;
+	assert_int_equal(n, 10);
+	memset(pos, 0x5a, sizeof(pos));
+	snprintf(path, sizeof(path), "%s/pos.yaml", fb_test_tmpdir());
+	assert_int_equal(fb_file_write_atomic(path, &piece, 1), FB_OK);
+	assert_int_equal(fb_cfg_load_pos(path, schema, &c, pos), FB_OK);
+	/* schema[2] is train.lr: its value at line 3, column 7. */
+	assert_int_equal(pos[2].line, 3);
+	assert_int_equal(pos[2].column, 7);
+	assert_int_equal(pos[1].line, 5); /* round.deadline */
+	assert_int_equal(pos[1].column, 15);
+	assert_int_equal(pos[8].line, 7); /* net.peers: the sequence */
+	assert_int_equal(pos[8].column, 10);
+	assert_int_equal(pos[0].line, 0); /* round.rounds: a default */
+	assert_int_equal(pos[0].column, 0);
+	assert_true(fb_cfg_given(schema, pos, "train.lr"));
+	assert_false(fb_cfg_given(schema, pos, "round.rounds"));
+
+	capture_begin(&cap);
+	rc = fb_cfg_error(path, schema, pos, "train.lr", "too big for %s",
+	    "this");
+	capture_end(&cap);
+	assert_int_equal(rc, FB_ECONFIG);
+	assert_non_null(strstr(cap.text, "pos.yaml:3:7: train.lr: too big for "
+	                                 "this\n"));
+	assert_int_equal(count_lines(cap.text), 1);
+	capture_begin(&cap);
+	rc = fb_cfg_error(path, schema, pos, "round.rounds", "wrong");
+	(void)fb_cfg_error(path, schema, pos, "net.peers", "none");
+	capture_end(&cap);
+	assert_int_equal(rc, FB_ECONFIG);
+	assert_non_null(strstr(cap.text, "pos.yaml: round.rounds: wrong (not "
+	                                 "set: the default is 10)\n"));
+	assert_non_null(strstr(cap.text, "pos.yaml:7:10: net.peers: none\n"));
+	fb_cfg_free(schema, &c);
+
+	/* A failed load leaves `pos` alone. */
+	piece.base = "round:\n  rounds: 0\n";
+	piece.len = strlen(piece.base);
+	assert_int_equal(fb_file_write_atomic(path, &piece, 1), FB_OK);
+	memset(pos, 0x5a, sizeof(pos));
+	capture_begin(&cap);
+	rc = fb_cfg_load_pos(path, schema, &c, pos);
+	capture_end(&cap);
+	assert_int_equal(rc, FB_ECONFIG);
+	assert_int_equal(pos[0].line, (size_t)0x5a5a5a5a5a5a5a5aull);
+}
+
 static void
 test_load_file(void **state)
 {
@@ -1038,6 +1100,8 @@ FB_TESTS = {
     {"aliases, garbage and deep nesting fail cleanly", test_hostile_input},
     {"mutated documents never crash", test_fuzz_smoke},
     {"config loads from a file and a missing file is an error", test_load_file},
+    {"positions name the line and column of each value given",
+        test_load_positions},
     {"reference table lists every key", test_reference},
     {"rng is deterministic per seed and stream", test_rng_streams},
     {"rng_below stays in range and is even", test_rng_below},
