@@ -76,6 +76,7 @@ DEPS_aggregation = aggregation common
 DEPS_worker      = worker model data aggregation proto crypto common
 DEPS_coordinator = coordinator model data aggregation proto crypto common
 DEPS_rules       = aggregation common
+DEPS_metrics_http = coordinator common
 DEPS_secagg = crypto aggregation common
 
 libs_of = $(foreach d,$(DEPS_$(1)),$(B)/lib/libfb_$(d).a)
@@ -172,6 +173,12 @@ $(B)/tests/tools/%: $(B)/tests/tools/%.o $(call libs_of,coordinator)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(B)/bench/%: $(B)/bench/%.o $(call libs_of,coordinator)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# libmicrohttpd serves the coordinator's Prometheus endpoint
+# (coordinator/metrics_http.c, its only user): only programs that link the
+# coordinator's archive get it, never the worker.
+$(B)/fedbox-coordinator $(B)/tests/metrics_http_test $(TOOL_BINS): \
+    LDLIBS += -lmicrohttpd
 
 all: bootstrap
 	@$(MAKE) --no-print-directory build-all
