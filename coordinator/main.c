@@ -116,6 +116,16 @@ main(int argc, char **argv)
 		}
 		return 2;
 	}
+	if (cfg.metrics_listen[0] != '\0') {
+		/* The endpoint (coordinator/metrics_http.h) is started by the
+		 * round loop; until the loop does, refuse the key rather than
+		 * ignore it. */
+		fb_log_error("%s: metrics.listen: this coordinator does not "
+		             "start the Prometheus endpoint yet; leave "
+		             "metrics.listen empty", config);
+		fb_coord_config_fini(&cfg);
+		return 2;
+	}
 	if (resume) {
 		char model[4096];
 		snprintf(model, sizeof(model), "%s/model.safetensors",
