@@ -190,7 +190,8 @@ test: all
 	@FB_BUILD=$(B) tests/run
 
 # The demo's federated run, then an independent check of the exported model
-# (numpy reading the safetensors file; a test tool, not part of the product).
+# (numpy reading the safetensors file; a test tool, not part of the product)
+# and the plots of its metrics (runs/demo/accuracy.png, workers.png).
 DEMO_PORT ?= 5555
 demo: all
 	@rm -rf runs/demo
@@ -198,6 +199,7 @@ demo: all
 	    --out runs/demo --port $(DEMO_PORT)
 	@echo "independent evaluation of runs/demo/model.safetensors:"
 	@/usr/bin/python3 tests/tools/st_eval.py runs/demo/model.safetensors
+	@scripts/fedbox-plot runs/demo/metrics.jsonl --out runs/demo
 
 bench: all
 	bench/round_overhead
