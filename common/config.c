@@ -1436,9 +1436,9 @@ load_doc(const char *name, const char *yaml, size_t len,
 		goto out;
 	}
 	for (size_t i = 0; pos != NULL && i < c.nfields; i++) {
-		pos[i].line = c.seen[i].seen ? c.seen[i].value_mark.line + 1 : 0;
-		pos[i].column =
-		    c.seen[i].seen ? c.seen[i].value_mark.column + 1 : 0;
+		const cfg_seen *s = &c.seen[i];
+		pos[i].line = s->seen ? s->value_mark.line + 1 : 0;
+		pos[i].column = s->seen ? s->value_mark.column + 1 : 0;
 	}
 out:
 	if (c.have_ev) {
@@ -1576,8 +1576,8 @@ fb_cfg_error(const char *path, const fb_cfg_field *schema,
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	if (p->line > 0) {
-		fb_log_error("%s:%zu:%zu: %s: %s", path, p->line, p->column, key,
-		    msg);
+		fb_log_error("%s:%zu:%zu: %s: %s", path, p->line, p->column,
+		    key, msg);
 	} else {
 		fb_log_error("%s: %s: %s (not set: the default is %s)", path,
 		    key, msg,

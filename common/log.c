@@ -66,7 +66,8 @@ fb_log_output(const char *path, fb_log_format format)
 	int fd = STDERR_FILENO;
 
 	if (path != NULL) {
-		fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+		fd = open(
+		    path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 		if (fd < 0) {
 			fb_log_error("cannot open the log file %s: %s", path,
 			    strerror(errno));
@@ -186,11 +187,13 @@ fb_log(fb_log_level level, const char *fmt, ...)
 	va_start(ap, fmt);
 	k = vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	mlen = k < 0 ? 0 : (size_t)k < sizeof(msg) ? (size_t)k : sizeof(msg) - 1;
+	mlen = k < 0                     ? 0
+	    : (size_t)k < sizeof(msg) ? (size_t)k
+	                              : sizeof(msg) - 1;
 	if (log_format == FB_LOG_JSON) {
 		n = (size_t)snprintf(line, sizeof(line),
-		    "{\"time\": \"%s\", \"level\": \"%s\", \"program\": ", stamp,
-		    level_words[level]);
+		    "{\"time\": \"%s\", \"level\": \"%s\", \"program\": ",
+		    stamp, level_words[level]);
 		json_str(line, &n, log_prog, strnlen(log_prog, LOG_PROG_MAX));
 		memcpy(line + n, ", \"message\": ", 13);
 		n += 13;

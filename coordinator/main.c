@@ -111,8 +111,9 @@ main(int argc, char **argv)
 	}
 	if (fb_coord_config_load(config, &cfg) != FB_OK) {
 		if (log_file != NULL) {
-			fprintf(stderr, "fedbox-coordinator: bad config %s (the "
-			                "reason is in %s)\n", config, log_file);
+			fprintf(stderr,
+			    "fedbox-coordinator: bad config %s (the reason is "
+			    "in %s)\n", config, log_file);
 		}
 		return 2;
 	}
@@ -131,9 +132,9 @@ main(int argc, char **argv)
 		snprintf(model, sizeof(model), "%s/model.safetensors",
 		    cfg.output_dir);
 		if (access(model, R_OK) != 0) {
-			fb_log_error("--resume: no %s to resume from (output_dir "
-			             "of %s); run without --resume to start "
-			             "afresh", model, config);
+			fb_log_error("--resume: no %s to resume from "
+			             "(output_dir of %s); run without --resume "
+			             "to start afresh", model, config);
 			fb_coord_config_fini(&cfg);
 			return 2;
 		}

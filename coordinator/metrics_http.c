@@ -28,8 +28,8 @@
 #include "coordinator/metrics_http.h"
 
 /* Upper bounds of the round-duration buckets, in seconds (+Inf implied). */
-static const double round_buckets[] = {0.5, 1, 2.5, 5, 10, 30, 60, 120,
-    300, 600, 1800, 3600};
+static const double round_buckets[] = {
+    0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600};
 #define NBUCKETS (sizeof(round_buckets) / sizeof(round_buckets[0]))
 
 /* One label set: distinct values, each with a number. */
@@ -53,7 +53,7 @@ typedef struct values {
 	uint32_t rounds;
 	int32_t phase; /* index into phases; -1 before the first */
 	label_set phases;
-	label_set statuses; /* rounds ended, by status */
+	label_set statuses;             /* rounds ended, by status */
 	uint64_t buckets[NBUCKETS + 1]; /* per bucket (not cumulative) */
 	double round_sum;
 	uint64_t round_count;
@@ -67,17 +67,12 @@ typedef struct values {
 } values;
 
 /* Kinds of setter failure, each logged once. */
-enum {
-	FAIL_FULL,
-	FAIL_EMPTY,
-	FAIL_SLOT,
-	FAIL_KINDS_
-};
+enum { FAIL_FULL, FAIL_EMPTY, FAIL_SLOT, FAIL_KINDS_ };
 
 struct fb_metrics {
 	pthread_mutex_t mu;
-	values v;             /* under mu */
-	worker_slot *slots;   /* under mu; max_workers of them */
+	values v;           /* under mu */
+	worker_slot *slots; /* under mu; max_workers of them */
 	uint32_t max_workers;
 	bool logged[FAIL_KINDS_]; /* under mu */
 	/* The daemon's thread only (one internal thread serves all). */
@@ -95,8 +90,8 @@ struct fb_metrics {
  * removed) and port text. FB_EINVAL on anything else.
  */
 static fb_err
-split_listen(const char *s, char *host, size_t host_cap, char *port,
-    size_t port_cap)
+split_listen(
+    const char *s, char *host, size_t host_cap, char *port, size_t port_cap)
 {
 	const char *colon, *h = s, *p;
 	size_t hlen;
@@ -189,7 +184,8 @@ open_listener(const char *addr, int *fd, uint16_t *bound, int *family)
 			err = errno;
 			continue;
 		}
-		(void)setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		(void)setsockopt(
+		    s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 		if (bind(s, ai->ai_addr, ai->ai_addrlen) != 0 ||
 		    listen(s, 64) != 0 ||
 		    getsockname(s, (struct sockaddr *)&ss, &sl) != 0) {
@@ -198,8 +194,8 @@ open_listener(const char *addr, int *fd, uint16_t *bound, int *family)
 			continue;
 		}
 		*bound = ntohs(ss.ss_family == AF_INET6
-		        ? ((struct sockaddr_in6 *)&ss)->sin6_port
-		        : ((struct sockaddr_in *)&ss)->sin_port);
+		                   ? ((struct sockaddr_in6 *)&ss)->sin6_port
+		                   : ((struct sockaddr_in *)&ss)->sin_port);
 		*family = ss.ss_family;
 		*fd = s;
 		rc = FB_OK;
@@ -307,8 +303,8 @@ put_head(text *t, const char *name, const char *type, const char *help)
 }
 
 static void
-put_sample(text *t, const char *name, const char *label, const char *lv,
-    double v)
+put_sample(
+    text *t, const char *name, const char *label, const char *lv, double v)
 {
 	put(t, "%s", name);
 	if (label != NULL) {
@@ -348,8 +344,8 @@ render(text *t, const values *v, const worker_slot *slots, uint32_t nslots)
 		put_sample(t, "fedbox_round_phase", "phase", v->phases.name[i],
 		    (int32_t)i == v->phase ? 1 : 0);
 	}
-	put_set(t, "fedbox_rounds_total", "counter",
-	    "Rounds ended, by status.", "status", &v->statuses);
+	put_set(t, "fedbox_rounds_total", "counter", "Rounds ended, by status.",
+	    "status", &v->statuses);
 
 	put_head(t, "fedbox_round_duration_seconds", "histogram",
 	    "Wall time of each ended round, from its start to its commit or "
@@ -385,8 +381,8 @@ render(text *t, const values *v, const worker_slot *slots, uint32_t nslots)
 	    "Workers' sample-weighted accuracy on their own data in the last "
 	    "round (0 to 1).");
 	if (!isnan(v->fed_acc)) {
-		put_sample(t, "fedbox_federated_accuracy", NULL, NULL,
-		    v->fed_acc);
+		put_sample(
+		    t, "fedbox_federated_accuracy", NULL, NULL, v->fed_acc);
 	}
 	put_head(t, "fedbox_federated_loss", "gauge",
 	    "Workers' sample-weighted training loss in the last round.");
@@ -439,8 +435,7 @@ snapshot(fb_metrics *m)
 
 	pthread_mutex_lock(&m->mu);
 	m->snap = m->v;
-	for (uint32_t i = 0; i < m->max_workers && n < m->v.used_slots;
-	     i++) {
+	for (uint32_t i = 0; i < m->max_workers && n < m->v.used_slots; i++) {
 		if (m->slots[i].used) {
 			m->snap_slots[n++] = m->slots[i];
 		}
@@ -449,7 +444,7 @@ snapshot(fb_metrics *m)
 	return n;
 }
 
-/* ---- HTTP ------------------------------------------------------------------ */
+/* ---- HTTP ------------------------------------------------------------- */
 
 static enum MHD_Result
 reply(struct MHD_Connection *conn, unsigned int status, const char *body,
@@ -462,8 +457,8 @@ reply(struct MHD_Connection *conn, unsigned int status, const char *body,
 	if (r == NULL) {
 		return MHD_NO;
 	}
-	(void)MHD_add_response_header(r, "Content-Type",
-	    "text/plain; charset=utf-8");
+	(void)MHD_add_response_header(
+	    r, "Content-Type", "text/plain; charset=utf-8");
 	if (allow != NULL) {
 		(void)MHD_add_response_header(r, "Allow", allow);
 	}
@@ -512,8 +507,8 @@ on_request(void *cls, struct MHD_Connection *conn, const char *url,
 		free(t.p);
 		return MHD_NO;
 	}
-	(void)MHD_add_response_header(r, "Content-Type",
-	    "text/plain; version=0.0.4; charset=utf-8");
+	(void)MHD_add_response_header(
+	    r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
 	ok = MHD_queue_response(conn, MHD_HTTP_OK, r);
 	MHD_destroy_response(r);
 	return ok;
@@ -534,7 +529,7 @@ on_mhd_log(void *cls, const char *fmt, va_list ap)
 	fb_log_warn("metrics endpoint: %s", msg);
 }
 
-/* ---- lifecycle -------------------------------------------------------------- */
+/* ---- lifecycle -------------------------------------------------------- */
 
 fb_err
 fb_metrics_alloc(const char *addr, uint32_t max_workers, fb_metrics **out)
@@ -577,20 +572,20 @@ fb_metrics_alloc(const char *addr, uint32_t max_workers, fb_metrics **out)
 		flags |= MHD_USE_IPv6;
 	}
 	m->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, m,
-	    MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, m,
-	    MHD_OPTION_LISTEN_SOCKET, (MHD_socket)m->fd,
-	    MHD_OPTION_CONNECTION_LIMIT,
+	    MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, m, MHD_OPTION_LISTEN_SOCKET,
+	    (MHD_socket)m->fd, MHD_OPTION_CONNECTION_LIMIT,
 	    (unsigned int)FB_METRICS_MAX_CONNECTIONS,
 	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)FB_METRICS_TIMEOUT_S,
 	    MHD_OPTION_END);
 	if (m->daemon == NULL) {
-		fb_log_error("metrics.listen %s: the HTTP daemon did not start",
-		    addr);
+		fb_log_error(
+		    "metrics.listen %s: the HTTP daemon did not start", addr);
 		rc = FB_EIO;
 		goto out;
 	}
 	fb_log_info("metrics: Prometheus endpoint at http://%s/metrics "
-	            "(port %u)", addr, (unsigned)m->port);
+	            "(port %u)",
+	    addr, (unsigned)m->port);
 out:
 	if (rc != FB_OK && m != NULL) {
 		fb_metrics_free(m);
@@ -624,7 +619,7 @@ fb_metrics_port(const fb_metrics *m)
 	return m->port;
 }
 
-/* ---- setters --------------------------------------------------------------- */
+/* ---- setters ---------------------------------------------------------- */
 
 /* fail logs the first failure of a kind; mu is held. */
 static fb_err
@@ -632,8 +627,8 @@ fail(fb_metrics *m, int kind, fb_err rc, const char *what)
 {
 	if (!m->logged[kind]) {
 		m->logged[kind] = true;
-		fb_log_warn("metrics: %s (further such cases are not logged)",
-		    what);
+		fb_log_warn(
+		    "metrics: %s (further such cases are not logged)", what);
 	}
 	return rc;
 }
@@ -665,8 +660,8 @@ label_index(fb_metrics *m, label_set *s, const char *name, uint32_t *idx)
 }
 
 fb_err
-fb_metrics_set_round(fb_metrics *m, uint32_t round, uint32_t rounds,
-    const char *phase)
+fb_metrics_set_round(
+    fb_metrics *m, uint32_t round, uint32_t rounds, const char *phase)
 {
 	fb_err rc;
 	uint32_t i = 0;
@@ -758,8 +753,8 @@ fb_metrics_add_rejected(fb_metrics *m, const char *reason, uint64_t count)
 }
 
 fb_err
-fb_metrics_set_worker(fb_metrics *m, uint32_t slot, const char *name,
-    double steps_per_s)
+fb_metrics_set_worker(
+    fb_metrics *m, uint32_t slot, const char *name, double steps_per_s)
 {
 	fb_err rc = FB_OK;
 	worker_slot *w;
@@ -767,7 +762,8 @@ fb_metrics_set_worker(fb_metrics *m, uint32_t slot, const char *name,
 
 	pthread_mutex_lock(&m->mu);
 	if (slot >= m->max_workers) {
-		rc = fail(m, FAIL_SLOT, FB_EINVAL, "a worker slot out of range");
+		rc =
+		    fail(m, FAIL_SLOT, FB_EINVAL, "a worker slot out of range");
 		goto out;
 	}
 	if (name == NULL || name[0] == '\0') {

@@ -54,8 +54,8 @@ FB_MUST_CHECK fb_err fb_metrics_listen_check(const char *listen);
  * name does not resolve, the port is taken, or the daemon does not start),
  * FB_ENOMEM. *out is NULL on error.
  */
-FB_MUST_CHECK fb_err fb_metrics_alloc(const char *listen, uint32_t max_workers,
-    fb_metrics **out);
+FB_MUST_CHECK fb_err fb_metrics_alloc(
+    const char *listen, uint32_t max_workers, fb_metrics **out);
 
 /* fb_metrics_free stops the daemon (waiting for a scrape in progress),
  * closes its socket and frees everything; NULL is a no-op. */
@@ -77,13 +77,12 @@ uint16_t fb_metrics_port(const fb_metrics *m);
 /* fb_metrics_set_round sets the current round (1-based, 0 before the
  * first), the rounds planned and the phase the round is in, e.g.
  * "waiting", "training", "unmasking", "done". */
-fb_err fb_metrics_set_round(fb_metrics *m, uint32_t round, uint32_t rounds,
-    const char *phase);
+fb_err fb_metrics_set_round(
+    fb_metrics *m, uint32_t round, uint32_t rounds, const char *phase);
 
 /* fb_metrics_round_done counts a round that ended with `status` ("ok",
  * "failed", ...) and adds its wall time to the round-duration histogram. */
-fb_err fb_metrics_round_done(fb_metrics *m, const char *status,
-    double seconds);
+fb_err fb_metrics_round_done(fb_metrics *m, const char *status, double seconds);
 
 /* fb_metrics_set_test sets the test-set accuracy (0 to 1) and loss of the
  * global model; NaN for either removes that series (not evaluated). */
@@ -99,13 +98,12 @@ void fb_metrics_add_bytes(fb_metrics *m, uint64_t up, uint64_t down);
 
 /* fb_metrics_set_workers sets how many workers are in `state` ("live",
  * "training", "done", "lost", ...). */
-fb_err fb_metrics_set_workers(fb_metrics *m, const char *state,
-    uint32_t count);
+fb_err fb_metrics_set_workers(fb_metrics *m, const char *state, uint32_t count);
 
 /* fb_metrics_add_rejected adds `count` to the messages rejected for
  * `reason` ("bad_mac", "replay", ...); count 0 makes the series appear. */
-fb_err fb_metrics_add_rejected(fb_metrics *m, const char *reason,
-    uint64_t count);
+fb_err fb_metrics_add_rejected(
+    fb_metrics *m, const char *reason, uint64_t count);
 
 /*
  * fb_metrics_set_worker sets the training speed of the worker in `slot`
@@ -115,10 +113,10 @@ fb_err fb_metrics_add_rejected(fb_metrics *m, const char *reason,
  * private); the slot must have a name. fb_metrics_forget_worker drops the
  * slot's series (the worker left); a free slot is a no-op.
  */
-fb_err fb_metrics_set_worker(fb_metrics *m, uint32_t slot, const char *name,
-    double steps_per_s);
-fb_err fb_metrics_add_worker_steps(fb_metrics *m, uint32_t slot,
-    uint64_t steps);
+fb_err fb_metrics_set_worker(
+    fb_metrics *m, uint32_t slot, const char *name, double steps_per_s);
+fb_err fb_metrics_add_worker_steps(
+    fb_metrics *m, uint32_t slot, uint64_t steps);
 void fb_metrics_forget_worker(fb_metrics *m, uint32_t slot);
 
 #endif

@@ -123,7 +123,8 @@ fb_worker_config_load(const char *path, fb_worker_config *cfg)
 		    "%lld must be below data.workers (%lld)",
 		    (long long)cfg->index, (long long)cfg->workers);
 	} else if (cfg->name[0] == '\0' || strlen(cfg->name) >= 64) {
-		rc = fb_cfg_error(path, sch, pos, "name", "must be 1 to 63 bytes");
+		rc = fb_cfg_error(
+		    path, sch, pos, "name", "must be 1 to 63 bytes");
 	} else if (!cfg->security && cfg->secure_aggregation == 0) {
 		rc = fb_cfg_error(path, sch, pos,
 		    fb_cfg_given(sch, pos, "security.secure_aggregation")

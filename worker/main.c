@@ -90,7 +90,8 @@ main(int argc, char **argv)
 		return 2;
 	}
 	if (fb_log_format_parse(log_format) < 0) {
-		fprintf(stderr, "fedbox-worker: --log-format %s: text or json\n",
+		fprintf(stderr,
+		    "fedbox-worker: --log-format %s: text or json\n",
 		    log_format);
 		return 2;
 	}
@@ -100,8 +101,9 @@ main(int argc, char **argv)
 	}
 	if (fb_worker_config_load(config, &cfg) != FB_OK) {
 		if (log_file != NULL) {
-			fprintf(stderr, "fedbox-worker: bad config %s (the reason "
-			                "is in %s)\n", config, log_file);
+			fprintf(stderr,
+			    "fedbox-worker: bad config %s (the reason is in "
+			    "%s)\n", config, log_file);
 		}
 		return 2;
 	}

@@ -168,14 +168,16 @@ main(int argc, char **argv)
 		fb_err rc = FB_OK;
 		lineno++;
 		if (!apply(m, line, &rc)) {
-			fprintf(stderr, "metrics_feed: line %lu: cannot read: %s",
-			    lineno, line);
+			fprintf(stderr,
+			    "metrics_feed: line %lu: cannot read: %s", lineno,
+			    line);
 			status = 2;
 			goto out;
 		}
 		if (rc != FB_OK) {
-			fprintf(stderr, "metrics_feed: line %lu failed (%s): %s",
-			    lineno, fb_strerror(rc), line);
+			fprintf(stderr,
+			    "metrics_feed: line %lu failed (%s): %s", lineno,
+			    fb_strerror(rc), line);
 			status = 1;
 			goto out;
 		}

@@ -755,7 +755,7 @@ test_fuzz_smoke(void **state)
 	capture_end(&cap);
 }
 
-/* ---- log ------------------------------------------------------------------ */
+/* ---- log -------------------------------------------------------------- */
 
 static void
 read_file(const char *path, char *buf, size_t cap)
@@ -851,7 +851,8 @@ test_log_file_text(void **state)
 	assert_non_null(strstr(text, "Z coordinator INFO still text, still "
 	                             "the file\n"));
 	assert_null(strstr(text, "back on stderr"));
-	assert_non_null(strstr(cap.text, "Z coordinator ERROR back on stderr\n"));
+	assert_non_null(
+	    strstr(cap.text, "Z coordinator ERROR back on stderr\n"));
 	assert_int_equal(fb_log_format_parse("json"), FB_LOG_JSON);
 	assert_int_equal(fb_log_format_parse("text"), FB_LOG_TEXT);
 	assert_int_equal(fb_log_format_parse("JSON "), -1);

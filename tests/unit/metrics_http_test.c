@@ -59,8 +59,8 @@ request(uint16_t port, const char *req)
 	int s = dial(port);
 
 	assert_non_null(buf);
-	assert_int_equal(send(s, req, strlen(req), MSG_NOSIGNAL),
-	    (ssize_t)strlen(req));
+	assert_int_equal(
+	    send(s, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
 	for (;;) {
 		struct pollfd p = {.fd = s, .events = POLLIN};
 		ssize_t n;
@@ -119,21 +119,21 @@ has_line(const char *text, const char *line)
 	return 0;
 }
 
-#define assert_line(text, line)                                          \
-	do {                                                             \
-		if (!has_line((text), (line))) {                         \
-			print_error("missing line: %s\n--- in:\n%s\n",   \
-			    (line), (text));                             \
-			fail();                                          \
-		}                                                        \
+#define assert_line(text, line)                                                \
+	do {                                                                   \
+		if (!has_line((text), (line))) {                               \
+			print_error("missing line: %s\n--- in:\n%s\n", (line), \
+			    (text));                                           \
+			fail();                                                \
+		}                                                              \
 	} while (0)
 
-#define assert_no_line(text, line)                                       \
-	do {                                                             \
-		if (has_line((text), (line))) {                          \
-			print_error("unexpected line: %s\n", (line));    \
-			fail();                                          \
-		}                                                        \
+#define assert_no_line(text, line)                                             \
+	do {                                                                   \
+		if (has_line((text), (line))) {                                \
+			print_error("unexpected line: %s\n", (line));          \
+			fail();                                                \
+		}                                                              \
 	} while (0)
 
 /*
@@ -181,9 +181,9 @@ check_format(const char *text)
 		assert_true(type[0] != '\0'); /* a sample needs its TYPE */
 		while (line[k] != '\0' && line[k] != '{' && line[k] != ' ') {
 			char c = line[k];
-			assert_true((c >= 'a' && c <= 'z') ||
-			            (c >= 'A' && c <= 'Z') ||
-			            (c >= '0' && c <= '9') || c == '_' || c == ':');
+			assert_true(
+			    (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			    (c >= '0' && c <= '9') || c == '_' || c == ':');
 			name[k] = c;
 			k++;
 			assert_true(k < sizeof(name));
@@ -204,8 +204,8 @@ check_format(const char *text)
 			k++;
 			for (;;) {
 				while (line[k] != '=' && line[k] != '\0') {
-					assert_true(line[k] != '"' &&
-					            line[k] != ',');
+					assert_true(
+					    line[k] != '"' && line[k] != ',');
 					k++;
 				}
 				assert_int_equal(line[k], '=');
@@ -216,7 +216,8 @@ check_format(const char *text)
 					if (line[k] == '\\') {
 						char e = line[k + 1];
 						assert_true(e == '\\' ||
-						            e == '"' || e == 'n');
+						            e == '"' ||
+						            e == 'n');
 						k++;
 					}
 					k++;
@@ -252,14 +253,14 @@ start(uint32_t max_workers)
 {
 	fb_metrics *m = NULL;
 
-	assert_int_equal(fb_metrics_alloc("127.0.0.1:0", max_workers, &m),
-	    FB_OK);
+	assert_int_equal(
+	    fb_metrics_alloc("127.0.0.1:0", max_workers, &m), FB_OK);
 	assert_non_null(m);
 	assert_true(fb_metrics_port(m) > 0);
 	return m;
 }
 
-/* ---- cases ----------------------------------------------------------------- */
+/* ---- cases ------------------------------------------------------------ */
 
 static void
 test_values_shown(void **state)
@@ -288,8 +289,8 @@ test_values_shown(void **state)
 
 	r = get(fb_metrics_port(m), "/metrics");
 	assert_int_equal(r.status, 200);
-	assert_non_null(strstr(r.head,
-	    "Content-Type: text/plain; version=0.0.4; charset=utf-8"));
+	assert_non_null(strstr(
+	    r.head, "Content-Type: text/plain; version=0.0.4; charset=utf-8"));
 	check_format(r.body);
 	assert_line(r.body, "# TYPE fedbox_round gauge");
 	assert_line(r.body, "fedbox_round 3");
@@ -306,17 +307,18 @@ test_values_shown(void **state)
 	assert_line(r.body, "fedbox_download_bytes_total 2048");
 	assert_line(r.body, "fedbox_workers{state=\"live\"} 5");
 	assert_line(r.body, "fedbox_workers{state=\"training\"} 3");
-	assert_line(r.body,
-	    "fedbox_rejected_messages_total{reason=\"bad_mac\"} 3");
-	assert_line(r.body,
-	    "fedbox_rejected_messages_total{reason=\"replay\"} 0");
-	assert_line(r.body,
-	    "fedbox_worker_steps_per_second{worker=\"box-0\"} 725.5");
-	assert_line(r.body,
-	    "fedbox_worker_steps_per_second{worker=\"box-5\"} 12");
+	assert_line(
+	    r.body, "fedbox_rejected_messages_total{reason=\"bad_mac\"} 3");
+	assert_line(
+	    r.body, "fedbox_rejected_messages_total{reason=\"replay\"} 0");
+	assert_line(
+	    r.body, "fedbox_worker_steps_per_second{worker=\"box-0\"} 725.5");
+	assert_line(
+	    r.body, "fedbox_worker_steps_per_second{worker=\"box-5\"} 12");
 	assert_line(r.body, "fedbox_worker_steps_total{worker=\"box-0\"} 117");
 	/* box-5 reported no steps (a secure round): no such series. */
-	assert_null(strstr(r.body, "fedbox_worker_steps_total{worker=\"box-5\""));
+	assert_null(
+	    strstr(r.body, "fedbox_worker_steps_total{worker=\"box-5\""));
 	assert_non_null(strstr(r.body, "\nfedbox_start_time_seconds 1"));
 	reply_free(&r);
 	fb_metrics_free(m);
@@ -405,14 +407,16 @@ test_histogram_cumulative(void **state)
 	r = get(fb_metrics_port(m), "/metrics");
 	check_format(r.body);
 	/* le is inclusive: 0.5 falls in the 0.5 bucket. */
-	assert_line(r.body, "fedbox_round_duration_seconds_bucket{le=\"0.5\"} 2");
+	assert_line(
+	    r.body, "fedbox_round_duration_seconds_bucket{le=\"0.5\"} 2");
 	assert_line(r.body, "fedbox_round_duration_seconds_bucket{le=\"1\"} 2");
-	assert_line(r.body, "fedbox_round_duration_seconds_bucket{le=\"2.5\"} 2");
+	assert_line(
+	    r.body, "fedbox_round_duration_seconds_bucket{le=\"2.5\"} 2");
 	assert_line(r.body, "fedbox_round_duration_seconds_bucket{le=\"5\"} 3");
-	assert_line(r.body,
-	    "fedbox_round_duration_seconds_bucket{le=\"3600\"} 3");
-	assert_line(r.body,
-	    "fedbox_round_duration_seconds_bucket{le=\"+Inf\"} 4");
+	assert_line(
+	    r.body, "fedbox_round_duration_seconds_bucket{le=\"3600\"} 3");
+	assert_line(
+	    r.body, "fedbox_round_duration_seconds_bucket{le=\"+Inf\"} 4");
 	assert_line(r.body, "fedbox_round_duration_seconds_sum 7204.8");
 	assert_line(r.body, "fedbox_round_duration_seconds_count 4");
 	assert_line(r.body, "fedbox_rounds_total{status=\"ok\"} 3");
@@ -467,14 +471,14 @@ test_bad_setter_arguments(void **state)
 		snprintf(name, sizeof(name), "reason%d", i);
 		assert_int_equal(fb_metrics_add_rejected(m, name, 1), FB_OK);
 	}
-	assert_int_equal(fb_metrics_add_rejected(m, "one_too_many", 1),
-	    FB_ENOMEM);
+	assert_int_equal(
+	    fb_metrics_add_rejected(m, "one_too_many", 1), FB_ENOMEM);
 	/* Known values still count. */
 	assert_int_equal(fb_metrics_add_rejected(m, "reason0", 1), FB_OK);
 	r = get(fb_metrics_port(m), "/metrics");
 	assert_int_equal(check_format(r.body) > FB_METRICS_MAX_LABELS, 1);
-	assert_line(r.body,
-	    "fedbox_rejected_messages_total{reason=\"reason0\"} 2");
+	assert_line(
+	    r.body, "fedbox_rejected_messages_total{reason=\"reason0\"} 2");
 	assert_null(strstr(r.body, "one_too_many"));
 	reply_free(&r);
 	fb_metrics_free(m);
@@ -536,8 +540,7 @@ test_listen_forms(void **state)
 	assert_int_equal(fb_metrics_alloc("127.0.0.1:0", 0, &m), FB_EINVAL);
 	assert_null(m);
 	/* An address of no interface here (TEST-NET-1). */
-	assert_int_equal(fb_metrics_alloc("192.0.2.1:0", 1, &m),
-	    FB_EIO);
+	assert_int_equal(fb_metrics_alloc("192.0.2.1:0", 1, &m), FB_EIO);
 	assert_null(m);
 	fb_metrics_free(NULL);
 }
@@ -549,8 +552,8 @@ test_port_taken_then_freed(void **state)
 	char addr[64];
 
 	(void)state;
-	snprintf(addr, sizeof(addr), "127.0.0.1:%u",
-	    (unsigned)fb_metrics_port(a));
+	snprintf(
+	    addr, sizeof(addr), "127.0.0.1:%u", (unsigned)fb_metrics_port(a));
 	assert_int_equal(fb_metrics_alloc(addr, 1, &b), FB_EIO);
 	assert_null(b);
 	fb_metrics_free(a);
@@ -634,8 +637,8 @@ setter_thread(void *arg)
 	while (!atomic_load(&r->stop)) {
 		char name[16];
 		snprintf(name, sizeof(name), "w%u", i % 8);
-		(void)fb_metrics_set_round(r->m, i, 1000,
-		    i % 2 ? "training" : "unmasking");
+		(void)fb_metrics_set_round(
+		    r->m, i, 1000, i % 2 ? "training" : "unmasking");
 		fb_metrics_add_bytes(r->m, 1, 2);
 		(void)fb_metrics_add_rejected(r->m, "bad_mac", 1);
 		(void)fb_metrics_set_worker(r->m, i % 8, name, i);
@@ -668,8 +671,8 @@ test_setters_race_scrapes(void **state)
 	(void)state;
 	atomic_init(&r.stop, 0);
 	for (int i = 0; i < 2; i++) {
-		assert_int_equal(pthread_create(&t[i], NULL, setter_thread, &r),
-		    0);
+		assert_int_equal(
+		    pthread_create(&t[i], NULL, setter_thread, &r), 0);
 	}
 	for (int i = 0; i < 30; i++) {
 		http_reply h = get(fb_metrics_port(r.m), "/metrics");
@@ -677,12 +680,15 @@ test_setters_race_scrapes(void **state)
 		assert_int_equal(h.status, 200);
 		check_format(h.body);
 		up = sample(h.body, "\nfedbox_upload_bytes_total ");
-		count = sample(h.body, "\nfedbox_round_duration_seconds_count ");
+		count =
+		    sample(h.body, "\nfedbox_round_duration_seconds_count ");
 		assert_true(up >= last_up);
 		assert_true(count >= last_count);
 		/* The +Inf bucket is the count, in one consistent copy. */
-		assert_int_equal(sample(h.body,
-		    "fedbox_round_duration_seconds_bucket{le=\"+Inf\"} "), count);
+		assert_int_equal(
+		    sample(h.body,
+		        "fedbox_round_duration_seconds_bucket{le=\"+Inf\"} "),
+		    count);
 		last_up = up;
 		last_count = count;
 		reply_free(&h);
@@ -696,27 +702,25 @@ test_setters_race_scrapes(void **state)
 }
 
 FB_TESTS = {
-	{"a scrape shows every value set, as text format 0.0.4",
-	    test_values_shown},
-	{"every family has its HELP and TYPE, unset gauges no sample",
-	    test_every_family_has_help_and_type},
-	{"label values are escaped and cut", test_label_escaping},
-	{"histogram buckets are cumulative with an inclusive le",
-	    test_histogram_cumulative},
-	{"series come and go with NaN, new names and forgotten slots",
-	    test_series_come_and_go},
-	{"bad setter arguments and full label sets are refused",
-	    test_bad_setter_arguments},
-	{"other paths get 404, other methods 405, garbage 4xx",
-	    test_other_paths_and_methods},
-	{"only HOST:PORT listen addresses are accepted", test_listen_forms},
-	{"a taken port is refused; free releases it", test_port_taken_then_freed},
-	{"an IPv6 loopback address serves too", test_ipv6_loopback},
-	{"a stalled client does not block a scrape",
-	    test_stalled_client_does_not_block},
-	{"setters racing scrapes give consistent text",
-	    test_setters_race_scrapes},
-	{NULL, NULL},
+    {"a scrape shows every value set, as text format 0.0.4", test_values_shown},
+    {"every family has its HELP and TYPE, unset gauges no sample",
+        test_every_family_has_help_and_type},
+    {"label values are escaped and cut", test_label_escaping},
+    {"histogram buckets are cumulative with an inclusive le",
+        test_histogram_cumulative},
+    {"series come and go with NaN, new names and forgotten slots",
+        test_series_come_and_go},
+    {"bad setter arguments and full label sets are refused",
+        test_bad_setter_arguments},
+    {"other paths get 404, other methods 405, garbage 4xx",
+        test_other_paths_and_methods},
+    {"only HOST:PORT listen addresses are accepted", test_listen_forms},
+    {"a taken port is refused; free releases it", test_port_taken_then_freed},
+    {"an IPv6 loopback address serves too", test_ipv6_loopback},
+    {"a stalled client does not block a scrape",
+        test_stalled_client_does_not_block},
+    {"setters racing scrapes give consistent text", test_setters_race_scrapes},
+    {NULL, NULL},
 };
 
 FB_TEST_MAIN("metrics_http")
