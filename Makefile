@@ -76,6 +76,7 @@ DEPS_aggregation = aggregation common
 DEPS_worker      = worker model data aggregation proto crypto common
 DEPS_coordinator = coordinator model data aggregation proto crypto common
 DEPS_rules       = aggregation common
+DEPS_metrics_http = coordinator common
 DEPS_secagg = crypto aggregation common
 DEPS_round  = coordinator model data aggregation proto crypto common
 
@@ -174,6 +175,12 @@ $(B)/tests/tools/%: $(B)/tests/tools/%.o $(call libs_of,coordinator)
 $(B)/bench/%: $(B)/bench/%.o $(call libs_of,coordinator)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# libmicrohttpd serves the coordinator's Prometheus endpoint
+# (coordinator/metrics_http.c, its only user): only programs that link the
+# coordinator's archive get it, never the worker.
+$(B)/fedbox-coordinator $(B)/tests/metrics_http_test $(B)/tests/round_test \
+    $(B)/tests/coordinator_test $(TOOL_BINS): LDLIBS += -lmicrohttpd
+
 all: bootstrap
 	@$(MAKE) --no-print-directory build-all
 
@@ -184,7 +191,8 @@ test: all
 	@FB_BUILD=$(B) tests/run
 
 # The demo's federated run, then an independent check of the exported model
-# (numpy reading the safetensors file; a test tool, not part of the product).
+# (numpy reading the safetensors file; a test tool, not part of the product)
+# and the plots of its metrics (runs/demo/accuracy.png, workers.png).
 DEMO_PORT ?= 5555
 demo: all
 	@rm -rf runs/demo
@@ -192,6 +200,7 @@ demo: all
 	    --out runs/demo --port $(DEMO_PORT)
 	@echo "independent evaluation of runs/demo/model.safetensors:"
 	@/usr/bin/python3 tests/tools/st_eval.py runs/demo/model.safetensors
+	@scripts/fedbox-plot runs/demo/metrics.jsonl --out runs/demo
 
 bench: all
 	bench/round_overhead

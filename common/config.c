@@ -30,10 +30,12 @@
 #define CFG_ECHO_MAX 48         /* value text quoted back in messages */
 #define CFG_MSG_MAX 1024
 
-/* Where a key was first seen, for duplicate detection. */
+/* Where a key was first seen (for duplicate detection) and where its value
+ * starts (for the programs' own cross-checks, fb_cfg_load_pos). */
 typedef struct cfg_seen {
 	bool seen;
 	yaml_mark_t mark;
+	yaml_mark_t value_mark;
 } cfg_seen;
 
 /* A section (dotted prefix) already entered: schema[field].key[0..len). */
@@ -1121,6 +1123,7 @@ parse_key(cfg_ctx *c)
 		if ((rc = next_event(c)) != FB_OK) {
 			goto out;
 		}
+		s->value_mark = c->ev.start_mark;
 		rc = parse_value(c, f->key, f);
 		goto out;
 	}
@@ -1387,9 +1390,11 @@ fb_cfg_free(const fb_cfg_field *schema, void *out)
 	}
 }
 
-fb_err
-fb_cfg_load_string(const char *name, const char *yaml, size_t len,
-    const fb_cfg_field *schema, void *out)
+/* load_doc is fb_cfg_load_string, recording positions in `pos` (or not,
+ * when NULL). */
+static fb_err
+load_doc(const char *name, const char *yaml, size_t len,
+    const fb_cfg_field *schema, void *out, fb_cfg_pos *pos)
 {
 	fb_err rc = FB_OK;
 	cfg_ctx c;
@@ -1427,7 +1432,14 @@ fb_cfg_load_string(const char *name, const char *yaml, size_t len,
 	if ((rc = parse_document(&c)) != FB_OK) {
 		goto out;
 	}
-	rc = check_required(&c);
+	if ((rc = check_required(&c)) != FB_OK) {
+		goto out;
+	}
+	for (size_t i = 0; pos != NULL && i < c.nfields; i++) {
+		const cfg_seen *s = &c.seen[i];
+		pos[i].line = s->seen ? s->value_mark.line + 1 : 0;
+		pos[i].column = s->seen ? s->value_mark.column + 1 : 0;
+	}
 out:
 	if (c.have_ev) {
 		yaml_event_delete(&c.ev);
@@ -1444,7 +1456,21 @@ out:
 }
 
 fb_err
+fb_cfg_load_string(const char *name, const char *yaml, size_t len,
+    const fb_cfg_field *schema, void *out)
+{
+	return load_doc(name, yaml, len, schema, out, NULL);
+}
+
+fb_err
 fb_cfg_load(const char *path, const fb_cfg_field *schema, void *out)
+{
+	return fb_cfg_load_pos(path, schema, out, NULL);
+}
+
+fb_err
+fb_cfg_load_pos(const char *path, const fb_cfg_field *schema, void *out,
+    fb_cfg_pos *pos)
 {
 	fb_err rc = FB_OK;
 	FILE *fp = NULL;
@@ -1493,13 +1519,71 @@ fb_cfg_load(const char *path, const fb_cfg_field *schema, void *out)
 		rc = FB_ECONFIG;
 		goto out;
 	}
-	rc = fb_cfg_load_string(path, buf, len, schema, out);
+	rc = load_doc(path, buf, len, schema, out, pos);
 out:
 	if (fp != NULL) {
 		fclose(fp);
 	}
 	free(buf);
 	return rc;
+}
+
+size_t
+fb_cfg_count(const fb_cfg_field *schema)
+{
+	size_t n = 0;
+
+	while (schema[n].key != NULL) {
+		n++;
+	}
+	return n;
+}
+
+/* pos_of finds `key`'s entry in `pos`; a key not in the schema is a bug. */
+static const fb_cfg_pos *
+pos_of(const fb_cfg_field *schema, const fb_cfg_pos *pos, const char *key,
+    const fb_cfg_field **field)
+{
+	for (size_t i = 0; schema[i].key != NULL; i++) {
+		if (strcmp(schema[i].key, key) == 0) {
+			*field = &schema[i];
+			return &pos[i];
+		}
+	}
+	FB_ASSERT(!"fb_cfg: key not in the schema");
+	return NULL;
+}
+
+bool
+fb_cfg_given(const fb_cfg_field *schema, const fb_cfg_pos *pos,
+    const char *key)
+{
+	const fb_cfg_field *f = NULL;
+
+	return pos_of(schema, pos, key, &f)->line > 0;
+}
+
+fb_err
+fb_cfg_error(const char *path, const fb_cfg_field *schema,
+    const fb_cfg_pos *pos, const char *key, const char *fmt, ...)
+{
+	const fb_cfg_field *f = NULL;
+	const fb_cfg_pos *p = pos_of(schema, pos, key, &f);
+	char msg[CFG_MSG_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (p->line > 0) {
+		fb_log_error("%s:%zu:%zu: %s: %s", path, p->line, p->column,
+		    key, msg);
+	} else {
+		fb_log_error("%s: %s: %s (not set: the default is %s)", path,
+		    key, msg,
+		    f->def == NULL || f->def[0] == '\0' ? "empty" : f->def);
+	}
+	return FB_ECONFIG;
 }
 
 /* md_cell writes `s` into a Markdown table cell, escaping pipes. */

@@ -92,6 +92,41 @@ FB_MUST_CHECK fb_err fb_cfg_load(const char *path, const fb_cfg_field *schema,
 FB_MUST_CHECK fb_err fb_cfg_load_string(const char *name, const char *yaml,
     size_t len, const fb_cfg_field *schema, void *out);
 
+/* Where a key's value was given: 1-based line and column; both 0 when the
+ * key was not in the file (its default applies). */
+typedef struct fb_cfg_pos {
+	size_t line;
+	size_t column;
+} fb_cfg_pos;
+
+/*
+ * fb_cfg_load_pos is fb_cfg_load that also records where each key's value
+ * was given, so that a program's own cross-checks can name file:line:column
+ * too: pos[i] is for schema[i], and `pos` has one entry per schema field.
+ * `pos` is written on FB_OK only. Errors as fb_cfg_load.
+ */
+FB_MUST_CHECK fb_err fb_cfg_load_pos(const char *path,
+    const fb_cfg_field *schema, void *out, fb_cfg_pos *pos);
+
+/* fb_cfg_count is the number of fields in `schema` (entries before the
+ * terminating key == NULL). */
+size_t fb_cfg_count(const fb_cfg_field *schema);
+
+/*
+ * fb_cfg_error logs one configuration error about `key` of file `path`,
+ * placed by `pos` (from fb_cfg_load_pos over `schema`):
+ * `FILE:LINE:COL: KEY: message` when the key was in the file, else
+ * `FILE: KEY: message (not set: the default is DEFAULT)`. Returns FB_ECONFIG,
+ * so that a check reads `rc = fb_cfg_error(...)`. `key` must be in `schema`.
+ */
+fb_err fb_cfg_error(const char *path, const fb_cfg_field *schema,
+    const fb_cfg_pos *pos, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* fb_cfg_given says whether `key` (in `schema`) was set in the file. */
+bool fb_cfg_given(const fb_cfg_field *schema, const fb_cfg_pos *pos,
+    const char *key);
+
 /* fb_cfg_free releases the strings and lists that a load allocated in `out`
  * and zeroes them. Safe on a zeroed struct and after a failed load. */
 void fb_cfg_free(const fb_cfg_field *schema, void *out);

@@ -1,11 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* config.c -- the coordinator's configuration keys, defaults and checks. */
+#include <errno.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "aggregation/aggregation.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/metrics_http.h"
+#include "proto/proto.h"
 
 #define F(field) offsetof(fb_coord_config, field)
 #define NOB 1, 0 /* no bounds */
@@ -42,8 +48,10 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "rounds to run"},
     {"round.workers_per_round", FB_CFG_INT, F(workers_per_round), "0", 0,
         1e6, MB, "workers sampled each round; 0 = every live worker"},
-    {"round.min_workers", FB_CFG_INT, F(min_workers), "1", 1, 1e6, MB,
-        "live workers needed before a round starts"},
+    {"round.min_workers", FB_CFG_INT, F(min_workers), "auto", 1, 1e6,
+        auto_word, "live workers needed before a round starts; auto = 2 "
+        "with secure aggregation (a secure round needs two masked "
+        "inputs), else 1"},
     {"round.min_updates", FB_CFG_INT, F(min_updates), "1", 1, 1e6, MB,
         "complete updates needed to commit a round"},
     {"round.wait_for_workers", FB_CFG_DURATION, F(wait_for_workers_ms),
@@ -152,83 +160,191 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"secure_aggregation.unmask_timeout", FB_CFG_DURATION, F(sa_unmask_ms),
         "30s", 10, 8.64e7, MB, "how long unmasking waits for the "
         "survivors' shares"},
+    {"metrics.listen", FB_CFG_STRING, F(metrics_listen), "", NOB, MB,
+        "HOST:PORT where a Prometheus endpoint serves GET /metrics (plain "
+        "HTTP, no authentication: bind to localhost or a monitoring "
+        "network); empty = off"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
+
+/* listen_ok says whether `ep` is an endpoint the ROUTER socket can bind
+ * and workers on other hosts can reach: tcp://HOST:PORT or ipc://PATH. */
+static bool
+listen_ok(const char *ep)
+{
+	char scratch[512];
+
+	if (strncmp(ep, "ipc://", 6) == 0) {
+		return ep[6] != '\0';
+	}
+	return fb_endpoint_port(ep, 1, scratch, sizeof(scratch), NULL) ==
+	    FB_OK;
+}
+
+/* eval_files_fail checks that the evaluation folder holds the test set;
+ * on failure it logs why (naming the missing path) and returns
+ * FB_ECONFIG. */
+static fb_err
+eval_files_fail(const char *path, const fb_cfg_pos *pos, const char *dir)
+{
+	static const char *const files[] = {"t10k-images-idx3-ubyte.gz",
+	    "t10k-labels-idx1-ubyte.gz"};
+	static const char hint[] = "install Debian's dataset-fashion-mnist, "
+	                           "point evaluation.data_dir at the IDX "
+	                           "files, or set evaluation.every: 0";
+	struct stat st;
+	char file[4096];
+
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+		return fb_cfg_error(path, fb_coord_config_schema, pos,
+		    "evaluation.data_dir", "%s %s; %s", dir,
+		    stat(dir, &st) != 0 ? "does not exist" : "is not a folder",
+		    hint);
+	}
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		int n = snprintf(file, sizeof(file), "%s/%s", dir, files[i]);
+		if (n < 0 || (size_t)n >= sizeof(file)) {
+			return fb_cfg_error(path, fb_coord_config_schema, pos,
+			    "evaluation.data_dir", "folder name too long");
+		}
+		if (access(file, R_OK) != 0) {
+			return fb_cfg_error(path, fb_coord_config_schema, pos,
+			    "evaluation.data_dir", "%s: %s; %s", file,
+			    strerror(errno), hint);
+		}
+	}
+	return FB_OK;
+}
+
+/* at_fault is the key to name for a clash of keys a and b: the one the
+ * file sets (a when both or neither are set). */
+static const char *
+at_fault(const fb_cfg_pos *pos, const char *a, const char *b)
+{
+	const fb_cfg_field *sch = fb_coord_config_schema;
+
+	return !fb_cfg_given(sch, pos, a) && fb_cfg_given(sch, pos, b) ? b : a;
+}
+
+/* cross_check refuses combinations of keys that can never work, naming
+ * the key at fault with its place in the file. */
+static fb_err
+cross_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
+{
+	const fb_cfg_field *sch = fb_coord_config_schema;
+	fb_err rc = FB_OK;
+
+	/* min_workers auto: a secure round needs two masked inputs. */
+	if (cfg->min_workers < 0) {
+		cfg->min_workers = cfg->sa_enabled ? 2 : 1;
+	}
+	if (cfg->liveness_ms <= cfg->heartbeat_ms) {
+		rc = fb_cfg_error(path, sch, pos,
+		    at_fault(pos, "transport.liveness_timeout",
+		        "transport.heartbeat"),
+		    "transport.liveness_timeout (%lldms) must be longer than "
+		    "transport.heartbeat (%lldms)",
+		    (long long)cfg->liveness_ms, (long long)cfg->heartbeat_ms);
+	} else if (cfg->chunk_size % 4 != 0) {
+		rc = fb_cfg_error(path, sch, pos, "transport.chunk_size",
+		    "must be a multiple of 4 bytes (float32)");
+	} else if (!listen_ok(cfg->listen)) {
+		rc = fb_cfg_error(path, sch, pos, "listen",
+		    "'%.200s' is not an endpoint to listen on: write "
+		    "tcp://HOST:PORT (e.g. tcp://0.0.0.0:5555) or ipc://PATH",
+		    cfg->listen);
+	} else if (cfg->sa_enabled && cfg->security &&
+	    cfg->min_workers < 2) {
+		rc = fb_cfg_error(path, sch, pos, "round.min_workers",
+		    "%lld with secure aggregation on: a secure round needs at "
+		    "least 2 workers and could never commit; set it to 2 or "
+		    "more (or secure_aggregation.enabled: false)",
+		    (long long)cfg->min_workers);
+	} else if (cfg->sa_enabled && cfg->security &&
+	    cfg->workers_per_round == 1) {
+		rc = fb_cfg_error(path, sch, pos, "round.workers_per_round",
+		    "1 with secure aggregation on: a secure round needs at "
+		    "least 2 workers and could never commit; set it to 2 or "
+		    "more, or 0 for every live worker");
+	} else if (cfg->min_updates > cfg->min_workers &&
+	    cfg->workers_per_round == 0) {
+		rc = fb_cfg_error(path, sch, pos, "round.min_updates",
+		    "%lld exceeds round.min_workers (%lld): rounds could never "
+		    "commit", (long long)cfg->min_updates,
+		    (long long)cfg->min_workers);
+	} else if (cfg->workers_per_round > 0 &&
+	    cfg->min_updates > cfg->workers_per_round) {
+		rc = fb_cfg_error(path, sch, pos, "round.min_updates",
+		    "%lld exceeds round.workers_per_round (%lld)",
+		    (long long)cfg->min_updates,
+		    (long long)cfg->workers_per_round);
+	} else if (cfg->local_steps == 0 && !(cfg->local_epochs > 0)) {
+		rc = fb_cfg_error(path, sch, pos, "round.local_epochs",
+		    "must be > 0 when round.local_steps is 0");
+	} else if (cfg->min_steps > cfg->max_steps) {
+		rc = fb_cfg_error(path, sch, pos, "round.min_steps",
+		    "exceeds round.max_steps");
+	} else if (cfg->server_lr <= 0) {
+		rc = fb_cfg_error(path, sch, pos, "round.server_lr",
+		    "must be > 0");
+	} else if (cfg->lr <= 0) {
+		rc = fb_cfg_error(path, sch, pos, "round.lr", "must be > 0");
+	} else if (cfg->sa_enabled && !cfg->security) {
+		rc = fb_cfg_error(path, sch, pos,
+		    at_fault(pos, "secure_aggregation.enabled",
+		        "security.enabled"),
+		    "secure_aggregation.enabled needs security.enabled (keys "
+		    "and shares travel over the signed sessions); set "
+		    "secure_aggregation.enabled: false as well to run without "
+		    "security");
+	} else if (cfg->lanes > 1 && cfg->io_threads > 0 &&
+	    cfg->lanes > cfg->io_threads) {
+		rc = fb_cfg_error(path, sch, pos, "transport.lanes",
+		    "%lld exceeds transport.io_threads (%lld): each lane needs "
+		    "an I/O thread of its own", (long long)cfg->lanes,
+		    (long long)cfg->io_threads);
+	} else if (cfg->lanes > 1 && strncmp(cfg->listen, "tcp://", 6) != 0) {
+		rc = fb_cfg_error(path, sch, pos, "transport.lanes",
+		    "%lld needs a tcp:// listen endpoint, not %s",
+		    (long long)cfg->lanes, cfg->listen);
+	} else if (strcmp(cfg->model_arch, "synthetic") == 0 &&
+	    cfg->synthetic_params == 0) {
+		rc = fb_cfg_error(path, sch, pos, "model.synthetic_params",
+		    "must be > 0 for the synthetic model");
+	} else if (cfg->metrics_listen[0] != '\0' &&
+	    fb_metrics_listen_check(cfg->metrics_listen) != FB_OK) {
+		rc = fb_cfg_error(path, sch, pos, "metrics.listen",
+		    "'%.200s' is not HOST:PORT (e.g. 127.0.0.1:9464 or "
+		    "[::1]:9464)", cfg->metrics_listen);
+	} else if (strcmp(cfg->model_arch, "synthetic") != 0 &&
+	    cfg->eval_every > 0) {
+		rc = eval_files_fail(path, pos, cfg->data_dir);
+	}
+	return rc;
+}
 
 fb_err
 fb_coord_config_load(const char *path, fb_coord_config *cfg)
 {
 	fb_err rc;
+	fb_cfg_pos *pos = NULL;
 
 	memset(cfg, 0, sizeof(*cfg));
-	if ((rc = fb_cfg_load(path, fb_coord_config_schema, cfg)) != FB_OK) {
-		return rc;
+	pos = calloc(fb_cfg_count(fb_coord_config_schema), sizeof(*pos));
+	if (pos == NULL) {
+		fb_log_error("%s: out of memory", path);
+		rc = FB_ENOMEM;
+		goto out;
 	}
-	if (cfg->liveness_ms <= cfg->heartbeat_ms) {
-		fb_log_error("%s: transport.liveness_timeout (%lldms) must be "
-		             "longer than transport.heartbeat (%lldms)",
-		    path, (long long)cfg->liveness_ms,
-		    (long long)cfg->heartbeat_ms);
-		rc = FB_ECONFIG;
-	} else if (cfg->chunk_size % 4 != 0) {
-		fb_log_error("%s: transport.chunk_size must be a multiple of 4 "
-		             "bytes (float32)", path);
-		rc = FB_ECONFIG;
-	} else if (cfg->min_updates > cfg->min_workers &&
-	    cfg->workers_per_round == 0) {
-		fb_log_error("%s: round.min_updates (%lld) exceeds "
-		             "round.min_workers (%lld): rounds could never "
-		             "commit", path, (long long)cfg->min_updates,
-		    (long long)cfg->min_workers);
-		rc = FB_ECONFIG;
-	} else if (cfg->workers_per_round > 0 &&
-	    cfg->min_updates > cfg->workers_per_round) {
-		fb_log_error("%s: round.min_updates (%lld) exceeds "
-		             "round.workers_per_round (%lld)", path,
-		    (long long)cfg->min_updates,
-		    (long long)cfg->workers_per_round);
-		rc = FB_ECONFIG;
-	} else if (cfg->local_steps == 0 && !(cfg->local_epochs > 0)) {
-		fb_log_error("%s: round.local_epochs must be > 0 when "
-		             "round.local_steps is 0", path);
-		rc = FB_ECONFIG;
-	} else if (cfg->min_steps > cfg->max_steps) {
-		fb_log_error("%s: round.min_steps exceeds round.max_steps", path);
-		rc = FB_ECONFIG;
-	} else if (cfg->server_lr <= 0) {
-		fb_log_error("%s: round.server_lr must be > 0", path);
-		rc = FB_ECONFIG;
-	} else if (cfg->lr <= 0) {
-		fb_log_error("%s: round.lr must be > 0", path);
-		rc = FB_ECONFIG;
-	} else if (cfg->sa_enabled && !cfg->security) {
-		fb_log_error("%s: secure_aggregation.enabled needs "
-		             "security.enabled (keys and shares travel over "
-		             "the signed sessions); set "
-		             "secure_aggregation.enabled: false as well to run "
-		             "without security", path);
-		rc = FB_ECONFIG;
-	} else if (cfg->lanes > 1 && cfg->io_threads > 0 &&
-	    cfg->lanes > cfg->io_threads) {
-		fb_log_error("%s: transport.lanes (%lld) exceeds "
-		             "transport.io_threads (%lld): each lane needs an I/O "
-		             "thread of its own", path, (long long)cfg->lanes,
-		    (long long)cfg->io_threads);
-		rc = FB_ECONFIG;
-	} else if (cfg->lanes > 1 && strncmp(cfg->listen, "tcp://", 6) != 0) {
-		fb_log_error("%s: transport.lanes (%lld) needs a tcp:// listen "
-		             "endpoint, not %s", path, (long long)cfg->lanes,
-		    cfg->listen);
-		rc = FB_ECONFIG;
-	} else if (strcmp(cfg->model_arch, "synthetic") == 0 &&
-	    cfg->synthetic_params == 0) {
-		fb_log_error("%s: model.synthetic_params must be > 0 for the "
-		             "synthetic model", path);
-		rc = FB_ECONFIG;
-	}
+	rc = fb_cfg_load_pos(path, fb_coord_config_schema, cfg, pos);
 	if (rc != FB_OK) {
+		goto out;
+	}
+	if ((rc = cross_check(path, pos, cfg)) != FB_OK) {
 		fb_coord_config_fini(cfg);
 	}
+out:
+	free(pos);
 	return rc;
 }
 

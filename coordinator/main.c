@@ -1,8 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* main.c -- fedbox-coordinator's command line. */
+/*
+ * main.c -- fedbox-coordinator's command line: options, where the log
+ * goes, the config, and the exit status (0 done, 1 failure, 2 bad usage or
+ * config).
+ */
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -13,6 +19,7 @@ usage(FILE *f)
 {
 	fprintf(f,
 	    "usage: fedbox-coordinator --config FILE [--resume | --force]\n"
+	    "                          [--log-file PATH] [--log-format text|json]\n"
 	    "       fedbox-coordinator --config-reference\n"
 	    "\n"
 	    "Runs federated training rounds: admits fedbox-worker processes,\n"
@@ -27,6 +34,11 @@ usage(FILE *f)
 	    "                          model, optimiser state, RNG and round\n"
 	    "  -f, --force             start over in an OUTPUT_DIR that holds a\n"
 	    "                          run (its checkpoint and metrics go)\n"
+	    "      --log-file PATH     append the log to PATH instead of "
+	    "stderr\n"
+	    "      --log-format F      text (default) or json: one object per "
+	    "line\n"
+	    "                          with time, level, program, message\n"
 	    "      --config-reference  print every config key with its default\n"
 	    "  -h, --help              this help\n"
 	    "  -V, --version           print the version\n"
@@ -43,11 +55,13 @@ main(int argc, char **argv)
 	    {"resume", no_argument, NULL, 'r'},
 	    {"force", no_argument, NULL, 'f'},
 	    {"config-reference", no_argument, NULL, 'R'},
+	    {"log-file", required_argument, NULL, 'L'},
+	    {"log-format", required_argument, NULL, 'F'},
 	    {"help", no_argument, NULL, 'h'},
 	    {"version", no_argument, NULL, 'V'},
 	    {NULL, 0, NULL, 0},
 	};
-	const char *config = NULL;
+	const char *config = NULL, *log_file = NULL, *log_format = "text";
 	fb_coord_start how = FB_START_FRESH;
 	fb_coord_config cfg;
 	fb_err rc;
@@ -71,6 +85,12 @@ main(int argc, char **argv)
 		case 'R':
 			fb_cfg_print_reference(stdout, fb_coord_config_schema);
 			return 0;
+		case 'L':
+			log_file = optarg;
+			break;
+		case 'F':
+			log_format = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -89,7 +109,31 @@ main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (fb_log_format_parse(log_format) < 0) {
+		fprintf(stderr, "fedbox-coordinator: --log-format %s: text or "
+		                "json\n", log_format);
+		return 2;
+	}
+	if (fb_log_output(log_file,
+	        (fb_log_format)fb_log_format_parse(log_format)) != FB_OK) {
+		return 2;
+	}
 	if (fb_coord_config_load(config, &cfg) != FB_OK) {
+		if (log_file != NULL) {
+			fprintf(stderr,
+			    "fedbox-coordinator: bad config %s (the reason is "
+			    "in %s)\n", config, log_file);
+		}
+		return 2;
+	}
+	if (cfg.metrics_listen[0] != '\0') {
+		/* The endpoint (coordinator/metrics_http.h) is started by the
+		 * round loop; until the loop does, refuse the key rather than
+		 * ignore it. */
+		fb_log_error("%s: metrics.listen: this coordinator does not "
+		             "start the Prometheus endpoint yet; leave "
+		             "metrics.listen empty", config);
+		fb_coord_config_fini(&cfg);
 		return 2;
 	}
 	fb_log_init("coordinator", (fb_log_level)cfg.log_level);

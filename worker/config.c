@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* config.c -- the worker's configuration keys, defaults and checks. */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -82,35 +83,65 @@ const fb_cfg_field fb_worker_config_schema[] = {
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 
+/* endpoint_ok says whether `ep` is an endpoint to connect to:
+ * tcp://HOST:PORT (a port number, not *) or ipc://PATH. */
+static bool
+endpoint_ok(const char *ep)
+{
+	char scratch[512];
+	uint32_t port = 0;
+
+	if (strncmp(ep, "ipc://", 6) == 0) {
+		return ep[6] != '\0';
+	}
+	return fb_endpoint_port(ep, 1, scratch, sizeof(scratch), &port) ==
+	    FB_OK && port > 0 && strncmp(ep, "tcp://*:", 8) != 0;
+}
+
 fb_err
 fb_worker_config_load(const char *path, fb_worker_config *cfg)
 {
+	const fb_cfg_field *sch = fb_worker_config_schema;
+	fb_cfg_pos *pos = NULL;
 	fb_err rc;
 
 	memset(cfg, 0, sizeof(*cfg));
-	if ((rc = fb_cfg_load(path, fb_worker_config_schema, cfg)) != FB_OK) {
-		return rc;
+	if ((pos = calloc(fb_cfg_count(sch), sizeof(*pos))) == NULL) {
+		fb_log_error("%s: out of memory", path);
+		return FB_ENOMEM;
 	}
-	if (cfg->index >= cfg->workers) {
-		fb_log_error("%s: data.index (%lld) must be below data.workers "
-		             "(%lld)", path, (long long)cfg->index,
-		    (long long)cfg->workers);
-		rc = FB_ECONFIG;
+	if ((rc = fb_cfg_load_pos(path, sch, cfg, pos)) != FB_OK) {
+		goto out;
+	}
+	if (!endpoint_ok(cfg->coordinator)) {
+		rc = fb_cfg_error(path, sch, pos, "coordinator",
+		    "'%.200s' is not an endpoint to connect to: write "
+		    "tcp://HOST:PORT (e.g. tcp://10.0.0.1:5555) or ipc://PATH",
+		    cfg->coordinator);
+	} else if (cfg->index >= cfg->workers) {
+		rc = fb_cfg_error(path, sch, pos, "data.index",
+		    "%lld must be below data.workers (%lld)",
+		    (long long)cfg->index, (long long)cfg->workers);
 	} else if (cfg->name[0] == '\0' || strlen(cfg->name) >= 64) {
-		fb_log_error("%s: name must be 1 to 63 bytes", path);
-		rc = FB_ECONFIG;
+		rc = fb_cfg_error(
+		    path, sch, pos, "name", "must be 1 to 63 bytes");
 	} else if (!cfg->security && cfg->secure_aggregation == 0) {
-		fb_log_error("%s: security.secure_aggregation: required needs "
-		             "security.enabled; set it to optional to run "
-		             "without security", path);
-		rc = FB_ECONFIG;
+		rc = fb_cfg_error(path, sch, pos,
+		    fb_cfg_given(sch, pos, "security.secure_aggregation")
+		        ? "security.secure_aggregation"
+		        : "security.enabled",
+		    "security.secure_aggregation: required needs "
+		    "security.enabled; set it to optional to run without "
+		    "security");
 	} else if (cfg->gpus.count > 16) {
-		fb_log_error("%s: train.gpus: at most 16 devices", path);
-		rc = FB_ECONFIG;
+		rc = fb_cfg_error(path, sch, pos, "train.gpus",
+		    "at most 16 devices");
 	}
 	if (rc != FB_OK) {
 		fb_worker_config_fini(cfg);
 	}
+out:
+	free(pos);
 	return rc;
 }
 

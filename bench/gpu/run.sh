@@ -13,6 +13,16 @@
 # all GPUs with NCCL; add "graphs" for the multi-GPU CUDA Graph matrix:
 # NCCL_GRAPH_MIXING_SUPPORT 0/1 x FB_CUDA_GATE 1/0, three trainers each).
 set -u
+case "${1:-}" in
+-h | --help)
+	sed -n '3,14p' "$0" | sed 's/^# \{0,1\}//'
+	exit 0
+	;;
+-*)
+	echo "bench/gpu/run.sh: unknown option $1 (see --help)" >&2
+	exit 2
+	;;
+esac
 # Each program runs under guard(), so that a hang (a lost NCCL peer) costs
 # a minute, not the whole call, and leaves every thread's backtrace.
 here=$(cd "$(dirname "$0")" && pwd)

@@ -28,9 +28,15 @@ def f(kv, k):
 
 
 def main():
-    rows = parse(sys.argv[1])
-    if len(sys.argv) > 2:
-        for line in open(sys.argv[2]):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("bench_log", help="fedbox_bench and ddp_bench.py output")
+    ap.add_argument("machine_log", nargs="?",
+                    help="nvidia-smi output naming the GPUs")
+    args = ap.parse_args()
+    rows = parse(args.bench_log)
+    if args.machine_log:
+        for line in open(args.machine_log):
             if "NVIDIA" in line and "," in line:
                 print(f"GPU: {line.strip()}  ")
         print()

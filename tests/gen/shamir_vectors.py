@@ -80,6 +80,11 @@ def interpolate0(points):
 
 
 def main():
+    import argparse
+    argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     rng = random.Random(20261201)
     cases = [
         (3, [1, 2, 3, 4, 5], None),

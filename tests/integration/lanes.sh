@@ -114,7 +114,7 @@ sed -i 's/^  io_threads: .*/  io_threads: 2\n  lanes: 3/' "$T/bad.yaml"
 st=0
 "$B/fedbox-coordinator" --config "$T/bad.yaml" >/dev/null 2>"$T/bad.log" || st=$?
 [ "$st" -eq 2 ] || fail "lanes 3 with io_threads 2: exit $st, not 2"
-grep -q "transport.lanes (3) exceeds transport.io_threads (2)" "$T/bad.log" ||
+grep -q "transport.lanes: 3 exceeds transport.io_threads (2)" "$T/bad.log" ||
 	fail "no error naming transport.lanes"
 # --- 5. a lane that does not answer: back to the listen port, to stay
 SECURE=0 SECAGG=0

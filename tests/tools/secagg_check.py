@@ -210,13 +210,16 @@ def parse_opts(argv):
 
 
 def main():
-    if len(sys.argv) < 2:
+    if len(sys.argv) >= 2 and sys.argv[1] in ("-h", "--help"):
         print(__doc__)
+        sys.exit(0)
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
         sys.exit(2)
     cmd = {"equiv": cmd_equiv, "average": cmd_average,
            "privacy": cmd_privacy}.get(sys.argv[1])
     if cmd is None:
-        print(__doc__)
+        print(__doc__, file=sys.stderr)
         sys.exit(2)
     cmd(sys.argv[2:])
 

@@ -60,7 +60,16 @@ class Parser:
 
 
 def main():
-    listen_port, target_port, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    import argparse
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:2]),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("listen_port", type=int)
+    ap.add_argument("target_port", type=int)
+    ap.add_argument("capture_file")
+    args = ap.parse_args()
+    listen_port, target_port, path = args.listen_port, args.target_port, args.capture_file
     out = open(path, "w")
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

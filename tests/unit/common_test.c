@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/config.h"
+#include "common/log.h"
 #include "common/pool.h"
 #include "common/util.h"
 #include "tests/unit/harness.h"
@@ -756,7 +757,172 @@ test_fuzz_smoke(void **state)
 	capture_end(&cap);
 }
 
+/* ---- log -------------------------------------------------------------- */
+
+static void
+read_file(const char *path, char *buf, size_t cap)
+{
+	FILE *f = fopen(path, "rb");
+	size_t n;
+
+	assert_non_null(f);
+	n = fread(buf, 1, cap - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+}
+
+/* JSON lines: fields in order, strings escaped whatever the bytes. */
+static void
+test_log_json_lines(void **state)
+{
+	char path[600], text[8192];
+	const char *p;
+
+	(void)state;
+	snprintf(path, sizeof(path), "%s/log.jsonl", fb_test_tmpdir());
+	unlink(path);
+	fb_log_init("w[\"x\"]", FB_LOG_INFO);
+	assert_int_equal(fb_log_output(path, FB_LOG_JSON), FB_OK);
+	fb_log_debug("not shown");
+	fb_log_warn("q\"uote\\ nl\n tab\t bell\x07 del\x7f "
+	            "\xc3\xa9 \xf0\x9f\x98\x80 bad\xff over\xc0\xaf "
+	            "cut\xe2\x82 sur\xed\xa0\x80 end");
+	fb_log_error("%d%%", 50);
+	assert_int_equal(fb_log_output(NULL, FB_LOG_TEXT), FB_OK);
+	fb_log_init("common", FB_LOG_ERROR);
+	read_file(path, text, sizeof(text));
+	assert_int_equal(count_lines(text), 2);
+	assert_null(strstr(text, "not shown"));
+	/* {"time": "YYYY-MM-DDTHH:MM:SS.mmmZ", then the rest. */
+	assert_int_equal(strncmp(text, "{\"time\": \"", 10), 0);
+	assert_int_equal(text[10 + 4], '-');
+	assert_int_equal(text[10 + 10], 'T');
+	assert_int_equal(text[10 + 23], 'Z');
+	p = text + 10 + 24;
+	{
+		const char want[] =
+		    "\", \"level\": \"warn\", \"program\": \"w[\\\"x\\\"]\", "
+		    "\"message\": \"q\\\"uote\\\\ nl\\n tab\\t "
+		    "bell\\u0007 del\\u007f \xc3\xa9 \xf0\x9f\x98\x80 "
+		    "bad\\ufffd over\\ufffd\\ufffd cut\\ufffd\\ufffd "
+		    "sur\\ufffd\\ufffd\\ufffd end\"}\n";
+		if (strncmp(p, want, strlen(want)) != 0) {
+			print_error("got:  %s\nwant: %s\n", p, want);
+			fail();
+		}
+		p += strlen(want);
+	}
+	assert_non_null(strstr(p, "\"level\": \"error\", \"program\": "
+	                          "\"w[\\\"x\\\"]\", \"message\": \"50%\"}\n"));
+}
+
+/* Text lines to a file, appended to what it held; a file that cannot be
+ * opened leaves the output as it was. */
+static void
+test_log_file_text(void **state)
+{
+	char path[600], text[4096];
+	capture cap;
+
+	(void)state;
+	snprintf(path, sizeof(path), "%s/log.txt", fb_test_tmpdir());
+	{
+		FILE *f = fopen(path, "w");
+		assert_non_null(f);
+		fputs("earlier line\n", f);
+		fclose(f);
+	}
+	fb_log_init("coordinator", FB_LOG_INFO);
+	assert_int_equal(fb_log_output(path, FB_LOG_TEXT), FB_OK);
+	fb_log_info("round %d", 3);
+	capture_begin(&cap);
+	assert_int_equal(fb_log_output("/nonexistent-dir/x.log", FB_LOG_JSON),
+	    FB_EIO);
+	fb_log_info("still text, still the file");
+	assert_int_equal(fb_log_output(NULL, FB_LOG_TEXT), FB_OK);
+	fb_log_error("back on stderr");
+	capture_end(&cap);
+	fb_log_init("common", FB_LOG_ERROR);
+	read_file(path, text, sizeof(text));
+	assert_int_equal(count_lines(text), 4);
+	assert_int_equal(strncmp(text, "earlier line\n", 13), 0);
+	assert_non_null(strstr(text, "Z coordinator INFO round 3\n"));
+	assert_non_null(strstr(text, "Z coordinator ERROR cannot open the log "
+	                             "file /nonexistent-dir/x.log: No such "
+	                             "file or directory\n"));
+	assert_non_null(strstr(text, "Z coordinator INFO still text, still "
+	                             "the file\n"));
+	assert_null(strstr(text, "back on stderr"));
+	assert_non_null(
+	    strstr(cap.text, "Z coordinator ERROR back on stderr\n"));
+	assert_int_equal(fb_log_format_parse("json"), FB_LOG_JSON);
+	assert_int_equal(fb_log_format_parse("text"), FB_LOG_TEXT);
+	assert_int_equal(fb_log_format_parse("JSON "), -1);
+}
+
 /* ---- config: files and reference --------------------------------------- */
+
+/* Positions of the keys given, for the programs' own cross-checks. */
+static void
+test_load_positions(void **state)
+{
+	char path[600];
+	const char text[] = "# positions\ntrain:\n  lr: 0.5\nround:\n"
+	                    "  deadline:   1m\nnet:\n  peers: [a, b]\n";
+	fb_iovec piece = {text, sizeof(text) - 1};
+	size_t n = fb_cfg_count(schema);
+	fb_cfg_pos pos[16];
+	tcfg c;
+	capture cap;
+	fb_err rc;
+
+	(void)state;
+	assert_int_equal(n, 10);
+	memset(pos, 0x5a, sizeof(pos));
+	snprintf(path, sizeof(path), "%s/pos.yaml", fb_test_tmpdir());
+	assert_int_equal(fb_file_write_atomic(path, &piece, 1), FB_OK);
+	assert_int_equal(fb_cfg_load_pos(path, schema, &c, pos), FB_OK);
+	/* schema[2] is train.lr: its value at line 3, column 7. */
+	assert_int_equal(pos[2].line, 3);
+	assert_int_equal(pos[2].column, 7);
+	assert_int_equal(pos[1].line, 5); /* round.deadline */
+	assert_int_equal(pos[1].column, 15);
+	assert_int_equal(pos[8].line, 7); /* net.peers: the sequence */
+	assert_int_equal(pos[8].column, 10);
+	assert_int_equal(pos[0].line, 0); /* round.rounds: a default */
+	assert_int_equal(pos[0].column, 0);
+	assert_true(fb_cfg_given(schema, pos, "train.lr"));
+	assert_false(fb_cfg_given(schema, pos, "round.rounds"));
+
+	capture_begin(&cap);
+	rc = fb_cfg_error(path, schema, pos, "train.lr", "too big for %s",
+	    "this");
+	capture_end(&cap);
+	assert_int_equal(rc, FB_ECONFIG);
+	assert_non_null(strstr(cap.text, "pos.yaml:3:7: train.lr: too big for "
+	                                 "this\n"));
+	assert_int_equal(count_lines(cap.text), 1);
+	capture_begin(&cap);
+	rc = fb_cfg_error(path, schema, pos, "round.rounds", "wrong");
+	(void)fb_cfg_error(path, schema, pos, "net.peers", "none");
+	capture_end(&cap);
+	assert_int_equal(rc, FB_ECONFIG);
+	assert_non_null(strstr(cap.text, "pos.yaml: round.rounds: wrong (not "
+	                                 "set: the default is 10)\n"));
+	assert_non_null(strstr(cap.text, "pos.yaml:7:10: net.peers: none\n"));
+	fb_cfg_free(schema, &c);
+
+	/* A failed load leaves `pos` alone. */
+	piece.base = "round:\n  rounds: 0\n";
+	piece.len = strlen(piece.base);
+	assert_int_equal(fb_file_write_atomic(path, &piece, 1), FB_OK);
+	memset(pos, 0x5a, sizeof(pos));
+	capture_begin(&cap);
+	rc = fb_cfg_load_pos(path, schema, &c, pos);
+	capture_end(&cap);
+	assert_int_equal(rc, FB_ECONFIG);
+	assert_int_equal(pos[0].line, (size_t)0x5a5a5a5a5a5a5a5aull);
+}
 
 static void
 test_load_file(void **state)
@@ -1090,6 +1256,12 @@ FB_TESTS = {
     {"aliases, garbage and deep nesting fail cleanly", test_hostile_input},
     {"mutated documents never crash", test_fuzz_smoke},
     {"config loads from a file and a missing file is an error", test_load_file},
+    {"positions name the line and column of each value given",
+        test_load_positions},
+    {"log lines as JSON escape every byte and keep the fields",
+        test_log_json_lines},
+    {"log lines go to a file, appended, and back to stderr",
+        test_log_file_text},
     {"reference table lists every key", test_reference},
     {"rng is deterministic per seed and stream", test_rng_streams},
     {"rng_below stays in range and is even", test_rng_below},
