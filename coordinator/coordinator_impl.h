@@ -296,6 +296,8 @@ typedef struct round_state {
 	uint32_t committed;      /* rounds committed, resumed runs included */
 	uint32_t ran;            /* rounds recorded by this process */
 	uint32_t model_round;    /* the last committed round (its model) */
+	double seconds_sum;      /* of the rounds this process recorded */
+	uint64_t rejected[DROP_REASON_COUNT_]; /* in the last metrics line */
 	char *resume_line;       /* --resume: the checkpoint's metrics line */
 	size_t resume_line_len;
 	fb_err exit_rc;          /* PHASE_DONE: what fb_coordinator_run says */
@@ -397,6 +399,12 @@ struct coord {
 	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */
 	job job;
 	int wake_fd;             /* epoll set: ingest results, job done */
+	/* progress.c */
+	struct fb_metrics *prom; /* the Prometheus endpoint, or NULL */
+	int64_t prom_ms;
+	bool tty;                /* stdout is a terminal: a status line */
+	bool tty_shown;
+	int64_t tty_ms;
 };
 
 /* ---- registry.c ---- */
@@ -492,6 +500,14 @@ FB_MUST_CHECK fb_err checkpoint_read(coord *c, uint32_t *first);
 bool checkpoint_exists(const coord *c, uint32_t *round);
 fb_err checkpoint_export(coord *c);
 void checkpoint_clear(const coord *c);
+
+/* ---- progress.c ---- */
+FB_MUST_CHECK fb_err progress_start(coord *c);
+void progress_stop(coord *c);
+void progress_phase(coord *c);
+void progress_round_done(coord *c, const uint64_t *rejected);
+void progress_worker_left(coord *c, const worker *w);
+void progress_tick(coord *c, int64_t now);
 
 /* ---- coordinator.c ---- */
 FB_MUST_CHECK fb_err coord_init(coord *c, const fb_coord_config *cfg,

@@ -225,6 +225,7 @@ coord_turn(coord *c, int64_t now)
 	}
 	registry_tick(c, now);
 	round_step(c, now);
+	progress_tick(c, now);
 }
 
 fb_err

@@ -126,16 +126,6 @@ main(int argc, char **argv)
 		}
 		return 2;
 	}
-	if (cfg.metrics_listen[0] != '\0') {
-		/* The endpoint (coordinator/metrics_http.h) is started by the
-		 * round loop; until the loop does, refuse the key rather than
-		 * ignore it. */
-		fb_log_error("%s: metrics.listen: this coordinator does not "
-		             "start the Prometheus endpoint yet; leave "
-		             "metrics.listen empty", config);
-		fb_coord_config_fini(&cfg);
-		return 2;
-	}
 	fb_log_init("coordinator", (fb_log_level)cfg.log_level);
 	fb_tune_malloc((size_t)cfg.chunk_size);
 	rc = fb_coordinator_run(&cfg, how, fb_stop_on_signals());

@@ -341,7 +341,7 @@ json_worker(coord *c, FILE *f, const worker *w)
 static void
 json_round(coord *c, FILE *f)
 {
-	const round_state *rd = &c->rd;
+	round_state *rd = &c->rd;
 	const round_result *r = &rd->r;
 
 	fprintf(f, "{\"round\": %u, ", rd->number);
@@ -372,8 +372,9 @@ json_round(coord *c, FILE *f)
 	           ", \"rejected\": {",
 	    r->seconds, rd->up_bytes, rd->down_bytes, rd->clipped);
 	for (int i = 0; i < DROP_REASON_COUNT_; i++) {
+		c->rd.rejected[i] = c->g.drops[i] - c->g.drops_reported[i];
 		fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", drop_names[i],
-		    c->g.drops[i] - c->g.drops_reported[i]);
+		    c->rd.rejected[i]);
 	}
 	fprintf(f, "}, \"workers\": [");
 	for (uint32_t i = 0, n = 0; i < c->reg.cap; i++) {

@@ -96,6 +96,7 @@ void
 registry_forget(coord *c, worker *w, const char *why)
 {
 	round_worker_failed(c, w, why);
+	progress_worker_left(c, w);
 	fb_log_info("worker %s removed: %s", w->name, why);
 	fb_session_free(w->sess);
 	fb_session_free(w->pending);

@@ -43,6 +43,7 @@ enter(coord *c, round_phase p, int64_t now)
 	    round_phase_names[c->rd.phase], round_phase_names[p]);
 	c->rd.phase = p;
 	c->rd.phase_ms = now;
+	progress_phase(c);
 }
 
 bool
@@ -589,6 +590,8 @@ record_done(coord *c, int64_t now)
 		return;
 	}
 	rd->ran++;
+	rd->seconds_sum += rd->r.seconds;
+	progress_round_done(c, rd->rejected);
 	outputs_round_line(c);
 	sa_free(&c->sa);
 	if (rd->number >= (uint32_t)c->cfg->rounds) {

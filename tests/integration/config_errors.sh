@@ -173,13 +173,6 @@ expect2 "metrics.listen without a host" \
 	"m1.yaml:2:11: metrics.listen: '9464' is not HOST:PORT" \
 	"$B/fedbox-coordinator" --config "$T/m1.yaml"
 
-# Until the round loop starts the endpoint, a metrics.listen is refused
-# rather than ignored.
-printf 'metrics:\n  listen: 127.0.0.1:9464\n' >"$T/m2.yaml"
-expect2 "metrics.listen before the loop serves it" \
-	"m2.yaml: metrics.listen: this coordinator does not start the Prometheus endpoint yet" \
-	"$B/fedbox-coordinator" --config "$T/m2.yaml"
-
 # A clash of two keys names the one the file sets, or says which default
 # is in force.
 cat >"$T/dd.yaml" <<'YAML'

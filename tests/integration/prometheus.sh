@@ -1,78 +1,42 @@
 # SPDX-License-Identifier: Apache-2.0
-# The coordinator's Prometheus endpoint (coordinator/metrics_http.c) under a
-# real Prometheus server (Debian's prometheus, started here on a free port
-# and stopped by PID). A real 3-round federation writes metrics.jsonl; each
-# of its lines becomes the setter calls the coordinator's loop makes
-# (tests/tools/metrics_feed serves the module with them); Prometheus
-# scrapes it, and its query API (/api/v1/query) must return the round, the
-# accuracy, the byte totals, the rounds by status and each worker's speed
-# that metrics.jsonl shows. promtool lints the exposition, and every query
-# of the Grafana dashboard (deploy/grafana/fedbox.json) must run.
+# The coordinator's Prometheus endpoint (metrics.listen) under a real
+# Prometheus server (Debian's prometheus, started here on a free port and
+# stopped by PID), scraping a live federation. After its third round one
+# worker is stopped (SIGSTOP), so the fourth round waits and the values
+# hold still; Prometheus's query API (/api/v1/query) must then return the
+# round count, the accuracy, the byte totals, the rounds by status and
+# each worker's speed that metrics.jsonl shows. promtool lints the
+# exposition, and every query of the Grafana dashboard
+# (deploy/grafana/fedbox.json) must run.
 source tests/integration/lib.sh
 command -v prometheus >/dev/null ||
 	skip "prometheus is not installed (scripts/bootstrap installs it)"
-FEED=$B/tests/tools/metrics_feed
-[ -x "$FEED" ] || fail "$FEED is not built"
 
-# --- 1. a real federation's metrics.jsonl
 port=$(free_port)
+mport=$(free_port)
 OUT=$T/out
-coord_yaml "$port" "$OUT" "  rounds: 3
+coord_security >"$T/c.yaml"
+cat >>"$T/c.yaml" <<YAML
+listen: tcp://127.0.0.1:$port
+output_dir: $OUT
+seed: 7
+model:
+  arch: mlp
+  hidden: [32]
+round:
+  rounds: 4
   min_workers: 2
-  local_steps: 20
-  batch_size: 32" >"$T/c.yaml"
-start_coordinator "$T/c.yaml"
-for i in 0 1; do
-	worker_yaml "$port" "$i" 2 >"$T/w$i.yaml"
-	start_worker "$T/w$i.yaml" "w$i"
-done
-wait_exit "$CPID" 120 || fail "coordinator exited with status $?"
-[ "$(wc -l <"$OUT/metrics.jsonl")" -eq 3 ] || fail "metrics.jsonl should have 3 lines"
-
-# --- 2. the loop's setter calls for each round, served by the module
-"$PY" - "$OUT/metrics.jsonl" >"$T/feed.txt" <<'PYEOF'
-import json, sys
-slots = {}
-lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-for d in lines:
-    print("round", d["round"], len(lines), "training")
-    print("bytes", d["bytes_up"], d["bytes_down"])
-    for reason, n in d["rejected"].items():
-        print("rejected", reason, n)
-    states = {}
-    for w in d["workers"]:
-        slot = slots.setdefault(w["name"], len(slots))
-        print("worker", slot, w["name"], w["steps_per_s"])
-        if "steps" in w:
-            print("steps", slot, w["steps"])
-        states[w["status"]] = states.get(w["status"], 0) + 1
-    for s, n in states.items():
-        print("workers", s, n)
-    acc = d["test_accuracy"]
-    print("test", "nan" if acc is None else acc,
-          "nan" if acc is None else d["test_loss"])
-    tl = d.get("train_loss")
-    print("federated nan", "nan" if tl is None else tl)
-    print("round", d["round"], len(lines), "done")
-    print("done", d["status"], d["seconds"])
-PYEOF
-"$FEED" --listen 127.0.0.1:0 <"$T/feed.txt" >"$T/feed.out" 2>"$T/feed.log" &
-FPID=$!
-PIDS+=("$FPID")
-wait_for "$T/feed.out" "^applied [0-9]+ commands" 10
-mport=$(sed -n 's/^listening on .* port \([0-9]*\)$/\1/p' "$T/feed.out")
-[ -n "$mport" ] || fail "metrics_feed printed no port"
-
-# promtool's linter on the text as served.
-"$PY" -c 'import sys, urllib.request
-sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1]).read().decode())' \
-	"$mport" >"$T/metrics.txt"
-if command -v promtool >/dev/null; then
-	promtool check metrics <"$T/metrics.txt" >"$T/promtool.txt" 2>&1 ||
-		{ cat "$T/promtool.txt"; fail "promtool check metrics"; }
-	echo "ok: promtool check metrics: clean"
-fi
-
+  local_steps: 300
+  batch_size: 32
+  deadline: 2m
+evaluation:
+  every: 1
+transport:
+  heartbeat: 200ms
+  liveness_timeout: 2m
+metrics:
+  listen: 127.0.0.1:$mport
+YAML
 # --- 3. Prometheus scraping it
 pport=$(free_port)
 cat >"$T/prometheus.yml" <<YAML
@@ -89,6 +53,31 @@ prometheus --config.file="$T/prometheus.yml" --storage.tsdb.path="$T/tsdb" \
 	>"$T/prometheus.log" 2>&1 &
 PPID_=$!
 PIDS+=("$PPID_")
+
+start_coordinator "$T/c.yaml"
+wait_for "$T/coord.log" "Prometheus endpoint at http://127.0.0.1:$mport/metrics" 30
+for i in 0 1; do
+	worker_yaml "$port" "$i" 2 >"$T/w$i.yaml"
+	start_worker "$T/w$i.yaml" "w$i"
+	eval "W$i=$WPID"
+done
+for ((i = 0; i < 1200; i++)); do
+	[ "$(wc -l <"$OUT/metrics.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
+	sleep 0.1
+done
+kill -STOP "$W1"
+[ "$(wc -l <"$OUT/metrics.jsonl")" -eq 3 ] ||
+	fail "wanted the federation held after its third round: $(wc -l <"$OUT/metrics.jsonl") lines"
+
+# promtool's linter on the text as served.
+"$PY" -c 'import sys, urllib.request
+sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1]).read().decode())' \
+	"$mport" >"$T/metrics.txt"
+if command -v promtool >/dev/null; then
+	promtool check metrics <"$T/metrics.txt" >"$T/promtool.txt" 2>&1 ||
+		{ cat "$T/promtool.txt"; fail "promtool check metrics"; }
+	echo "ok: promtool check metrics: clean"
+fi
 
 "$PY" - "$pport" "$OUT/metrics.jsonl" deploy/grafana/fedbox.json <<'PYEOF' || fail "Prometheus queries"
 import json, math, sys, time, urllib.parse, urllib.request
@@ -107,22 +96,24 @@ def value(q):
     assert len(res) == 1, (q, res)
     return float(res[0]["value"][1])
 
+lines = [json.loads(l) for l in open(metrics) if l.strip()]
+last = lines[-1]
 t0 = time.time()
 while True:
     try:
-        if query('up{job="fedbox"} == 1') and query("fedbox_round"):
+        # a scrape after the third round was recorded
+        if query('up{job="fedbox"} == 1') and \
+                query('fedbox_rounds_total{status="ok"} == %d' % len(lines)):
             break
     except OSError:
         pass  # not listening yet
-    assert time.time() - t0 < 60, "no scrape of fedbox within 60 s"
+    assert time.time() - t0 < 60, "no scrape of round 3 within 60 s"
     time.sleep(0.3)
-print("ok: Prometheus scraped the endpoint after %.1f s" % (time.time() - t0))
+print("ok: Prometheus scraped round %d after %.1f s" % (len(lines), time.time() - t0))
 
-lines = [json.loads(l) for l in open(metrics) if l.strip()]
-last = lines[-1]
 checks = [
-    ("fedbox_round", last["round"]),
-    ("fedbox_rounds_planned", len(lines)),
+    ("fedbox_round", last["round"] + 1),  # the fourth, held
+    ("fedbox_rounds_planned", 4),
     ("fedbox_test_accuracy", last["test_accuracy"]),
     ("fedbox_test_loss", last["test_loss"]),
     ('fedbox_rounds_total{status="ok"}',
@@ -133,11 +124,9 @@ checks = [
     ("fedbox_round_duration_seconds_sum", sum(d["seconds"] for d in lines)),
     ('sum(fedbox_rejected_messages_total)',
      sum(sum(d["rejected"].values()) for d in lines)),
-    ('fedbox_round_phase{phase="done"}', 1),
-    ('fedbox_round_phase{phase="training"}', 0),
+    ('fedbox_round_phase{phase="train"}', 1),
+    ('fedbox_workers{state="live"}', 2),
 ]
-if last.get("train_loss") is not None:
-    checks.append(("fedbox_federated_loss", last["train_loss"]))
 for w in last["workers"]:
     checks.append(('fedbox_worker_steps_per_second{worker="%s"}' % w["name"],
                    w["steps_per_s"]))
@@ -145,20 +134,29 @@ for w in last["workers"]:
         checks.append(('fedbox_worker_steps_total{worker="%s"}' % w["name"],
                        sum(x["steps"] for d in lines for x in d["workers"]
                            if x["name"] == w["name"])))
+# metrics.jsonl prints accuracy and loss with 6 decimals, seconds and
+# speeds with 3
+tol = {"fedbox_test_accuracy": 5e-7, "fedbox_test_loss": 5e-7,
+       "fedbox_round_duration_seconds_sum": 5e-4 * len(lines)}
 for q, want in checks:
     got = value(q)
-    assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12), (q, got, want)
+    t = 5e-4 if q.startswith("fedbox_worker_steps_per_second") else \
+        tol.get(q, 1e-12)
+    assert math.isclose(got, want, rel_tol=1e-12, abs_tol=t), (q, got, want)
     print("ok: %s = %s (metrics.jsonl: %s)" % (q, got, want))
+# federated evaluation (workers on their own validation data) is not
+# reported yet: its gauges have no series rather than a made-up value
 assert query("fedbox_federated_accuracy") == [], "unset gauge has a series"
+assert query("fedbox_federated_loss") == [], "unset gauge has a series"
 
 # Every query of the Grafana dashboard runs, with its variables filled in,
 # and gives a series once rates have two scrapes to work with; only the
-# series the feed never sets stay empty (no federated accuracy; no steps
-# under secure aggregation).
+# series never set stay empty (no federated evaluation yet; no steps under
+# secure aggregation).
 while value("count_over_time(fedbox_round[1m])") < 3:
     assert time.time() - t0 < 60, "fewer than 3 scrapes within 60 s"
     time.sleep(0.3)
-unset = ["fedbox_federated_accuracy"]
+unset = ["fedbox_federated_accuracy", "fedbox_federated_loss"]
 if not any("steps" in w for w in last["workers"]):
     unset.append("fedbox_worker_steps_total")
 dash = json.load(open(dashboard))
@@ -184,7 +182,9 @@ for v in dash["templating"]["list"]:
         assert len(vals) == 1, vals
 print("ok: %d dashboard queries ran" % n)
 PYEOF
-kill -TERM "$PPID_" "$FPID"
-wait_exit "$FPID" 10 || fail "metrics_feed exited with status $? on SIGTERM"
+kill -CONT "$W1"
+kill -TERM "$CPID"
+wait_exit "$CPID" 20 || fail "coordinator exited with status $? on SIGTERM"
+kill -TERM "$PPID_"
 wait_exit "$PPID_" 20 || true
 echo PASS
