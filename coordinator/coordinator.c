@@ -479,7 +479,7 @@ fb_coordinator_run(const fb_coord_config *cfg, fb_coord_start how,
 	        FB_OK ||
 	    (rc = check_feasible(c)) != FB_OK ||
 	    (rc = coord_init(c, cfg, &link_io, false)) != FB_OK ||
-	    (rc = outputs_lock(c)) != FB_OK ||
+	    (rc = outputs_lock(c, how)) != FB_OK ||
 	    (rc = outputs_prepare(c, how, &first)) != FB_OK ||
 	    (rc = listen_link(c)) != FB_OK ||
 	    (rc = progress_start(c)) != FB_OK ||

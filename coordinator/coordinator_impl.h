@@ -482,7 +482,7 @@ job_kind jobs_take_done(coord *c);
 bool jobs_busy(coord *c);
 
 /* ---- outputs.c ---- */
-FB_MUST_CHECK fb_err outputs_lock(coord *c);
+FB_MUST_CHECK fb_err outputs_lock(coord *c, fb_coord_start how);
 FB_MUST_CHECK fb_err outputs_prepare(coord *c, fb_coord_start how,
     uint32_t *first);
 FB_MUST_CHECK fb_err outputs_begin(coord *c, fb_coord_start how);

@@ -26,14 +26,22 @@
 #include "coordinator/coordinator_impl.h"
 
 /* OUTPUT_DIR/.lock, held with flock for the run: a second coordinator on
- * the same folder is refused before it touches anything. */
+ * the same folder is refused before it touches anything. A resume with
+ * no checkpoint to resume is refused before anything is made. */
 fb_err
-outputs_lock(coord *c)
+outputs_lock(coord *c, fb_coord_start how)
 {
 	const fb_coord_config *cfg = c->cfg;
 	char path[4200], pid[32];
+	uint32_t round;
 	int n;
 
+	if (how == FB_START_RESUME && !checkpoint_exists(c, &round)) {
+		fb_log_error("--resume: %s holds no checkpoint (checkpoint/state) "
+		             "to resume from; start without --resume",
+		    cfg->output_dir);
+		return FB_ECONFIG;
+	}
 	snprintf(path, sizeof(path), "%s/checkpoint", cfg->output_dir);
 	if (fb_mkdir_p(path) != FB_OK) {
 		return FB_EIO;
@@ -96,12 +104,6 @@ outputs_prepare(coord *c, fb_coord_start how, uint32_t *first)
 	uint32_t round = 0;
 
 	*first = 1;
-	if (how == FB_START_RESUME && !checkpoint_exists(c, &round)) {
-		fb_log_error("--resume: %s holds no checkpoint (checkpoint/state) "
-		             "to resume from; start without --resume",
-		    c->cfg->output_dir);
-		return FB_ECONFIG;
-	}
 	if (how == FB_START_RESUME) {
 		return checkpoint_read(c, first);
 	}

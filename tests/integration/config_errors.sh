@@ -190,11 +190,13 @@ expect2 "heartbeat above the default liveness" \
 	"dh.yaml:2:14: transport.heartbeat: transport.liveness_timeout \(10000ms\) must be longer than transport.heartbeat \(20000ms\)$" \
 	"$B/fedbox-coordinator" --config "$T/dh.yaml"
 
-# --resume with nothing to resume from.
-printf 'output_dir: %s\n' "$T/fresh" >"$T/r.yaml"
-expect2 "--resume without a model" \
-	"--resume: no $T/fresh/model.safetensors to resume from" \
+# --resume with nothing to resume from: refused, and nothing is made.
+printf 'output_dir: %s\nsecurity:\n  enabled: false\nsecure_aggregation:\n  enabled: false\n' \
+	"$T/fresh" >"$T/r.yaml"
+expect2 "--resume without a checkpoint" \
+	"--resume: $T/fresh holds no checkpoint \(checkpoint/state\) to resume from" \
 	"$B/fedbox-coordinator" --config "$T/r.yaml" --resume
+[ ! -e "$T/fresh" ] || fail "a refused --resume made $T/fresh"
 
 # The same configs pass the load once the problem is gone: plain rounds
 # with one worker, and an address of another host (then the bind fails at

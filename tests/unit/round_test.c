@@ -345,7 +345,7 @@ bench_start(const setup *s)
 	assert_int_equal(coord_init(t.c, &t.cfg, &fake_io, !s->threads), FB_OK);
 	{
 		uint32_t first = 0;
-		assert_int_equal(outputs_lock(t.c), FB_OK);
+		assert_int_equal(outputs_lock(t.c, FB_START_FORCE), FB_OK);
 		assert_int_equal(outputs_prepare(t.c, FB_START_FORCE, &first),
 		    FB_OK);
 		assert_int_equal(first, 1);
