@@ -93,8 +93,15 @@ cuda_open(fb_trainer *t, const fb_model *m, const fb_dataset *shard,
 	cuda_library_path(path, sizeof(path), tried, sizeof(tried));
 	dlerror();
 	if ((dl = dlopen(path, RTLD_NOW | RTLD_LOCAL)) == NULL) {
-		snprintf(why, why_len, "no CUDA backend library%s: %s", tried,
-		    dlerror());
+		if (tried[0] != '\0') {
+			snprintf(why, why_len, "no CUDA backend library%s",
+			    tried);
+		} else {
+			/* There, but it or a library it needs (CUDA's
+			 * runtime) does not load. */
+			snprintf(why, why_len, "cannot load the CUDA backend "
+			    "%s: %s", path, dlerror());
+		}
 		rc = FB_ENOTSUP;
 		goto out;
 	}
