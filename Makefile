@@ -178,8 +178,10 @@ $(B)/bench/%: $(B)/bench/%.o $(call libs_of,coordinator)
 all: bootstrap
 	@$(MAKE) --no-print-directory build-all
 
-.PHONY: build-all
+.PHONY: build-all programs
 build-all: $(BINS) $(UNIT_BINS) $(TOOL_BINS) $(PLUGINS)
+# Only what make install ships (the Debian package builds this).
+programs: $(BINS)
 
 test: all
 	@FB_BUILD=$(B) tests/run
@@ -233,11 +235,11 @@ $(B)/man/fedbox-provision.1: scripts/fedbox-provision
 .PHONY: man
 man: $(MANS)
 
-install: all
+install:
 ifneq ($(BOOTSTRAP),0)
 	@scripts/bootstrap install
 endif
-	@$(MAKE) --no-print-directory man
+	@$(MAKE) --no-print-directory programs man
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 \
 	    $(DESTDIR)$(DOCDIR)/examples
 	$(INSTALL) -m 0755 $(PROGS:%=$(B)/%) scripts/fedbox-provision \
