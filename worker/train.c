@@ -7,9 +7,9 @@
  *
  * The CUDA library is looked for in $FEDBOX_CUDA_LIB, else next to the
  * running executable (/proc/self/exe), else in ../lib/fedbox/ from there
- * (where `make install` and the packages put it). With device "auto" any failure to
- * load or open it falls back to the CPU and says why; with device "cuda" it
- * is an error.
+ * (where `make install` and the packages put it). With device "auto" any
+ * failure to load or open it falls back to the CPU and says why; with
+ * device "cuda" it is an error.
  */
 #include <dlfcn.h>
 #include <limits.h>

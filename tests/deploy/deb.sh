@@ -2,8 +2,10 @@
 # The Debian packages: dpkg-buildpackage -b builds fedbox (and fedbox-cuda
 # where nvcc is found); both install with apt in a clean debootstrap
 # minbase bookworm tree (their dependencies from the archive); there the
-# installed fedbox-provision makes kits and the installed programs run a
-# 2-worker secure federation that commits its rounds; the installed units
+# installed fedbox-provision makes kits, laid out as the units expect, and
+# the installed programs, run as the fedbox user with the units' ExecStart
+# lines, hold a 2-worker secure federation that commits its rounds; the
+# installed units
 # pass systemd-analyze verify (man pages included) without a warning; and
 # the package purges cleanly.
 source tests/deploy/lib.sh
@@ -56,12 +58,18 @@ for p in fedbox-coordinator fedbox-worker fedbox-keygen fedbox-provision; do
 	inr "$p" --version >/dev/null || fail "installed $p does not run"
 done
 
-# ---- a federation of the installed programs --------------------------------------
+# ---- a federation of the installed programs, laid out as the units expect --
+# Kits from the installed fedbox-provision: the coordinator's in
+# /etc/fedbox/, the workers' in /etc/fedbox/box-N/ (fedbox-worker@box-N),
+# keys owned by fedbox as the kits' READMEs say, output in /var/lib/fedbox
+# (the coordinator unit's StateDirectory, made here as systemd would). Each
+# program runs as the fedbox user with its unit's own ExecStart line.
 port=$(free_port)
 cat >"$R/srv/hosts.txt" <<HOSTS
 coordinator hub 127.0.0.1:$port
 worker box-0
 worker box-1
+set coordinator output_dir /var/lib/fedbox
 set coordinator round.rounds 2
 set coordinator round.local_steps 40
 set coordinator model.hidden [32]
@@ -69,23 +77,36 @@ set coordinator transport.lanes 1
 set workers train.device auto
 HOSTS
 inr fedbox-provision -o /srv/kits /srv/hosts.txt || fail "installed fedbox-provision failed"
-inr sh -c 'cd / && exec fedbox-coordinator --config /srv/kits/hub/coordinator.yaml' \
-	>"$T/rounds.txt" 2>"$T/coord.log" &
+inr sh -ec 'cp -a /srv/kits/hub/. /etc/fedbox/
+	for w in box-0 box-1; do cp -a /srv/kits/$w /etc/fedbox/$w; done
+	chown -R fedbox:fedbox /etc/fedbox/keys /etc/fedbox/box-0/keys /etc/fedbox/box-1/keys
+	install -d -o fedbox -g fedbox -m 0750 /var/lib/fedbox' ||
+	fail "laying out the kits failed"
+exec_of() { # UNIT [INSTANCE]: the unit's ExecStart, %i replaced
+	sed -n 's/^ExecStart=//p' "$R/lib/systemd/system/$1" | sed "s/%i/${2:-}/g"
+}
+as_fedbox() { inr setpriv --reuid=fedbox --regid=fedbox --init-groups "$@"; }
+cmd=$(exec_of fedbox-coordinator.service)
+echo "coordinator: $cmd"
+as_fedbox sh -c "cd /var/lib/fedbox && exec $cmd" >"$T/rounds.txt" 2>"$T/coord.log" &
 CPID=$!
 PIDS+=("$CPID")
 wait_for "$T/coord.log" "listening on" 20
 for i in 0 1; do
-	inr sh -c "cd /tmp && exec fedbox-worker --config /srv/kits/box-$i/worker.yaml" \
-		>"$T/box-$i.log" 2>&1 &
+	cmd=$(exec_of fedbox-worker@.service "box-$i")
+	echo "box-$i: $cmd"
+	as_fedbox sh -c "cd / && exec $cmd" >"$T/box-$i.log" 2>&1 &
 	PIDS+=("$!")
 done
 wait_exit "$CPID" 120 || fail "the installed coordinator exited with status $?"
 cat "$T/rounds.txt"
-OUT=$R/srv/kits/hub/output
+OUT=$R/var/lib/fedbox
 for r in 1 2; do
 	[ "$(metric $r status)" = ok ] || fail "round $r: $(metric $r status)"
 	[ "$(metric $r participants)" = 2 ] || fail "round $r: $(metric $r participants) participants"
 done
+[ "$(inr stat -c %U /var/lib/fedbox/model.safetensors)" = fedbox ] ||
+	fail "the model was not written by the fedbox user"
 grep -q "secure aggregation on" "$T/coord.log" || fail "not a secure federation"
 echo "box-0 $(grep -m1 -o 'backend: .*' "$T/box-0.log")"
 if [ -n "$cuda_deb" ]; then
