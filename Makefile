@@ -5,6 +5,8 @@
 #   make test       unit + integration tests
 #   make demo       4-worker federation on Fashion-MNIST (runs/demo/)
 #   make fuzz       run every fuzz target for a while
+#   make install    PREFIX=/usr/local DESTDIR=... (bin, lib/fedbox, man, doc)
+#   make test-deploy  heavy deploy checks: .deb in a chroot, image, Slurm
 # Knobs: CFLAGS, SAN=address,undefined, CUDA=0|1, CUDA_HOME, DEBUG=1,
 #        WERROR=1 (CI), BOOTSTRAP=0 (skip the package check).
 
@@ -40,7 +42,7 @@ CUDA := $(if $(wildcard $(NVCC)),1,0)
 endif
 
 .DEFAULT_GOAL := all
-.PHONY: all test demo fuzz bench clean bootstrap
+.PHONY: all test demo fuzz bench clean bootstrap install test-deploy
 
 bootstrap:
 ifneq ($(BOOTSTRAP),0)
@@ -184,8 +186,10 @@ $(B)/fedbox-coordinator $(B)/tests/metrics_http_test $(B)/tests/round_test \
 all: bootstrap
 	@$(MAKE) --no-print-directory build-all
 
-.PHONY: build-all
+.PHONY: build-all programs
 build-all: $(BINS) $(UNIT_BINS) $(TOOL_BINS) $(PLUGINS)
+# Only what make install ships (the Debian package builds this).
+programs: $(BINS)
 
 test: all
 	@FB_BUILD=$(B) tests/run
@@ -210,6 +214,63 @@ fuzz: all
 
 # tests/fuzz/fuzz.mk defines the libFuzzer targets (clang).
 -include tests/fuzz/fuzz.mk
+
+# ---- install -------------------------------------------------------------------
+# The standard layout under $(DESTDIR)$(PREFIX): programs in bin/, the CUDA
+# backend in lib/fedbox/ (where the worker looks after its own folder), man
+# pages made from each program's --help by help2man, and the example
+# configs, the key reference and the licence in share/doc/fedbox/.
+PREFIX  ?= /usr/local
+BINDIR  ?= $(PREFIX)/bin
+LIBDIR  ?= $(PREFIX)/lib
+MANDIR  ?= $(PREFIX)/share/man
+DOCDIR  ?= $(PREFIX)/share/doc/fedbox
+INSTALL ?= install
+PROGS    = fedbox-coordinator fedbox-worker fedbox-keygen
+MANS     = $(PROGS:%=$(B)/man/%.1) $(B)/man/fedbox-provision.1
+MAN_NAME_fedbox-coordinator = run federated training rounds over ZeroMQ
+MAN_NAME_fedbox-worker      = train on the local data for a fedbox coordinator
+MAN_NAME_fedbox-keygen      = make an Ed25519 identity for fedbox
+MAN_NAME_fedbox-provision   = make startup kits for a fedbox federation
+
+$(B)/man/%.1: $(B)/%
+	@mkdir -p $(@D)
+	help2man --no-info --no-discard-stderr --section=1 \
+	    --name='$(MAN_NAME_$*)' --output=$@ ./$<
+$(B)/man/fedbox-provision.1: scripts/fedbox-provision
+	@mkdir -p $(@D)
+	help2man --no-info --section=1 --name='$(MAN_NAME_fedbox-provision)' \
+	    --output=$@ ./$<
+
+.PHONY: man
+man: $(MANS)
+
+install:
+ifneq ($(BOOTSTRAP),0)
+	@scripts/bootstrap install
+endif
+	@$(MAKE) --no-print-directory programs man
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 \
+	    $(DESTDIR)$(DOCDIR)/examples
+	$(INSTALL) -m 0755 $(PROGS:%=$(B)/%) scripts/fedbox-provision \
+	    $(DESTDIR)$(BINDIR)/
+	$(if $(wildcard $(B)/libfedbox-cuda.so),$(INSTALL) -d \
+	    $(DESTDIR)$(LIBDIR)/fedbox && $(INSTALL) -m 0644 \
+	    $(B)/libfedbox-cuda.so $(DESTDIR)$(LIBDIR)/fedbox/)
+	$(INSTALL) -m 0644 $(MANS) $(DESTDIR)$(MANDIR)/man1/
+	$(INSTALL) -m 0644 configs/coordinator.yaml configs/worker.yaml \
+	    deploy/hosts.example $(DESTDIR)$(DOCDIR)/examples/
+	$(INSTALL) -m 0644 configs/README.md $(DESTDIR)$(DOCDIR)/config-reference.md
+	$(INSTALL) -m 0644 README.md LICENSE $(DESTDIR)$(DOCDIR)/
+
+# Heavy deployment checks, each starting what it needs and skipping (with
+# the reason) where this machine cannot run it: the .deb installed in a
+# debootstrap chroot, the container image with podman, a one-node Slurm.
+test-deploy: all
+ifneq ($(BOOTSTRAP),0)
+	@scripts/bootstrap deploy
+endif
+	@FB_BUILD=$(B) tests/deploy/run
 
 clean:
 	rm -rf $(B)

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <yaml.h>
 
@@ -47,6 +48,7 @@ typedef struct cfg_section {
 
 typedef struct cfg_ctx {
 	const char *name; /* file name shown in messages */
+	const char *base; /* folder relative paths resolve against, or NULL */
 	const char *src;  /* the document, to place reader errors */
 	size_t src_len;
 	const fb_cfg_field *schema;
@@ -72,6 +74,7 @@ static const char *const type_names[] = {
     [FB_CFG_ENUM] = "enum",
     [FB_CFG_INT_LIST] = "list of int",
     [FB_CFG_STR_LIST] = "list of string",
+    [FB_CFG_PATH] = "path",
 };
 
 static const char duration_hint[] =
@@ -99,6 +102,7 @@ type_size(fb_cfg_type t)
 	case FB_CFG_BOOL:
 		return sizeof(bool);
 	case FB_CFG_STRING:
+	case FB_CFG_PATH:
 		return sizeof(char *);
 	case FB_CFG_SIZE:
 		return sizeof(uint64_t);
@@ -681,7 +685,7 @@ value_zero(void *out, const fb_cfg_field *f)
 static void
 value_release(void *out, const fb_cfg_field *f)
 {
-	if (f->type == FB_CFG_STRING) {
+	if (f->type == FB_CFG_STRING || f->type == FB_CFG_PATH) {
 		char **p = field_ptr(out, f);
 		free(*p);
 		*p = NULL;
@@ -833,6 +837,44 @@ set_enum(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
 }
 
 /*
+ * set_path stores path `text` into field `f`: a relative one joined to the
+ * config file's folder when there is one, anything else as written.
+ */
+static fb_err
+set_path(cfg_ctx *c, const fb_cfg_field *f, const char *text, size_t len)
+{
+	char **p = field_ptr(c->out, f);
+	char *s = NULL;
+	bool keep = c->base == NULL || len == 0 || text[0] == '/';
+
+	for (int i = 0; !keep && f->names != NULL && f->names[i] != NULL;
+	     i++) {
+		keep = strncmp(text, f->names[i], strlen(f->names[i])) == 0;
+	}
+	if (keep) {
+		s = str_dup(text, len);
+	} else {
+		size_t blen = strlen(c->base);
+		/* "./x" names x in the folder too; drop the noise. */
+		while (len > 2 && text[0] == '.' && text[1] == '/') {
+			text += 2;
+			len -= 2;
+		}
+		if ((s = malloc(blen + 1 + len + 1)) != NULL) {
+			memcpy(s, c->base, blen);
+			s[blen] = '/';
+			memcpy(s + blen + 1, text, len + 1);
+		}
+	}
+	if (s == NULL) {
+		return cfg_nomem(c);
+	}
+	free(*p);
+	*p = s;
+	return FB_OK;
+}
+
+/*
  * set_scalar parses `text` (a scalar of `len` bytes) into field `f`, which
  * is not a list type.
  */
@@ -900,6 +942,8 @@ set_scalar(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
 		*(char **)p = s;
 		return FB_OK;
 	}
+	case FB_CFG_PATH:
+		return set_path(c, f, text, len);
 	case FB_CFG_DURATION:
 		return set_duration(c, m, key, f, text, len);
 	case FB_CFG_SIZE:
@@ -1284,7 +1328,7 @@ schema_check(const fb_cfg_field *schema, size_t *depth_sum)
 		FB_ASSERT(len > 0 && len <= CFG_PATH_MAX);
 		FB_ASSERT(f->key[0] != '.' && f->key[len - 1] != '.' &&
 		          strstr(f->key, "..") == NULL);
-		FB_ASSERT((unsigned)f->type <= FB_CFG_STR_LIST);
+		FB_ASSERT((unsigned)f->type <= FB_CFG_PATH);
 		FB_ASSERT(f->type != FB_CFG_ENUM ||
 		          (f->names != NULL && f->names[0] != NULL));
 		for (const char *d = f->key; (d = strchr(d, '.')) != NULL;
@@ -1390,10 +1434,10 @@ fb_cfg_free(const fb_cfg_field *schema, void *out)
 	}
 }
 
-/* load_doc is fb_cfg_load_string, recording positions in `pos` (or not,
- * when NULL). */
+/* load_doc is fb_cfg_load_string with relative paths resolved in `base`
+ * (none when NULL), recording positions in `pos` (or not, when NULL). */
 static fb_err
-load_doc(const char *name, const char *yaml, size_t len,
+load_doc(const char *name, const char *base, const char *yaml, size_t len,
     const fb_cfg_field *schema, void *out, fb_cfg_pos *pos)
 {
 	fb_err rc = FB_OK;
@@ -1404,6 +1448,7 @@ load_doc(const char *name, const char *yaml, size_t len,
 	FB_ASSERT(yaml != NULL || len == 0);
 	memset(&c, 0, sizeof(c));
 	c.name = name != NULL ? name : "(config)";
+	c.base = base;
 	c.src = yaml != NULL ? yaml : "";
 	c.src_len = len;
 	c.schema = schema;
@@ -1459,7 +1504,44 @@ fb_err
 fb_cfg_load_string(const char *name, const char *yaml, size_t len,
     const fb_cfg_field *schema, void *out)
 {
-	return load_doc(name, yaml, len, schema, out, NULL);
+	return load_doc(name, NULL, yaml, len, schema, out, NULL);
+}
+
+/*
+ * config_folder returns the absolute folder of file `path` (heap), or NULL
+ * after logging why. The working directory is joined as it is (getcwd), and
+ * the file's own name is dropped; links are not resolved.
+ */
+static char *
+config_folder(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	int dlen = slash != NULL ? (int)(slash - path) : 0;
+	char *cwd = NULL, *dir = NULL;
+	size_t size;
+
+	if (path[0] == '/') {
+		/* "/c.yaml" lives in "/": keep the one slash. */
+		return str_dup(path, dlen > 0 ? (size_t)dlen : 1);
+	}
+	if ((cwd = getcwd(NULL, 0)) == NULL) {
+		fb_log_error("%s: cannot tell the working directory that the "
+		             "config's relative paths resolve against: %s",
+		    path, strerror(errno));
+		return NULL;
+	}
+	if (dlen == 0) {
+		return cwd;
+	}
+	size = strlen(cwd) + 1 + (size_t)dlen + 1;
+	if ((dir = malloc(size)) == NULL) {
+		fb_log_error("%s: out of memory", path);
+	} else {
+		snprintf(dir, size, "%s%s%.*s", cwd,
+		    strcmp(cwd, "/") == 0 ? "" : "/", dlen, path);
+	}
+	free(cwd);
+	return dir;
 }
 
 fb_err
@@ -1474,7 +1556,7 @@ fb_cfg_load_pos(const char *path, const fb_cfg_field *schema, void *out,
 {
 	fb_err rc = FB_OK;
 	FILE *fp = NULL;
-	char *buf = NULL;
+	char *buf = NULL, *base = NULL;
 	size_t len = 0, cap = 0;
 
 	FB_ASSERT(path != NULL && schema != NULL && out != NULL);
@@ -1519,12 +1601,17 @@ fb_cfg_load_pos(const char *path, const fb_cfg_field *schema, void *out,
 		rc = FB_ECONFIG;
 		goto out;
 	}
-	rc = load_doc(path, buf, len, schema, out, pos);
+	if ((base = config_folder(path)) == NULL) {
+		rc = FB_ECONFIG;
+		goto out;
+	}
+	rc = load_doc(path, base, buf, len, schema, out, pos);
 out:
 	if (fp != NULL) {
 		fclose(fp);
 	}
 	free(buf);
+	free(base);
 	return rc;
 }
 
@@ -1619,6 +1706,7 @@ fb_cfg_print_reference(FILE *fp, const fb_cfg_field *schema)
 		}
 		if (has_bounds(f) && f->type != FB_CFG_BOOL &&
 		    f->type != FB_CFG_ENUM && f->type != FB_CFG_STRING &&
+		    f->type != FB_CFG_PATH &&
 		    f->type != FB_CFG_STR_LIST) {
 			char lo[64], hi[64];
 			fprintf(fp, ", %s to %s",

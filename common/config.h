@@ -19,6 +19,11 @@
  *   enum:     one of the names in the field's list.
  *   int list: a YAML sequence of integers ("[256, 128]").
  *   string list: a YAML sequence of strings.
+ *   path:     a string naming a file or folder. A relative path written in
+ *             a config file resolves against the folder of that file, not
+ *             the working directory ("keys/box-0.key" in
+ *             /etc/fedbox/worker.yaml is /etc/fedbox/keys/box-0.key);
+ *             absolute paths, "" and the defaults are kept as written.
  *
  * A YAML null (`key:`, `key: ~`, `key: null`) keeps the default; for a
  * required field it is an error. A quoted empty string ("") is a value. A
@@ -47,6 +52,8 @@ typedef enum fb_cfg_type {
 	FB_CFG_ENUM,     /* int: index into `names` */
 	FB_CFG_INT_LIST, /* fb_cfg_int_list; each element within min..max */
 	FB_CFG_STR_LIST, /* fb_cfg_str_list */
+	FB_CFG_PATH,     /* char * as FB_CFG_STRING; relative values written
+	                  * in a file resolve against the file's folder */
 } fb_cfg_type;
 
 #define FB_CFG_MAX_LIST 64
@@ -69,7 +76,10 @@ typedef struct fb_cfg_field {
 	double min, max;          /* inclusive bounds; ignored when min > max */
 	const char *const *names; /* FB_CFG_ENUM: NULL-terminated names;
 	                           * FB_CFG_INT: words also accepted, stored
-	                           * as -1, -2, ... (e.g. "auto") */
+	                           * as -1, -2, ... (e.g. "auto");
+	                           * FB_CFG_PATH: prefixes of values that are
+	                           * not paths, kept as written (e.g. a key
+	                           * line given instead of its file) */
 	const char *doc;          /* one-line description for the reference */
 } fb_cfg_field;
 
@@ -82,13 +92,17 @@ typedef struct fb_cfg_field {
  * fb_log_error and FB_ECONFIG is returned (also for a file that cannot be
  * read; FB_ENOMEM when memory runs out); `out` is then freed with
  * fb_cfg_free and must not be used. `out` is overwritten: free a previous
- * load first. Not thread-safe with respect to `out`.
+ * load first. Relative FB_CFG_PATH values resolve against the absolute
+ * folder of `path` (the working directory joined with a relative `path`'s
+ * folder; symbolic links are not followed). Not thread-safe with respect
+ * to `out`.
  */
 FB_MUST_CHECK fb_err fb_cfg_load(const char *path, const fb_cfg_field *schema,
     void *out);
 
 /* fb_cfg_load_string is fb_cfg_load on an in-memory document; `name` stands
- * for the file name in messages. */
+ * for the file name in messages. With no file there is no folder: FB_CFG_PATH
+ * values are kept as written. */
 FB_MUST_CHECK fb_err fb_cfg_load_string(const char *name, const char *yaml,
     size_t len, const fb_cfg_field *schema, void *out);
 

@@ -2,8 +2,10 @@
 /*
  * keygen.c -- fedbox-keygen: make an Ed25519 identity for a coordinator or
  * a worker (NAME.key, mode 0600, and NAME.pub), or print the public line of
- * an existing secret key. Exit 0 ok, 1 failure, 2 usage error.
+ * an existing secret key. Folders of NAME that do not exist yet are made,
+ * mode 0700 (they hold secrets). Exit 0 ok, 1 failure, 2 usage error.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,7 +24,8 @@ usage(FILE *f)
 	    "\n"
 	    "Makes an Ed25519 identity: NAME.key (secret, mode 0600) and\n"
 	    "NAME.pub (one line: fedbox-ed25519 <base64 key> [comment]),\n"
-	    "and prints the public line. Put a worker's line in the\n"
+	    "and prints the public line; missing folders of NAME are made\n"
+	    "(mode 0700). Put a worker's line in the\n"
 	    "coordinator's allowlist; pin the coordinator's line in each\n"
 	    "worker's config.\n"
 	    "\n"
@@ -32,6 +35,43 @@ usage(FILE *f)
 	    "  -p, --pub FILE.key   print the public line of a secret key\n"
 	    "  -h, --help           this help\n"
 	    "  -V, --version        print the version\n");
+}
+
+/*
+ * make_parents creates the missing folders above file name `name`, each
+ * mode 0700; folders that exist are left as they are. Returns 0, or 1
+ * after saying which folder could not be made.
+ */
+static int
+make_parents(const char *name)
+{
+	char buf[4096];
+	size_t len = strlen(name);
+	struct stat st;
+
+	if (len >= sizeof(buf)) {
+		fprintf(stderr, "fedbox-keygen: %s: name too long\n", name);
+		return 1;
+	}
+	memcpy(buf, name, len + 1);
+	for (size_t i = 1; i < len; i++) {
+		if (buf[i] != '/' || buf[i - 1] == '/') {
+			continue;
+		}
+		buf[i] = '\0';
+		if (mkdir(buf, 0700) != 0 && errno != EEXIST) {
+			fprintf(stderr, "fedbox-keygen: cannot create folder "
+			                "%s: %s\n", buf, strerror(errno));
+			return 1;
+		}
+		if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode)) {
+			fprintf(stderr, "fedbox-keygen: %s is not a folder\n",
+			    buf);
+			return 1;
+		}
+		buf[i] = '/';
+	}
+	return 0;
 }
 
 static int
@@ -129,6 +169,9 @@ main(int argc, char **argv)
 				goto out;
 			}
 		}
+	}
+	if (make_parents(out) != 0) {
+		goto out;
 	}
 	if ((err = fb_identity_alloc(comment, &id)) != FB_OK) {
 		if (err == FB_EINVAL) {

@@ -19,6 +19,8 @@ static const char *const datasets[] = {"fashion-mnist", "none", NULL};
 static const char *const devices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const maths[] = {"fp32", "tf32", "bf16", NULL};
 static const char *const sa_modes[] = {"required", "optional", NULL};
+/* security.coordinator_key: a value starting so is the key, not a file. */
+static const char *const key_line[] = {"fedbox-ed25519 ", NULL};
 
 const fb_cfg_field fb_worker_config_schema[] = {
     {"coordinator", FB_CFG_STRING, F(coordinator), NULL, NOB, MB,
@@ -29,7 +31,7 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "least severe log level printed"},
     {"data.dataset", FB_CFG_ENUM, F(dataset), "fashion-mnist", NOB,
         datasets, "training data; none = benchmarks (no training)"},
-    {"data.dir", FB_CFG_STRING, F(data_dir), FB_FMNIST_DEFAULT_DIR, NOB,
+    {"data.dir", FB_CFG_PATH, F(data_dir), FB_FMNIST_DEFAULT_DIR, NOB,
         MB, "folder with the Fashion-MNIST IDX files"},
     {"data.partition", FB_CFG_ENUM, F(partition), "iid", NOB,
         fb_partition_scheme_names,
@@ -54,7 +56,7 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "cuda matrix math: fp32, tf32 or bf16"},
     {"train.throttle", FB_CFG_FLOAT, F(throttle), "1", 1, 1000, MB,
         "SIMULATION: train this many times slower (sleeps after steps)"},
-    {"train.plugin", FB_CFG_STRING, F(plugin), "", NOB, MB,
+    {"train.plugin", FB_CFG_PATH, F(plugin), "", NOB, MB,
         "local path of the plug-in model library (plugin models)"},
     {"transport.connect_timeout", FB_CFG_DURATION, F(connect_timeout_ms),
         "2m", 100, 8.64e7, MB,
@@ -65,19 +67,20 @@ const fb_cfg_field fb_worker_config_schema[] = {
         MB, "model chunks requested ahead while downloading"},
     {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,
         "encrypt and sign every message; false only for benchmarks"},
-    {"security.key", FB_CFG_STRING, F(key), "", NOB, MB,
+    {"security.key", FB_CFG_PATH, F(key), "", NOB, MB,
         "this worker's secret key file (fedbox-keygen), mode 0600"},
-    {"security.coordinator_key", FB_CFG_STRING, F(coordinator_key), "",
-        NOB, MB, "the coordinator's public key: its .pub file or the line"},
+    {"security.coordinator_key", FB_CFG_PATH, F(coordinator_key), "",
+        NOB, key_line, "the coordinator's public key: its .pub file or the "
+        "line itself (fedbox-ed25519 ...)"},
     {"security.secure_aggregation", FB_CFG_ENUM, F(secure_aggregation),
         "required", NOB, sa_modes, "required: this worker's update, sample "
         "count and loss leave it only masked (secure aggregation), and it "
         "skips rounds without; optional: also plain rounds"},
-    {"security.peers", FB_CFG_STRING, F(peers), "", NOB, MB,
+    {"security.peers", FB_CFG_PATH, F(peers), "", NOB, MB,
         "optional: the federation's allowlist file; secure-aggregation "
         "peers whose identity key is not on it are refused (without it "
         "the keys come from the coordinator)"},
-    {"debug.dump_updates", FB_CFG_STRING, F(dump_updates), "", NOB, MB,
+    {"debug.dump_updates", FB_CFG_PATH, F(dump_updates), "", NOB, MB,
         "TESTS ONLY: folder where each round's update (plain, encoded and "
         "masked) is written; empty = off"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},

@@ -6,9 +6,10 @@
  * order every backend shares.
  *
  * The CUDA library is looked for in $FEDBOX_CUDA_LIB, else next to the
- * running executable (/proc/self/exe). With device "auto" any failure to
- * load or open it falls back to the CPU and says why; with device "cuda" it
- * is an error.
+ * running executable (/proc/self/exe), else in ../lib/fedbox/ from there
+ * (where `make install` and the packages put it). With device "auto" any
+ * failure to load or open it falls back to the CPU and says why; with
+ * device "cuda" it is an error.
  */
 #include <dlfcn.h>
 #include <limits.h>
@@ -29,15 +30,23 @@ struct fb_trainer {
 
 typedef const fb_trainer_backend *(*cuda_backend_fn)(void);
 
-/* cuda_library_path finds where libfedbox-cuda.so should be. */
+/*
+ * cuda_library_path finds where libfedbox-cuda.so is: $FEDBOX_CUDA_LIB as
+ * given, else next to the running executable (a build tree), else in
+ * ../lib/fedbox/ from it (an installed tree, PREFIX/bin and
+ * PREFIX/lib/fedbox). Without the variable and with neither file there, it
+ * writes the first place to `buf` and the places looked at to `tried`.
+ */
 static void
-cuda_library_path(char *buf, size_t len)
+cuda_library_path(char *buf, size_t len, char *tried, size_t tried_len)
 {
 	const char *env = getenv("FEDBOX_CUDA_LIB");
 	char exe[PATH_MAX];
+	char alt[PATH_MAX + 64];
 	ssize_t n;
 	char *slash;
 
+	tried[0] = '\0';
 	if (env != NULL && env[0] != '\0') {
 		snprintf(buf, len, "%s", env);
 		return;
@@ -53,6 +62,16 @@ cuda_library_path(char *buf, size_t len)
 		*slash = '\0';
 	}
 	snprintf(buf, len, "%s/%s", exe, FB_TRAINER_CUDA_LIBRARY);
+	if (access(buf, F_OK) == 0) {
+		return;
+	}
+	snprintf(alt, sizeof(alt), "%s/../lib/fedbox/%s", exe,
+	    FB_TRAINER_CUDA_LIBRARY);
+	if (access(alt, F_OK) == 0) {
+		snprintf(buf, len, "%s", alt);
+		return;
+	}
+	snprintf(tried, tried_len, " (looked for %s and %s)", buf, alt);
 }
 
 /*
@@ -66,15 +85,23 @@ cuda_open(fb_trainer *t, const fb_model *m, const fb_dataset *shard,
 {
 	fb_err rc = FB_OK;
 	char path[PATH_MAX + 64];
+	char tried[2 * PATH_MAX + 160];
 	cuda_backend_fn fn;
 	const fb_trainer_backend *be;
 	void *dl = NULL, *sym;
 
-	cuda_library_path(path, sizeof(path));
+	cuda_library_path(path, sizeof(path), tried, sizeof(tried));
 	dlerror();
 	if ((dl = dlopen(path, RTLD_NOW | RTLD_LOCAL)) == NULL) {
-		snprintf(
-		    why, why_len, "no CUDA backend library: %s", dlerror());
+		if (tried[0] != '\0') {
+			snprintf(why, why_len, "no CUDA backend library%s",
+			    tried);
+		} else {
+			/* There, but it or a library it needs (CUDA's
+			 * runtime) does not load. */
+			snprintf(why, why_len, "cannot load the CUDA backend "
+			    "%s: %s", path, dlerror());
+		}
 		rc = FB_ENOTSUP;
 		goto out;
 	}

@@ -973,6 +973,89 @@ test_load_file(void **state)
 	assert_int_equal(count_lines(cap.text), 1);
 }
 
+/* A schema of paths: relative values resolve against the file's folder. */
+typedef struct pcfg {
+	char *key, *abs, *line, *empty, *dot, *deflt, *name;
+} pcfg;
+
+static const char *const not_paths[] = {"fedbox-ed25519 ", NULL};
+
+static const fb_cfg_field path_schema[] = {
+    {"key", FB_CFG_PATH, offsetof(pcfg, key), "", NOB, NULL, "a key file"},
+    {"abs", FB_CFG_PATH, offsetof(pcfg, abs), "", NOB, NULL, "absolute"},
+    {"line", FB_CFG_PATH, offsetof(pcfg, line), "", NOB, not_paths,
+        "a file or a key line"},
+    {"empty", FB_CFG_PATH, offsetof(pcfg, empty), "x", NOB, NULL, "empty"},
+    {"dot", FB_CFG_PATH, offsetof(pcfg, dot), "", NOB, NULL, "dot slash"},
+    {"deflt", FB_CFG_PATH, offsetof(pcfg, deflt), "runs/fb", NOB, NULL,
+        "a default"},
+    {"name", FB_CFG_STRING, offsetof(pcfg, name), "", NOB, NULL, "a string"},
+    {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
+};
+
+static void
+check_paths(const char *file, const char *folder)
+{
+	pcfg c;
+	char want[1400];
+
+	assert_int_equal(fb_cfg_load(file, path_schema, &c), FB_OK);
+	snprintf(want, sizeof(want), "%s/keys/w.key", folder);
+	assert_string_equal(c.key, want);
+	assert_string_equal(c.abs, "/etc/fedbox/w.key");
+	assert_string_equal(c.line, "fedbox-ed25519 AAAA coordinator");
+	assert_string_equal(c.empty, "");
+	snprintf(want, sizeof(want), "%s/data", folder);
+	assert_string_equal(c.dot, want);
+	assert_string_equal(c.deflt, "runs/fb"); /* defaults stay as written */
+	assert_string_equal(c.name, "keys/w.key"); /* strings are not paths */
+	fb_cfg_free(path_schema, &c);
+}
+
+static void
+test_paths_resolve(void **state)
+{
+	const char text[] = "key: keys/w.key\nabs: /etc/fedbox/w.key\n"
+	                    "line: fedbox-ed25519 AAAA coordinator\n"
+	                    "empty: \"\"\ndot: ./data\nname: keys/w.key\n";
+	fb_iovec piece = {text, sizeof(text) - 1};
+	char dir[700], file[800], cwd[1024];
+	char buf[4096];
+	FILE *f;
+	pcfg c;
+
+	snprintf(dir, sizeof(dir), "%s/site", fb_test_tmpdir());
+	assert_int_equal(mkdir(dir, 0700), 0);
+	snprintf(file, sizeof(file), "%s/w.yaml", dir);
+	assert_int_equal(fb_file_write_atomic(file, &piece, 1), FB_OK);
+	assert_non_null(getcwd(cwd, sizeof(cwd)));
+
+	/* Given by its absolute name, from a working directory elsewhere. */
+	assert_int_equal(chdir("/"), 0);
+	check_paths(file, dir);
+	/* Given relative to the working directory: the folder is still
+	 * the file's, made absolute. */
+	assert_int_equal(chdir(fb_test_tmpdir()), 0);
+	check_paths("site/w.yaml", dir);
+	assert_int_equal(chdir(dir), 0);
+	check_paths("w.yaml", dir);
+	assert_int_equal(chdir(cwd), 0);
+
+	/* From a string there is no folder: paths are kept as written. */
+	assert_int_equal(fb_cfg_load_string("w.yaml", text, strlen(text),
+	                     path_schema, &c),
+	    FB_OK);
+	assert_string_equal(c.key, "keys/w.key");
+	assert_string_equal(c.dot, "./data");
+	fb_cfg_free(path_schema, &c);
+
+	f = fmemopen(buf, sizeof(buf), "w");
+	assert_non_null(f);
+	fb_cfg_print_reference(f, path_schema);
+	fclose(f);
+	assert_non_null(strstr(buf, "| `key` | path | `\"\"` | a key file |"));
+}
+
 static void
 test_reference(void **state)
 {
@@ -1262,6 +1345,8 @@ FB_TESTS = {
         test_log_json_lines},
     {"log lines go to a file, appended, and back to stderr",
         test_log_file_text},
+    {"relative paths resolve against the config file's folder",
+        test_paths_resolve},
     {"reference table lists every key", test_reference},
     {"rng is deterministic per seed and stream", test_rng_streams},
     {"rng_below stays in range and is even", test_rng_below},
