@@ -8,9 +8,12 @@
 # refused is: a fresh start on a folder holding a run, a second
 # coordinator on the same folder, a corrupt checkpoint; and a killed
 # run's temporary files are removed at the next start.
-# FB_KILLS (default 4) is how many kills; tests/faults/chaos.sh runs more.
+# FB_KILLS (default 4) is how many kills, FB_ROUNDS the rounds (8),
+# FB_RULE the server rule (fedadam), FB_SECAGG=1 secure aggregation (the
+# masks cancel exactly and the rounding is seeded, so that is bitwise too);
+# tests/faults/chaos.sh runs them all with 50 kills.
 SECURE=1
-SECAGG=0
+SECAGG=${FB_SECAGG:-0}
 source tests/integration/lib.sh
 port=$(free_port)
 kills=${FB_KILLS:-4}

@@ -29,7 +29,7 @@ import matplotlib.image as mpimg
 out, summary = sys.argv[1:]
 lines = [json.loads(l) for l in open(out + "/metrics.jsonl")]
 text = open(summary).read()
-want = "%s/accuracy.png: 3 rounds (0 failed), test accuracy %.2f%% -> %.2f%%, wall time from seconds" % (
+want = "%s/accuracy.png: 3 rounds (0 failed), test accuracy %.2f%% -> %.2f%%, wall time from time" % (
     out, 100 * lines[0]["test_accuracy"], 100 * lines[-1]["test_accuracy"])
 assert want in text, (want, text)
 assert "%s/workers.png: 2 workers, steps done" % out in text, text
@@ -46,7 +46,11 @@ for name, size in (("accuracy.png", (800, 512)), ("workers.png", (800, 288))):
     assert c0 > 0.0008, (name, c0)  # a legend swatch alone is ~0.01%
     print("ok: %s %dx%d, %.1f%% ink, %.2f%% first curve" % (name, w, h, 100 * ink, 100 * c0))
 
-# The same rounds with a timestamp, and with elapsed_s too.
+# The same rounds without their timestamps (older runs), with other ones,
+# and with elapsed_s too.
+with open(out + "/untimed.jsonl", "w") as f:
+    for d in lines:
+        f.write(json.dumps({k: v for k, v in d.items() if k != "time"}) + "\n")
 with open(out + "/timed.jsonl", "w") as f:
     for i, d in enumerate(lines):
         d["time"] = "2026-12-01T10:00:%02d.500Z" % (10 + 5 * i)
@@ -62,7 +66,7 @@ with open(out + "/secure.jsonl", "w") as f:
             w.pop("assigned_steps", None)
         f.write(json.dumps(d) + "\n")
 PYEOF
-for v in timed:time elapsed:elapsed_s; do
+for v in untimed:seconds timed:time elapsed:elapsed_s; do
 	"$PLOT" "$OUT/${v%%:*}.jsonl" --out "$T/${v%%:*}" >"$T/p.txt" 2>&1 || { cat "$T/p.txt"; fail "fedbox-plot ${v%%:*}"; }
 	grep -q "wall time from ${v#*:}$" "$T/p.txt" || { cat "$T/p.txt"; fail "wall time not from ${v#*:}"; }
 	echo "ok: wall time from ${v#*:}"
