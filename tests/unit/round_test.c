@@ -1401,6 +1401,55 @@ test_fednova_normaliser_bound(void **state)
 	bench_stop();
 }
 
+/* Plain mode, a malicious worker with the most samples allowed (the
+ * cap), sending 100 in every coordinate (clip 16) and only its first
+ * chunk: no coordinate moves more than server_lr x clip, and the chunk it
+ * reached moves at most 2 p clip from the honest workers' mean (p its
+ * share of the samples), as the README says. */
+static void
+test_plain_malicious_worker_bounded(void **state)
+{
+	static float evil[PARAMS];
+	double p, err = 0;
+	uint32_t k0;
+
+	bench_start(&(setup){.workers = 3});
+	t.fw[2].samples = 1000; /* secure_aggregation.max_samples */
+	for (uint32_t j = 0; j < PARAMS; j++) {
+		evil[j] = 100.0f;
+	}
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(2, evil, 1);
+	k0 = t.fw[2].first_chunk;
+	registry_forget(t.c, &t.c->reg.workers[2], "test: gone");
+	turn();
+	assert_int_equal(t.c->rd.committed, 1);
+	p = 1000.0 / (100 + 200 + 1000);
+	for (uint32_t j = 0; j < PARAMS; j++) {
+		double honest = (100.0 * t.fw[0].update[j] +
+		                    200.0 * t.fw[1].update[j]) /
+		    300.0;
+		double moved = (double)t.start[j] - (double)t.c->params[j];
+		bool reached = j / (CHUNK_BYTES / 4) == k0;
+		/* server_lr 1 */
+		assert_true(fabs(moved) <= 16.0 + 1e-5);
+		if (reached) {
+			double d = fabs(moved - honest);
+			err = d > err ? d : err;
+			assert_true(d <= 2 * p * 16.0 + 1e-5);
+		} else {
+			assert_true(fabs(moved - honest) < 1e-5);
+		}
+	}
+	assert_true(err > 1.0); /* it did move the chunk it reached */
+	bench_stop();
+}
+
 FB_TESTS = {
     {"a plain round goes idle, train, aggregate, record with FedAvg weights",
         test_plain_round_phases_and_fedavg},
@@ -1445,6 +1494,8 @@ FB_TESTS = {
         test_admission_refusals},
     {"plain FedNova refuses a normaliser above the round's bound",
         test_fednova_normaliser_bound},
+    {"a malicious plain worker moves the model within the documented bound",
+        test_plain_malicious_worker_bounded},
     {NULL, NULL},
 };
 
