@@ -132,9 +132,9 @@ extern const char *const fb_data_task_names[];   /* "classification", ... */
 	{prefix ".normalize", FB_CFG_ENUM,                                \
 	    offsetof(type, member.normalize), "auto", 1, 0,               \
 	    fb_data_norm_names,                                           \
-	    "features: own (per feature, mean and std of this box's "     \
-	    "training data), file, scalar, none; auto = scalar for idx, " \
-	    "own otherwise"},                                             \
+	    "features: own (per feature, mean and std of the data read "  \
+	    "here: a worker's own training shard), file, scalar, none; "  \
+	    "auto = scalar for idx, own otherwise"},                      \
 	{prefix ".normalize_file", FB_CFG_STRING,                         \
 	    offsetof(type, member.normalize_file), "", 1, 0, NULL,        \
 	    "normalize file: CSV whose header names the features (after " \
@@ -181,6 +181,18 @@ typedef struct fb_partition_spec {
  */
 FB_MUST_CHECK fb_err fb_dataset_load(const fb_data_spec *spec,
     const fb_partition_spec *part, fb_dataset *train, fb_dataset *valid);
+
+/*
+ * fb_data_spec_check cross-checks a spec that a config file `path` gave
+ * under `prefix` (e.g. "data"), for a config loader. `used` says whether
+ * the program will read the files (data.dataset files); if not, naming a
+ * file is an error too (it would be silently ignored). file_key and
+ * labels_key are the program's names for spec->file and spec->labels
+ * (e.g. "train", "train_labels"). Errors: FB_ECONFIG, logged with the key.
+ */
+FB_MUST_CHECK fb_err fb_data_spec_check(const fb_data_spec *spec, int used,
+    const char *prefix, const char *file_key, const char *labels_key,
+    const char *path);
 
 /*
  * fb_dataset_load_eval reads an evaluation set (the coordinator's central

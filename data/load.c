@@ -640,6 +640,67 @@ out:
 }
 
 fb_err
+fb_data_spec_check(const fb_data_spec *spec, int used, const char *prefix,
+    const char *file_key, const char *labels_key, const char *path)
+{
+	const char *fmt = spec->format >= FB_DATA_CSV &&
+	                      spec->format <= FB_DATA_IDX
+	                      ? fb_data_format_names[spec->format]
+	                      : "?";
+	int two_files = spec->format == FB_DATA_NPY ||
+	                spec->format == FB_DATA_IDX;
+
+	if (!used) {
+		if (!empty(spec->file) || !empty(spec->valid)) {
+			fb_log_error("%s: %s.%s is set, but %s.dataset is not "
+			             "files; set %s.dataset: files to use it",
+			    path, prefix, !empty(spec->file) ? file_key : "valid",
+			    prefix, prefix);
+			return FB_ECONFIG;
+		}
+		return FB_OK;
+	}
+	if (empty(spec->file)) {
+		fb_log_error("%s: %s.dataset files needs %s.%s", path, prefix,
+		    prefix, file_key);
+		return FB_ECONFIG;
+	}
+	if (two_files && empty(spec->labels)) {
+		fb_log_error("%s: %s.format %s needs %s.%s (the labels file)",
+		    path, prefix, fmt, prefix, labels_key);
+		return FB_ECONFIG;
+	}
+	if (two_files && !empty(spec->valid) && empty(spec->valid_labels)) {
+		fb_log_error("%s: %s.format %s needs %s.valid_labels with "
+		             "%s.valid",
+		    path, prefix, fmt, prefix, prefix);
+		return FB_ECONFIG;
+	}
+	if (spec->format == FB_DATA_CSV && empty(spec->label_column)) {
+		fb_log_error("%s: %s.label_column is empty", path, prefix);
+		return FB_ECONFIG;
+	}
+	if (spec->format == FB_DATA_IDX && spec->task == FB_TASK_REGRESSION) {
+		fb_log_error("%s: %s.format idx holds class labels; regression "
+		             "needs csv, npy or npz",
+		    path, prefix);
+		return FB_ECONFIG;
+	}
+	if (spec->normalize == FB_NORM_FILE && empty(spec->normalize_file)) {
+		fb_log_error("%s: %s.normalize file needs %s.normalize_file",
+		    path, prefix, prefix);
+		return FB_ECONFIG;
+	}
+	if (spec->classes == 1 && spec->task == FB_TASK_CLASSIFICATION) {
+		fb_log_error("%s: %s.classes 1: classification needs 2 or more "
+		             "(or 0, from the labels)",
+		    path, prefix);
+		return FB_ECONFIG;
+	}
+	return FB_OK;
+}
+
+fb_err
 fb_dataset_load_eval(const fb_data_spec *spec, fb_dataset *out)
 {
 	return fb_dataset_load(spec, NULL, out, NULL);
