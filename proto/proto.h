@@ -83,6 +83,7 @@ typedef struct fb_wire_model_spec {
 	uint32_t hidden_count;
 	uint64_t synthetic_params;
 	char plugin[FB_TEXT_MAX];
+	uint32_t task; /* fb_task: 0 classification, 1 regression */
 } fb_wire_model_spec;
 
 typedef struct fb_msg {
