@@ -619,6 +619,27 @@ test_safetensors_roundtrip(void **state)
 	assert_non_null(strstr((char *)file + 8,
 	    "quote \\\" back\\\\slash\\nnewline\\ttab \\u0001"));
 	free(file);
+	/* a long value (a data set's description: 784 means and stds) is
+	 * kept whole, and the file still loads (--resume) */
+	{
+		size_t n = 784 * 2 * 16 + 64;
+		char *big = malloc(n);
+		const char *const meta2[][2] = {{"fedbox.preprocessing", big},
+		    {"fedbox.round", "18"}};
+		assert_non_null(big);
+		memset(big, 'x', n - 1);
+		big[n - 1] = '\0';
+		assert_int_equal(
+		    fb_model_save_safetensors(m, a, path, meta2, 2), FB_OK);
+		assert_int_equal(
+		    fb_model_load_safetensors(m, path, b, &round), FB_OK);
+		assert_int_equal(round, 18);
+		assert_memory_equal(a, b, np * 4);
+		file = slurp(path, &len);
+		assert_non_null(strstr((char *)file + 8, big));
+		free(file);
+		free(big);
+	}
 	/* no metadata: round reads 0 */
 	assert_int_equal(fb_model_save_safetensors(m, a, path, NULL, 0), FB_OK);
 	assert_int_equal(fb_model_load_safetensors(m, path, b, &round), FB_OK);
