@@ -40,7 +40,7 @@ CUDA := $(if $(wildcard $(NVCC)),1,0)
 endif
 
 .DEFAULT_GOAL := all
-.PHONY: all test demo fuzz bench clean bootstrap
+.PHONY: all test demo fuzz bench clean bootstrap example-tabular
 
 bootstrap:
 ifneq ($(BOOTSTRAP),0)
@@ -191,6 +191,11 @@ demo: all
 	    --out runs/demo --port $(DEMO_PORT)
 	@echo "independent evaluation of runs/demo/model.safetensors:"
 	@/usr/bin/python3 tests/tools/st_eval.py runs/demo/model.safetensors
+
+# examples/tabular: three hospitals' breast-cancer CSV files, trained
+# natively (runs/tabular/); ends with a numpy evaluation of the model.
+example-tabular: all
+	examples/tabular/run --out runs/tabular
 
 bench: all
 	bench/round_overhead
