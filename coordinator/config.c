@@ -245,7 +245,8 @@ fb_coord_config_load(const char *path, fb_coord_config *cfg)
 		    fb_data_task_names[cfg->task]);
 		rc = FB_ECONFIG;
 	} else {
-		/* The evaluation set is read for the model's task and classes. */
+		/* The evaluation set is read for the model's task and
+		 * classes. */
 		cfg->eval.task = cfg->task;
 		cfg->eval.classes = cfg->task == FB_TASK_REGRESSION ? 0
 		                                                 : cfg->classes;

@@ -42,7 +42,7 @@ typedef struct csv_field {
 typedef struct csv_file {
 	const char *path;
 	FILE *f;
-	char *line;   /* getline's buffer (malloc'd by libc) */
+	char *line; /* getline's buffer (malloc'd by libc) */
 	size_t line_cap;
 	uint32_t line_len; /* bytes of the current line, without EOL */
 	uint64_t lineno;   /* of the current line, from 1 */
@@ -83,7 +83,8 @@ add_field(csv_file *r, char *s, size_t col)
 
 	if (fb_data_grow(&p, &r->fields_cap, r->nfields + 1,
 	        sizeof(csv_field)) != FB_OK) {
-		fb_log_error("%s: out of memory for the fields of line %" PRIu64,
+		fb_log_error(
+		    "%s: out of memory for the fields of line %" PRIu64,
 		    r->path, r->lineno);
 		return FB_ENOMEM;
 	}
@@ -125,9 +126,10 @@ split(csv_file *r, size_t start)
 			w = ++pos;
 			for (;;) {
 				if (pos >= n) {
-					fb_log_error("%s:%" PRIu64 ":%zu: quote "
-					             "not closed on this line "
-					             "(fields cannot span lines)",
+					fb_log_error(
+					    "%s:%" PRIu64 ":%zu: quote "
+					    "not closed on this line "
+					    "(fields cannot span lines)",
 					    r->path, r->lineno, fstart + 1);
 					rc = FB_EFORMAT;
 					goto out;
@@ -196,8 +198,7 @@ csv_next(csv_file *r, int *eof)
 		if (got < 0) {
 			if (ferror(r->f)) {
 				fb_log_error("%s: read failed: %s", r->path,
-				    errno != 0 ? strerror(errno)
-				               : "I/O error");
+				    errno != 0 ? strerror(errno) : "I/O error");
 				rc = errno == ENOMEM ? FB_ENOMEM : FB_EIO;
 			} else {
 				*eof = 1;
@@ -218,7 +219,8 @@ csv_next(csv_file *r, int *eof)
 		r->line[got] = '\0';
 		r->line_len = (uint32_t)got;
 		if (memchr(r->line, '\0', (size_t)got) != NULL) {
-			fb_log_error("%s:%" PRIu64 ": NUL byte in the line (not "
+			fb_log_error("%s:%" PRIu64
+			             ": NUL byte in the line (not "
 			             "a text file?)",
 			    r->path, r->lineno);
 			rc = FB_EFORMAT;
@@ -257,8 +259,7 @@ has_hex(const char *s)
  * any problem is logged with file:line:column.
  */
 static fb_err
-parse_value(const csv_file *r, const csv_field *f, const char *name,
-    double *v)
+parse_value(const csv_file *r, const csv_field *f, const char *name, double *v)
 {
 	char *end;
 
@@ -271,7 +272,8 @@ parse_value(const csv_file *r, const csv_field *f, const char *name,
 	errno = 0;
 	*v = strtod(f->s, &end);
 	if (end == f->s || *end != '\0' || has_hex(f->s)) {
-		fb_log_error("%s:%" PRIu64 ":%u: column \"%s\": \"%.40s\" is not "
+		fb_log_error("%s:%" PRIu64
+		             ":%u: column \"%s\": \"%.40s\" is not "
 		             "a number",
 		    r->path, r->lineno, f->col, name, f->s);
 		return FB_EFORMAT;
@@ -283,13 +285,15 @@ parse_value(const csv_file *r, const csv_field *f, const char *name,
 		return FB_EFORMAT;
 	}
 	if (isinf(*v) && errno != ERANGE) {
-		fb_log_error("%s:%" PRIu64 ":%u: column \"%s\": infinity is not "
+		fb_log_error("%s:%" PRIu64
+		             ":%u: column \"%s\": infinity is not "
 		             "allowed",
 		    r->path, r->lineno, f->col, name);
 		return FB_EFORMAT;
 	}
 	if (!isfinite(*v) || fabs(*v) > FLT_MAX) {
-		fb_log_error("%s:%" PRIu64 ":%u: column \"%s\": %.40s is outside "
+		fb_log_error("%s:%" PRIu64
+		             ":%u: column \"%s\": %.40s is outside "
 		             "the float32 range",
 		    r->path, r->lineno, f->col, name, f->s);
 		return FB_EFORMAT;
@@ -370,8 +374,8 @@ map_columns(const csv_file *r, char *const *hdr, const uint32_t *hcol,
 	uint32_t d = 0;
 
 	if (label == NULL || label[0] == '\0') {
-		fb_log_error("%s: no label column named (label_column)",
-		    r->path);
+		fb_log_error(
+		    "%s: no label column named (label_column)", r->path);
 		return FB_EINVAL;
 	}
 	for (size_t c = 0; c < ncols; c++) {
@@ -390,15 +394,17 @@ map_columns(const csv_file *r, char *const *hdr, const uint32_t *hcol,
 			const char *name = spec->features.v[i];
 			long c = find_name(hdr, ncols, name);
 			if (c < 0) {
-				fb_log_error("%s:1: no column \"%s\" (listed in "
-				             "features) in the header",
+				fb_log_error(
+				    "%s:1: no column \"%s\" (listed in "
+				    "features) in the header",
 				    r->path, name);
 				log_header(r, (const char *const *)hdr, ncols);
 				return FB_EFORMAT;
 			}
 			if (role[c] == ROLE_LABEL) {
-				fb_log_error("%s: column \"%s\" is the label "
-				             "column; it cannot be a feature too",
+				fb_log_error(
+				    "%s: column \"%s\" is the label "
+				    "column; it cannot be a feature too",
 				    r->path, name);
 				return FB_EINVAL;
 			}
@@ -415,9 +421,10 @@ map_columns(const csv_file *r, char *const *hdr, const uint32_t *hcol,
 				continue;
 			}
 			if (hdr[c][0] == '\0') {
-				fb_log_error("%s:1:%u: column %zu has no name in "
-				             "the header (name it, or list the "
-				             "feature columns in features)",
+				fb_log_error(
+				    "%s:1:%u: column %zu has no name in "
+				    "the header (name it, or list the "
+				    "feature columns in features)",
 				    r->path, hcol[c], c + 1);
 				return FB_EFORMAT;
 			}
@@ -425,7 +432,8 @@ map_columns(const csv_file *r, char *const *hdr, const uint32_t *hcol,
 		}
 	}
 	if (d == 0) {
-		fb_log_error("%s:1: no feature columns besides the label \"%s\"",
+		fb_log_error(
+		    "%s:1: no feature columns besides the label \"%s\"",
 		    r->path, label);
 		return FB_EFORMAT;
 	}
@@ -532,8 +540,8 @@ fb_data_csv_read(const char *path, const fb_data_spec *spec, fb_dataset *out)
 		rc = FB_ENOMEM;
 		goto out;
 	}
-	if ((rc = map_columns(&r, h.names, h.cols, h.ncols, spec, role,
-	         &dim)) != FB_OK) {
+	if ((rc = map_columns(
+	         &r, h.names, h.cols, h.ncols, spec, role, &dim)) != FB_OK) {
 		goto out;
 	}
 	if ((names = fb_calloc(dim, sizeof(char *))) == NULL) {
@@ -579,8 +587,8 @@ fb_data_csv_read(const char *path, const fb_data_spec *spec, fb_dataset *out)
 			if (role[c] == ROLE_IGNORED) {
 				continue;
 			}
-			if ((rc = parse_value(&r, &r.fields[c], h.names[c],
-			         &v)) != FB_OK) {
+			if ((rc = parse_value(
+			         &r, &r.fields[c], h.names[c], &v)) != FB_OK) {
 				goto out;
 			}
 			if (role[c] >= 0) {
@@ -591,8 +599,8 @@ fb_data_csv_read(const char *path, const fb_data_spec *spec, fb_dataset *out)
 			        why, sizeof(why))) {
 				fb_log_error("%s:%" PRIu64 ":%u: label column "
 				             "\"%s\": %s %s",
-				    path, r.lineno, r.fields[c].col,
-				    h.names[c], r.fields[c].s, why);
+				    path, r.lineno, r.fields[c].col, h.names[c],
+				    r.fields[c].s, why);
 				rc = FB_EFORMAT;
 				goto out;
 			}
@@ -636,8 +644,8 @@ out:
 }
 
 fb_err
-fb_data_csv_read_norm(const char *path, const fb_dataset *ds, float *mean,
-    float *std)
+fb_data_csv_read_norm(
+    const char *path, const fb_dataset *ds, float *mean, float *std)
 {
 	fb_err rc = FB_OK;
 	csv_file r;
@@ -705,7 +713,8 @@ fb_data_csv_read_norm(const char *path, const fb_dataset *ds, float *mean,
 				goto out;
 			}
 			if (is_std && !((float)v > 0.0f)) {
-				fb_log_error("%s:%" PRIu64 ":%u: column \"%s\": "
+				fb_log_error("%s:%" PRIu64
+				             ":%u: column \"%s\": "
 				             "std %s must be > 0",
 				    path, r.lineno, f->col, h.names[j + 1],
 				    f->s);

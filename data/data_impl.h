@@ -27,8 +27,8 @@
  * (capacity *cap elements), doubling, from fb_alloc. Existing contents are
  * kept. Errors: FB_ENOMEM (*p unchanged).
  */
-FB_MUST_CHECK fb_err fb_data_grow(void **p, size_t *cap, size_t need,
-    size_t elem);
+FB_MUST_CHECK fb_err fb_data_grow(
+    void **p, size_t *cap, size_t need, size_t elem);
 
 /*
  * fb_data_label_check says whether `v` is a usable label for `task`:
@@ -36,8 +36,8 @@ FB_MUST_CHECK fb_err fb_data_grow(void **p, size_t *cap, size_t need,
  * 0..FB_DATA_MAX_CLASSES-1 (classes 0); regression: finite and within
  * float32. Returns 1 if good; else 0 with the reason in `why`.
  */
-int fb_data_label_check(double v, int task, int64_t classes, char *why,
-    size_t why_len);
+int fb_data_label_check(
+    double v, int task, int64_t classes, char *why, size_t why_len);
 
 /* fb_data_set_label stores a checked `v` into *y for `task`. */
 void fb_data_set_label(double v, int task, fb_label *y);
@@ -49,21 +49,21 @@ void fb_data_set_label(double v, int task, fb_label *y);
 void fb_data_finish_labels(fb_dataset *ds, int64_t spec_classes);
 
 /* fb_data_idx_read: the IDX pair with x = pixel / 255, norm NONE. */
-FB_MUST_CHECK fb_err fb_data_idx_read(const char *images_path,
-    const char *labels_path, fb_dataset *out);
+FB_MUST_CHECK fb_err fb_data_idx_read(
+    const char *images_path, const char *labels_path, fb_dataset *out);
 
 /* fb_data_csv_read: a CSV file per spec (label column, features, task,
  * classes); sets ds->names. */
-FB_MUST_CHECK fb_err fb_data_csv_read(const char *path,
-    const fb_data_spec *spec, fb_dataset *out);
+FB_MUST_CHECK fb_err fb_data_csv_read(
+    const char *path, const fb_data_spec *spec, fb_dataset *out);
 
 /*
  * fb_data_csv_read_norm reads a normalisation file for `ds` (dim features;
  * names checked against ds->names when set) into mean and std (dim floats
  * each). Errors: FB_EIO, FB_EFORMAT (file:line:column), FB_ENOMEM.
  */
-FB_MUST_CHECK fb_err fb_data_csv_read_norm(const char *path,
-    const fb_dataset *ds, float *mean, float *std);
+FB_MUST_CHECK fb_err fb_data_csv_read_norm(
+    const char *path, const fb_dataset *ds, float *mean, float *std);
 
 /* fb_data_npy_read: a features .npy and a labels .npy. */
 FB_MUST_CHECK fb_err fb_data_npy_read(const char *x_path, const char *y_path,
@@ -71,8 +71,8 @@ FB_MUST_CHECK fb_err fb_data_npy_read(const char *x_path, const char *y_path,
 
 /* fb_data_npz_read: the arrays spec->x_array and spec->y_array of a .npz
  * (stored or deflated zip entries). */
-FB_MUST_CHECK fb_err fb_data_npz_read(const char *path,
-    const fb_data_spec *spec, fb_dataset *out);
+FB_MUST_CHECK fb_err fb_data_npz_read(
+    const char *path, const fb_data_spec *spec, fb_dataset *out);
 
 /*
  * fb_data_npy_parse decodes one .npy image (`len` bytes at `buf`, named
@@ -97,16 +97,16 @@ FB_MUST_CHECK fb_err fb_data_npy_join(const char *xname, fb_dataset *xs,
  * and records `norm` with copies of mean and std (dim each). Errors:
  * FB_ENOMEM (ds unchanged).
  */
-FB_MUST_CHECK fb_err fb_data_normalize(fb_dataset *ds, fb_data_norm norm,
-    const float *mean, const float *std);
+FB_MUST_CHECK fb_err fb_data_normalize(
+    fb_dataset *ds, fb_data_norm norm, const float *mean, const float *std);
 
 /* fb_data_normalize_scalar is fb_data_normalize with one mean and std. */
-FB_MUST_CHECK fb_err fb_data_normalize_scalar(fb_dataset *ds, float mean,
-    float std);
+FB_MUST_CHECK fb_err fb_data_normalize_scalar(
+    fb_dataset *ds, float mean, float std);
 
 /* fb_data_copy_record copies src's mean, std and names into dst (which
  * has none). Errors: FB_ENOMEM (dst's copies freed). */
-FB_MUST_CHECK fb_err fb_data_copy_record(const fb_dataset *src,
-    fb_dataset *dst);
+FB_MUST_CHECK fb_err fb_data_copy_record(
+    const fb_dataset *src, fb_dataset *dst);
 
 #endif

@@ -23,14 +23,12 @@
 #include "data/data.h"
 #include "data/data_impl.h"
 
-const char *const fb_data_format_names[] = {"csv", "npy", "npz", "idx",
-    NULL};
-const char *const fb_data_norm_names[] = {"auto", "own", "file", "scalar",
-    "none", NULL};
-const char *const fb_data_task_names[] = {"classification", "regression",
-    NULL};
+const char *const fb_data_format_names[] = {"csv", "npy", "npz", "idx", NULL};
+const char *const fb_data_norm_names[] = {
+    "auto", "own", "file", "scalar", "none", NULL};
+const char *const fb_data_task_names[] = {"classification", "regression", NULL};
 
-/* ---- shared pieces -------------------------------------------------------- */
+/* ---- shared pieces ------------------------------------------------------- */
 
 fb_err
 fb_data_grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -64,8 +62,8 @@ out:
 }
 
 int
-fb_data_label_check(double v, int task, int64_t classes, char *why,
-    size_t why_len)
+fb_data_label_check(
+    double v, int task, int64_t classes, char *why, size_t why_len)
 {
 	if (task == FB_TASK_REGRESSION) {
 		if (!isfinite(v)) {
@@ -79,13 +77,15 @@ fb_data_label_check(double v, int task, int64_t classes, char *why,
 		return 1;
 	}
 	if (!isfinite(v) || v != floor(v)) {
-		snprintf(why, why_len, "is not a whole number (class labels "
-		                       "are integers 0, 1, ...)");
+		snprintf(why, why_len,
+		    "is not a whole number (class labels "
+		    "are integers 0, 1, ...)");
 		return 0;
 	}
 	if (v < 0) {
-		snprintf(why, why_len, "is negative (class labels are 0, 1, "
-		                       "...)");
+		snprintf(why, why_len,
+		    "is negative (class labels are 0, 1, "
+		    "...)");
 		return 0;
 	}
 	if (classes > 0 && v >= (double)classes) {
@@ -96,8 +96,9 @@ fb_data_label_check(double v, int task, int64_t classes, char *why,
 		return 0;
 	}
 	if (v >= (double)FB_DATA_MAX_CLASSES) {
-		snprintf(why, why_len, "is out of range: labels must be below "
-		                       "%u",
+		snprintf(why, why_len,
+		    "is out of range: labels must be below "
+		    "%u",
 		    FB_DATA_MAX_CLASSES);
 		return 0;
 	}
@@ -202,8 +203,8 @@ fb_dataset_fini(fb_dataset *ds)
 }
 
 fb_err
-fb_dataset_subset(const fb_dataset *src, const uint32_t *idx, uint32_t count,
-    fb_dataset *out)
+fb_dataset_subset(
+    const fb_dataset *src, const uint32_t *idx, uint32_t count, fb_dataset *out)
 {
 	fb_err rc = FB_OK;
 	fb_dataset ds;
@@ -244,8 +245,7 @@ fb_dataset_subset(const fb_dataset *src, const uint32_t *idx, uint32_t count,
 	}
 	for (uint32_t i = 0; i < count; i++) {
 		memcpy(ds.x + (size_t)i * ds.dim,
-		    src->x + (size_t)idx[i] * src->dim,
-		    ds.dim * sizeof(float));
+		    src->x + (size_t)idx[i] * src->dim, ds.dim * sizeof(float));
 		ds.y[i] = src->y[idx[i]];
 	}
 out:
@@ -260,11 +260,11 @@ out:
 	return rc;
 }
 
-/* ---- normalisation -------------------------------------------------------- */
+/* ---- normalisation ------------------------------------------------------- */
 
 fb_err
-fb_data_normalize(fb_dataset *ds, fb_data_norm norm, const float *mean,
-    const float *std)
+fb_data_normalize(
+    fb_dataset *ds, fb_data_norm norm, const float *mean, const float *std)
 {
 	fb_err rc = FB_OK;
 	size_t len = (size_t)ds->dim * sizeof(float);
@@ -375,7 +375,7 @@ check_finite(const fb_dataset *ds, const char *path)
 	return FB_OK;
 }
 
-/* ---- the entry point ------------------------------------------------------ */
+/* ---- the entry point ----------------------------------------------------- */
 
 static int
 empty(const char *s)
@@ -426,8 +426,7 @@ read_set(const fb_data_spec *spec, const char *file, const char *labels,
 		if ((rc = fb_data_idx_read(file, labels, out)) != FB_OK) {
 			break;
 		}
-		for (uint32_t i = 0; i < out->count && spec->classes > 0;
-		     i++) {
+		for (uint32_t i = 0; i < out->count && spec->classes > 0; i++) {
 			if (out->y[i].cls >= spec->classes) {
 				fb_log_error("%s: label %d of image %u is out "
 				             "of range: %" PRId64 " classes "
@@ -474,8 +473,8 @@ check_spec(const fb_data_spec *spec)
 		goto out;
 	}
 	if (spec->normalize < FB_NORM_AUTO || spec->normalize > FB_NORM_NONE) {
-		fb_log_error("dataset: unknown normalisation %d",
-		    spec->normalize);
+		fb_log_error(
+		    "dataset: unknown normalisation %d", spec->normalize);
 		goto out;
 	}
 	if (spec->normalize == FB_NORM_FILE && empty(spec->normalize_file)) {
@@ -506,7 +505,8 @@ normalize_sets(const fb_data_spec *spec, fb_dataset *train, fb_dataset *valid)
 	float *mean = NULL, *std = NULL;
 
 	if (mode == FB_NORM_AUTO) {
-		mode = spec->format == FB_DATA_IDX ? FB_NORM_SCALAR : FB_NORM_OWN;
+		mode =
+		    spec->format == FB_DATA_IDX ? FB_NORM_SCALAR : FB_NORM_OWN;
 	}
 	if (mode == FB_NORM_NONE) {
 		train->norm = FB_NORM_NONE;
@@ -524,8 +524,8 @@ normalize_sets(const fb_data_spec *spec, fb_dataset *train, fb_dataset *valid)
 		rc = own_stats(train, mean, std);
 		break;
 	case FB_NORM_FILE:
-		rc = fb_data_csv_read_norm(spec->normalize_file, train, mean,
-		    std);
+		rc = fb_data_csv_read_norm(
+		    spec->normalize_file, train, mean, std);
 		break;
 	default: /* FB_NORM_SCALAR */
 		for (uint32_t j = 0; j < train->dim; j++) {
@@ -539,13 +539,13 @@ normalize_sets(const fb_data_spec *spec, fb_dataset *train, fb_dataset *valid)
 	}
 	if ((rc = fb_data_normalize(train, (fb_data_norm)mode, mean, std)) !=
 	        FB_OK ||
-	    (valid != NULL && (rc = fb_data_normalize(valid,
-	                           (fb_data_norm)mode, mean, std)) != FB_OK)) {
+	    (valid != NULL && (rc = fb_data_normalize(valid, (fb_data_norm)mode,
+	                           mean, std)) != FB_OK)) {
 		goto out;
 	}
 	if ((rc = check_finite(train, spec->file)) != FB_OK ||
-	    (valid != NULL && (rc = check_finite(valid, spec->valid)) !=
-	                          FB_OK)) {
+	    (valid != NULL &&
+	        (rc = check_finite(valid, spec->valid)) != FB_OK)) {
 		goto out;
 	}
 out:
@@ -557,8 +557,7 @@ out:
 /* same_columns checks that the validation set has the training set's
  * features, by name where both have names. */
 static fb_err
-same_columns(const fb_data_spec *spec, const fb_dataset *t,
-    const fb_dataset *v)
+same_columns(const fb_data_spec *spec, const fb_dataset *t, const fb_dataset *v)
 {
 	if (v->dim != t->dim) {
 		fb_log_error("%s: %u features per example, but the training "
@@ -569,10 +568,11 @@ same_columns(const fb_data_spec *spec, const fb_dataset *t,
 	if (t->classes > 0 && v->task == FB_TASK_CLASSIFICATION) {
 		for (uint32_t i = 0; i < v->count; i++) {
 			if ((uint32_t)v->y[i].cls >= t->classes) {
-				fb_log_error("%s: label %d of example %u is not "
-				             "among the %u classes of the "
-				             "training data %s (set classes to "
-				             "name them all)",
+				fb_log_error(
+				    "%s: label %d of example %u is not "
+				    "among the %u classes of the "
+				    "training data %s (set classes to "
+				    "name them all)",
 				    spec->valid, (int)v->y[i].cls, i,
 				    t->classes, spec->file);
 				return FB_EFORMAT;
@@ -603,8 +603,8 @@ fb_dataset_load(const fb_data_spec *spec, const fb_partition_spec *part,
 	if ((rc = check_spec(spec)) != FB_OK) {
 		goto out;
 	}
-	if ((rc = read_set(spec, spec->file, spec->labels, "file",
-	         "labels", &full)) != FB_OK) {
+	if ((rc = read_set(spec, spec->file, spec->labels, "file", "labels",
+	         &full)) != FB_OK) {
 		goto out;
 	}
 	if (valid != NULL && !empty(spec->valid)) {
@@ -616,10 +616,10 @@ fb_dataset_load(const fb_data_spec *spec, const fb_partition_spec *part,
 		vp = valid;
 	}
 	if (part != NULL) {
-		uint32_t classes = full.task == FB_TASK_REGRESSION ? 0
-		                                                  : full.classes;
-		if ((rc = fb_partition_indices(full.y, full.count, classes, part,
-		         &idx, &n)) != FB_OK ||
+		uint32_t classes =
+		    full.task == FB_TASK_REGRESSION ? 0 : full.classes;
+		if ((rc = fb_partition_indices(full.y, full.count, classes,
+		         part, &idx, &n)) != FB_OK ||
 		    (rc = fb_dataset_subset(&full, idx, n, train)) != FB_OK) {
 			goto out;
 		}
@@ -643,19 +643,20 @@ fb_err
 fb_data_spec_check(const fb_data_spec *spec, int used, const char *prefix,
     const char *file_key, const char *labels_key, const char *path)
 {
-	const char *fmt = spec->format >= FB_DATA_CSV &&
-	                      spec->format <= FB_DATA_IDX
-	                      ? fb_data_format_names[spec->format]
-	                      : "?";
-	int two_files = spec->format == FB_DATA_NPY ||
-	                spec->format == FB_DATA_IDX;
+	const char *fmt =
+	    spec->format >= FB_DATA_CSV && spec->format <= FB_DATA_IDX
+	        ? fb_data_format_names[spec->format]
+	        : "?";
+	int two_files =
+	    spec->format == FB_DATA_NPY || spec->format == FB_DATA_IDX;
 
 	if (!used) {
 		if (!empty(spec->file) || !empty(spec->valid)) {
 			fb_log_error("%s: %s.%s is set, but %s.dataset is not "
 			             "files; set %s.dataset: files to use it",
-			    path, prefix, !empty(spec->file) ? file_key : "valid",
-			    prefix, prefix);
+			    path, prefix,
+			    !empty(spec->file) ? file_key : "valid", prefix,
+			    prefix);
 			return FB_ECONFIG;
 		}
 		return FB_OK;
@@ -706,7 +707,7 @@ fb_dataset_load_eval(const fb_data_spec *spec, fb_dataset *out)
 	return fb_dataset_load(spec, NULL, out, NULL);
 }
 
-/* ---- what was done -------------------------------------------------------- */
+/* ---- what was done ------------------------------------------------------- */
 
 typedef struct sbuf {
 	char *p;
@@ -714,8 +715,8 @@ typedef struct sbuf {
 	int oom;
 } sbuf;
 
-static void
-sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 static void
 sb_printf(sbuf *b, const char *fmt, ...)
@@ -779,8 +780,8 @@ fb_dataset_describe(const fb_data_spec *spec, const fb_dataset *ds, char **out)
 {
 	fb_err rc = FB_OK;
 	sbuf b = {NULL, 0, 0, 0};
-	const char *v = ds != NULL && ds->format == FB_DATA_IDX ? "pixel / 255"
-	                                                       : "v";
+	const char *v =
+	    ds != NULL && ds->format == FB_DATA_IDX ? "pixel / 255" : "v";
 
 	if (out == NULL || ds == NULL || ds->dim == 0) {
 		fb_log_error("dataset: nothing to describe");
@@ -794,13 +795,13 @@ fb_dataset_describe(const fb_data_spec *spec, const fb_dataset *ds, char **out)
 	}
 	b.cap = 256;
 	b.p[0] = '\0';
-	sb_printf(&b, "%s: %u features", fb_data_format_names[ds->format],
-	    ds->dim);
+	sb_printf(
+	    &b, "%s: %u features", fb_data_format_names[ds->format], ds->dim);
 	if (ds->names != NULL) {
 		sb_printf(&b, " (");
 		for (uint32_t j = 0; j < ds->dim; j++) {
-			sb_printf(&b, "%s\"%s\"", j > 0 ? ", " : "",
-			    ds->names[j]);
+			sb_printf(
+			    &b, "%s\"%s\"", j > 0 ? ", " : "", ds->names[j]);
 		}
 		sb_printf(&b, ") in this order");
 	} else if (ds->format == FB_DATA_IDX) {
@@ -816,20 +817,23 @@ fb_dataset_describe(const fb_data_spec *spec, const fb_dataset *ds, char **out)
 		break;
 	default:
 		if (all_same(ds->mean, ds->dim) && all_same(ds->std, ds->dim)) {
-			sb_printf(&b, "; x = (%s - %.9g) / %.9g for every "
-			              "feature",
+			sb_printf(&b,
+			    "; x = (%s - %.9g) / %.9g for every "
+			    "feature",
 			    v, (double)ds->mean[0], (double)ds->std[0]);
 		} else {
-			sb_printf(&b, "; x[j] = (%s[j] - mean[j]) / std[j], "
-			              "mean = ",
+			sb_printf(&b,
+			    "; x[j] = (%s[j] - mean[j]) / std[j], "
+			    "mean = ",
 			    v);
 			sb_floats(&b, ds->mean, ds->dim);
 			sb_printf(&b, ", std = ");
 			sb_floats(&b, ds->std, ds->dim);
 		}
 		if (ds->norm == FB_NORM_OWN) {
-			sb_printf(&b, " (own: from this box's %u training "
-			              "examples)",
+			sb_printf(&b,
+			    " (own: from this box's %u training "
+			    "examples)",
 			    ds->count);
 		} else {
 			sb_printf(&b, " (from %s)",
@@ -863,8 +867,8 @@ out:
 }
 
 fb_err
-fb_dataset_check_fit(const fb_dataset *ds, uint32_t input_dim, fb_task task,
-    uint32_t classes)
+fb_dataset_check_fit(
+    const fb_dataset *ds, uint32_t input_dim, fb_task task, uint32_t classes)
 {
 	if (ds->dim != input_dim) {
 		fb_log_error("dataset: %u features per example, but the model "

@@ -47,7 +47,7 @@ typedef struct npy_header {
 
 static uint64_t load_u(const uint8_t *p, uint32_t size, int big);
 
-/* ---- the header literal --------------------------------------------------- */
+/* ---- the header literal -------------------------------------------------- */
 
 typedef struct lit {
 	const char *p, *end;
@@ -193,7 +193,8 @@ parse_header(const uint8_t *buf, size_t len, const char *name, npy_header *h)
 
 	memset(h, 0, sizeof(*h));
 	if (len < 10 || memcmp(buf, NPY_MAGIC, 6) != 0) {
-		fb_log_error("%s: not a .npy array (no \\x93NUMPY magic)", name);
+		fb_log_error(
+		    "%s: not a .npy array (no \\x93NUMPY magic)", name);
 		return FB_EFORMAT;
 	}
 	if (buf[6] == 1) {
@@ -282,7 +283,7 @@ parse_header(const uint8_t *buf, size_t len, const char *name, npy_header *h)
 	return FB_OK;
 }
 
-/* ---- elements ------------------------------------------------------------- */
+/* ---- elements ------------------------------------------------------------ */
 
 static uint64_t
 load_u(const uint8_t *p, uint32_t size, int big)
@@ -319,7 +320,8 @@ element(const npy_header *h, const uint8_t *data, uint64_t i)
 	case 'i': {
 		uint32_t bits = 8 * h->size;
 		if (bits < 64 && (u >> (bits - 1)) != 0) {
-			return (double)(int64_t)(u | ~((UINT64_C(1) << bits) - 1));
+			return (
+			    double)(int64_t)(u | ~((UINT64_C(1) << bits) - 1));
 		}
 		return (double)(int64_t)u;
 	}
@@ -345,8 +347,8 @@ format_shape(const npy_header *h, char *buf, size_t cap)
 }
 
 fb_err
-fb_data_npy_parse(const uint8_t *buf, size_t len, const char *name,
-    int labels, const fb_data_spec *spec, fb_dataset *out)
+fb_data_npy_parse(const uint8_t *buf, size_t len, const char *name, int labels,
+    const fb_data_spec *spec, fb_dataset *out)
 {
 	fb_err rc = FB_OK;
 	npy_header h;
@@ -418,7 +420,8 @@ fb_data_npy_parse(const uint8_t *buf, size_t len, const char *name,
 	}
 	if (count > FB_DATA_MAX_EXAMPLES || per > FB_DATA_MAX_VALUES ||
 	    count * per > FB_DATA_MAX_VALUES) {
-		fb_log_error("%s: shape %s is more than we accept", name, shape);
+		fb_log_error(
+		    "%s: shape %s is more than we accept", name, shape);
 		rc = FB_EFORMAT;
 		goto out;
 	}
@@ -468,7 +471,7 @@ fb_data_npy_parse(const uint8_t *buf, size_t len, const char *name,
 				fb_log_error("%s (features): element [%" PRIu64
 				             ", %" PRIu64 "] is %s",
 				    name, i, j,
-				    isnan(v) ? "NaN"
+				    isnan(v)   ? "NaN"
 				    : isinf(v) ? "infinite"
 				               : "outside the float32 range");
 				rc = FB_EFORMAT;
@@ -490,7 +493,7 @@ out:
 	return rc;
 }
 
-/* ---- files ---------------------------------------------------------------- */
+/* ---- files --------------------------------------------------------------- */
 
 /* read_file reads a whole regular file into a new fb_alloc buffer. */
 static fb_err
@@ -577,15 +580,13 @@ fb_data_npy_read(const char *x_path, const char *y_path,
 	memset(&ys, 0, sizeof(ys));
 	memset(out, 0, sizeof(*out));
 	if ((rc = read_file(x_path, &buf, &len)) != FB_OK ||
-	    (rc = fb_data_npy_parse(buf, len, x_path, 0, spec, &xs)) !=
-	        FB_OK) {
+	    (rc = fb_data_npy_parse(buf, len, x_path, 0, spec, &xs)) != FB_OK) {
 		goto out;
 	}
 	fb_free(buf);
 	buf = NULL;
 	if ((rc = read_file(y_path, &buf, &len)) != FB_OK ||
-	    (rc = fb_data_npy_parse(buf, len, y_path, 1, spec, &ys)) !=
-	        FB_OK) {
+	    (rc = fb_data_npy_parse(buf, len, y_path, 1, spec, &ys)) != FB_OK) {
 		goto out;
 	}
 	if ((rc = fb_data_npy_join(x_path, &xs, y_path, &ys, spec, out)) !=

@@ -96,8 +96,8 @@ read_at(const zip_file *z, uint64_t off, void *buf, size_t len)
 		return bad_zip(z, "a record points past the end of the file");
 	}
 	while (got < len) {
-		ssize_t n = pread(z->fd, (uint8_t *)buf + got, len - got,
-		    (off_t)(off + got));
+		ssize_t n = pread(
+		    z->fd, (uint8_t *)buf + got, len - got, (off_t)(off + got));
 		if (n < 0 && errno == EINTR) {
 			continue;
 		}
@@ -312,8 +312,8 @@ log_members(const zip_file *z)
 		/* "x.npy" is array "x". */
 		k = snprintf(buf + used, sizeof(buf) - used, "%s'%.*s'",
 		    i > 0 ? ", " : "",
-		    nlen > 4 && memcmp(c + CENTRAL_LEN + nlen - 4, ".npy", 4) ==
-		            0
+		    nlen > 4 &&
+		            memcmp(c + CENTRAL_LEN + nlen - 4, ".npy", 4) == 0
 		        ? (int)nlen - 4
 		        : (int)nlen,
 		    (const char *)c + CENTRAL_LEN);
@@ -321,8 +321,8 @@ log_members(const zip_file *z)
 			break;
 		}
 		used += (size_t)k;
-		at += CENTRAL_LEN + (uint64_t)nlen + le16(c + 30) +
-		      le16(c + 32);
+		at +=
+		    CENTRAL_LEN + (uint64_t)nlen + le16(c + 30) + le16(c + 32);
 	}
 	fb_log_error("%s: the archive holds: %s%s", z->path,
 	    used > 0 ? buf : "nothing",
@@ -364,14 +364,14 @@ zip_read(const zip_file *z, const zip_entry *e, uint8_t **out)
 		goto out;
 	}
 	if ((e->method == 0 && e->usize != e->csize) ||
-	    (e->method == 8 &&
-	        e->usize / DEFLATE_MAX_RATIO > e->csize + 1)) {
+	    (e->method == 8 && e->usize / DEFLATE_MAX_RATIO > e->csize + 1)) {
 		rc = bad_zip(z, "entry sizes are inconsistent");
 		goto out;
 	}
 	if (e->usize > SIZE_MAX - 1 || e->csize > SIZE_MAX - 1 ||
 	    (data = fb_alloc((size_t)e->usize + 1)) == NULL) {
-		fb_log_error("%s: out of memory for entry %s", z->path, e->name);
+		fb_log_error(
+		    "%s: out of memory for entry %s", z->path, e->name);
 		rc = FB_ENOMEM;
 		goto out;
 	}
@@ -382,8 +382,8 @@ zip_read(const zip_file *z, const zip_entry *e, uint8_t **out)
 		}
 	} else {
 		if ((comp = fb_alloc((size_t)e->csize + 1)) == NULL) {
-			fb_log_error("%s: out of memory for entry %s", z->path,
-			    e->name);
+			fb_log_error(
+			    "%s: out of memory for entry %s", z->path, e->name);
 			rc = FB_ENOMEM;
 			goto out;
 		}
@@ -403,8 +403,9 @@ zip_read(const zip_file *z, const zip_entry *e, uint8_t **out)
 			do {
 				uInt ci = in_left > (1u << 30) ? (1u << 30)
 				                               : (uInt)in_left;
-				uInt co = out_left > (1u << 30) ? (1u << 30)
-				                                : (uInt)out_left;
+				uInt co = out_left > (1u << 30)
+				              ? (1u << 30)
+				              : (uInt)out_left;
 				uInt ai, ao;
 				zs.avail_in = ci;
 				zs.avail_out = co;

@@ -35,7 +35,7 @@
 
 /* fb_task says what a model's outputs are and which loss trains them. */
 typedef enum fb_task {
-	FB_TASK_CLASSIFICATION = 0, /* `classes` logits, softmax cross-entropy */
+	FB_TASK_CLASSIFICATION = 0, /* `classes` logits, softmax xent */
 	FB_TASK_REGRESSION = 1,     /* one output, mean squared error */
 } fb_task;
 

@@ -48,7 +48,8 @@ tiny_create(const fb_model_spec *spec, void **state)
 		return FB_EINVAL;
 	}
 	if (spec->input_dim < 1 || spec->input_dim > (1u << 24) ||
-	    spec->classes < 2 || spec->classes > 65536 || hid < 1 || hid > 4096) {
+	    spec->classes < 2 || spec->classes > 65536 || hid < 1 ||
+	    hid > 4096) {
 		fprintf(stderr, "tiny-tanh: bad shape %u-%u-%u\n",
 		    spec->input_dim, hid, spec->classes);
 		return FB_EINVAL;

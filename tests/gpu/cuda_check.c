@@ -244,9 +244,9 @@ check_gradient_on(const char *arch, uint32_t in, const uint32_t *hidden,
 
 	memset(&d, 0, sizeof(d));
 	if (classes == 0) {
-		snprintf(what, sizeof(what), "%s %u-..-1 regression batch %u on "
-		    "%s GPU(s): CPU vs CUDA MSE loss and gradient (fp32)", arch,
-		    in, batch, ngpus ? "1" : "all");
+		snprintf(what, sizeof(what), "%s %u-..-1 regression batch %u "
+		    "on %s GPU(s): CPU vs CUDA MSE loss and gradient (fp32)",
+		    arch, in, batch, ngpus ? "1" : "all");
 	} else {
 		snprintf(what, sizeof(what), "%s %u-..-%u batch %u%s on %s "
 		    "GPU(s): CPU vs CUDA loss and gradient (fp32)", arch, in,

@@ -307,7 +307,8 @@ check_fmnist_split(int train, uint32_t want_count)
 	snprintf(path, sizeof(path), "%s/%s-labels-idx1-ubyte.gz", dir, split);
 	read_raw(path, 8, &raw_label, 1);
 	assert_int_equal(ds.y[0].cls, raw_label);
-	assert_int_equal(ds.y[0].cls, 9); /* both splits open with an ankle boot */
+	/* both splits open with an ankle boot */
+	assert_int_equal(ds.y[0].cls, 9);
 
 	/* MEAN/STD are the set's own statistics: x is about N(0, 1). */
 	for (size_t i = 0; i < (size_t)ds.count * ds.dim; i++) {

@@ -9,8 +9,8 @@
  * that the host computes per chunk of steps with fb_train_batch_order.
  * Matrix products are cuBLAS (fp32, or TF32/BF16 tensor-core math on
  * request); bias, ReLU, the loss (softmax cross-entropy, or squared error
- * for regression) and the SGD update are our kernels (kernels.cu). The global batch is split evenly across GPUs; each
- * scales its gradient by 1/global_batch so that the NCCL all-reduced SUM is
+ * for regression) and the SGD update are our kernels (kernels.cu). The
+ * global batch is split evenly across GPUs; each scales its gradient by 1/global_batch so that the NCCL all-reduced SUM is
  * the gradient of the mean loss. For models above 2 x BUCKET_BYTES, the
  * all-reduce of each bucket of layers is issued on a second stream as soon
  * as its backward is done, overlapping the rest of the backward pass.

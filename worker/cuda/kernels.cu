@@ -2,8 +2,10 @@
 /*
  * kernels.cu -- the CUDA backend's own kernels: batch gather, bias + ReLU,
  * ReLU backward, softmax cross-entropy and squared error (each forward and
- * backward in one pass), a deterministic loss reduction, the SGD/momentum/weight-decay update, a
- * replica checksum and a timestamp (profiling the all-reduce). The matrix products are cuBLAS's (backend.c).
+ * backward in one pass), a deterministic loss reduction, the
+ * SGD/momentum/weight-decay update, a replica checksum and a timestamp
+ * (profiling the all-reduce). The matrix products are cuBLAS's
+ * (backend.c).
  *
  * All kernels are memory-bound; they use grid-stride loops, 16-byte
  * accesses where the shapes allow, and no atomics on floats, so that a
