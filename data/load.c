@@ -780,8 +780,9 @@ fb_dataset_describe(const fb_data_spec *spec, const fb_dataset *ds, char **out)
 {
 	fb_err rc = FB_OK;
 	sbuf b = {NULL, 0, 0, 0};
-	const char *v =
-	    ds != NULL && ds->format == FB_DATA_IDX ? "pixel / 255" : "v";
+	int idx = ds != NULL && ds->format == FB_DATA_IDX;
+	const char *v = idx ? "pixel / 255" : "v";
+	const char *vj = idx ? "pixel[j] / 255" : "v[j]";
 
 	if (out == NULL || ds == NULL || ds->dim == 0) {
 		fb_log_error("dataset: nothing to describe");
@@ -823,9 +824,9 @@ fb_dataset_describe(const fb_data_spec *spec, const fb_dataset *ds, char **out)
 			    v, (double)ds->mean[0], (double)ds->std[0]);
 		} else {
 			sb_printf(&b,
-			    "; x[j] = (%s[j] - mean[j]) / std[j], "
+			    "; x[j] = (%s - mean[j]) / std[j], "
 			    "mean = ",
-			    v);
+			    vj);
 			sb_floats(&b, ds->mean, ds->dim);
 			sb_printf(&b, ", std = ");
 			sb_floats(&b, ds->std, ds->dim);

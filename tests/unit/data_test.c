@@ -1723,6 +1723,19 @@ test_describe(void **state)
 		assert_non_null(strstr(d, "labels 0..9"));
 		fb_free(d);
 		fb_dataset_fini(&ds);
+		/* per pixel, own statistics */
+		sp = csv_spec(img);
+		sp.format = FB_DATA_IDX;
+		sp.labels = lab;
+		sp.normalize = FB_NORM_OWN;
+		assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+		assert_int_equal(fb_dataset_describe(&sp, &ds, &d), FB_OK);
+		assert_non_null(strstr(d, "idx: 784 features (image pixels, "
+		                          "row-major); x[j] = (pixel[j] / 255 - "
+		                          "mean[j]) / std[j], mean = ["));
+		fb_free(d);
+		fb_dataset_fini(&ds);
+		sp = csv_spec(f);
 	}
 	/* regression, not normalised */
 	write_text(f, "a,t\n1,2.5\n");
