@@ -43,7 +43,7 @@ endif
 
 .DEFAULT_GOAL := all
 .PHONY: all test demo fuzz bench clean bootstrap install test-deploy \
-        test-chaos
+        test-chaos example-tabular
 
 bootstrap:
 ifneq ($(BOOTSTRAP),0)
@@ -206,6 +206,11 @@ demo: all
 	@echo "independent evaluation of runs/demo/model.safetensors:"
 	@/usr/bin/python3 tests/tools/st_eval.py runs/demo/model.safetensors
 	@scripts/fedbox-plot runs/demo/metrics.jsonl --out runs/demo
+
+# examples/tabular: three hospitals' breast-cancer CSV files, trained
+# natively (runs/tabular/); ends with a numpy evaluation of the model.
+example-tabular: all
+	examples/tabular/run --out runs/tabular
 
 bench: all
 	bench/round_overhead

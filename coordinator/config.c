@@ -21,6 +21,7 @@ static const char *const log_levels[] = {"debug", "info", "warn", "error",
 static const char *const local_works[] = {"fixed", "time_budget", NULL};
 static const char *const straggler_modes[] = {"drop", "wait", NULL};
 static const char *const auto_word[] = {"auto", NULL}; /* -1 */
+static const char *const eval_sets[] = {"fashion-mnist", "files", NULL};
 #define MB NULL
 
 const fb_cfg_field fb_coord_config_schema[] = {
@@ -36,8 +37,11 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "mlp, logreg, synthetic (benchmarks) or plugin"},
     {"model.input_dim", FB_CFG_INT, F(input_dim), "784", 1, 1e8, MB,
         "features per example"},
-    {"model.classes", FB_CFG_INT, F(classes), "10", 2, 65536, MB,
-        "output classes"},
+    {"model.classes", FB_CFG_INT, F(classes), "10", 1, 65536, MB,
+        "output classes (regression: 1, its one output)"},
+    {"model.task", FB_CFG_ENUM, F(task), "classification", NOB,
+        fb_data_task_names, "classification (softmax cross-entropy over "
+        "model.classes) or regression (one output, mean squared error)"},
     {"model.hidden", FB_CFG_INT_LIST, F(hidden), "[128]", 1, 1e7, MB,
         "mlp hidden layer widths"},
     {"model.synthetic_params", FB_CFG_INT, F(synthetic_params), "0", 0,
@@ -110,6 +114,15 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"evaluation.data_dir", FB_CFG_PATH, F(data_dir),
         "/usr/share/datasets/fashion-mnist", NOB, MB,
         "folder with the Fashion-MNIST t10k IDX files"},
+    {"evaluation.dataset", FB_CFG_ENUM, F(eval_dataset), "fashion-mnist",
+        NOB, eval_sets, "central evaluation set: fashion-mnist "
+        "(evaluation.data_dir) or files (evaluation.file, format, ...)"},
+    {"evaluation.file", FB_CFG_PATH, F(eval.file), "", NOB, MB,
+        "files: the evaluation data (csv, npz; npy: the features array; "
+        "idx: the images)"},
+    {"evaluation.labels", FB_CFG_PATH, F(eval.labels), "", NOB, MB,
+        "files, npy and idx: the evaluation labels file"},
+    FB_DATA_CFG_FIELDS("evaluation", fb_coord_config, eval),
     {"transport.chunk_size", FB_CFG_SIZE, F(chunk_size), "1MiB", 4096,
         268435456, MB, "bytes per tensor chunk on the wire"},
     {"transport.heartbeat", FB_CFG_DURATION, F(heartbeat_ms), "1s", 10,
@@ -316,9 +329,24 @@ cross_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
 		rc = fb_cfg_error(path, sch, pos, "metrics.listen",
 		    "'%.200s' is not HOST:PORT (e.g. 127.0.0.1:9464 or "
 		    "[::1]:9464)", cfg->metrics_listen);
+	} else if ((cfg->task == FB_TASK_REGRESSION) != (cfg->classes == 1)) {
+		rc = fb_cfg_error(path, sch, pos,
+		    at_fault(pos, "model.classes", "model.task"),
+		    "model.classes %lld does not fit model.task %s: "
+		    "regression has exactly 1 output, classification 2 or "
+		    "more classes",
+		    (long long)cfg->classes, fb_data_task_names[cfg->task]);
 	} else if (strcmp(cfg->model_arch, "synthetic") != 0 &&
-	    cfg->eval_every > 0) {
+	    cfg->eval_every > 0 && cfg->eval_dataset == 0) {
 		rc = eval_files_fail(path, pos, cfg->data_dir);
+	}
+	if (rc == FB_OK) {
+		/* The evaluation set is read for the model's task and classes. */
+		cfg->eval.task = cfg->task;
+		cfg->eval.classes = cfg->task == FB_TASK_REGRESSION
+		    ? 0 : cfg->classes;
+		rc = fb_data_spec_check(&cfg->eval, cfg->eval_dataset == 1,
+		    "evaluation", "file", "labels", path);
 	}
 	return rc;
 }

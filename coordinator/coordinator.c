@@ -62,6 +62,33 @@ static const coord_io link_io = {
 
 /* ---- setup ---- */
 
+/* The central evaluation set: Fashion-MNIST's test split, or the files
+ * evaluation.* names; it must fit the model, and says how its features
+ * were preprocessed (the model file's metadata). */
+static fb_err
+open_test_set(coord *c)
+{
+	const fb_coord_config *cfg = c->cfg;
+	bool files = cfg->eval_dataset == 1;
+	fb_err rc;
+
+	rc = files ? fb_dataset_load_eval(&cfg->eval, &c->test)
+	           : fb_dataset_load_fmnist(cfg->data_dir, 0, &c->test);
+	if (rc != FB_OK) {
+		fb_log_error("cannot load the evaluation set %s (%s)",
+		    files ? cfg->eval.file : cfg->data_dir,
+		    files ? "evaluation.file" : "evaluation.data_dir");
+		return rc;
+	}
+	if (fb_dataset_check_fit(&c->test, fb_model_input_dim(c->model),
+	        fb_model_task(c->model), fb_model_classes(c->model)) != FB_OK) {
+		fb_log_error("the evaluation set does not fit the model");
+		return FB_ECONFIG;
+	}
+	return fb_dataset_describe(files ? &cfg->eval : NULL, &c->test,
+	    &c->preprocessing);
+}
+
 static fb_err
 open_model(coord *c)
 {
@@ -73,6 +100,7 @@ open_model(coord *c)
 	snprintf(spec.arch, sizeof(spec.arch), "%s", cfg->model_arch);
 	spec.input_dim = (uint32_t)cfg->input_dim;
 	spec.classes = (uint32_t)cfg->classes;
+	spec.task = (uint32_t)cfg->task;
 	spec.hidden_count = (uint32_t)cfg->hidden.count;
 	if (spec.hidden_count > FB_MODEL_MAX_HIDDEN) {
 		fb_log_error("model.hidden: at most %d layers",
@@ -98,13 +126,7 @@ open_model(coord *c)
 	fb_model_init_params(c->model, c->params, (uint64_t)cfg->seed);
 	c->evaluate = strcmp(cfg->model_arch, "synthetic") != 0 &&
 	    cfg->eval_every > 0;
-	if (c->evaluate &&
-	    (rc = fb_dataset_load_fmnist(cfg->data_dir, 0, &c->test)) !=
-	        FB_OK) {
-		fb_log_error("cannot load the test set from %s "
-		             "(evaluation.data_dir)", cfg->data_dir);
-		return rc;
-	}
+	return c->evaluate ? open_test_set(c) : FB_OK;
 	return FB_OK;
 }
 
@@ -267,6 +289,7 @@ coord_fini(coord *c)
 	fb_lent_free(c->params_lent); /* after fb_link_close: none in flight */
 	fb_model_close(c->model);
 	fb_dataset_fini(&c->test);
+	fb_free(c->preprocessing);
 	free(c->stream_arg);
 	free(c->rd.sel);
 	free(c->rd.sel_id);

@@ -14,6 +14,7 @@
 #include "aggregation/aggregation.h"
 #include "common/config.h"
 #include "common/err.h"
+#include "data/data.h"
 
 /* round.local_work */
 typedef enum fb_local_work {
@@ -36,6 +37,7 @@ typedef struct fb_coord_config {
 	char *model_arch;
 	int64_t input_dim;
 	int64_t classes;
+	int task;                 /* fb_task (model.task) */
 	fb_cfg_int_list hidden;
 	int64_t synthetic_params;
 	char *plugin;
@@ -70,6 +72,8 @@ typedef struct fb_coord_config {
 	/* evaluation */
 	int64_t eval_every;        /* 0 = never */
 	char *data_dir;
+	int eval_dataset;          /* 0 fashion-mnist (data_dir), 1 files */
+	fb_data_spec eval;         /* files: the central evaluation set */
 	/* transport */
 	uint64_t chunk_size;       /* bytes per payload frame */
 	int64_t heartbeat_ms;

@@ -124,6 +124,7 @@ typedef struct worker {
 	uint32_t id;             /* secure: allowlist index; plain: a count */
 	char name[FB_NAME_MAX];
 	uint32_t index;          /* its data.index */
+	uint32_t partitions;     /* the index's data.workers; 0: own data */
 	uint64_t num_samples;    /* plain mode only; 0 under SecAgg */
 	uint64_t session;
 	char backend[FB_TEXT_MAX];
@@ -375,6 +376,7 @@ struct coord {
 	float *params;           /* fb_lent_data(params_lent) */
 	fb_lent *params_lent;    /* plain chunks are sent from it */
 	char model_desc[128];
+	char *preprocessing;     /* fb_dataset_describe of the test set */
 	fb_accum *accum;
 	fb_server_opt *opt;
 	fb_ingest *ingest;       /* decrypts and adds update chunks */

@@ -244,7 +244,9 @@ outputs_save_model(coord *c, double acc, const char *path)
 	    {"format", "pt"},
 	    {"fedbox.round", round},
 	    {"fedbox.model", c->model_desc},
-	    {"fedbox.preprocessing", FB_FMNIST_PREPROCESSING},
+	    {"fedbox.preprocessing", c->preprocessing != NULL
+	                                 ? c->preprocessing
+	                                 : "unknown (no evaluation set)"},
 	    {"fedbox.test_accuracy", accs},
 	    {"fedbox.run_id", run},
 	    {"fedbox.version", FB_VERSION},
@@ -436,11 +438,14 @@ outputs_round_line(coord *c)
 	printf("round %3u/%lld  workers %u/%u%s  ", rd->number,
 	    (long long)c->cfg->rounds, r->participants, r->selected,
 	    r->partial ? " (+partial)" : "");
-	if (isnan(r->test_accuracy)) {
-		printf("acc    -     loss   -     ");
-	} else {
+	if (!isnan(r->test_accuracy)) {
 		printf("acc %6.2f%%  loss %.4f  ", 100.0 * r->test_accuracy,
 		    r->test_loss);
+	} else if (!isnan(r->test_loss)) {
+		/* regression: the test loss is the mean squared error */
+		printf("mse %.6g          ", r->test_loss);
+	} else {
+		printf("acc    -     loss   -     ");
 	}
 	printf("%6.1fs  up %.1f MB  down %.1f MB", r->seconds,
 	    (double)rd->up_bytes / 1e6, (double)rd->down_bytes / 1e6);

@@ -434,6 +434,7 @@ welcome(coord *c, worker *w)
 	    "%s", cfg->model_arch);
 	out.u.welcome.model.input_dim = (uint32_t)cfg->input_dim;
 	out.u.welcome.model.classes = (uint32_t)cfg->classes;
+	out.u.welcome.model.task = (uint32_t)cfg->task;
 	out.u.welcome.model.hidden_count = (uint32_t)cfg->hidden.count;
 	for (size_t i = 0; i < cfg->hidden.count; i++) {
 		out.u.welcome.model.hidden[i] = (uint32_t)cfg->hidden.v[i];
@@ -457,13 +458,18 @@ welcome(coord *c, worker *w)
 	}
 }
 
-/* The other admitted worker with data index `index`, or NULL. */
+/* The other admitted worker with share `index` of the same split of a
+ * data set, or NULL. Boxes on their own data (partitions 0) share none. */
 static worker *
-index_taken(coord *c, const worker *self, uint32_t index)
+index_taken(coord *c, const worker *self, uint32_t index, uint32_t parts)
 {
+	if (parts == 0) {
+		return NULL;
+	}
 	for (uint32_t i = 0; i < c->reg.cap; i++) {
 		worker *o = &c->reg.workers[i];
-		if (o != self && o->used && o->welcomed && o->index == index) {
+		if (o != self && o->used && o->welcomed && o->index == index &&
+		    o->partitions == parts) {
 			return o;
 		}
 	}
@@ -495,12 +501,14 @@ registry_on_hello(coord *c, worker *w, const fb_frame *f)
 		return;
 	}
 	{
-		worker *o = index_taken(c, w, m->u.hello.worker_index);
+		worker *o = index_taken(c, w, m->u.hello.worker_index,
+		    m->u.hello.partitions);
 		if (o != NULL) {
 			char reason[FB_TEXT_MAX];
-			snprintf(reason, sizeof(reason), "data.index %u is worker "
-			    "'%s''s already: each worker needs its own",
-			    m->u.hello.worker_index, o->name);
+			snprintf(reason, sizeof(reason), "data.index %u of %u is "
+			    "worker '%s''s already: each worker needs its own "
+			    "share", m->u.hello.worker_index,
+			    m->u.hello.partitions, o->name);
 			fb_log_error("refused worker '%s': %s", m->u.hello.name,
 			    reason);
 			guard_drop(c, DROP_IDENTITY, "hello from '%s': %s",
@@ -521,6 +529,7 @@ registry_on_hello(coord *c, worker *w, const fb_frame *f)
 	snprintf(w->name, sizeof(w->name), "%s", m->u.hello.name);
 	snprintf(w->backend, sizeof(w->backend), "%s", m->u.hello.backend);
 	w->index = m->u.hello.worker_index;
+	w->partitions = m->u.hello.partitions;
 	w->welcomed = true;
 	/* under secure aggregation only the masked sum of weights counts */
 	w->num_samples = c->cfg->sa_enabled ? 0 : m->u.hello.num_samples;

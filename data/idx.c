@@ -7,7 +7,7 @@
  * may be gzip'd or plain: zlib's gzread reads both. Everything in a header
  * is checked before it sizes an allocation, and buffers grow only as data
  * actually arrives, so a lying header cannot make us allocate gigabytes for
- * a file of a few bytes. zlib stays inside this file.
+ * a file of a few bytes. zlib stays inside this file and npz.c.
  */
 #include <errno.h>
 #include <limits.h>
@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "data/data.h"
+#include "data/data_impl.h"
 
 #define IDX_MAGIC_IMAGES 0x00000803u /* ubyte, 3 dimensions */
 #define IDX_MAGIC_LABELS 0x00000801u /* ubyte, 1 dimension */
@@ -269,8 +270,12 @@ idx_check_images(const char *path, const uint32_t *dims)
 	return rc;
 }
 
+/*
+ * fb_data_idx_read reads the pair of files into `out` with x = pixel / 255
+ * (float32) and norm NONE; classes = max label + 1.
+ */
 fb_err
-fb_dataset_load_idx(const char *images_path, const char *labels_path,
+fb_data_idx_read(const char *images_path, const char *labels_path,
     fb_dataset *out)
 {
 	fb_err rc = FB_OK;
@@ -281,6 +286,7 @@ fb_dataset_load_idx(const char *images_path, const char *labels_path,
 	uint8_t *pixels = NULL;
 	uint8_t *labels = NULL;
 	float *x = NULL;
+	fb_label *y = NULL;
 	float lut[256];
 	size_t npix;
 	uint8_t maxlabel = 0;
@@ -291,7 +297,8 @@ fb_dataset_load_idx(const char *images_path, const char *labels_path,
 		goto out;
 	}
 	memset(out, 0, sizeof(*out));
-	if (images_path == NULL || labels_path == NULL) {
+	if (images_path == NULL || labels_path == NULL ||
+	    images_path[0] == '\0' || labels_path[0] == '\0') {
 		fb_log_error("dataset: load needs an image and a label file");
 		rc = FB_EINVAL;
 		goto out;
@@ -324,16 +331,17 @@ fb_dataset_load_idx(const char *images_path, const char *labels_path,
 		goto out;
 	}
 	if (npix > SIZE_MAX / sizeof(float) ||
-	    (x = fb_alloc(npix * sizeof(float))) == NULL) {
+	    (x = fb_alloc(npix * sizeof(float))) == NULL ||
+	    (y = fb_alloc((size_t)ldims[0] * sizeof(*y))) == NULL) {
 		fb_log_error("%s: out of memory for %zu pixels", images_path,
 		    npix);
 		rc = FB_ENOMEM;
 		goto out;
 	}
 	/* Exactly this float expression, so numpy can reproduce it:
-	 * (np.float32(p) / 255 - MEAN) / STD, all in float32. */
+	 * np.float32(p) / 255, in float32. */
 	for (int p = 0; p < 256; p++) {
-		lut[p] = ((float)p / 255.0f - FB_FMNIST_MEAN) / FB_FMNIST_STD;
+		lut[p] = (float)p / 255.0f;
 	}
 	for (size_t i = 0; i < npix; i++) {
 		x[i] = lut[pixels[i]];
@@ -342,20 +350,46 @@ fb_dataset_load_idx(const char *images_path, const char *labels_path,
 		if (labels[i] > maxlabel) {
 			maxlabel = labels[i];
 		}
+		y[i].cls = labels[i];
 	}
 	out->count = idims[0];
 	out->dim = idims[1] * idims[2];
-	out->classes = maxlabel + 1u < 10u ? 10u : maxlabel + 1u;
+	out->classes = maxlabel + 1u;
+	out->task = FB_TASK_CLASSIFICATION;
+	out->format = FB_DATA_IDX;
+	out->norm = FB_NORM_NONE;
+	out->raw_count = idims[0];
 	out->x = x;
-	out->y = labels;
+	out->y = y;
 	x = NULL;
-	labels = NULL;
+	y = NULL;
 out:
 	idx_close(&img);
 	idx_close(&lab);
 	fb_free(pixels);
 	fb_free(labels);
 	fb_free(x);
+	fb_free(y);
+	return rc;
+}
+
+fb_err
+fb_dataset_load_idx(const char *images_path, const char *labels_path,
+    fb_dataset *out)
+{
+	fb_err rc = FB_OK;
+
+	if ((rc = fb_data_idx_read(images_path, labels_path, out)) != FB_OK) {
+		goto out;
+	}
+	if (out->classes < 10) {
+		out->classes = 10;
+	}
+	rc = fb_data_normalize_scalar(out, FB_FMNIST_MEAN, FB_FMNIST_STD);
+	if (rc != FB_OK) {
+		fb_dataset_fini(out);
+	}
+out:
 	return rc;
 }
 
@@ -389,69 +423,5 @@ fb_dataset_load_fmnist(const char *dir, int train, fb_dataset *out)
 	}
 	rc = fb_dataset_load_idx(images, labels, out);
 out:
-	return rc;
-}
-
-void
-fb_dataset_fini(fb_dataset *ds)
-{
-	if (ds == NULL) {
-		return;
-	}
-	fb_free(ds->x);
-	fb_free(ds->y);
-	memset(ds, 0, sizeof(*ds));
-}
-
-fb_err
-fb_dataset_subset(const fb_dataset *src, const uint32_t *idx, uint32_t count,
-    fb_dataset *out)
-{
-	fb_err rc = FB_OK;
-	fb_dataset ds = {0, 0, 0, NULL, NULL};
-
-	if (out == NULL || src == NULL || src == out ||
-	    (count > 0 && idx == NULL)) {
-		fb_log_error("dataset: bad subset arguments");
-		rc = FB_EINVAL;
-		goto out;
-	}
-	for (uint32_t i = 0; i < count; i++) {
-		if (idx[i] >= src->count) {
-			fb_log_error("dataset: subset index %u at position "
-			             "%u is past the %u examples",
-			    (unsigned)idx[i], (unsigned)i,
-			    (unsigned)src->count);
-			rc = FB_EINVAL;
-			goto out;
-		}
-	}
-	ds.count = count;
-	ds.dim = src->dim;
-	ds.classes = src->classes;
-	ds.x = fb_calloc((size_t)count * src->dim, sizeof(float));
-	ds.y = fb_alloc(count);
-	if (ds.x == NULL || ds.y == NULL) {
-		fb_log_error("dataset: out of memory for a subset of %u "
-		             "examples",
-		    (unsigned)count);
-		rc = FB_ENOMEM;
-		goto out;
-	}
-	for (uint32_t i = 0; i < count; i++) {
-		memcpy(ds.x + (size_t)i * ds.dim,
-		    src->x + (size_t)idx[i] * src->dim,
-		    ds.dim * sizeof(float));
-		ds.y[i] = src->y[idx[i]];
-	}
-out:
-	if (out != NULL && out != src) {
-		if (rc == FB_OK) {
-			*out = ds;
-		} else {
-			fb_dataset_fini(&ds);
-			memset(out, 0, sizeof(*out));
-		}
-	}
 	return rc;
 }

@@ -24,6 +24,8 @@
 /* Stream of fb_rng reserved for partitioning, so that other users of the
  * same seed (model init, batching) draw independent numbers. */
 #define PARTITION_STREAM 0x70617274u /* "part" */
+/* Label-aware splits keep per-class tables of classes x workers. */
+#define PARTITION_MAX_CLASSES 65536u
 #define DIRICHLET_MAX_DRAWS 1000
 
 const char *const fb_partition_scheme_names[] = {
@@ -40,7 +42,7 @@ typedef struct by_label {
 } by_label;
 
 static fb_err
-partition_check(const uint8_t *labels, uint32_t count, uint32_t classes,
+partition_check(const fb_label *labels, uint32_t count, uint32_t classes,
     const fb_partition_spec *spec)
 {
 	fb_err rc = FB_EINVAL;
@@ -61,17 +63,24 @@ partition_check(const uint8_t *labels, uint32_t count, uint32_t classes,
 		    (unsigned)count, (unsigned)spec->workers);
 		goto out;
 	}
-	if (classes < 1 || classes > 256) {
-		fb_log_error("partition: %u classes (must be 1..256)",
-		    (unsigned)classes);
+	if (classes == 0 && spec->scheme != FB_PARTITION_IID) {
+		fb_log_error("partition: %s needs class labels; data without "
+		             "them (regression targets) splits iid only",
+		    spec->scheme == FB_PARTITION_DIRICHLET ? "dirichlet"
+		                                           : "shards");
 		goto out;
 	}
-	for (uint32_t i = 0; i < count; i++) {
-		if (labels[i] >= classes) {
-			fb_log_error("partition: label %u of example %u is "
-			             "not below %u classes",
-			    (unsigned)labels[i], (unsigned)i,
-			    (unsigned)classes);
+	if (classes > PARTITION_MAX_CLASSES) {
+		fb_log_error("partition: %u classes (must be 1..%u)",
+		    (unsigned)classes, PARTITION_MAX_CLASSES);
+		goto out;
+	}
+	for (uint32_t i = 0; i < count && classes > 0; i++) {
+		if (labels[i].cls < 0 || (uint32_t)labels[i].cls >= classes) {
+			fb_log_error("partition: label %d of example %u is "
+			             "not in 0..%u",
+			    (int)labels[i].cls, (unsigned)i,
+			    (unsigned)classes - 1);
 			goto out;
 		}
 	}
@@ -129,33 +138,35 @@ alloc_u32(size_t count, uint32_t **out)
 
 /* by_label_init groups example ids by label with a stable counting sort. */
 static fb_err
-by_label_init(by_label *bl, const uint8_t *labels, uint32_t count,
+by_label_init(by_label *bl, const fb_label *labels, uint32_t count,
     uint32_t classes)
 {
 	fb_err rc = FB_OK;
-	uint32_t next[256];
+	uint32_t *next = NULL;
 
 	if ((rc = alloc_u32(count, &bl->order)) != FB_OK) {
 		goto out;
 	}
-	if ((bl->start = fb_calloc((size_t)classes + 1, sizeof(uint32_t))) ==
-	    NULL) {
+	bl->start = fb_calloc((size_t)classes + 1, sizeof(uint32_t));
+	next = fb_calloc(classes, sizeof(uint32_t));
+	if (bl->start == NULL || next == NULL) {
 		fb_log_error("partition: out of memory for %u classes",
 		    (unsigned)classes);
 		rc = FB_ENOMEM;
 		goto out;
 	}
 	for (uint32_t i = 0; i < count; i++) {
-		bl->start[labels[i] + 1]++;
+		bl->start[labels[i].cls + 1]++;
 	}
 	for (uint32_t c = 0; c < classes; c++) {
 		bl->start[c + 1] += bl->start[c];
 		next[c] = bl->start[c];
 	}
 	for (uint32_t i = 0; i < count; i++) {
-		bl->order[next[labels[i]]++] = i;
+		bl->order[next[labels[i].cls]++] = i;
 	}
 out:
+	fb_free(next);
 	return rc;
 }
 
@@ -306,7 +317,7 @@ out:
 }
 
 fb_err
-fb_partition_indices(const uint8_t *labels, uint32_t count, uint32_t classes,
+fb_partition_indices(const fb_label *labels, uint32_t count, uint32_t classes,
     const fb_partition_spec *spec, uint32_t **idx, uint32_t *n)
 {
 	fb_err rc = FB_OK;

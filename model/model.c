@@ -9,6 +9,7 @@
  */
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,7 +26,10 @@ struct fb_model {
 	uint64_t params;
 	uint32_t input_dim; /* features per example, from the spec */
 	uint32_t classes;   /* from the spec */
+	fb_task task;       /* from the spec */
 };
+
+_Static_assert(sizeof(fb_label) == 4, "labels are 4 bytes on every task");
 
 static const fb_model_ops *const builtins[] = {
     &fb_model_mlp_ops,
@@ -164,6 +168,14 @@ fb_model_open(const fb_model_spec *spec, fb_model **out)
 		rc = FB_EINVAL;
 		goto out;
 	}
+	if (spec->task != FB_TASK_CLASSIFICATION &&
+	    spec->task != FB_TASK_REGRESSION) {
+		fb_log_error("model: unknown task %u (0 classification, 1 "
+		             "regression)",
+		    spec->task);
+		rc = FB_EINVAL;
+		goto out;
+	}
 	if (strcmp(spec->arch, "plugin") == 0) {
 		if ((rc = plugin_load(spec, &dl, &ops)) != FB_OK) {
 			goto out;
@@ -197,6 +209,7 @@ fb_model_open(const fb_model_spec *spec, fb_model **out)
 	if (ops != &fb_model_synthetic_ops) {
 		m->input_dim = spec->input_dim;
 		m->classes = spec->classes;
+		m->task = (fb_task)spec->task;
 	}
 	if ((rc = check_layout(m, ops->name)) != FB_OK) {
 		goto out;
@@ -254,6 +267,12 @@ uint32_t
 fb_model_classes(const fb_model *m)
 {
 	return m->classes;
+}
+
+fb_task
+fb_model_task(const fb_model *m)
+{
+	return m->task;
 }
 
 uint32_t
@@ -321,7 +340,7 @@ fb_model_describe(const fb_model *m, char *buf, size_t len)
 
 fb_err
 fb_model_evaluate(const fb_model *m, const float *params, const float *x,
-    const uint8_t *y, uint32_t count, double *mean_loss, double *accuracy)
+    const fb_label *y, uint32_t count, double *mean_loss, double *accuracy)
 {
 	fb_err rc = FB_OK;
 	void *ws = NULL;
@@ -331,7 +350,7 @@ fb_model_evaluate(const fb_model *m, const float *params, const float *x,
 	size_t ws_len;
 
 	*mean_loss = 0.0;
-	*accuracy = 0.0;
+	*accuracy = m->task == FB_TASK_REGRESSION ? NAN : 0.0;
 	if (m->ops->evaluate == NULL) {
 		rc = FB_ENOTSUP;
 		goto out;
@@ -354,7 +373,8 @@ fb_model_evaluate(const fb_model *m, const float *params, const float *x,
 		}
 	}
 	*mean_loss = loss_sum / count;
-	*accuracy = (double)correct / count;
+	*accuracy = m->task == FB_TASK_REGRESSION ? NAN
+	                                          : (double)correct / count;
 out:
 	fb_free(ws);
 	return rc;

@@ -6,10 +6,14 @@
  * parameters as one flat float32 vector; the model says how long it is, how
  * it splits into named tensors (PyTorch names and shapes, e.g. fc1.weight as
  * [out, in]), how to initialise it, and how to compute the mean loss and its
- * gradient on a batch, and evaluate a batch. Built-ins: "mlp" (hidden layers
- * with ReLU, softmax cross-entropy), "logreg" (softmax regression) and
- * "synthetic" (a flat vector for benchmarks; it cannot train). A user model
- * is a shared library exporting FB_MODEL_PLUGIN_SYMBOL, returning its ops.
+ * gradient on a batch, and evaluate a batch. A model has a task: classification
+ * (int32 class labels, softmax cross-entropy over `classes` logits) or
+ * regression (one float target per example, one output, mean squared error).
+ * Built-ins: "mlp" (hidden layers with ReLU), "logreg" (no hidden layer:
+ * softmax regression, or linear regression for the regression task), both
+ * for either task, and "synthetic" (a flat vector for benchmarks; it cannot
+ * train). A user model is a shared library exporting FB_MODEL_PLUGIN_SYMBOL,
+ * returning its ops.
  *
  * This header is the ABI for plug-ins: it depends only on common/err.h and
  * the C standard library.
@@ -22,15 +26,36 @@
 
 #include "common/err.h"
 
-#define FB_MODEL_ABI_VERSION 1
+/* Version 2: labels are fb_label (int32 classes or float targets), and the
+ * spec carries a task. A version-1 plug-in is refused by its abi_version. */
+#define FB_MODEL_ABI_VERSION 2
 #define FB_MODEL_PLUGIN_SYMBOL "fb_model_plugin_v1"
 #define FB_MODEL_MAX_HIDDEN 16
 #define FB_TENSOR_NAME_MAX 64
 
+/* fb_task says what a model's outputs are and which loss trains them. */
+typedef enum fb_task {
+	FB_TASK_CLASSIFICATION = 0, /* `classes` logits, softmax xent */
+	FB_TASK_REGRESSION = 1,     /* one output, mean squared error */
+} fb_task;
+
+/*
+ * fb_label is one example's target. The model's task says which member
+ * holds it: `cls` for classification (0 .. classes - 1), `value` for
+ * regression (a finite float). Four bytes either way, so the runtime
+ * gathers batches of labels without knowing the task.
+ */
+typedef union fb_label {
+	int32_t cls;
+	float value;
+} fb_label;
+
 typedef struct fb_model_spec {
 	char arch[32];          /* "mlp", "logreg", "synthetic", "plugin" */
 	uint32_t input_dim;     /* features per example, e.g. 784 */
-	uint32_t classes;       /* output classes, e.g. 10 */
+	uint32_t classes;       /* classification: classes >= 2, e.g. 10;
+	                         * regression: outputs, exactly 1 */
+	uint32_t task;          /* fb_task */
 	uint32_t hidden[FB_MODEL_MAX_HIDDEN]; /* mlp hidden widths */
 	uint32_t hidden_count;  /* mlp: >= 1 */
 	uint64_t synthetic_params; /* synthetic: vector length >= 1 */
@@ -63,21 +88,26 @@ typedef struct fb_model_ops {
 	 * batches up to max_batch. */
 	size_t (*workspace_len)(const void *state, uint32_t max_batch);
 	/* forward_backward: grad (param_count floats, overwritten) = gradient
-	 * of the mean loss over the batch; *loss = that mean loss. NULL for
-	 * models that cannot train (FB_ENOTSUP is reported by the runtime). */
+	 * of the mean loss over the batch; *loss = that mean loss. `y` holds
+	 * `batch` labels of the spec's task; one out of range (or a
+	 * non-finite target) is FB_EINVAL. NULL for models that cannot train
+	 * (FB_ENOTSUP is reported by the runtime). */
 	fb_err (*forward_backward)(const void *state, const float *params,
-	    const float *x, const uint8_t *y, uint32_t batch, float *grad,
+	    const float *x, const fb_label *y, uint32_t batch, float *grad,
 	    float *loss, void *ws);
-	/* evaluate adds the batch's summed loss to *loss_sum and its correct
+	/* evaluate adds the batch's summed loss (regression: summed squared
+	 * error) to *loss_sum and, for classification, its correct
 	 * predictions to *correct. NULL when the model cannot evaluate. */
 	fb_err (*evaluate)(const void *state, const float *params,
-	    const float *x, const uint8_t *y, uint32_t batch, double *loss_sum,
+	    const float *x, const fb_label *y, uint32_t batch, double *loss_sum,
 	    uint64_t *correct, void *ws);
 	/* cuda: device entry points, or NULL for a CPU-only model. */
 	const struct fb_model_cuda_ops *cuda;
 } fb_model_ops;
 
-/* A plug-in exports: const fb_model_ops *fb_model_plugin_v1(void); */
+/* A plug-in exports: const fb_model_ops *fb_model_plugin_v1(void); (the
+ * symbol keeps its name across ABI versions so that an old plug-in is
+ * refused with its version, not as a library without the entry point). */
 typedef const fb_model_ops *(*fb_model_plugin_fn)(void);
 
 /* ---- runtime side (not needed by plug-ins) ---- */
@@ -101,6 +131,8 @@ uint64_t fb_model_param_count(const fb_model *m);
  * classes (what x rows and labels must match; 0 for "synthetic"). */
 uint32_t fb_model_input_dim(const fb_model *m);
 uint32_t fb_model_classes(const fb_model *m);
+/* fb_model_task returns the spec's task (classification for "synthetic"). */
+fb_task fb_model_task(const fb_model *m);
 uint32_t fb_model_tensor_count(const fb_model *m);
 void fb_model_tensor_info(const fb_model *m, uint32_t i, fb_tensor_info *out);
 void fb_model_init_params(const fb_model *m, float *params, uint64_t seed);
@@ -108,12 +140,15 @@ void fb_model_init_params(const fb_model *m, float *params, uint64_t seed);
 void fb_model_describe(const fb_model *m, char *buf, size_t len);
 
 /*
- * fb_model_evaluate runs the model over `count` examples in batches and
- * returns the mean loss and the accuracy. Errors: FB_ENOTSUP (the model
- * cannot evaluate), FB_ENOMEM.
+ * fb_model_evaluate runs the model over `count` examples (x: count rows of
+ * fb_model_input_dim floats; y: count labels of the model's task) in
+ * batches and returns the mean loss and the accuracy. For regression the
+ * mean loss is the mean squared error and *accuracy is NAN (there is none:
+ * callers report the MSE instead). Errors: FB_ENOTSUP (the model cannot
+ * evaluate), FB_EINVAL (a label out of range, logged), FB_ENOMEM.
  */
 FB_MUST_CHECK fb_err fb_model_evaluate(const fb_model *m, const float *params,
-    const float *x, const uint8_t *y, uint32_t count, double *mean_loss,
+    const float *x, const fb_label *y, uint32_t count, double *mean_loss,
     double *accuracy);
 
 /*

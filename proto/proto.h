@@ -85,6 +85,7 @@ typedef struct fb_wire_model_spec {
 	uint32_t hidden_count;
 	uint64_t synthetic_params;
 	char plugin[FB_TEXT_MAX];
+	uint32_t task; /* fb_task: 0 classification, 1 regression */
 } fb_wire_model_spec;
 
 typedef struct fb_msg {
@@ -99,6 +100,7 @@ typedef struct fb_msg {
 			char software[FB_NAME_MAX];
 			uint64_t session;
 			uint32_t lane;
+			uint32_t partitions; /* 0: own data; else data.workers */
 		} hello;
 		struct {
 			uint32_t protocol_version;

@@ -91,6 +91,7 @@ spec_to_pb(const fb_wire_model_spec *s, Fedbox__ModelSpec *pb)
 	pb->hidden = (uint32_t *)(uintptr_t)s->hidden;
 	pb->synthetic_params = s->synthetic_params;
 	pb->plugin = (char *)(uintptr_t)s->plugin;
+	pb->task = s->task;
 }
 
 fb_err
@@ -128,11 +129,13 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		hello.software = (char *)(uintptr_t)m->u.hello.software;
 		hello.session = m->u.hello.session;
 		hello.lane = m->u.hello.lane;
+		hello.partitions = m->u.hello.partitions;
 		env.body_case = FEDBOX__ENVELOPE__BODY_HELLO;
 		env.hello = &hello;
 		break;
 	case FB_MSG_WELCOME:
-		if (m->u.welcome.model.hidden_count > FB_PROTO_MAX_HIDDEN) {
+		if (m->u.welcome.model.hidden_count > FB_PROTO_MAX_HIDDEN ||
+		    m->u.welcome.model.task > 1) {
 			return FB_EINVAL;
 		}
 		fedbox__welcome__init(&welcome);
@@ -316,7 +319,7 @@ fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 static bool
 spec_from_pb(const Fedbox__ModelSpec *pb, fb_wire_model_spec *s)
 {
-	if (pb == NULL || pb->n_hidden > FB_PROTO_MAX_HIDDEN) {
+	if (pb == NULL || pb->n_hidden > FB_PROTO_MAX_HIDDEN || pb->task > 1) {
 		return false;
 	}
 	if (!copy_text(s->arch, sizeof(s->arch), pb->arch) ||
@@ -330,6 +333,7 @@ spec_from_pb(const Fedbox__ModelSpec *pb, fb_wire_model_spec *s)
 		s->hidden[i] = pb->hidden[i];
 	}
 	s->synthetic_params = pb->synthetic_params;
+	s->task = pb->task;
 	return true;
 }
 
@@ -388,6 +392,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.hello.num_samples = env->hello->num_samples;
 		m->u.hello.session = env->hello->session;
 		m->u.hello.lane = env->hello->lane;
+		m->u.hello.partitions = env->hello->partitions;
 		if (!copy_text(m->u.hello.name, sizeof(m->u.hello.name),
 		        env->hello->name) ||
 		    !copy_text(m->u.hello.backend, sizeof(m->u.hello.backend),

@@ -15,7 +15,8 @@
 
 static const char *const log_levels[] = {"debug", "info", "warn", "error",
     NULL};
-static const char *const datasets[] = {"fashion-mnist", "none", NULL};
+static const char *const datasets[] = {"fashion-mnist", "none", "files",
+    NULL};
 static const char *const devices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const maths[] = {"fp32", "tf32", "bf16", NULL};
 static const char *const sa_modes[] = {"required", "optional", NULL};
@@ -30,9 +31,27 @@ const fb_cfg_field fb_worker_config_schema[] = {
     {"log_level", FB_CFG_ENUM, F(log_level), "info", NOB, log_levels,
         "least severe log level printed"},
     {"data.dataset", FB_CFG_ENUM, F(dataset), "fashion-mnist", NOB,
-        datasets, "training data; none = benchmarks (no training)"},
+        datasets, "training data: fashion-mnist (data.dir), files (this "
+        "box's own: data.format, data.train, ...), none = benchmarks (no "
+        "training)"},
     {"data.dir", FB_CFG_PATH, F(data_dir), FB_FMNIST_DEFAULT_DIR, NOB,
         MB, "folder with the Fashion-MNIST IDX files"},
+    {"data.train", FB_CFG_PATH, F(files.file), "", NOB, MB,
+        "files: training data (csv, npz; npy: the features array; idx: "
+        "the images)"},
+    {"data.train_labels", FB_CFG_PATH, F(files.labels), "", NOB, MB,
+        "files, npy and idx: the training labels file"},
+    {"data.valid", FB_CFG_PATH, F(files.valid), "", NOB, MB,
+        "files: validation data in the same format; empty = none"},
+    {"data.valid_labels", FB_CFG_PATH, F(files.valid_labels), "", NOB,
+        MB, "files, npy and idx: the validation labels file"},
+    {"data.task", FB_CFG_ENUM, F(files.task), "classification", NOB,
+        fb_data_task_names, "files: classification (integer labels) or "
+        "regression (float targets); must be the model's"},
+    {"data.classes", FB_CFG_INT, F(files.classes), "0", 0, 16777216, MB,
+        "files, classification: labels must be below this; 0 = max label "
+        "+ 1"},
+    FB_DATA_CFG_FIELDS("data", fb_worker_config, files),
     {"data.partition", FB_CFG_ENUM, F(partition), "iid", NOB,
         fb_partition_scheme_names,
         "how the training set is split among workers"},
@@ -121,6 +140,10 @@ fb_worker_config_load(const char *path, fb_worker_config *cfg)
 		    "'%.200s' is not an endpoint to connect to: write "
 		    "tcp://HOST:PORT (e.g. tcp://10.0.0.1:5555) or ipc://PATH",
 		    cfg->coordinator);
+	} else if ((rc = fb_data_spec_check(&cfg->files,
+	                cfg->dataset == FB_WORKER_DATA_FILES, "data", "train",
+	                "train_labels", path)) != FB_OK) {
+		/* logged, with the key */
 	} else if (cfg->index >= cfg->workers) {
 		rc = fb_cfg_error(path, sch, pos, "data.index",
 		    "%lld must be below data.workers (%lld)",

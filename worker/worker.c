@@ -53,6 +53,7 @@ typedef struct wk {
 	uint32_t lane;         /* the coordinator's lane we are on; 0: listen */
 	int64_t lane_since_ms; /* when we went to it */
 	fb_dataset shard;
+	fb_dataset valid; /* data.valid, when given (fb_dataset_load) */
 	fb_model *model;
 	fb_trainer *trainer;
 	uint32_t trainer_batch;
@@ -119,7 +120,7 @@ typedef struct wk {
 static uint64_t
 samples(const wk *w)
 {
-	return w->cfg->dataset == 0 ? w->shard.count
+	return w->cfg->dataset != 1 ? w->shard.count
 	                            : (uint64_t)w->cfg->none_samples;
 }
 
@@ -155,6 +156,11 @@ send_hello(wk *w)
 	m.u.hello.protocol_version = FB_PROTOCOL_VERSION;
 	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "%s", w->cfg->name);
 	m.u.hello.worker_index = (uint32_t)w->cfg->index;
+	/* data.index names a share of a data set split data.workers ways
+	 * (a simulation), or, on the box's own files taken whole, nothing */
+	m.u.hello.partitions = w->cfg->dataset == 1 ||
+	        (w->cfg->dataset == FB_WORKER_DATA_FILES && w->cfg->workers <= 1)
+	    ? 0 : (uint32_t)w->cfg->workers;
 	/* Required secure aggregation keeps the sample count private: only
 	 * the masked sum of all workers' weights reaches the coordinator. */
 	m.u.hello.num_samples = w->cfg->secure_aggregation == 0 ? 0 : samples(w);
@@ -401,6 +407,7 @@ on_welcome(wk *w, const fb_msg *m)
 	spec.hidden_count = ws->hidden_count;
 	memcpy(spec.hidden, ws->hidden, sizeof(uint32_t) * ws->hidden_count);
 	spec.synthetic_params = ws->synthetic_params;
+	spec.task = ws->task;
 	snprintf(spec.plugin, sizeof(spec.plugin), "%s",
 	    w->cfg->plugin[0] ? w->cfg->plugin : ws->plugin);
 	if (w->model != NULL) {
@@ -422,6 +429,14 @@ on_welcome(wk *w, const fb_msg *m)
 			    fb_model_param_count(w->model),
 			    m->u.welcome.param_count);
 			return FB_EPROTO;
+		}
+		if (w->cfg->dataset != 1 &&
+		    (rc = fb_dataset_check_fit(&w->shard,
+		         fb_model_input_dim(w->model), fb_model_task(w->model),
+		         fb_model_classes(w->model))) != FB_OK) {
+			fb_log_error("this box's data does not fit the "
+			             "coordinator's model");
+			return rc;
 		}
 		w->param_count = m->u.welcome.param_count;
 		w->global = fb_alloc(w->param_count * 4);
@@ -1237,6 +1252,20 @@ load_shard(wk *w)
 	if (cfg->dataset == 1) {
 		return FB_OK;
 	}
+	if (cfg->dataset == FB_WORKER_DATA_FILES) {
+		if ((rc = fb_dataset_load(&cfg->files, &ps, &w->shard,
+		         &w->valid)) != FB_OK) {
+			fb_log_error("cannot load this box's data (data.train "
+			             "%s)", cfg->files.file);
+			return rc;
+		}
+		fb_log_info("data %s: %u of %u examples (part %lld of %lld), "
+		            "%u features%s",
+		    cfg->files.file, w->shard.count, w->shard.raw_count,
+		    (long long)cfg->index, (long long)cfg->workers,
+		    w->shard.dim, w->valid.count > 0 ? ", with validation" : "");
+		return FB_OK;
+	}
 	if ((rc = fb_dataset_load_fmnist(cfg->data_dir, 1, &full)) != FB_OK) {
 		fb_log_error("cannot load the training set from %s (data.dir)",
 		    cfg->data_dir);
@@ -1508,6 +1537,7 @@ out:
 	fb_link_close(w.link);
 	fb_model_close(w.model);
 	fb_dataset_fini(&w.shard);
+	fb_dataset_fini(&w.valid);
 	fb_free(w.global);
 	fb_lent_free(w.local_lent); /* after fb_link_close: nothing in flight */
 	fb_free(w.sendbuf);

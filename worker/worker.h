@@ -13,14 +13,20 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "data/data.h"
+
+/* data.dataset: files, this box's own data (fb_dataset_load). */
+#define FB_WORKER_DATA_FILES 2
 
 typedef struct fb_worker_config {
 	char *coordinator;        /* ZeroMQ endpoint to connect to */
 	char *name;               /* unique in the federation */
 	int log_level;
 	/* data */
-	int dataset;              /* 0 fashion-mnist, 1 none (benchmarks) */
+	int dataset;              /* 0 fashion-mnist, 1 none (benchmarks),
+	                           * 2 files (FB_WORKER_DATA_FILES) */
 	char *data_dir;
+	fb_data_spec files;       /* dataset files: this box's own data */
 	int partition;            /* fb_partition_scheme */
 	double alpha;
 	int64_t shards_per_worker;

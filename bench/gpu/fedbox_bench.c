@@ -52,7 +52,7 @@ make_shard(fb_dataset *d, uint32_t count, uint32_t dim, uint32_t classes)
 
 	memset(d, 0, sizeof(*d));
 	d->x = fb_alloc((size_t)count * dim * sizeof(float));
-	d->y = fb_alloc(count);
+	d->y = fb_alloc((size_t)count * sizeof(*d->y));
 	if (d->x == NULL || d->y == NULL) {
 		fb_free(d->x);
 		fb_free(d->y);
@@ -66,7 +66,7 @@ make_shard(fb_dataset *d, uint32_t count, uint32_t dim, uint32_t classes)
 		d->x[i] = (float)(2.0 * fb_rng_uniform(&r) - 1.0);
 	}
 	for (uint32_t i = 0; i < count; i++) {
-		d->y[i] = (uint8_t)fb_rng_below(&r, classes);
+		d->y[i].cls = (int32_t)fb_rng_below(&r, classes);
 	}
 	return FB_OK;
 }

@@ -4,7 +4,8 @@
  *
  * A two-layer network input_dim -> 32 -> classes with tanh between the
  * layers and softmax cross-entropy on the logits (hidden[0] overrides the
- * width when the spec gives one). It is built as a shared library on its
+ * width when the spec gives one); a classifier only, so it refuses the
+ * regression task. It is built as a shared library on its
  * own (build/examples/tiny.so) and talks to fedbox only through the ABI in
  * model/model.h: it links none of fedbox's libraries, so it carries its own
  * random generator and plain loops. Load it with
@@ -42,8 +43,13 @@ tiny_create(const fb_model_spec *spec, void **state)
 	uint32_t hid = spec->hidden_count >= 1 ? spec->hidden[0] : TINY_HIDDEN;
 
 	*state = NULL;
+	if (spec->task != FB_TASK_CLASSIFICATION) {
+		fprintf(stderr, "tiny-tanh: classification only\n");
+		return FB_EINVAL;
+	}
 	if (spec->input_dim < 1 || spec->input_dim > (1u << 24) ||
-	    spec->classes < 2 || spec->classes > 256 || hid < 1 || hid > 4096) {
+	    spec->classes < 2 || spec->classes > 65536 || hid < 1 ||
+	    hid > 4096) {
 		fprintf(stderr, "tiny-tanh: bad shape %u-%u-%u\n",
 		    spec->input_dim, hid, spec->classes);
 		return FB_EINVAL;
@@ -142,7 +148,7 @@ tiny_hidden(const tiny_state *s, const float *params, const float *x,
  * and leaves softmax in z. */
 static double
 tiny_logits(const tiny_state *s, const float *params, const float *hi,
-    uint8_t y, float *z)
+    uint32_t y, float *z)
 {
 	float m;
 	double sum = 0.0;
@@ -173,7 +179,7 @@ tiny_logits(const tiny_state *s, const float *params, const float *hi,
 
 static fb_err
 tiny_forward_backward(const void *state, const float *params, const float *x,
-    const uint8_t *y, uint32_t n, float *grad, float *loss, void *ws)
+    const fb_label *y, uint32_t n, float *grad, float *loss, void *ws)
 {
 	const tiny_state *s = state;
 	float *h = ws, *dh = h + (size_t)n * s->hid,
@@ -185,7 +191,7 @@ tiny_forward_backward(const void *state, const float *params, const float *x,
 		return FB_EINVAL;
 	}
 	for (uint32_t i = 0; i < n; i++) {
-		if (y[i] >= s->out) {
+		if (y[i].cls < 0 || (uint32_t)y[i].cls >= s->out) {
 			return FB_EINVAL;
 		}
 	}
@@ -195,8 +201,8 @@ tiny_forward_backward(const void *state, const float *params, const float *x,
 	for (uint32_t i = 0; i < n; i++) {
 		const float *hi = h + (size_t)i * s->hid;
 		float *dhi = dh + (size_t)i * s->hid;
-		total += tiny_logits(s, params, hi, y[i], z);
-		z[y[i]] -= 1.0f;
+		total += tiny_logits(s, params, hi, (uint32_t)y[i].cls, z);
+		z[y[i].cls] -= 1.0f;
 		for (uint32_t c = 0; c < s->out; c++) {
 			float d = z[c] / (float)n;
 			const float *w = params + s->w2 + (size_t)c * s->hid;
@@ -224,25 +230,26 @@ tiny_forward_backward(const void *state, const float *params, const float *x,
 
 static fb_err
 tiny_evaluate(const void *state, const float *params, const float *x,
-    const uint8_t *y, uint32_t n, double *loss_sum, uint64_t *correct, void *ws)
+    const fb_label *y, uint32_t n, double *loss_sum, uint64_t *correct,
+    void *ws)
 {
 	const tiny_state *s = state;
 	float *h = ws, *z = h + (size_t)2 * n * s->hid;
 
 	for (uint32_t i = 0; i < n; i++) {
-		if (y[i] >= s->out) {
+		if (y[i].cls < 0 || (uint32_t)y[i].cls >= s->out) {
 			return FB_EINVAL;
 		}
 	}
 	tiny_hidden(s, params, x, n, h);
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t best = 0;
-		*loss_sum +=
-		    tiny_logits(s, params, h + (size_t)i * s->hid, y[i], z);
+		*loss_sum += tiny_logits(s, params, h + (size_t)i * s->hid,
+		    (uint32_t)y[i].cls, z);
 		for (uint32_t c = 1; c < s->out; c++) {
 			best = z[c] > z[best] ? c : best;
 		}
-		*correct += best == y[i];
+		*correct += best == (uint32_t)y[i].cls;
 	}
 	return FB_OK;
 }

@@ -3,12 +3,14 @@
  * mlp.c -- the built-in "mlp" and "logreg" models on the CPU.
  *
  * An MLP is a chain of nn.Linear layers (fc1, fc2, ...) with ReLU between
- * them and softmax cross-entropy on the last layer's logits; "logreg" is the
- * same chain with no hidden layer. Parameters are laid out in PyTorch order:
- * fc1.weight [out, in] row-major, fc1.bias [out], fc2.weight, ... Loss is
- * the mean over the batch, computed with a stable log-softmax; the gradient
- * is that of the mean. The model state is immutable after create, so one
- * instance serves any number of threads, each with its own workspace.
+ * them; "logreg" is the same chain with no hidden layer. For classification
+ * the last layer's `classes` outputs are logits under softmax cross-entropy
+ * (a stable log-softmax, as nn.CrossEntropyLoss); for regression it has one
+ * output under the squared error (z - t)^2 (as nn.MSELoss). Parameters are
+ * laid out in PyTorch order: fc1.weight [out, in] row-major, fc1.bias [out],
+ * fc2.weight, ... Loss is the mean over the batch; the gradient is that of
+ * the mean. The model state is immutable after create, so one instance
+ * serves any number of threads, each with its own workspace.
  */
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +25,7 @@
 #define INIT_STREAM 0x6d6c70696e6974ULL /* "mlpinit" */
 
 typedef struct mlp_state {
+	fb_task task;
 	uint32_t layers;               /* nn.Linear count, >= 1 */
 	uint32_t dims[MAX_LAYERS + 1]; /* dims[0] = input, dims[L] = classes */
 	uint64_t woff[MAX_LAYERS];     /* flat offset of fcN.weight */
@@ -40,9 +43,26 @@ chain_create(const fb_model_spec *spec, uint32_t hidden_count, void **out)
 	uint64_t off = 0;
 
 	*out = NULL;
-	if (spec->input_dim < 1 || spec->classes < 2) {
+	if (spec->task != FB_TASK_CLASSIFICATION &&
+	    spec->task != FB_TASK_REGRESSION) {
+		fb_log_error("model %s: unknown task %u (0 classification, 1 "
+		             "regression)",
+		    spec->arch, spec->task);
+		rc = FB_EINVAL;
+		goto out;
+	}
+	if (spec->task == FB_TASK_CLASSIFICATION &&
+	    (spec->input_dim < 1 || spec->classes < 2)) {
 		fb_log_error("model %s: input_dim must be >= 1 and classes "
 		             ">= 2 (got %u and %u)",
+		    spec->arch, spec->input_dim, spec->classes);
+		rc = FB_EINVAL;
+		goto out;
+	}
+	if (spec->task == FB_TASK_REGRESSION &&
+	    (spec->input_dim < 1 || spec->classes != 1)) {
+		fb_log_error("model %s: regression needs input_dim >= 1 and "
+		             "exactly 1 output (classes 1; got %u and %u)",
 		    spec->arch, spec->input_dim, spec->classes);
 		rc = FB_EINVAL;
 		goto out;
@@ -57,6 +77,7 @@ chain_create(const fb_model_spec *spec, uint32_t hidden_count, void **out)
 		rc = FB_ENOMEM;
 		goto out;
 	}
+	s->task = (fb_task)spec->task;
 	s->layers = hidden_count + 1;
 	s->dims[0] = spec->input_dim;
 	for (uint32_t l = 0; l < hidden_count; l++) {
@@ -212,15 +233,22 @@ mlp_workspace_len(const void *state, uint32_t max_batch)
 }
 
 static fb_err
-check_labels(const mlp_state *s, const uint8_t *y, uint32_t n)
+check_labels(const mlp_state *s, const fb_label *y, uint32_t n)
 {
 	uint32_t classes = s->dims[s->layers];
 
 	for (uint32_t i = 0; i < n; i++) {
-		if (y[i] >= classes) {
-			fb_log_error("label %u of example %u is not below the "
-			             "class count %u",
-			    y[i], i, classes);
+		if (s->task == FB_TASK_REGRESSION) {
+			if (!isfinite(y[i].value)) {
+				fb_log_error("target of example %u in the "
+				             "batch is not a finite number",
+				    i);
+				return FB_EINVAL;
+			}
+		} else if (y[i].cls < 0 || (uint32_t)y[i].cls >= classes) {
+			fb_log_error("label %d of example %u in the batch is "
+			             "not in 0..%u",
+			    (int)y[i].cls, i, classes - 1);
 			return FB_EINVAL;
 		}
 	}
@@ -255,7 +283,7 @@ forward(const mlp_state *s, const float *params, const float *x, uint32_t n,
  */
 static double
 row_loss(
-    const float *z, uint32_t classes, uint8_t label, float *e, float *sum_out)
+    const float *z, uint32_t classes, int32_t label, float *e, float *sum_out)
 {
 	float m = z[0], sum = 0.0f;
 
@@ -295,7 +323,7 @@ set_act(const mlp_state *s, float *ws, uint32_t n, float **act, float **d0,
 
 static fb_err
 mlp_forward_backward(const void *state, const float *params, const float *x,
-    const uint8_t *y, uint32_t n, float *grad, float *loss, void *ws)
+    const fb_label *y, uint32_t n, float *grad, float *loss, void *ws)
 {
 	const mlp_state *s = state;
 	fb_err rc = FB_OK;
@@ -316,17 +344,26 @@ mlp_forward_backward(const void *state, const float *params, const float *x,
 	set_act(s, ws, n, act, &dcur, &dnext, &scratch);
 	forward(s, params, x, n, act, scratch);
 
-	/* dL/dz = (softmax(z) - onehot(y)) / n, into dcur. */
 	inv_n = 1.0f / (float)n;
-	for (uint32_t i = 0; i < n; i++) {
-		const float *z = act[s->layers] + (size_t)i * classes;
-		float *d = dcur + (size_t)i * classes;
-		float sum;
-		total += row_loss(z, classes, y[i], d, &sum);
-		for (uint32_t j = 0; j < classes; j++) {
-			d[j] = d[j] / sum * inv_n;
+	if (s->task == FB_TASK_REGRESSION) {
+		/* L = mean (z - t)^2, dL/dz = 2 (z - t) / n, into dcur. */
+		for (uint32_t i = 0; i < n; i++) {
+			float e = act[s->layers][i] - y[i].value;
+			total += (double)e * e;
+			dcur[i] = 2.0f * e * inv_n;
 		}
-		d[y[i]] -= inv_n;
+	} else {
+		/* dL/dz = (softmax(z) - onehot(y)) / n, into dcur. */
+		for (uint32_t i = 0; i < n; i++) {
+			const float *z = act[s->layers] + (size_t)i * classes;
+			float *d = dcur + (size_t)i * classes;
+			float sum;
+			total += row_loss(z, classes, y[i].cls, d, &sum);
+			for (uint32_t j = 0; j < classes; j++) {
+				d[j] = d[j] / sum * inv_n;
+			}
+			d[y[i].cls] -= inv_n;
+		}
 	}
 	*loss = (float)(total / n);
 
@@ -354,7 +391,8 @@ out:
 
 static fb_err
 mlp_evaluate(const void *state, const float *params, const float *x,
-    const uint8_t *y, uint32_t n, double *loss_sum, uint64_t *correct, void *ws)
+    const fb_label *y, uint32_t n, double *loss_sum, uint64_t *correct,
+    void *ws)
 {
 	const mlp_state *s = state;
 	fb_err rc = FB_OK;
@@ -373,11 +411,16 @@ mlp_evaluate(const void *state, const float *params, const float *x,
 	for (uint32_t i = 0; i < n; i++) {
 		const float *z = act[s->layers] + (size_t)i * classes;
 		uint32_t best = 0;
+		if (s->task == FB_TASK_REGRESSION) {
+			float e = z[0] - y[i].value;
+			*loss_sum += (double)e * e;
+			continue;
+		}
 		for (uint32_t j = 1; j < classes; j++) {
 			best = z[j] > z[best] ? j : best;
 		}
-		*loss_sum += row_loss(z, classes, y[i], NULL, NULL);
-		*correct += best == y[i];
+		*loss_sum += row_loss(z, classes, y[i].cls, NULL, NULL);
+		*correct += best == (uint32_t)y[i].cls;
 	}
 out:
 	return rc;

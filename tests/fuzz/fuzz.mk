@@ -33,6 +33,11 @@ FUZZ_LIBS_proto = -lprotobuf-c -lzmq $(FUZZ_LIBS_crypto)
 # Headers of other modules a module's targets depend on (for rebuilds).
 FUZZ_HDRS_proto = $(wildcard crypto/*.h) $(B)/proto/fedbox.pb-c.h
 
+# data/: the file readers (CSV, .npy, .npz, IDX) and normalisation.
+FUZZ_SRCS_data = $(wildcard data/*.c) $(FUZZ_SRCS_common)
+FUZZ_LIBS_data = -lz -lm
+FUZZ_HDRS_data = $(wildcard model/*.h)
+
 FUZZ_NAMES := $(patsubst tests/fuzz/targets/%.c,%,\
                 $(wildcard tests/fuzz/targets/*.c))
 FUZZ_GENS  := $(patsubst tests/fuzz/gen/%.c,%,$(wildcard tests/fuzz/gen/*.c))

@@ -21,7 +21,12 @@
  * logreg (no ReLU, so no fp32 decision flips) CPU vs CUDA on 1 and on all
  * GPUs after 100 steps within 1e-6, plain and with FedProx (prox_mu 0.1,
  * two train() calls sharing the anchor); a model the backend cannot run
- * is refused with FB_ENOTSUP.
+ * is refused with FB_ENOTSUP. Labels are int32: the gradient check also
+ * runs with 300 classes (beyond a byte) and on a shard that lacks the
+ * model's top classes. Regression (one output, mean squared error): CPU
+ * vs CUDA loss and gradient for mlp and logreg on 1 and all GPUs, logreg
+ * regression training CPU vs CUDA after 100 steps within 1e-6, and a
+ * shard whose task differs from the model's is refused.
  *
  * Prints PASS/FAIL lines; exits 1 on any failure. Without a GPU it prints
  * "SKIP: <reason>" and exits 0.
@@ -74,6 +79,8 @@ rel_err(const float *a, const float *b, uint64_t n, double *max_abs)
 	return den > 0.0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* A random shard: normal features; classes > 0: uniform labels below it;
+ * classes 0: a regression shard with normal targets. */
 static fb_err
 make_shard(fb_dataset *d, uint32_t count, uint32_t dim, uint32_t classes,
     uint64_t seed)
@@ -82,23 +89,50 @@ make_shard(fb_dataset *d, uint32_t count, uint32_t dim, uint32_t classes,
 
 	memset(d, 0, sizeof(*d));
 	d->x = fb_alloc((size_t)count * dim * sizeof(float));
-	d->y = fb_alloc(count);
+	d->y = fb_alloc((size_t)count * sizeof(fb_label));
 	if (d->x == NULL || d->y == NULL) {
 		fb_free(d->x);
 		fb_free(d->y);
+		d->x = NULL;
+		d->y = NULL;
 		return FB_ENOMEM;
 	}
 	d->count = count;
 	d->dim = dim;
 	d->classes = classes;
+	d->task = classes > 0 ? FB_TASK_CLASSIFICATION : FB_TASK_REGRESSION;
 	fb_rng_init(&r, seed, 1);
 	for (size_t i = 0; i < (size_t)count * dim; i++) {
 		d->x[i] = (float)fb_rng_normal(&r);
 	}
 	for (uint32_t i = 0; i < count; i++) {
-		d->y[i] = (uint8_t)fb_rng_below(&r, classes);
+		if (classes > 0) {
+			d->y[i].cls = (int32_t)fb_rng_below(&r, classes);
+		} else {
+			d->y[i].value = (float)fb_rng_normal(&r);
+		}
 	}
 	return FB_OK;
+}
+
+/* Learnable targets: a random linear function of the features plus a
+ * little noise. */
+static void
+teacher_targets(fb_dataset *d, uint64_t seed)
+{
+	fb_rng r;
+
+	fb_rng_init(&r, seed, 5);
+	for (uint32_t e = 0; e < d->count; e++) {
+		double t = 0.5;
+		fb_rng w;
+		fb_rng_init(&w, seed, 9); /* the same weights for each row */
+		for (uint32_t k = 0; k < d->dim; k++) {
+			t += 0.1 * fb_rng_normal(&w) *
+			    d->x[(size_t)e * d->dim + k];
+		}
+		d->y[e].value = (float)(t + 0.01 * fb_rng_normal(&r));
+	}
 }
 
 /* Learnable labels: argmax of a random linear teacher (a well-posed task,
@@ -126,13 +160,14 @@ teacher_labels(fb_dataset *d, uint64_t seed)
 			}
 			if (z > best) {
 				best = z;
-				d->y[e] = (uint8_t)c;
+				d->y[e].cls = (int32_t)c;
 			}
 		}
 	}
 	fb_free(w);
 }
 
+/* classes 0: the regression task (one output). */
 static fb_err
 open_model(const char *arch, uint32_t in, const uint32_t *hidden,
     uint32_t nh, uint32_t classes, fb_model **m)
@@ -142,7 +177,8 @@ open_model(const char *arch, uint32_t in, const uint32_t *hidden,
 	memset(&spec, 0, sizeof(spec));
 	snprintf(spec.arch, sizeof(spec.arch), "%s", arch);
 	spec.input_dim = in;
-	spec.classes = classes;
+	spec.classes = classes > 0 ? classes : 1;
+	spec.task = classes > 0 ? FB_TASK_CLASSIFICATION : FB_TASK_REGRESSION;
 	spec.hidden_count = nh;
 	for (uint32_t i = 0; i < nh; i++) {
 		spec.hidden[i] = hidden[i];
@@ -181,10 +217,15 @@ cuda_open_n(const fb_model *m, const fb_dataset *d, uint32_t ngpus,
 	return fb_trainer_cuda_backend_v1()->open(m, d, &cfg, max_batch, st);
 }
 
-/* CPU vs CUDA loss and gradient on one random batch. */
+/*
+ * CPU vs CUDA loss and gradient on one random batch; classes 0 is
+ * regression. The shard's labels use only the first `shard_classes`
+ * classes (a box that lacks the others), or all when it is 0.
+ */
 static void
-check_gradient(const char *arch, uint32_t in, const uint32_t *hidden,
-    uint32_t nh, uint32_t classes, uint32_t batch, uint32_t ngpus)
+check_gradient_on(const char *arch, uint32_t in, const uint32_t *hidden,
+    uint32_t nh, uint32_t classes, uint32_t shard_classes, uint32_t batch,
+    uint32_t ngpus)
 {
 	const fb_trainer_backend *be = fb_trainer_cuda_backend_v1();
 	fb_model *m = NULL;
@@ -192,7 +233,7 @@ check_gradient(const char *arch, uint32_t in, const uint32_t *hidden,
 	void *st = NULL;
 	void *ws = NULL;
 	float *p = NULL, *gc = NULL, *gg = NULL, *xb = NULL;
-	uint8_t *yb = NULL;
+	fb_label *yb = NULL;
 	uint32_t *idx = NULL;
 	float lc = 0.0f, lg = 0.0f;
 	char what[160], detail[200];
@@ -202,11 +243,19 @@ check_gradient(const char *arch, uint32_t in, const uint32_t *hidden,
 	fb_err rc;
 
 	memset(&d, 0, sizeof(d));
-	snprintf(what, sizeof(what), "%s %u-..-%u batch %u on %s GPU(s): CPU "
-	    "vs CUDA loss and gradient (fp32)", arch, in, classes, batch,
-	    ngpus ? "1" : "all");
+	if (classes == 0) {
+		snprintf(what, sizeof(what), "%s %u-..-1 regression batch %u "
+		    "on %s GPU(s): CPU vs CUDA MSE loss and gradient (fp32)",
+		    arch, in, batch, ngpus ? "1" : "all");
+	} else {
+		snprintf(what, sizeof(what), "%s %u-..-%u batch %u%s on %s "
+		    "GPU(s): CPU vs CUDA loss and gradient (fp32)", arch, in,
+		    classes, batch, shard_classes ? ", shard lacks the top "
+		    "classes," : "", ngpus ? "1" : "all");
+	}
 	if ((rc = open_model(arch, in, hidden, nh, classes, &m)) != FB_OK ||
-	    (rc = make_shard(&d, 3 * batch + 5, in, classes, 11)) != FB_OK) {
+	    (rc = make_shard(&d, 3 * batch + 5, in,
+	    shard_classes ? shard_classes : classes, 11)) != FB_OK) {
 		snprintf(detail, sizeof(detail), "setup: %s", fb_strerror(rc));
 		check(0, what, detail);
 		goto out;
@@ -217,7 +266,7 @@ check_gradient(const char *arch, uint32_t in, const uint32_t *hidden,
 	gc = fb_alloc(n * sizeof(float));
 	gg = fb_alloc(n * sizeof(float));
 	xb = fb_alloc((size_t)batch * in * sizeof(float));
-	yb = fb_alloc(batch);
+	yb = fb_alloc(batch * sizeof(fb_label));
 	idx = fb_alloc(batch * sizeof(uint32_t));
 	ws = fb_alloc(ops->workspace_len(fb_model_state(m), batch) + 64);
 	if (!p || !gc || !gg || !xb || !yb || !idx || !ws) {
@@ -267,6 +316,13 @@ out:
 	fb_free(ws);
 	fb_dataset_fini(&d);
 	fb_model_close(m);
+}
+
+static void
+check_gradient(const char *arch, uint32_t in, const uint32_t *hidden,
+    uint32_t nh, uint32_t classes, uint32_t batch, uint32_t ngpus)
+{
+	check_gradient_on(arch, in, hidden, nh, classes, 0, batch, ngpus);
 }
 
 /* Train `steps` steps from params p0 with `be`; params out in `p`. */
@@ -498,8 +554,9 @@ train_calls(const fb_trainer_backend *be, void *st, const float *p0,
 	return be->get_params(st, p);
 }
 
+/* classes 0: linear regression (logreg's regression task, MSE). */
 static void
-check_logreg_training(int ngpus_avail)
+check_logreg_training(int ngpus_avail, uint32_t classes)
 {
 	const fb_trainer_backend *cu = fb_trainer_cuda_backend_v1();
 	const fb_trainer_backend *cpu = &fb_trainer_cpu_backend;
@@ -523,12 +580,16 @@ check_logreg_training(int ngpus_avail)
 	o.seed = 42;
 	o.round = 3;
 	o.worker_index = 1;
-	if (open_model("logreg", 784, NULL, 0, 10, &m) != FB_OK ||
-	    make_shard(&d, 3000, 784, 10, 5) != FB_OK) {
+	if (open_model("logreg", 784, NULL, 0, classes, &m) != FB_OK ||
+	    make_shard(&d, 3000, 784, classes, 5) != FB_OK) {
 		check(0, "logreg training setup", "failed");
 		goto out;
 	}
-	teacher_labels(&d, 17);
+	if (classes > 0) {
+		teacher_labels(&d, 17);
+	} else {
+		teacher_targets(&d, 17);
+	}
 	n = fb_model_param_count(m);
 	p0 = fb_alloc(n * sizeof(float));
 	pc = fb_alloc(n * sizeof(float));
@@ -559,8 +620,9 @@ check_logreg_training(int ngpus_avail)
 		st = NULL;
 		for (int all = 0; all <= (ngpus_avail > 1); all++) {
 			double e, max_abs;
-			snprintf(what, sizeof(what), "logreg%s CPU backend vs "
-			    "CUDA %s GPU(s) after 100 steps (fp32, gate 1e-6)",
+			snprintf(what, sizeof(what), "logreg%s%s CPU backend "
+			    "vs CUDA %s GPU(s) after 100 steps (fp32, gate "
+			    "1e-6)", classes ? "" : " regression",
 			    prox ? " FedProx mu 0.1, 2 x 50 steps," : "",
 			    all ? "all" : "1");
 			if ((rc = cuda_open_n(m, &d, all ? 0 : 1, FB_MATH_FP32,
@@ -590,6 +652,39 @@ out:
 	fb_free(pg);
 	fb_dataset_fini(&d);
 	fb_model_close(m);
+}
+
+/* A regression shard on a classifier (and the reverse) is refused. */
+static void
+check_refuses_task_mismatch(void)
+{
+	fb_model *m = NULL;
+	fb_dataset d;
+	void *st = NULL;
+	fb_err rc;
+
+	for (int reg_model = 0; reg_model < 2; reg_model++) {
+		memset(&d, 0, sizeof(d));
+		if (open_model("mlp", 8, (const uint32_t[]){4}, 1,
+		    reg_model ? 0 : 3, &m) != FB_OK ||
+		    make_shard(&d, 10, 8, reg_model ? 3 : 0, 1) != FB_OK) {
+			check(0, "task mismatch is refused", "setup failed");
+			fb_model_close(m);
+			fb_dataset_fini(&d);
+			return;
+		}
+		rc = cuda_open_n(m, &d, 1, FB_MATH_FP32, 4, &st);
+		check(rc == FB_EINVAL, reg_model ? "a classification shard "
+		    "on a regression model is refused" : "a regression shard "
+		    "on a classifier is refused", fb_strerror(rc));
+		if (st != NULL) {
+			fb_trainer_cuda_backend_v1()->close(st);
+			st = NULL;
+		}
+		fb_dataset_fini(&d);
+		fb_model_close(m);
+		m = NULL;
+	}
 }
 
 static void
@@ -656,8 +751,16 @@ main(int argc, char **argv)
 	check_gradient("mlp", 50, h2, 2, 7, 63, 0);
 	check_gradient("mlp", 784, h1, 1, 10, 256, 0);
 	check_gradient("logreg", 784, NULL, 0, 10, 127, 0);
+	check_gradient("mlp", 50, h2, 2, 300, 64, 1);
+	check_gradient_on("mlp", 50, h2, 2, 10, 6, 64, 1);
+	check_gradient("mlp", 50, h2, 2, 0, 64, 1);
+	check_gradient("logreg", 784, NULL, 0, 0, 128, 1);
+	check_gradient("mlp", 50, h2, 2, 0, 63, 0);
+	check_gradient("logreg", 784, NULL, 0, 0, 127, 0);
 	check_refuses_synthetic();
-	check_logreg_training(ngpus);
+	check_refuses_task_mismatch();
+	check_logreg_training(ngpus, 10);
+	check_logreg_training(ngpus, 0);
 	check_training(0, ngpus);
 done:
 	printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);

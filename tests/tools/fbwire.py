@@ -59,10 +59,11 @@ def frame(body_field, body, payload_flag=None):
 
 
 def hello(name, samples=1000, version=PROTOCOL_VERSION, index=0, session=1,
-          lane=0):
+          lane=0, partitions=0):
     b = (field_varint(1, version) + field_bytes(2, name) + field_varint(3, index)
          + field_varint(4, samples) + field_bytes(5, "test") + field_bytes(6, "fbwire")
-         + field_varint(7, session) + (field_varint(8, lane) if lane else b""))
+         + field_varint(7, session) + (field_varint(8, lane) if lane else b"")
+         + (field_varint(9, partitions) if partitions else b""))
     return frame(HELLO, b)
 
 

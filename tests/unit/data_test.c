@@ -26,7 +26,7 @@
 
 /* ---- helpers -------------------------------------------------------------- */
 
-static const char *
+static char *
 tmp_path(const char *name)
 {
 	static char bufs[4][512];
@@ -177,6 +177,9 @@ assert_zeroed(const fb_dataset *ds)
 	assert_int_equal(ds->classes, 0);
 	assert_null(ds->x);
 	assert_null(ds->y);
+	assert_null(ds->mean);
+	assert_null(ds->std);
+	assert_null(ds->names);
 }
 
 /* Captures what is logged to stderr between begin and end. */
@@ -288,8 +291,8 @@ check_fmnist_split(int train, uint32_t want_count)
 	assert_non_null(ds.x);
 	assert_non_null(ds.y);
 	for (uint32_t i = 0; i < ds.count; i++) {
-		assert_true(ds.y[i] < 10);
-		per_class[ds.y[i]]++;
+		assert_true(ds.y[i].cls >= 0 && ds.y[i].cls < 10);
+		per_class[ds.y[i].cls]++;
 	}
 	/* Fashion-MNIST is balanced: 6000 (train) or 1000 (test) each. */
 	for (int c = 0; c < 10; c++) {
@@ -303,8 +306,9 @@ check_fmnist_split(int train, uint32_t want_count)
 	}
 	snprintf(path, sizeof(path), "%s/%s-labels-idx1-ubyte.gz", dir, split);
 	read_raw(path, 8, &raw_label, 1);
-	assert_int_equal(ds.y[0], raw_label);
-	assert_int_equal(ds.y[0], 9); /* both splits open with an ankle boot */
+	assert_int_equal(ds.y[0].cls, raw_label);
+	/* both splits open with an ankle boot */
+	assert_int_equal(ds.y[0].cls, 9);
 
 	/* MEAN/STD are the set's own statistics: x is about N(0, 1). */
 	for (size_t i = 0; i < (size_t)ds.count * ds.dim; i++) {
@@ -374,15 +378,15 @@ check_syn(const fb_dataset *ds)
 		assert_true(ds->x[i] == expected_x(syn_pixel(i)));
 	}
 	for (size_t i = 0; i < SYN_COUNT; i++) {
-		assert_int_equal(ds->y[i], syn_label(i));
+		assert_int_equal(ds->y[i].cls, syn_label(i));
 	}
 }
 
 static void
 test_gz_synthetic_loads(void **state)
 {
-	const char *img = tmp_path("syn-img.gz");
-	const char *lab = tmp_path("syn-lab.gz");
+	char *img = tmp_path("syn-img.gz");
+	char *lab = tmp_path("syn-lab.gz");
 	fb_dataset ds;
 
 	write_syn(img, lab, 1, SYN_COUNT, 0);
@@ -395,8 +399,8 @@ test_gz_synthetic_loads(void **state)
 static void
 test_plain_loads(void **state)
 {
-	const char *img = tmp_path("plain-img");
-	const char *lab = tmp_path("plain-lab");
+	char *img = tmp_path("plain-img");
+	char *lab = tmp_path("plain-lab");
 	fb_dataset ds;
 
 	write_syn(img, lab, 0, SYN_COUNT, 0);
@@ -408,8 +412,8 @@ test_plain_loads(void **state)
 static void
 test_classes_from_labels(void **state)
 {
-	const char *img = tmp_path("cls-img");
-	const char *lab = tmp_path("cls-lab");
+	char *img = tmp_path("cls-img");
+	char *lab = tmp_path("cls-lab");
 	uint32_t idims[3] = {3, 2, 2};
 	uint32_t ldims[1] = {3};
 	uint8_t pix[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 255};
@@ -442,8 +446,8 @@ test_classes_from_labels(void **state)
 static void
 test_truncated_gz(void **state)
 {
-	const char *img = tmp_path("trunc-img.gz");
-	const char *lab = tmp_path("trunc-lab.gz");
+	char *img = tmp_path("trunc-img.gz");
+	char *lab = tmp_path("trunc-lab.gz");
 	uint8_t *buf;
 	size_t len;
 
@@ -457,8 +461,8 @@ test_truncated_gz(void **state)
 static void
 test_truncated_plain(void **state)
 {
-	const char *img = tmp_path("tp-img");
-	const char *lab = tmp_path("tp-lab");
+	char *img = tmp_path("tp-img");
+	char *lab = tmp_path("tp-lab");
 	uint8_t *buf;
 	size_t len;
 	char what[128];
@@ -483,8 +487,8 @@ test_truncated_plain(void **state)
 static void
 test_corrupt_gz(void **state)
 {
-	const char *img = tmp_path("corrupt-img.gz");
-	const char *lab = tmp_path("corrupt-lab.gz");
+	char *img = tmp_path("corrupt-img.gz");
+	char *lab = tmp_path("corrupt-lab.gz");
 	uint8_t *good, *buf;
 	size_t len;
 
@@ -516,8 +520,8 @@ test_corrupt_gz(void **state)
 static void
 test_wrong_magic(void **state)
 {
-	const char *img = tmp_path("magic-img");
-	const char *lab = tmp_path("magic-lab");
+	char *img = tmp_path("magic-img");
+	char *lab = tmp_path("magic-lab");
 	uint8_t *buf;
 	size_t len;
 
@@ -543,8 +547,8 @@ test_wrong_magic(void **state)
 static void
 test_count_mismatch(void **state)
 {
-	const char *img = tmp_path("mis-img.gz");
-	const char *lab = tmp_path("mis-lab.gz");
+	char *img = tmp_path("mis-img.gz");
+	char *lab = tmp_path("mis-lab.gz");
 
 	write_syn(img, lab, 1, SYN_COUNT - 1, 0);
 	expect_load_error(img, lab, FB_EFORMAT, lab, "labels");
@@ -555,8 +559,8 @@ test_count_mismatch(void **state)
 static void
 test_enormous_dims(void **state)
 {
-	const char *img = tmp_path("huge-img");
-	const char *lab = tmp_path("huge-lab.gz");
+	char *img = tmp_path("huge-img");
+	char *lab = tmp_path("huge-lab.gz");
 	uint32_t idims[3] = {0xffffffffu, 28, 28};
 	uint8_t pix[16] = {0};
 	uint8_t *zeros;
@@ -605,8 +609,8 @@ test_enormous_dims(void **state)
 static void
 test_trailing_garbage(void **state)
 {
-	const char *img = tmp_path("trail-img.gz");
-	const char *lab = tmp_path("trail-lab.gz");
+	char *img = tmp_path("trail-img.gz");
+	char *lab = tmp_path("trail-lab.gz");
 	uint32_t ldims[1] = {SYN_COUNT};
 	uint8_t labels[SYN_COUNT + 3] = {0};
 	uint8_t *file;
@@ -627,8 +631,8 @@ test_trailing_garbage(void **state)
 static void
 test_missing_file(void **state)
 {
-	const char *img = tmp_path("mf-img.gz");
-	const char *lab = tmp_path("mf-lab.gz");
+	char *img = tmp_path("mf-img.gz");
+	char *lab = tmp_path("mf-lab.gz");
 
 	write_syn(img, lab, 1, SYN_COUNT, 0);
 	expect_load_error(tmp_path("absent-img.gz"), lab, FB_EIO,
@@ -643,8 +647,8 @@ test_missing_file(void **state)
 static void
 test_subset(void **state)
 {
-	const char *img = tmp_path("sub-img.gz");
-	const char *lab = tmp_path("sub-lab.gz");
+	char *img = tmp_path("sub-img.gz");
+	char *lab = tmp_path("sub-lab.gz");
 	uint32_t pick[3] = {5, 0, 63};
 	uint32_t bad[2] = {1, SYN_COUNT};
 	fb_dataset ds, sub;
@@ -657,7 +661,7 @@ test_subset(void **state)
 	assert_int_equal(sub.dim, ds.dim);
 	assert_int_equal(sub.classes, ds.classes);
 	for (uint32_t i = 0; i < 3; i++) {
-		assert_int_equal(sub.y[i], ds.y[pick[i]]);
+		assert_int_equal(sub.y[i].cls, ds.y[pick[i]].cls);
 		assert_memory_equal(sub.x + (size_t)i * sub.dim,
 		    ds.x + (size_t)pick[i] * ds.dim, sub.dim * sizeof(float));
 	}
@@ -672,6 +676,25 @@ test_subset(void **state)
 }
 
 /* ---- partitions ---------------------------------------------------------- */
+
+/* partition_u8 is fb_partition_indices on byte labels (the tests' own
+ * tables), converted to fb_label first. */
+static fb_err
+partition_u8(const uint8_t *labels, uint32_t count, uint32_t classes,
+    const fb_partition_spec *spec, uint32_t **idx, uint32_t *n)
+{
+	fb_label *y = calloc(count > 0 ? count : 1, sizeof(*y));
+	fb_err rc;
+
+	assert_non_null(y);
+	for (uint32_t i = 0; i < count; i++) {
+		y[i].cls = labels[i];
+	}
+	rc = fb_partition_indices(labels != NULL ? y : NULL, count, classes,
+	    spec, idx, n);
+	free(y);
+	return rc;
+}
 
 /* train_labels reads the real training labels straight from the file. */
 static uint8_t *
@@ -705,7 +728,7 @@ check_cover(const uint8_t *labels, uint32_t count, fb_partition_spec spec)
 	assert_non_null(seen);
 	for (uint32_t w = 0; w < spec.workers; w++) {
 		spec.index = w;
-		assert_int_equal(fb_partition_indices(labels, count, 10, &spec,
+		assert_int_equal(partition_u8(labels, count, 10, &spec,
 		                     &idx, &n),
 		    FB_OK);
 		assert_true(n >= 1);
@@ -772,7 +795,7 @@ test_iid_sizes_near_equal(void **state)
 
 	for (uint32_t w = 0; w < spec.workers; w++) {
 		spec.index = w;
-		assert_int_equal(fb_partition_indices(labels, count, 10, &spec,
+		assert_int_equal(partition_u8(labels, count, 10, &spec,
 		                     &idx, &n),
 		    FB_OK);
 		assert_true(n == count / 7 || n == count / 7 + 1);
@@ -794,10 +817,10 @@ same_part(const uint8_t *labels, uint32_t count, fb_partition_spec spec,
 	spec.index = 1;
 	spec.seed = seed_a;
 	assert_int_equal(
-	    fb_partition_indices(labels, count, 10, &spec, &a, &na), FB_OK);
+	    partition_u8(labels, count, 10, &spec, &a, &na), FB_OK);
 	spec.seed = seed_b;
 	assert_int_equal(
-	    fb_partition_indices(labels, count, 10, &spec, &b, &nb), FB_OK);
+	    partition_u8(labels, count, 10, &spec, &b, &nb), FB_OK);
 	same = na == nb && memcmp(a, b, na * sizeof(*a)) == 0;
 	fb_free(a);
 	fb_free(b);
@@ -838,7 +861,7 @@ mean_top_fraction(const uint8_t *labels, uint32_t count,
 		uint32_t top = 0, distinct = 0;
 
 		spec.index = w;
-		assert_int_equal(fb_partition_indices(labels, count, 10, &spec,
+		assert_int_equal(partition_u8(labels, count, 10, &spec,
 		                     &idx, &n),
 		    FB_OK);
 		for (uint32_t i = 0; i < n; i++) {
@@ -907,7 +930,7 @@ expect_bad_spec(const uint8_t *labels, uint32_t count, uint32_t classes,
 
 	capture_begin(&cap);
 	assert_int_equal(
-	    fb_partition_indices(labels, count, classes, &spec, &idx, &n),
+	    partition_u8(labels, count, classes, &spec, &idx, &n),
 	    FB_EINVAL);
 	assert_int_equal(capture_end(&cap), 1);
 	assert_null(idx);
@@ -979,6 +1002,784 @@ test_scheme_names(void **state)
 	assert_null(fb_partition_scheme_names[3]);
 }
 
+
+/* ---- CSV, NumPy and normalisation ---------------------------------------- */
+
+static void
+write_text(const char *path, const char *text)
+{
+	write_plain(path, (const uint8_t *)text, strlen(text));
+}
+
+/* csv_spec: a classification spec for CSV files with label column "y"
+ * and no normalisation (the values as written). */
+static fb_data_spec
+csv_spec(char *file)
+{
+	fb_data_spec s;
+
+	memset(&s, 0, sizeof(s));
+	s.format = FB_DATA_CSV;
+	s.file = file;
+	s.labels = "";
+	s.valid = "";
+	s.valid_labels = "";
+	s.label_column = "y";
+	s.x_array = "x";
+	s.y_array = "y";
+	s.task = FB_TASK_CLASSIFICATION;
+	s.normalize = FB_NORM_NONE;
+	s.normalize_file = "";
+	s.mean = 0.0;
+	s.std = 1.0;
+	return s;
+}
+
+/*
+ * expect_bad_data loads `spec` expecting `want`, at least one log line
+ * holding every string of `needles` (NULL-terminated), and zeroed
+ * outputs.
+ */
+static void
+expect_bad_data(const fb_data_spec *spec, fb_err want,
+    const char *const *needles)
+{
+	fb_dataset tr, va;
+	capture cap;
+	fb_err rc;
+
+	memset(&tr, 0xa5, sizeof(tr));
+	memset(&va, 0xa5, sizeof(va));
+	capture_begin(&cap);
+	rc = fb_dataset_load(spec, NULL, &tr, &va);
+	assert_true(capture_end(&cap) >= 1);
+	if (rc != want) {
+		print_message("got %s, want %s; log: %s\n", fb_strerror(rc),
+		    fb_strerror(want), cap.text);
+	}
+	assert_int_equal(rc, want);
+	for (const char *const *n = needles; *n != NULL; n++) {
+		if (strstr(cap.text, *n) == NULL) {
+			print_message("log lacks \"%s\": %s\n", *n, cap.text);
+		}
+		assert_non_null(strstr(cap.text, *n));
+	}
+	assert_zeroed(&tr);
+	assert_zeroed(&va);
+}
+
+static void
+test_csv_loads(void **state)
+{
+	char *f = tmp_path("ok.csv");
+	fb_data_spec sp = csv_spec(f);
+	fb_dataset ds;
+
+	/* BOM, CRLF, quotes, spaces, a blank line, an ignored text column
+	 * (features named), the label in the middle. */
+	sp.features.v[0] = "a";
+	sp.features.v[1] = "b, 2";
+	sp.features.count = 2;
+	write_text(f, "\xef\xbb\xbf" "a, id ,y,\"b, 2\"\r\n"
+	              "1.5,p1,0,-2\r\n"
+	              "\r\n"
+	              " 2e1 , \"p,2\" , 2 , \"3.25\"\n"
+	              "-0.125,p3,1,1e-3");
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_int_equal(ds.count, 3);
+	assert_int_equal(ds.dim, 2);
+	assert_int_equal(ds.classes, 3);
+	assert_int_equal(ds.task, FB_TASK_CLASSIFICATION);
+	assert_int_equal(ds.norm, FB_NORM_NONE);
+	assert_string_equal(ds.names[0], "a");
+	assert_string_equal(ds.names[1], "b, 2");
+	assert_true(ds.x[0] == 1.5f && ds.x[1] == -2.0f);
+	assert_true(ds.x[2] == 20.0f && ds.x[3] == 3.25f);
+	assert_true(ds.x[4] == -0.125f && ds.x[5] == 1e-3f);
+	assert_int_equal(ds.y[0].cls, 0);
+	assert_int_equal(ds.y[1].cls, 2);
+	assert_int_equal(ds.y[2].cls, 1);
+	fb_dataset_fini(&ds);
+	assert_zeroed(&ds);
+}
+
+static void
+test_csv_feature_list(void **state)
+{
+	char *f = tmp_path("cols.csv");
+	fb_data_spec sp = csv_spec(f);
+	fb_dataset ds;
+
+	write_text(f, "a,b,c,y\n1,2,3,1\n4,x,6,0\n");
+	sp.features.v[0] = "c";
+	sp.features.v[1] = "a";
+	sp.features.count = 2;
+	/* column b holds text but is not used: ignored */
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_int_equal(ds.dim, 2);
+	assert_string_equal(ds.names[0], "c");
+	assert_string_equal(ds.names[1], "a");
+	assert_true(ds.x[0] == 3.0f && ds.x[1] == 1.0f);
+	assert_true(ds.x[2] == 6.0f && ds.x[3] == 4.0f);
+	fb_dataset_fini(&ds);
+
+	sp.features.v[1] = "nope";
+	expect_bad_data(&sp, FB_EFORMAT,
+	    (const char *const[]){"cols.csv:1", "\"nope\"", NULL});
+	sp.features.v[1] = "y";
+	expect_bad_data(&sp, FB_EINVAL,
+	    (const char *const[]){"label column", NULL});
+	sp.features.v[1] = "c";
+	expect_bad_data(&sp, FB_EINVAL, (const char *const[]){"twice", NULL});
+	/* without a list, every other column is a feature: text in one is
+	 * an error */
+	sp.features.count = 0;
+	expect_bad_data(&sp, FB_EFORMAT,
+	    (const char *const[]){"cols.csv:3:3:", "column \"b\"", NULL});
+}
+
+static void
+test_csv_ragged(void **state)
+{
+	char *f = tmp_path("ragged.csv");
+	fb_data_spec sp = csv_spec(f);
+
+	write_text(f, "a,b,y\n1,2,0\n3,4,1,9\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "ragged.csv:3:7:", "4 fields", "header has 3", NULL});
+	write_text(f, "a,b,y\n1,2,0\n1,2,0\n5,6\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "ragged.csv:4:4:", "2 fields", NULL});
+}
+
+static void
+test_csv_text(void **state)
+{
+	char *f = tmp_path("text.csv");
+	fb_data_spec sp = csv_spec(f);
+
+	write_text(f, "a,b,y\n1,2,0\n3,  4x ,1\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "text.csv:3:5:", "column \"b\"", "\"4x\" is not a number", NULL});
+	write_text(f, "a,b,y\n0x10,2,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "text.csv:2:1:", "not a number", NULL});
+	write_text(f, "a,b,y\n1,2,M\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "text.csv:2:5:", "column \"y\"", NULL});
+	write_text(f, "a,b,y\n1,\"2,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "text.csv:2:3:", "quote", NULL});
+	write_text(f, "a,b,y\n1,\"2\"3,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "text.csv:2:6:", "closing quote", NULL});
+}
+
+static void
+test_csv_nan(void **state)
+{
+	char *f = tmp_path("nan.csv");
+	fb_data_spec sp = csv_spec(f);
+
+	write_text(f, "a,b,y\n1,2,0\n1,NaN,1\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "nan.csv:3:3:", "column \"b\"", "NaN", NULL});
+	write_text(f, "a,b,y\nnan,2,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "nan.csv:2:1:", "NaN", NULL});
+	write_text(f, "a,b,y\n1,-inf,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "nan.csv:2:3:", "infinity", NULL});
+	write_text(f, "a,b,y\n1,,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "nan.csv:2:3:", "empty value", NULL});
+	write_text(f, "a,b,y\n1,1e39,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "nan.csv:2:3:", "float32 range", NULL});
+}
+
+static void
+test_csv_labels(void **state)
+{
+	char *f = tmp_path("lab.csv");
+	fb_data_spec sp = csv_spec(f);
+	fb_dataset ds;
+
+	write_text(f, "a,y\n1,0\n2,3\n");
+	sp.classes = 3;
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "lab.csv:3:3:", "out of range", "0..2", NULL});
+	sp.classes = 0;
+	write_text(f, "a,y\n1,0\n2,-1\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "lab.csv:3:3:", "negative", NULL});
+	write_text(f, "a,y\n1,0\n2,1.5\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "lab.csv:3:3:", "whole number", NULL});
+	write_text(f, "a,y\n1,0\n2,1e10\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "lab.csv:3:3:", "out of range", NULL});
+	/* a large class count loads as int32 labels */
+	write_text(f, "a,y\n1,0\n2,70000\n3,1.0\n");
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_int_equal(ds.classes, 70001);
+	assert_int_equal(ds.y[1].cls, 70000);
+	assert_int_equal(ds.y[2].cls, 1);
+	fb_dataset_fini(&ds);
+}
+
+static void
+test_csv_regression(void **state)
+{
+	char *f = tmp_path("reg.csv");
+	fb_data_spec sp = csv_spec(f);
+	fb_dataset ds;
+
+	write_text(f, "x1,x2,price\n1,2,-1.25\n3,4,1e3\n");
+	sp.label_column = "price";
+	sp.task = FB_TASK_REGRESSION;
+	sp.classes = 5; /* ignored for regression */
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_int_equal(ds.task, FB_TASK_REGRESSION);
+	assert_int_equal(ds.classes, 0);
+	assert_true(ds.y[0].value == -1.25f && ds.y[1].value == 1000.0f);
+	fb_dataset_fini(&ds);
+	write_text(f, "x1,x2,price\n1,2,nan\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "reg.csv:2:5:", "NaN", NULL});
+	/* regression splits iid only */
+	{
+		fb_partition_spec part = {FB_PARTITION_DIRICHLET, 2, 0, 1, 0.5,
+		    1};
+		fb_dataset tr;
+		capture cap;
+		uint32_t n0;
+		write_text(f, "x1,x2,price\n1,2,3\n4,5,6\n7,8,9\n");
+		capture_begin(&cap);
+		assert_int_equal(fb_dataset_load(&sp, &part, &tr, NULL),
+		    FB_EINVAL);
+		assert_true(capture_end(&cap) >= 1);
+		assert_non_null(strstr(cap.text, "iid only"));
+		assert_zeroed(&tr);
+		part.scheme = FB_PARTITION_IID;
+		assert_int_equal(fb_dataset_load(&sp, &part, &tr, NULL),
+		    FB_OK);
+		n0 = tr.count;
+		assert_int_equal(tr.raw_count, 3);
+		fb_dataset_fini(&tr);
+		part.index = 1;
+		assert_int_equal(fb_dataset_load(&sp, &part, &tr, NULL),
+		    FB_OK);
+		assert_int_equal(n0 + tr.count, 3); /* 3 rows, 2 workers */
+		assert_true(n0 >= 1 && tr.count >= 1);
+		fb_dataset_fini(&tr);
+	}
+}
+
+static void
+test_csv_header_problems(void **state)
+{
+	char *f = tmp_path("hdr.csv");
+	fb_data_spec sp = csv_spec(f);
+
+	write_text(f, "a,b,label\n1,2,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "hdr.csv:1: no column \"y\"", "\"label\"", NULL});
+	write_text(f, ",a,y\n0,1,0\n"); /* pandas' unnamed index column */
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "hdr.csv:1:1:", "no name", NULL});
+	write_text(f, "a,a,y\n0,1,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "hdr.csv:1:3:", "appears twice", NULL});
+	write_text(f, "y\n0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "no feature columns", NULL});
+	write_text(f, "a,y\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "no data rows", NULL});
+	write_text(f, "");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "empty file", NULL});
+	sp = csv_spec(tmp_path("no-such.csv"));
+	expect_bad_data(&sp, FB_EIO, (const char *const[]){
+	    "no-such.csv: cannot open", NULL});
+}
+
+/* ---- NumPy (files written by numpy: tests/gen/npy_vectors.py) ----------- */
+
+#define NPY_DIR "tests/vectors/npy/"
+
+static float
+npy_x(uint32_t i, uint32_t j)
+{
+	return (float)((int)((7 * i + 3 * j) % 11) - 5) + (float)j / 8.0f;
+}
+
+static fb_data_spec
+npy_spec(char *x, char *y)
+{
+	fb_data_spec s = csv_spec(x);
+
+	s.format = FB_DATA_NPY;
+	s.labels = y;
+	return s;
+}
+
+static void
+check_npy_pattern(const fb_dataset *ds, uint32_t dim)
+{
+	assert_int_equal(ds->count, 5);
+	assert_int_equal(ds->dim, dim);
+	for (uint32_t i = 0; i < 5; i++) {
+		for (uint32_t j = 0; j < dim; j++) {
+			assert_true(ds->x[i * dim + j] == npy_x(i, j));
+		}
+		assert_int_equal(ds->y[i].cls, (int32_t)(i % 3));
+	}
+	assert_int_equal(ds->classes, 3);
+}
+
+static void
+test_npy_loads(void **state)
+{
+	static const char *const xs[] = {"x_f4.npy", "x_f8.npy",
+	    "x_f4_big.npy", "x_f8_fortran.npy", "x_f4_v2.npy"};
+	static const char *const ys[] = {"y_i8.npy", "y_u1.npy",
+	    "y_i2_big.npy", "y_i4_col.npy", "y_i8.npy"};
+	char xp[256], yp[256];
+	fb_dataset ds;
+
+	for (size_t k = 0; k < 5; k++) {
+		snprintf(xp, sizeof(xp), NPY_DIR "%s", xs[k]);
+		snprintf(yp, sizeof(yp), NPY_DIR "%s", ys[k]);
+		fb_data_spec sp = npy_spec(xp, yp);
+		assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+		check_npy_pattern(&ds, 3);
+		assert_null(ds.names);
+		fb_dataset_fini(&ds);
+	}
+	{
+		/* uint8 features of shape (5, 2, 2), flattened row-major */
+		fb_data_spec sp = npy_spec(NPY_DIR "x_u1.npy",
+		    NPY_DIR "y_u1.npy");
+		assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+		assert_int_equal(ds.dim, 4);
+		for (uint32_t i = 0; i < 5; i++) {
+			for (uint32_t j = 0; j < 4; j++) {
+				assert_true(ds.x[i * 4 + j] ==
+				    (float)((7 * i + 3 * j) % 256));
+			}
+		}
+		fb_dataset_fini(&ds);
+	}
+	{
+		fb_data_spec sp = npy_spec(NPY_DIR "x_f4.npy",
+		    NPY_DIR "y_f4_reg.npy");
+		sp.task = FB_TASK_REGRESSION;
+		assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+		for (uint32_t i = 0; i < 5; i++) {
+			assert_true(ds.y[i].value == (float)i / 4.0f - 1.0f);
+		}
+		fb_dataset_fini(&ds);
+	}
+}
+
+static void
+test_npy_refused(void **state)
+{
+	fb_data_spec sp;
+
+	sp = npy_spec(NPY_DIR "x_i4.npy", NPY_DIR "y_i8.npy");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "x_i4.npy (features)", "'<i4'", NULL});
+	sp = npy_spec(NPY_DIR "x_c8.npy", NPY_DIR "y_i8.npy");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "x_c8.npy", "'<c8'", NULL});
+	sp = npy_spec(NPY_DIR "x_1d.npy", NPY_DIR "y_i8.npy");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "x_1d.npy (features)", "shape (5,)", NULL});
+	sp = npy_spec(NPY_DIR "x_f4.npy", NPY_DIR "y_2col.npy");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "y_2col.npy (labels)", "shape (5, 2)", NULL});
+	sp = npy_spec(NPY_DIR "x_f4.npy", NPY_DIR "y_f8.npy");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "y_f8.npy (labels)", "integer labels", NULL});
+	sp = npy_spec(NPY_DIR "x_nan.npy", NPY_DIR "y_i8.npy");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "x_nan.npy (features)", "[2, 1] is NaN", NULL});
+	sp = npy_spec(NPY_DIR "x_f4.npy", NPY_DIR "y_neg.npy");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "y_neg.npy (labels)", "element 3", "negative", NULL});
+	sp = npy_spec(NPY_DIR "x_f4.npy", NPY_DIR "y_i8.npy");
+	sp.classes = 2;
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "y_i8.npy (labels)", "element 2", "out of range", NULL});
+	sp = npy_spec(NPY_DIR "x_f4.npy", NPY_DIR "y_four.npy");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "x_f4.npy has 5 examples", "y_four.npy has 4", NULL});
+	sp = npy_spec(NPY_DIR "x_f4.npy", "");
+	expect_bad_data(&sp, FB_EINVAL, (const char *const[]){
+	    "labels file", NULL});
+	sp = npy_spec(NPY_DIR "x_f4.npy", tmp_path("none.npy"));
+	expect_bad_data(&sp, FB_EIO, (const char *const[]){
+	    "none.npy: cannot open", NULL});
+}
+
+/* npy_damaged: a numpy file cut short, lengthened, or with a bad magic. */
+static void
+test_npy_damaged(void **state)
+{
+	size_t len;
+	uint8_t *b = read_whole(NPY_DIR "x_f4.npy", &len);
+	char *p = tmp_path("bad.npy");
+	fb_data_spec sp = npy_spec(p, NPY_DIR "y_i8.npy");
+	uint8_t *longer = malloc(len + 4);
+
+	write_plain(p, b, len - 1);
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "bad.npy", "truncated", NULL});
+	assert_non_null(longer);
+	memcpy(longer, b, len);
+	memset(longer + len, 0, 4);
+	write_plain(p, longer, len + 4);
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "bad.npy", "trailing bytes", NULL});
+	write_plain(p, b, 40); /* inside the header */
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "bad.npy", "header", NULL});
+	b[1] = 'X';
+	write_plain(p, b, len);
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "bad.npy", "magic", NULL});
+	free(longer);
+	free(b);
+}
+
+static void
+test_npz_loads(void **state)
+{
+	fb_data_spec sp = csv_spec(NPY_DIR "d_stored.npz");
+	fb_dataset ds;
+
+	sp.format = FB_DATA_NPZ;
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	check_npy_pattern(&ds, 3);
+	assert_int_equal(ds.format, FB_DATA_NPZ);
+	fb_dataset_fini(&ds);
+	/* np.savez_compressed: deflated entries with zip64 extras */
+	sp.file = NPY_DIR "d_deflate.npz";
+	sp.x_array = "features";
+	sp.y_array = "target";
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	check_npy_pattern(&ds, 3);
+	fb_dataset_fini(&ds);
+}
+
+static void
+test_npz_refused(void **state)
+{
+	fb_data_spec sp = csv_spec(NPY_DIR "d_deflate.npz");
+	size_t len;
+	uint8_t *b;
+	char *p = tmp_path("bad.npz");
+
+	sp.format = FB_DATA_NPZ;
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "no array 'x' (x_array)", "'features', 'target'", NULL});
+	sp.x_array = "features";
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "no array 'y' (y_array)", NULL});
+	/* a flipped byte in the deflated data fails inflate or the CRC */
+	b = read_whole(NPY_DIR "d_deflate.npz", &len);
+	b[70] ^= 0x40;
+	write_plain(p, b, len);
+	sp.file = p;
+	sp.y_array = "target";
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "bad.npz", "features.npy", NULL});
+	b[70] ^= 0x40;
+	write_plain(p, b, len - 30); /* end records cut off */
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "bad.npz", "end-of-central-directory", NULL});
+	free(b);
+	b = read_whole(NPY_DIR "x_f4.npy", &len);
+	write_plain(p, b, len); /* an .npy is not a zip */
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "bad.npz", "zip", NULL});
+	free(b);
+}
+
+/* ---- normalisation, validation, describe --------------------------------- */
+
+static void
+test_own_normalisation(void **state)
+{
+	char *f = tmp_path("own.csv");
+	char *v = tmp_path("own-valid.csv");
+	fb_data_spec sp = csv_spec(f);
+	fb_dataset tr, va;
+	/* columns: a = 1, 2, 3, 6 (mean 3, population std sqrt(3.5));
+	 * c = 5 everywhere (no spread: centred, std 1) */
+	double am = 3.0, as = sqrt(3.5);
+
+	write_text(f, "a,c,y\n1,5,0\n2,5,1\n3,5,0\n6,5,1\n");
+	write_text(v, "a,c,y\n3,5,1\n10,7,0\n");
+	sp.normalize = FB_NORM_OWN;
+	sp.valid = v;
+	assert_int_equal(fb_dataset_load(&sp, NULL, &tr, &va), FB_OK);
+	assert_int_equal(tr.norm, FB_NORM_OWN);
+	assert_true(tr.mean[0] == (float)am && tr.std[0] == (float)as);
+	assert_true(tr.mean[1] == 5.0f && tr.std[1] == 1.0f);
+	/* x = (v - mean) / std in float32, training statistics for both */
+	assert_true(tr.x[0] == (1.0f - (float)am) / (float)as);
+	assert_true(tr.x[6] == (6.0f - (float)am) / (float)as);
+	assert_true(tr.x[1] == 0.0f);
+	assert_true(va.x[2] == (10.0f - (float)am) / (float)as);
+	assert_true(va.x[3] == 2.0f);
+	assert_int_equal(va.norm, FB_NORM_OWN);
+	fb_dataset_fini(&tr);
+	fb_dataset_fini(&va);
+
+	/* the validation file must have the training file's features */
+	write_text(v, "a,y\n3,1\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "own-valid.csv: 1 features", "has 2", NULL});
+	write_text(v, "a,c,y\n3,5,2\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "own-valid.csv: label 2", "2 classes", NULL});
+	/* no such validation file */
+	sp.valid = tmp_path("no-valid.csv");
+	expect_bad_data(&sp, FB_EIO, (const char *const[]){
+	    "no-valid.csv: cannot open", NULL});
+}
+
+static void
+test_own_stats_from_the_shard(void **state)
+{
+	char *f = tmp_path("shard.csv");
+	fb_data_spec sp = csv_spec(f);
+	fb_partition_spec part = {FB_PARTITION_IID, 2, 1, 9, 0.5, 1};
+	fb_dataset tr;
+	char text[4096];
+	size_t used = 0;
+	double sum = 0, sq = 0;
+
+	used += (size_t)snprintf(text, sizeof(text), "a,y\n");
+	for (int i = 0; i < 40; i++) {
+		used += (size_t)snprintf(text + used, sizeof(text) - used,
+		    "%d,%d\n", i * i, i % 2);
+	}
+	write_text(f, text);
+	sp.normalize = FB_NORM_OWN;
+	assert_int_equal(fb_dataset_load(&sp, &part, &tr, NULL), FB_OK);
+	assert_int_equal(tr.count, 20);
+	assert_int_equal(tr.raw_count, 40);
+	/* the statistics are those of this worker's 20 rows: its x is
+	 * standardised exactly (mean 0, std 1) */
+	for (uint32_t i = 0; i < tr.count; i++) {
+		sum += tr.x[i];
+		sq += (double)tr.x[i] * tr.x[i];
+	}
+	assert_true(fabs(sum / tr.count) < 1e-6);
+	assert_true(fabs(sq / tr.count - 1.0) < 1e-5);
+	fb_dataset_fini(&tr);
+}
+
+static void
+test_file_normalisation(void **state)
+{
+	char *f = tmp_path("fn.csv");
+	char *n = tmp_path("fn-norm.csv");
+	fb_data_spec sp = csv_spec(f);
+	fb_dataset ds;
+
+	write_text(f, "a,b,y\n1,10,0\n3,30,1\n");
+	write_text(n, "stat,a,b\nstd,2,0.5\nmean,1,20\n");
+	sp.normalize = FB_NORM_FILE;
+	sp.normalize_file = n;
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_int_equal(ds.norm, FB_NORM_FILE);
+	assert_true(ds.x[0] == 0.0f && ds.x[1] == -20.0f);
+	assert_true(ds.x[2] == 1.0f && ds.x[3] == 20.0f);
+	fb_dataset_fini(&ds);
+
+	write_text(n, "stat,b,a\nmean,1,20\nstd,2,0.5\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "fn-norm.csv:1:6:", "column \"b\"", "feature 1 is \"a\"", NULL});
+	write_text(n, "stat,a,b\nmean,1,20\nstd,2,0\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "fn-norm.csv:3:7:", "must be > 0", NULL});
+	write_text(n, "stat,a,b\nmean,1,20\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "fn-norm.csv: no std row", NULL});
+	write_text(n, "stat,a,b\nmean,1,20\nsd,2,3\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "fn-norm.csv:3:1:", "\"sd\"", NULL});
+	write_text(n, "stat,a\nmean,1\nstd,2\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "fn-norm.csv:1:", "has 2 features", NULL});
+	write_text(n, "stat,a,b\nmean,1,nan\nstd,2,3\n");
+	expect_bad_data(&sp, FB_EFORMAT, (const char *const[]){
+	    "fn-norm.csv:2:8:", "NaN", NULL});
+}
+
+static void
+test_scalar_and_idx_through_load(void **state)
+{
+	char *img = tmp_path("load-img.gz");
+	char *lab = tmp_path("load-lab.gz");
+	fb_data_spec sp = csv_spec(img);
+	fb_dataset ds, old;
+
+	write_syn(img, lab, 1, SYN_COUNT, 0);
+	sp.format = FB_DATA_IDX;
+	sp.labels = lab;
+	/* auto for idx is scalar, with the keys' defaults (Fashion-MNIST's
+	 * constants) */
+	sp.normalize = FB_NORM_AUTO;
+	sp.mean = 0.2860;
+	sp.std = 0.3530;
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_int_equal(fb_dataset_load_idx(img, lab, &old), FB_OK);
+	assert_int_equal(ds.norm, FB_NORM_SCALAR);
+	assert_int_equal(old.norm, FB_NORM_SCALAR);
+	/* bitwise the old loader's preprocessing, and the formula's */
+	assert_memory_equal(ds.x, old.x,
+	    (size_t)ds.count * ds.dim * sizeof(float));
+	for (size_t i = 0; i < SYN_PIXELS; i++) {
+		assert_true(ds.x[i] == expected_x(syn_pixel(i)));
+	}
+	fb_dataset_fini(&ds);
+	fb_dataset_fini(&old);
+	sp.normalize = FB_NORM_NONE;
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_true(ds.x[5] == (float)syn_pixel(5) / 255.0f);
+	assert_null(ds.mean);
+	fb_dataset_fini(&ds);
+	sp.normalize = FB_NORM_SCALAR;
+	sp.std = 0.0;
+	expect_bad_data(&sp, FB_EINVAL, (const char *const[]){
+	    "std > 0", NULL});
+	sp.normalize = FB_NORM_FILE;
+	sp.normalize_file = "";
+	expect_bad_data(&sp, FB_EINVAL, (const char *const[]){
+	    "normalize_file", NULL});
+	sp.normalize = FB_NORM_NONE;
+	sp.labels = "";
+	expect_bad_data(&sp, FB_EINVAL, (const char *const[]){
+	    "labels file", NULL});
+	sp.labels = lab;
+	sp.task = FB_TASK_REGRESSION;
+	expect_bad_data(&sp, FB_EINVAL, (const char *const[]){
+	    "regression", NULL});
+}
+
+/* describe: the constants it writes parse back to the same float32s. */
+static void
+test_describe(void **state)
+{
+	char *f = tmp_path("desc.csv");
+	fb_data_spec sp = csv_spec(f);
+	fb_dataset ds;
+	char *d = NULL;
+	const char *p;
+
+	write_text(f, "radius,texture,diagnosis\n1.1,7,0\n2.3,8,1\n"
+	              "0.7,11,1\n");
+	sp.label_column = "diagnosis";
+	sp.normalize = FB_NORM_OWN;
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_int_equal(fb_dataset_describe(&sp, &ds, &d), FB_OK);
+	print_message("%s\n", d);
+	assert_non_null(strstr(d, "csv: 2 features (\"radius\", "
+	                          "\"texture\") in this order"));
+	assert_non_null(strstr(d, "label column \"diagnosis\""));
+	assert_non_null(strstr(d, "labels 0..1"));
+	assert_non_null(strstr(d, "own: from this box's 3 training"));
+	p = strstr(d, "mean = [");
+	assert_non_null(p);
+	p += 8;
+	for (uint32_t j = 0; j < 2; j++) {
+		char *end;
+		float v = strtof(p, &end);
+		assert_true(v == ds.mean[j]);
+		p = end + 2; /* ", " */
+	}
+	p = strstr(d, "std = [");
+	assert_non_null(p);
+	assert_true(strtof(p + 7, NULL) == ds.std[0]);
+	fb_free(d);
+	fb_dataset_fini(&ds);
+
+	/* Fashion-MNIST-style scalar normalisation of IDX pixels */
+	{
+		char *img = tmp_path("desc-img.gz");
+		char *lab = tmp_path("desc-lab.gz");
+		write_syn(img, lab, 1, SYN_COUNT, 0);
+		assert_int_equal(fb_dataset_load_idx(img, lab, &ds), FB_OK);
+		assert_int_equal(fb_dataset_describe(NULL, &ds, &d), FB_OK);
+		assert_non_null(strstr(d, "x = (pixel / 255 - 0.286000013) / "
+		                          "0.352999985 for every feature"));
+		assert_non_null(strstr(d, "labels 0..9"));
+		fb_free(d);
+		fb_dataset_fini(&ds);
+		/* per pixel, own statistics */
+		sp = csv_spec(img);
+		sp.format = FB_DATA_IDX;
+		sp.labels = lab;
+		sp.normalize = FB_NORM_OWN;
+		assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+		assert_int_equal(fb_dataset_describe(&sp, &ds, &d), FB_OK);
+		assert_non_null(strstr(d, "idx: 784 features (image pixels, "
+		                          "row-major); x[j] = (pixel[j] / 255 - "
+		                          "mean[j]) / std[j], mean = ["));
+		fb_free(d);
+		fb_dataset_fini(&ds);
+		sp = csv_spec(f);
+	}
+	/* regression, not normalised */
+	write_text(f, "a,t\n1,2.5\n");
+	sp.label_column = "t";
+	sp.task = FB_TASK_REGRESSION;
+	sp.normalize = FB_NORM_NONE;
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_int_equal(fb_dataset_describe(&sp, &ds, &d), FB_OK);
+	assert_non_null(strstr(d, "not normalised"));
+	assert_non_null(strstr(d, "target column \"t\""));
+	assert_non_null(strstr(d, "regression"));
+	fb_free(d);
+	fb_dataset_fini(&ds);
+}
+
+static void
+test_check_fit(void **state)
+{
+	char *f = tmp_path("fit.csv");
+	fb_data_spec sp = csv_spec(f);
+	fb_dataset ds;
+	capture cap;
+
+	write_text(f, "a,b,y\n1,2,0\n3,4,4\n");
+	assert_int_equal(fb_dataset_load(&sp, NULL, &ds, NULL), FB_OK);
+	assert_int_equal(
+	    fb_dataset_check_fit(&ds, 2, FB_TASK_CLASSIFICATION, 5), FB_OK);
+	capture_begin(&cap);
+	assert_int_equal(
+	    fb_dataset_check_fit(&ds, 3, FB_TASK_CLASSIFICATION, 5),
+	    FB_EINVAL);
+	assert_int_equal(
+	    fb_dataset_check_fit(&ds, 2, FB_TASK_REGRESSION, 1), FB_EINVAL);
+	assert_int_equal(
+	    fb_dataset_check_fit(&ds, 2, FB_TASK_CLASSIFICATION, 4),
+	    FB_EINVAL);
+	assert_int_equal(capture_end(&cap), 3);
+	assert_non_null(strstr(cap.text, "2 features per example, but the "
+	                                 "model takes 3"));
+	assert_non_null(strstr(cap.text, "the model is for regression"));
+	assert_non_null(strstr(cap.text, "label 4 of example 1"));
+	fb_dataset_fini(&ds);
+}
+
 FB_TESTS = {
 	{"train split loads 60000 balanced 28x28 images", test_fmnist_train},
 	{"test split loads 10000 balanced 28x28 images", test_fmnist_test},
@@ -1017,6 +1818,38 @@ FB_TESTS = {
 	{"dirichlet that cannot feed every worker is rejected",
 	    test_hopeless_dirichlet_rejected},
 	{"scheme names follow the enum", test_scheme_names},
+	{"csv loads quoted, padded, CRLF rows with the label anywhere",
+	    test_csv_loads},
+	{"csv features list picks and orders the columns",
+	    test_csv_feature_list},
+	{"csv ragged row names file:line:column", test_csv_ragged},
+	{"csv text in a numeric column names file:line:column",
+	    test_csv_text},
+	{"csv NaN, infinity and missing values name file:line:column",
+	    test_csv_nan},
+	{"csv labels out of range, negative or fractional are refused",
+	    test_csv_labels},
+	{"csv regression targets load as floats and split iid only",
+	    test_csv_regression},
+	{"csv header problems and a missing file are named",
+	    test_csv_header_problems},
+	{"npy files written by numpy load exactly", test_npy_loads},
+	{"npy wrong dtype, shape, NaN or label names the array",
+	    test_npy_refused},
+	{"npy cut short, lengthened or without magic is refused",
+	    test_npy_damaged},
+	{"npz stored and deflated archives load exactly", test_npz_loads},
+	{"npz missing arrays and damaged archives are refused",
+	    test_npz_refused},
+	{"own normalisation uses the training statistics for both sets",
+	    test_own_normalisation},
+	{"own statistics come from this worker's shard",
+	    test_own_stats_from_the_shard},
+	{"normalisation file is applied and checked", test_file_normalisation},
+	{"idx through the entry point keeps Fashion-MNIST's preprocessing",
+	    test_scalar_and_idx_through_load},
+	{"describe writes constants that parse back exactly", test_describe},
+	{"check_fit names width, task and label mismatches", test_check_fit},
 	{NULL, NULL},
 };
 

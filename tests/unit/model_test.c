@@ -3,8 +3,9 @@
  * model_test.c -- the built-in models, the plug-in ABI and model files.
  *
  * Gradients are checked against central finite differences of an
- * independent double-precision forward pass written here; losses against
- * values worked out by hand; safetensors files against tampering.
+ * independent double-precision forward pass written here (softmax
+ * cross-entropy for classification, squared error for regression); losses
+ * against values worked out by hand; safetensors files against tampering.
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,9 +54,19 @@ open_ok(const fb_model_spec *s)
 	return m;
 }
 
+static fb_model_spec
+spec_regression(uint32_t in, const uint32_t *hidden, uint32_t hc)
+{
+	fb_model_spec s = spec_mlp(in, hidden, hc, 1);
+	s.task = FB_TASK_REGRESSION;
+	return s;
+}
+
+/* random_batch: normal features; labels below `classes`, or for classes 0
+ * normal regression targets (scaled by 3, so errors are not small). */
 static void
 random_batch(uint32_t n, uint32_t dim, uint32_t classes, uint64_t seed,
-    float *x, uint8_t *y)
+    float *x, fb_label *y)
 {
 	fb_rng r;
 	fb_rng_init(&r, seed, 7);
@@ -63,17 +74,22 @@ random_batch(uint32_t n, uint32_t dim, uint32_t classes, uint64_t seed,
 		x[i] = (float)fb_rng_normal(&r);
 	}
 	for (uint32_t i = 0; i < n; i++) {
-		y[i] = (uint8_t)fb_rng_below(&r, classes);
+		if (classes > 0) {
+			y[i].cls = (int32_t)fb_rng_below(&r, classes);
+		} else {
+			y[i].value = (float)(3.0 * fb_rng_normal(&r));
+		}
 	}
 }
 
 /*
  * ref_loss is an independent forward pass in double over any chain of
  * nn.Linear layers described by the model's 2-D/1-D tensor pairs, with
- * `act` (0 ReLU, 1 tanh) between them: the mean softmax cross-entropy.
+ * `act` (0 ReLU, 1 tanh) between them: the mean softmax cross-entropy, or
+ * for a regression model the mean of (output - target)^2.
  */
 static double
-ref_loss(const fb_model *m, const double *p, const float *x, const uint8_t *y,
+ref_loss(const fb_model *m, const double *p, const float *x, const fb_label *y,
     uint32_t n, int act)
 {
 	uint32_t tc = fb_model_tensor_count(m);
@@ -109,6 +125,12 @@ ref_loss(const fb_model *m, const double *p, const float *x, const uint8_t *y,
 			width = (uint32_t)w.shape[0];
 			memcpy(a, b, width * sizeof(double));
 		}
+		if (fb_model_task(m) == FB_TASK_REGRESSION) {
+			double e = a[0] - (double)y[i].value;
+			assert_int_equal(width, 1);
+			total += e * e;
+			continue;
+		}
 		mx = a[0];
 		for (uint32_t c = 1; c < width; c++) {
 			mx = a[c] > mx ? a[c] : mx;
@@ -116,7 +138,7 @@ ref_loss(const fb_model *m, const double *p, const float *x, const uint8_t *y,
 		for (uint32_t c = 0; c < width; c++) {
 			sum += exp(a[c] - mx);
 		}
-		total += mx + log(sum) - a[y[i]];
+		total += mx + log(sum) - a[y[i].cls];
 	}
 	free(a);
 	free(b);
@@ -137,7 +159,7 @@ check_gradient(const fb_model_spec *spec, uint32_t n, uint32_t probe, int act)
 	float *p = malloc(np * sizeof(float)), *g = malloc(np * sizeof(float));
 	double *pd = malloc(np * sizeof(double));
 	float *x = malloc((size_t)n * dim * sizeof(float));
-	uint8_t *y = malloc(n);
+	fb_label *y = malloc(n * sizeof(*y));
 	void *ws = fb_alloc(ops->workspace_len(fb_model_state(m), n));
 	float loss;
 	uint64_t checks = probe == 0 ? np : probe;
@@ -146,7 +168,8 @@ check_gradient(const fb_model_spec *spec, uint32_t n, uint32_t probe, int act)
 
 	assert_true(p && g && pd && x && y && ws);
 	fb_model_init_params(m, p, 11);
-	random_batch(n, dim, spec->classes, 5, x, y);
+	random_batch(n, dim,
+	    spec->task == FB_TASK_REGRESSION ? 0 : spec->classes, 5, x, y);
 	assert_int_equal(
 	    ops->forward_backward(fb_model_state(m), p, x, y, n, g, &loss, ws),
 	    FB_OK);
@@ -205,6 +228,88 @@ test_big_mlp_gradient(void **state)
 }
 
 static void
+test_many_classes_gradient(void **state)
+{
+	/* 300 classes: labels beyond a byte travel as int32. */
+	static const uint32_t h[] = {6};
+	fb_model_spec s = spec_mlp(5, h, 1, 300);
+	check_gradient(&s, 40, 400, 0);
+}
+
+static void
+test_mlp_regression_gradient(void **state)
+{
+	static const uint32_t h[] = {7, 5};
+	fb_model_spec s = spec_regression(20, h, 2);
+	check_gradient(&s, 6, 0, 0);
+}
+
+static void
+test_logreg_regression_gradient(void **state)
+{
+	fb_model_spec s = spec_regression(30, NULL, 0);
+	check_gradient(&s, 9, 0, 0);
+}
+
+static void
+test_hand_regression_loss(void **state)
+{
+	/* linear regression 2 -> 1 with w = (1, -1), b = 0.5:
+	 * x = (1, 2), t = 1:    z = -0.5, e = -1.5
+	 * x = (3, 0), t = -0.5: z = 3.5,  e = 4
+	 * loss = (2.25 + 16) / 2 = 9.125; dL/db = 2 mean(e) = 2.5,
+	 * dL/dw = 2 mean(e x) = (-1.5 + 12, -3) = (10.5, -3). */
+	fb_model_spec s = spec_regression(2, NULL, 0);
+	fb_model *m = open_ok(&s);
+	const fb_model_ops *ops = fb_model_get_ops(m);
+	float p[3] = {1, -1, 0.5f}, g[3], loss;
+	float x[4] = {1, 2, 3, 0};
+	fb_label y[2] = {{.value = 1.0f}, {.value = -0.5f}};
+	void *ws = fb_alloc(ops->workspace_len(fb_model_state(m), 2));
+	double mse, acc;
+
+	assert_int_equal(fb_model_param_count(m), 3);
+	assert_int_equal(fb_model_task(m), FB_TASK_REGRESSION);
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 2, g, &loss, ws),
+	    FB_OK);
+	assert_true(fabs(loss - 9.125) < 1e-6);
+	assert_true(fabs(g[0] - 10.5) < 1e-5);
+	assert_true(fabs(g[1] + 3.0) < 1e-5);
+	assert_true(fabs(g[2] - 2.5) < 1e-5);
+	assert_int_equal(fb_model_evaluate(m, p, x, y, 2, &mse, &acc), FB_OK);
+	assert_true(fabs(mse - 9.125) < 1e-6);
+	assert_true(isnan(acc)); /* regression has no accuracy */
+	fb_free(ws);
+	fb_model_close(m);
+}
+
+static void
+test_bad_targets(void **state)
+{
+	fb_model_spec s = spec_regression(2, NULL, 0);
+	fb_model *m = open_ok(&s);
+	const fb_model_ops *ops = fb_model_get_ops(m);
+	float p[3] = {0}, g[3], x[4] = {0}, loss;
+	fb_label y[2] = {{.value = 1.0f}, {.value = NAN}};
+	void *ws = fb_alloc(ops->workspace_len(fb_model_state(m), 2));
+	double mse, acc;
+
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 2, g, &loss, ws),
+	    FB_EINVAL);
+	y[1].value = INFINITY;
+	assert_int_equal(fb_model_evaluate(m, p, x, y, 2, &mse, &acc),
+	    FB_EINVAL);
+	y[1].value = -2.0f;
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 2, g, &loss, ws),
+	    FB_OK);
+	fb_free(ws);
+	fb_model_close(m);
+}
+
+static void
 test_hand_loss(void **state)
 {
 	/* logreg 2 -> 2 with W = I, b = (0, 0.5):
@@ -216,7 +321,7 @@ test_hand_loss(void **state)
 	const fb_model_ops *ops = fb_model_get_ops(m);
 	float p[6] = {1, 0, 0, 1, 0, 0.5f}, g[6], loss;
 	float x[4] = {1, 2, 0, 0};
-	uint8_t y[2] = {0, 1};
+	fb_label y[2] = {{.cls = 0}, {.cls = 1}};
 	void *ws = fb_alloc(ops->workspace_len(fb_model_state(m), 2));
 	double want = (log(1 + exp(1.5)) + log(1 + exp(-0.5))) / 2;
 	double s0a = 1 / (1 + exp(1.5)), s0b = 1 / (1 + exp(0.5));
@@ -282,7 +387,7 @@ test_forward_bitwise(void **state)
 	size_t wl = ops->workspace_len(fb_model_state(m), 67);
 	float *p = malloc(np * 4), *g1 = malloc(np * 4), *g2 = malloc(np * 4);
 	float *x = malloc(67 * 784 * 4), l1, l2;
-	uint8_t y[67];
+	fb_label y[67];
 	void *w1 = fb_alloc(wl), *w2 = fb_alloc(wl);
 
 	memset(w2, 0x5a, wl); /* a dirty workspace must not matter */
@@ -314,7 +419,7 @@ test_bad_labels(void **state)
 	fb_model *m = open_ok(&s);
 	const fb_model_ops *ops = fb_model_get_ops(m);
 	float p[64], g[64], x[6] = {0}, loss;
-	uint8_t y[2] = {2, 3};
+	fb_label y[2] = {{.cls = 2}, {.cls = 3}};
 	void *ws = fb_alloc(ops->workspace_len(fb_model_state(m), 2));
 	double ml, acc;
 
@@ -325,10 +430,20 @@ test_bad_labels(void **state)
 	    FB_EINVAL);
 	assert_int_equal(
 	    fb_model_evaluate(m, p, x, y, 2, &ml, &acc), FB_EINVAL);
-	y[1] = 255;
+	y[1].cls = 255;
 	assert_int_equal(
 	    ops->forward_backward(fb_model_state(m), p, x, y, 2, g, &loss, ws),
 	    FB_EINVAL);
+	y[1].cls = -1; /* negative int32 labels too */
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 2, g, &loss, ws),
+	    FB_EINVAL);
+	assert_int_equal(
+	    fb_model_evaluate(m, p, x, y, 2, &ml, &acc), FB_EINVAL);
+	y[1].cls = 0;
+	assert_int_equal(
+	    ops->forward_backward(fb_model_state(m), p, x, y, 2, g, &loss, ws),
+	    FB_OK);
 	fb_free(ws);
 	fb_model_close(m);
 }
@@ -374,14 +489,15 @@ test_describe_and_counts(void **state)
 	assert_int_equal(ti.shape[0], 1000);
 	assert_null(fb_model_get_ops(m)->forward_backward);
 	{
-		float p[1000], one = 1;
+		float p[1000];
+		fb_label one = {.cls = 1};
 		double ml, acc;
 		fb_model_init_params(m, p, 9);
 		for (int i = 0; i < 1000; i++) {
 			assert_true(p[i] == 0.0f);
 		}
 		assert_int_equal(
-		    fb_model_evaluate(m, p, p, (uint8_t *)&one, 1, &ml, &acc),
+		    fb_model_evaluate(m, p, p, &one, 1, &ml, &acc),
 		    FB_ENOTSUP);
 	}
 	fb_model_close(m);
@@ -415,6 +531,21 @@ test_bad_specs(void **state)
 	strcpy(s.arch, "synthetic");
 	assert_int_equal(fb_model_open(&s, &m), FB_EINVAL);
 	s.synthetic_params = (uint64_t)1 << 41;
+	assert_int_equal(fb_model_open(&s, &m), FB_EINVAL);
+	assert_null(m);
+	/* regression has exactly one output; tasks are 0 or 1 */
+	s = spec_regression(10, h, 1);
+	s.classes = 2;
+	assert_int_equal(fb_model_open(&s, &m), FB_EINVAL);
+	s.classes = 0;
+	assert_int_equal(fb_model_open(&s, &m), FB_EINVAL);
+	s = spec_mlp(10, h, 1, 3);
+	s.task = 2;
+	assert_int_equal(fb_model_open(&s, &m), FB_EINVAL);
+	assert_null(m);
+	/* the example plug-in is a classifier only */
+	s = spec_plugin(10, 1);
+	s.task = FB_TASK_REGRESSION;
 	assert_int_equal(fb_model_open(&s, &m), FB_EINVAL);
 	assert_null(m);
 }
@@ -488,6 +619,27 @@ test_safetensors_roundtrip(void **state)
 	assert_non_null(strstr((char *)file + 8,
 	    "quote \\\" back\\\\slash\\nnewline\\ttab \\u0001"));
 	free(file);
+	/* a long value (a data set's description: 784 means and stds) is
+	 * kept whole, and the file still loads (--resume) */
+	{
+		size_t n = 784 * 2 * 16 + 64;
+		char *big = malloc(n);
+		const char *const meta2[][2] = {{"fedbox.preprocessing", big},
+		    {"fedbox.round", "18"}};
+		assert_non_null(big);
+		memset(big, 'x', n - 1);
+		big[n - 1] = '\0';
+		assert_int_equal(
+		    fb_model_save_safetensors(m, a, path, meta2, 2), FB_OK);
+		assert_int_equal(
+		    fb_model_load_safetensors(m, path, b, &round), FB_OK);
+		assert_int_equal(round, 18);
+		assert_memory_equal(a, b, np * 4);
+		file = slurp(path, &len);
+		assert_non_null(strstr((char *)file + 8, big));
+		free(file);
+		free(big);
+	}
 	/* no metadata: round reads 0 */
 	assert_int_equal(fb_model_save_safetensors(m, a, path, NULL, 0), FB_OK);
 	assert_int_equal(fb_model_load_safetensors(m, path, b, &round), FB_OK);
@@ -664,7 +816,7 @@ test_gemm_speed(void **state)
 	uint64_t np = fb_model_param_count(m);
 	float *p = malloc(np * 4), *g = malloc(np * 4);
 	float *x = malloc(64 * 784 * 4), loss;
-	uint8_t y[64];
+	fb_label y[64];
 	void *ws = fb_alloc(ops->workspace_len(fb_model_state(m), 64));
 	double flops = 2.0 * 64 * (2.0 * 784 * 128 + 3.0 * 128 * 10);
 	double t0, t;
@@ -694,6 +846,15 @@ FB_TESTS = {
     {"logreg gradient matches finite differences", test_logreg_gradient},
     {"784-33-10 gradient matches on 200 sampled parameters",
         test_big_mlp_gradient},
+    {"300-class gradient matches (int32 labels)",
+        test_many_classes_gradient},
+    {"mlp regression gradient matches finite differences of the MSE",
+        test_mlp_regression_gradient},
+    {"logreg regression gradient matches finite differences of the MSE",
+        test_logreg_regression_gradient},
+    {"regression loss and MSE equal the hand-computed values",
+        test_hand_regression_loss},
+    {"non-finite regression targets are rejected", test_bad_targets},
     {"loss equals the hand-computed value", test_hand_loss},
     {"init is deterministic by seed and in bounds", test_init_deterministic},
     {"forward and backward are bitwise deterministic", test_forward_bitwise},

@@ -63,6 +63,7 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		}
 		m->u.welcome.model.hidden_count = FB_PROTO_MAX_HIDDEN;
 		m->u.welcome.model.synthetic_params = 1ULL << 40;
+		m->u.welcome.model.task = 1;
 		fill_text(m->u.welcome.model.plugin, FB_TEXT_MAX,
 		    "tiny-tanh.so");
 		m->u.welcome.param_count = 123456789012ULL;
@@ -354,6 +355,10 @@ test_pack_refuses_unknown_type(void **state)
 	sample_msg(FB_MSG_WELCOME, &m);
 	m.u.welcome.model.hidden_count = FB_PROTO_MAX_HIDDEN + 1;
 	assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len), FB_EINVAL);
+	/* nor a model task other than classification (0), regression (1) */
+	sample_msg(FB_MSG_WELCOME, &m);
+	m.u.welcome.model.task = 2;
+	assert_int_equal(fb_msg_pack(&m, buf, sizeof(buf), &len), FB_EINVAL);
 }
 
 static void
@@ -630,6 +635,26 @@ test_too_many_hidden_sizes(void **state)
 		    FB_EPROTO);
 		assert_int_equal(welcome_hidden(1000, packed != 0, &m),
 		    FB_EPROTO);
+	}
+}
+
+static void
+test_unknown_model_task(void **state)
+{
+	for (uint32_t task = 0; task < 3; task++) {
+		pbuf spec = {0}, body = {0}, f;
+		fb_msg m;
+		pb_str(&spec, 1, "mlp");
+		pb_uint(&spec, 7, task);
+		pb_uint(&body, 1, 1);
+		pb_bytes(&body, 7, spec.b, spec.n);
+		frame(&f, 0, 2, &body);
+		if (task < 2) {
+			assert_int_equal(unpack_pbuf(&f, &m), FB_OK);
+			assert_int_equal(m.u.welcome.model.task, task);
+		} else {
+			assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
+		}
 	}
 }
 
@@ -1510,6 +1535,8 @@ FB_TESTS = {
         test_bad_strings},
     {"more hidden sizes than the limit are malformed",
         test_too_many_hidden_sizes},
+    {"welcome with an unknown model task is malformed",
+        test_unknown_model_task},
     {"a payload flag that does not match the type is malformed",
         test_payload_flag_mismatch},
     {"an envelope with no known body is malformed",

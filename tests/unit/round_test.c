@@ -261,6 +261,7 @@ hello(uint32_t i)
 	m.u.hello.worker_index = i;
 	m.u.hello.num_samples = t.sa ? 0 : t.fw[i].samples;
 	m.u.hello.session = 100 + i;
+	m.u.hello.partitions = MAXW; /* shares of one data set */
 	snprintf(m.u.hello.backend, sizeof(m.u.hello.backend), "cpu");
 	f = frame_of(i, &m);
 	t.c->now = t.now;
@@ -1349,6 +1350,7 @@ test_admission_refusals(void **state)
 	m.u.hello.protocol_version = FB_PROTOCOL_VERSION;
 	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "w2");
 	m.u.hello.worker_index = 0;
+	m.u.hello.partitions = MAXW;
 	m.u.hello.num_samples = 300;
 	m.u.hello.session = 102;
 	f = frame_of(2, &m);
@@ -1357,8 +1359,8 @@ test_admission_refusals(void **state)
 	assert_int_equal(registry_live_count(t.c), 2);
 	r = &io.v[io.n - 1];
 	assert_int_equal(r->m.type, FB_MSG_REJECT);
-	assert_non_null(strstr(r->m.u.reject.reason, "data.index 0 is worker "
-	                                              "'w0''s already"));
+	assert_non_null(strstr(r->m.u.reject.reason, "data.index 0 of 8 is "
+	                                              "worker 'w0''s already"));
 	/* 10^15 samples */
 	m.u.hello.worker_index = 2;
 	m.u.hello.num_samples = 1000000000000000ull;
@@ -1376,6 +1378,16 @@ test_admission_refusals(void **state)
 	coord_handle_frame(t.c, &f);
 	turn();
 	assert_int_equal(registry_live_count(t.c), 3);
+	/* a box on its own data (partitions 0): its index is a label only,
+	 * and another's is no conflict */
+	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "own");
+	m.u.hello.worker_index = 0;
+	m.u.hello.partitions = 0;
+	m.u.hello.session = 103;
+	f = frame_of(3, &m);
+	coord_handle_frame(t.c, &f);
+	turn();
+	assert_int_equal(registry_live_count(t.c), 4);
 	bench_stop();
 }
 

@@ -46,7 +46,7 @@ random_set(fb_dataset *d, uint32_t count, uint32_t dim, uint32_t classes,
 	d->dim = dim;
 	d->classes = classes;
 	d->x = fb_calloc((size_t)count * dim, sizeof(float));
-	d->y = fb_calloc(count, 1);
+	d->y = fb_calloc(count, sizeof(*d->y));
 	assert_non_null(d->x);
 	assert_non_null(d->y);
 	fb_rng_init(&r, seed, 1);
@@ -59,7 +59,7 @@ random_set(fb_dataset *d, uint32_t count, uint32_t dim, uint32_t classes,
 		for (uint32_t c = 1; c < classes; c++) {
 			best = x[c] > x[best] ? c : best;
 		}
-		d->y[i] = (uint8_t)best;
+		d->y[i].cls = (int32_t)best;
 	}
 }
 
@@ -184,8 +184,8 @@ hand_grad(const float *w, const fb_dataset *d, double *g)
 		double z0 = w[0] * x[0] + w[1] * x[1] + w[4];
 		double z1 = w[2] * x[0] + w[3] * x[1] + w[5];
 		double p1 = 1 / (1 + exp(z0 - z1)), p0 = 1 - p1;
-		double d0 = (p0 - (d->y[i] == 0)) / d->count;
-		double d1 = (p1 - (d->y[i] == 1)) / d->count;
+		double d0 = (p0 - (d->y[i].cls == 0)) / d->count;
+		double d1 = (p1 - (d->y[i].cls == 1)) / d->count;
 		g[0] += d0 * x[0];
 		g[1] += d0 * x[1];
 		g[2] += d1 * x[0];
@@ -200,8 +200,8 @@ test_sgd_step_by_hand(void **state)
 {
 	fb_model *m = open_mlp(2, 0, 2);
 	float xs[4] = {1.0f, -2.0f, 0.5f, 3.0f};
-	uint8_t ys[2] = {1, 0};
-	fb_dataset d = {2, 2, 2, xs, ys};
+	fb_label ys[2] = {{.cls = 1}, {.cls = 0}};
+	fb_dataset d = {.count = 2, .dim = 2, .classes = 2, .x = xs, .y = ys};
 	float w0[6] = {0.3f, -0.2f, 0.1f, 0.4f, 0.05f, -0.05f}, w[6];
 	double g[6], want[6], v[6];
 	fb_trainer_config c = cpu_cfg(1.0);

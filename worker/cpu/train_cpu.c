@@ -37,7 +37,7 @@ typedef struct cpu_state {
 	bool anchor_valid;          /* anchor holds the last set params */
 	void *ws;                   /* model workspace for max_batch */
 	float *xb;                  /* max_batch * dim: the gathered batch */
-	uint8_t *yb;                /* max_batch labels */
+	fb_label *yb;               /* max_batch labels */
 	uint32_t *order;            /* shard->count: the current epoch */
 } cpu_state;
 
@@ -92,7 +92,7 @@ cpu_open(const fb_model *m, const fb_dataset *shard,
 	s->mom = fb_calloc((size_t)s->np, sizeof(float));
 	s->ws = ws_len == SIZE_MAX ? NULL : fb_alloc(ws_len);
 	s->xb = fb_calloc((size_t)max_batch * shard->dim, sizeof(float));
-	s->yb = fb_calloc(max_batch, 1);
+	s->yb = fb_calloc(max_batch, sizeof(*s->yb));
 	s->order = fb_calloc(shard->count, sizeof(uint32_t));
 	if (s->params == NULL || s->grad == NULL || s->mom == NULL ||
 	    s->ws == NULL || s->xb == NULL || s->yb == NULL ||

@@ -8,9 +8,9 @@
  * once at open; each step gathers its rows on the device from indices
  * that the host computes per chunk of steps with fb_train_batch_order.
  * Matrix products are cuBLAS (fp32, or TF32/BF16 tensor-core math on
- * request); bias, ReLU, softmax cross-entropy and the SGD update are our
- * kernels (kernels.cu). The global batch is split evenly across GPUs; each
- * scales its gradient by 1/global_batch so that the NCCL all-reduced SUM is
+ * request); bias, ReLU, the loss (softmax cross-entropy, or squared error
+ * for regression) and the SGD update are our kernels (kernels.cu). The
+ * global batch is split evenly across GPUs; each scales its gradient by 1/global_batch so that the NCCL all-reduced SUM is
  * the gradient of the mean loss. For models above 2 x BUCKET_BYTES, the
  * all-reduce of each bucket of layers is issued on a second stream as soon
  * as its backward is done, overlapping the rest of the backward pass.
@@ -34,8 +34,8 @@
  *
  * Symbols used from the host program (-rdynamic): fb_log,
  * fb_model_get_ops, fb_model_param_count, fb_model_tensor_count,
- * fb_model_tensor_info, fb_train_batch_order, fb_model_mlp_ops,
- * fb_model_logreg_ops.
+ * fb_model_tensor_info, fb_model_task, fb_train_batch_order,
+ * fb_model_mlp_ops, fb_model_logreg_ops.
  */
 #include <math.h>
 #include <pthread.h>
@@ -100,7 +100,7 @@ typedef struct replica {
 	float *anchor;         /* FedProx: params at the first train() after
 	                        * set_params (p_pad floats; on first use) */
 	float *x;              /* shard features, count x dim */
-	uint8_t *y;            /* shard labels */
+	fb_label *y;           /* shard labels */
 	uint32_t *idx;         /* IDX_CAP batch indices of the chunk */
 	uint32_t *step;        /* step within the chunk (device counter) */
 	float *losses;         /* CHUNK_MAX per-step partial losses */
@@ -111,7 +111,7 @@ typedef struct replica {
 	float *dlogits;
 	float *rowloss;
 	float *ones;           /* rows_max ones (bias gradient by gemv) */
-	uint8_t *yb;           /* batch labels */
+	fb_label *yb;          /* batch labels */
 	void *blas_ws;
 	cudaEvent_t ev_ready[MAX_LAYERS]; /* bucket gradients are ready */
 	cudaEvent_t ev_comm_done;
@@ -132,6 +132,7 @@ typedef struct cuda_trainer {
 	const fb_dataset *shard;
 	uint64_t p;      /* param_count */
 	uint64_t p_pad;  /* p rounded up to PAD */
+	fb_task task;
 	uint32_t nlayers;
 	layer layers[MAX_LAYERS];
 	uint32_t nbuckets;
@@ -283,9 +284,9 @@ replica_step(cuda_trainer *t, replica *r, const step_args *a)
 	const float *dz;
 	uint32_t nb = 0;
 
-	FB_CUDA_TRY(fb_cuda_gather(r->x, r->y, r->idx, stepp, a->batch,
-	    r->row_off, rows, t->layers[0].in, r->a[0], r->yb, r->stream), rc,
-	    out);
+	FB_CUDA_TRY(fb_cuda_gather(r->x, (const uint32_t *)r->y, r->idx,
+	    stepp, a->batch, r->row_off, rows, t->layers[0].in, r->a[0],
+	    (uint32_t *)r->yb, r->stream), rc, out);
 	for (uint32_t l = 0; l < L; l++) {
 		const layer *ly = &t->layers[l];
 		/* a[l+1]^T [out, rows] = W [out, in] . a[l]^T [in, rows] */
@@ -297,9 +298,14 @@ replica_step(cuda_trainer *t, replica *r, const step_args *a)
 		FB_CUDA_TRY(fb_cuda_bias_act(r->a[l + 1], w + ly->b_off, rows,
 		    ly->out, l + 1 < L, r->stream), rc, out);
 	}
-	FB_CUDA_TRY(fb_cuda_softmax_xent(r->a[L], r->yb, rows,
-	    t->layers[L - 1].out, scale, r->dlogits, r->rowloss, r->stream), rc,
-	    out);
+	if (t->task == FB_TASK_REGRESSION) {
+		FB_CUDA_TRY(fb_cuda_squared_error(r->a[L], &r->yb[0].value,
+		    rows, scale, r->dlogits, r->rowloss, r->stream), rc, out);
+	} else {
+		FB_CUDA_TRY(fb_cuda_softmax_xent(r->a[L], &r->yb[0].cls, rows,
+		    t->layers[L - 1].out, scale, r->dlogits, r->rowloss,
+		    r->stream), rc, out);
+	}
 	FB_CUDA_TRY(fb_cuda_loss_reduce(r->rowloss, rows, scale, stepp,
 	    r->losses, r->stream), rc, out);
 
@@ -842,11 +848,33 @@ parse_layers(cuda_trainer *t, const fb_model *m, const fb_dataset *shard)
 		}
 		prev = ly->out;
 	}
-	if (prev != shard->classes) {
-		fb_log_error("cuda: model has %u outputs, shard has %u classes",
-		    prev, shard->classes);
+	t->task = fb_model_task(m);
+	if (shard->task != t->task) {
+		fb_log_error("cuda: the shard holds %s labels, the model is "
+		    "for %s", shard->task == FB_TASK_REGRESSION ?
+		    "regression" : "class", t->task == FB_TASK_REGRESSION ?
+		    "regression" : "classification");
 		rc = FB_EINVAL;
 		goto out;
+	}
+	/* A box may lack the top classes; its labels only need to fit. */
+	if (t->task == FB_TASK_REGRESSION ? prev != 1 :
+	    shard->classes > prev) {
+		fb_log_error("cuda: model has %u outputs, shard needs %u",
+		    prev, t->task == FB_TASK_REGRESSION ? 1 : shard->classes);
+		rc = FB_EINVAL;
+		goto out;
+	}
+	/* The loss kernels index by label: check them all once here. */
+	for (uint32_t i = 0; i < shard->count; i++) {
+		const fb_label *y = &shard->y[i];
+		if (t->task == FB_TASK_REGRESSION ? !isfinite(y->value) :
+		    y->cls < 0 || (uint32_t)y->cls >= prev) {
+			fb_log_error("cuda: label of example %u does not fit "
+			    "the model's %u outputs", i, prev);
+			rc = FB_EINVAL;
+			goto out;
+		}
 	}
 
 	/* Buckets, from the last layer down (the order of the backward).
@@ -918,9 +946,10 @@ replica_open(cuda_trainer *t, replica *r, const fb_dataset *shard)
 	    sizeof(float)), rc, out);
 	FB_CUDA_TRY(cudaMemcpy(r->x, shard->x, (size_t)shard->count *
 	    shard->dim * sizeof(float), cudaMemcpyHostToDevice), rc, out);
-	FB_CUDA_TRY(cudaMalloc((void **)&r->y, shard->count), rc, out);
-	FB_CUDA_TRY(cudaMemcpy(r->y, shard->y, shard->count,
-	    cudaMemcpyHostToDevice), rc, out);
+	FB_CUDA_TRY(cudaMalloc((void **)&r->y, (size_t)shard->count *
+	    sizeof(fb_label)), rc, out);
+	FB_CUDA_TRY(cudaMemcpy(r->y, shard->y, (size_t)shard->count *
+	    sizeof(fb_label), cudaMemcpyHostToDevice), rc, out);
 	FB_CUDA_TRY(cudaMalloc((void **)&r->idx, (size_t)IDX_CAP * sizeof(uint32_t)),
 	    rc, out);
 	FB_CUDA_TRY(cudaMalloc((void **)&r->step, sizeof(uint32_t)), rc, out);
@@ -946,7 +975,7 @@ replica_open(cuda_trainer *t, replica *r, const fb_dataset *shard)
 	}
 	act_len += 2 * ROUND((size_t)rm * t->width_max);
 	act_len += ROUND((size_t)rm * t->layers[t->nlayers - 1].out);
-	act_len += 2 * ROUND(rm) + ROUND(rm / 4 + 1);
+	act_len += 3 * ROUND(rm); /* rowloss, ones, labels (4 bytes each) */
 	FB_CUDA_TRY(cudaMalloc((void **)&r->act, act_len * sizeof(float)), rc, out);
 	off = 0;
 	r->a[0] = r->act + off;
@@ -965,7 +994,7 @@ replica_open(cuda_trainer *t, replica *r, const fb_dataset *shard)
 	off += ROUND(rm);
 	r->ones = r->act + off;
 	off += ROUND(rm);
-	r->yb = (uint8_t *)(r->act + off);
+	r->yb = (fb_label *)(r->act + off);
 #undef ROUND
 	FB_CUDA_TRY(fb_cuda_fill(r->ones, rm, 1.0f, r->stream), rc, out);
 	FB_CUDA_TRY(cudaStreamSynchronize(r->stream), rc, out);

@@ -4,7 +4,7 @@
 # (build/libfedbox-cuda.so, found through an $ORIGIN rpath) and the worker's
 # static archives; -rdynamic exports the fb_* symbols the backend calls:
 # fb_log, fb_model_get_ops, fb_model_param_count, fb_model_tensor_count,
-# fb_model_tensor_info, fb_train_batch_order, fb_model_mlp_ops,
+# fb_model_tensor_info, fb_model_task, fb_train_batch_order, fb_model_mlp_ops,
 # fb_model_logreg_ops.
 ifeq ($(CUDA),1)
 GPU_PROGS = $(B)/tests/gpu/cuda_check $(B)/bench/gpu/fedbox_bench

@@ -55,14 +55,14 @@ extern "C" {
 
 /*
  * fb_cuda_gather copies `rows` examples into xo (rows x dim) and yo: row r
- * is example idx[base + off + r] of the shard (x: count x dim, y: labels),
- * where base = *step * stride when `step` is non-NULL (the device step
- * counter, so that a captured graph reads a fresh batch each replay), else
- * 0.
+ * is example idx[base + off + r] of the shard (x: count x dim, y: the 4-byte
+ * labels, fb_label, copied whatever their task), where base = *step *
+ * stride when `step` is non-NULL (the device step counter, so that a
+ * captured graph reads a fresh batch each replay), else 0.
  */
-cudaError_t fb_cuda_gather(const float *x, const uint8_t *y,
+cudaError_t fb_cuda_gather(const float *x, const uint32_t *y,
     const uint32_t *idx, const uint32_t *step, uint32_t stride, uint32_t off,
-    uint32_t rows, uint32_t dim, float *xo, uint8_t *yo, cudaStream_t s);
+    uint32_t rows, uint32_t dim, float *xo, uint32_t *yo, cudaStream_t s);
 
 /* fb_cuda_bias_act adds b[c] to z[r][c] (rows x cols, row-major), then
  * applies ReLU when `relu` is non-zero. */
@@ -79,9 +79,16 @@ cudaError_t fb_cuda_relu_bwd(float *dz, const float *h, size_t count,
  * entropy of `logits` (rows x classes) against label y[r]: rowloss[r] =
  * logsumexp(z) - z[y], dlogits = (softmax(z) - onehot(y)) * scale.
  */
-cudaError_t fb_cuda_softmax_xent(const float *logits, const uint8_t *y,
+cudaError_t fb_cuda_softmax_xent(const float *logits, const int32_t *y,
     uint32_t rows, uint32_t classes, float scale, float *dlogits,
     float *rowloss, cudaStream_t s);
+
+/*
+ * fb_cuda_squared_error: regression's loss on one output per row, against
+ * target t[r]: e = z[r] - t[r], rowloss[r] = e * e, dz[r] = 2 e * scale.
+ */
+cudaError_t fb_cuda_squared_error(const float *z, const float *t,
+    uint32_t rows, float scale, float *dz, float *rowloss, cudaStream_t s);
 
 /* fb_cuda_loss_reduce writes scale * sum(rowloss[0..rows)) to
  * losses[step ? *step : 0], in a fixed order (deterministic). */

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kernels.cu -- the CUDA backend's own kernels: batch gather, bias + ReLU,
- * ReLU backward, softmax cross-entropy (forward and backward in one pass),
- * a deterministic loss reduction, the SGD/momentum/weight-decay update, a
- * replica checksum and a timestamp (profiling the all-reduce). The matrix products are cuBLAS's (backend.c).
+ * ReLU backward, softmax cross-entropy and squared error (each forward and
+ * backward in one pass), a deterministic loss reduction, the
+ * SGD/momentum/weight-decay update, a replica checksum and a timestamp
+ * (profiling the all-reduce). The matrix products are cuBLAS's
+ * (backend.c).
  *
  * All kernels are memory-bound; they use grid-stride loops, 16-byte
  * accesses where the shapes allow, and no atomics on floats, so that a
@@ -30,10 +32,10 @@ grid_for(size_t n, unsigned threads)
 
 /* One block per row; 16-byte copies when dim % 4 == 0. */
 __global__ void
-gather_kernel(const float *__restrict__ x, const uint8_t *__restrict__ y,
+gather_kernel(const float *__restrict__ x, const uint32_t *__restrict__ y,
     const uint32_t *__restrict__ idx, const uint32_t *step, uint32_t stride,
     uint32_t off, uint32_t rows, uint32_t dim, float *__restrict__ xo,
-    uint8_t *__restrict__ yo, int vec4)
+    uint32_t *__restrict__ yo, int vec4)
 {
 	size_t base = step != NULL ? (size_t)*step * stride : 0;
 
@@ -62,9 +64,9 @@ gather_kernel(const float *__restrict__ x, const uint8_t *__restrict__ y,
 }
 
 extern "C" cudaError_t
-fb_cuda_gather(const float *x, const uint8_t *y, const uint32_t *idx,
+fb_cuda_gather(const float *x, const uint32_t *y, const uint32_t *idx,
     const uint32_t *step, uint32_t stride, uint32_t off, uint32_t rows,
-    uint32_t dim, float *xo, uint8_t *yo, cudaStream_t s)
+    uint32_t dim, float *xo, uint32_t *yo, cudaStream_t s)
 {
 	int vec4 = dim % 4 == 0 && ((uintptr_t)x % 16) == 0 &&
 	    ((uintptr_t)xo % 16) == 0;
@@ -165,7 +167,7 @@ warp_sum(float v)
 /* One warp per row: max, sum of exp(z - max), then the gradient. */
 __global__ void
 softmax_xent_kernel(const float *__restrict__ logits,
-    const uint8_t *__restrict__ y, uint32_t rows, uint32_t classes,
+    const int32_t *__restrict__ y, uint32_t rows, uint32_t classes,
     float scale, float *__restrict__ dlogits, float *__restrict__ rowloss)
 {
 	uint32_t lane = threadIdx.x & 31;
@@ -175,7 +177,7 @@ softmax_xent_kernel(const float *__restrict__ logits,
 	     r < rows; r += warps) {
 		const float *z = logits + (size_t)r * classes;
 		float *dz = dlogits + (size_t)r * classes;
-		uint32_t label = y[r];
+		uint32_t label = (uint32_t)y[r];
 		float m = -INFINITY;
 		float sum = 0.0f;
 
@@ -199,7 +201,7 @@ softmax_xent_kernel(const float *__restrict__ logits,
 }
 
 extern "C" cudaError_t
-fb_cuda_softmax_xent(const float *logits, const uint8_t *y, uint32_t rows,
+fb_cuda_softmax_xent(const float *logits, const int32_t *y, uint32_t rows,
     uint32_t classes, float scale, float *dlogits, float *rowloss,
     cudaStream_t s)
 {
@@ -207,6 +209,30 @@ fb_cuda_softmax_xent(const float *logits, const uint8_t *y, uint32_t rows,
 
 	softmax_xent_kernel<<<blocks ? blocks : 1, 256, 0, s>>>(logits, y,
 	    rows, classes, scale, dlogits, rowloss);
+	return cudaGetLastError();
+}
+
+/* One output per row: e = z - t, loss e^2, gradient 2 e scale (the CPU
+ * backend's expression, in the same float order). */
+__global__ void
+squared_error_kernel(const float *__restrict__ z, const float *__restrict__ t,
+    uint32_t rows, float scale, float *__restrict__ dz,
+    float *__restrict__ rowloss)
+{
+	for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+	     r += gridDim.x * blockDim.x) {
+		float e = z[r] - t[r];
+		rowloss[r] = e * e;
+		dz[r] = 2.0f * e * scale;
+	}
+}
+
+extern "C" cudaError_t
+fb_cuda_squared_error(const float *z, const float *t, uint32_t rows,
+    float scale, float *dz, float *rowloss, cudaStream_t s)
+{
+	squared_error_kernel<<<grid_for(rows, THREADS), THREADS, 0, s>>>(z, t,
+	    rows, scale, dz, rowloss);
 	return cudaGetLastError();
 }
 
