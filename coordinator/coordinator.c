@@ -629,6 +629,7 @@ on_hello(coord *c, worker *w, const fb_frame *f)
 	if (send_to(c, w, &out, NULL, 0, NULL) != FB_OK) {
 		return;
 	}
+	fb_link_peer_trust(c->link, &f->peer); /* door: plain mode admits */
 	if (w->num_samples > 0) {
 		fb_log_info("worker %s admitted (id %u, index %u, %" PRIu64
 		            " samples, %s); %u connected",
@@ -1674,6 +1675,7 @@ on_sealed(coord *c, fb_frame *f)
 		    why != NULL ? why : "rejected");
 		return;
 	}
+	fb_link_peer_trust(c->link, &f->peer); /* door: it authenticated */
 	if (!fb_peer_equal(&w->peer, &f->peer)) {
 		/* Authentic and fresh from another connection: reconnected. */
 		fb_log_info("worker %u reconnected", id);
@@ -2596,6 +2598,18 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 	    .send_hwm = FB_FETCH_WINDOW_MAX + 16,
 	    .io_threads = cfg->io_threads < 0 ? (int)fb_io_threads_auto()
 	                                      : (int)cfg->io_threads,
+	    /* door: limits on connections until they authenticate */
+	    .door = {
+	        .max_connections = cfg->max_connections < 0
+	            ? 0
+	            : (uint32_t)cfg->max_connections,
+	        .max_pending = (uint32_t)cfg->max_pending,
+	        .max_per_source = (uint32_t)cfg->max_pending_per_source,
+	        .handshake_ms = (uint32_t)cfg->handshake_timeout_ms,
+	        .max_pending_bytes = (uint32_t)cfg->max_pending_bytes,
+	        .max_pending_memory = cfg->max_pending_memory,
+	        .fd_reserve = (uint32_t)cfg->fd_reserve,
+	    },
 	};
 	/* lanes auto: one per I/O thread where the endpoint is TCP; lanes set
 	 * with io_threads auto: at least as many I/O threads as lanes. */
