@@ -1587,17 +1587,30 @@ on_handshake(coord *c, const fb_frame *f)
 	if (fb_handshake_accept(&cfg, h->b, h->len, out.u.handshake.data.b,
 	        &sess, &why) != FB_OK) {
 		char fp[FB_FINGERPRINT_SIZE] = "?";
-		if (why == FB_REJECT_UNKNOWN_KEY && h->len == FB_HS_HELLO_LEN) {
+		rl_entry *e;
+		if ((why == FB_REJECT_UNKNOWN_KEY ||
+		        why == FB_REJECT_BAD_SIGNATURE) &&
+		    h->len == FB_HS_HELLO_LEN) {
 			fb_pubkey pk;
 			memcpy(pk.b, h->b + 4, FB_PUBKEY_LEN);
 			fb_pubkey_fingerprint(&pk, fp);
 		}
 		drop(c, drop_of_reject(why), "handshake refused: %s (key %s)",
 		    fb_reject_name(why), fp);
-		if (why == FB_REJECT_UNKNOWN_KEY) {
+		/* door: one REJECT per peer per rate-limit window (drop counted
+		 * this one), and the same one for an unknown key and for a
+		 * known key whose hello does not verify, so that the allowlist
+		 * cannot be probed. */
+		e = rl_find(c, &f->peer, false);
+		if (e != NULL && e->bad > 1) {
+			return;
+		}
+		if (why == FB_REJECT_UNKNOWN_KEY ||
+		    why == FB_REJECT_BAD_SIGNATURE) {
 			char reason[FB_TEXT_MAX];
 			snprintf(reason, sizeof(reason),
-			    "key %s is not on this coordinator's allowlist", fp);
+			    "key %s is not on this coordinator's allowlist, or "
+			    "the hello was not signed with it", fp);
 			send_reject(c, &f->peer, reason);
 		} else if (why == FB_REJECT_VERSION) {
 			send_reject(c, &f->peer, "protocol version not supported");
