@@ -426,10 +426,17 @@ send_quiet(coord *c, const fb_peer *peer, const fb_msg *m)
 	}
 }
 
+/* door: a peer gets one REJECT per rate-limit window, the first of its
+ * bad messages (drop, which counts them, runs before). */
 static void
 send_reject(coord *c, const fb_peer *peer, const char *reason)
 {
 	fb_msg m = {.type = FB_MSG_REJECT};
+	rl_entry *e = rl_find(c, peer, false);
+
+	if (e != NULL && e->bad > 1) {
+		return;
+	}
 	snprintf(m.u.reject.reason, sizeof(m.u.reject.reason), "%s", reason);
 	m.u.reject.protocol_version = FB_PROTOCOL_VERSION;
 	send_quiet(c, peer, &m);
@@ -1587,7 +1594,6 @@ on_handshake(coord *c, const fb_frame *f)
 	if (fb_handshake_accept(&cfg, h->b, h->len, out.u.handshake.data.b,
 	        &sess, &why) != FB_OK) {
 		char fp[FB_FINGERPRINT_SIZE] = "?";
-		rl_entry *e;
 		if ((why == FB_REJECT_UNKNOWN_KEY ||
 		        why == FB_REJECT_BAD_SIGNATURE) &&
 		    h->len == FB_HS_HELLO_LEN) {
@@ -1597,14 +1603,9 @@ on_handshake(coord *c, const fb_frame *f)
 		}
 		drop(c, drop_of_reject(why), "handshake refused: %s (key %s)",
 		    fb_reject_name(why), fp);
-		/* door: one REJECT per peer per rate-limit window (drop counted
-		 * this one), and the same one for an unknown key and for a
-		 * known key whose hello does not verify, so that the allowlist
+		/* door: the same REJECT for an unknown key and for a known
+		 * key whose hello does not verify, so that the allowlist
 		 * cannot be probed. */
-		e = rl_find(c, &f->peer, false);
-		if (e != NULL && e->bad > 1) {
-			return;
-		}
 		if (why == FB_REJECT_UNKNOWN_KEY ||
 		    why == FB_REJECT_BAD_SIGNATURE) {
 			char reason[FB_TEXT_MAX];
