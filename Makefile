@@ -3,6 +3,7 @@
 #
 #   make            build binaries, libraries and tests (installs Debian deps)
 #   make test       unit + integration tests
+#   make test-hostile  the door's flood test at its acceptance sizes
 #   make demo       4-worker federation on Fashion-MNIST (runs/demo/)
 #   make fuzz       run every fuzz target for a while
 # Knobs: CFLAGS, SAN=address,undefined, CUDA=0|1, CUDA_HOME, DEBUG=1,
@@ -40,7 +41,7 @@ CUDA := $(if $(wildcard $(NVCC)),1,0)
 endif
 
 .DEFAULT_GOAL := all
-.PHONY: all test demo fuzz bench clean bootstrap
+.PHONY: all test test-hostile demo fuzz bench clean bootstrap
 
 bootstrap:
 ifneq ($(BOOTSTRAP),0)
@@ -181,6 +182,11 @@ build-all: $(BINS) $(UNIT_BINS) $(TOOL_BINS) $(PLUGINS)
 
 test: all
 	@FB_BUILD=$(B) tests/run
+
+# Hostile peers at the door at the acceptance sizes (2,000 idle and 300
+# partial-frame connections; tests/integration/door.sh): a few minutes.
+test-hostile: all
+	@FB_BUILD=$(B) FB_ONLY=door FB_DOOR_FULL=1 FB_FUZZ_SECONDS=0 tests/run
 
 # The demo's federated run, then an independent check of the exported model
 # (numpy reading the safetensors file; a test tool, not part of the product).
