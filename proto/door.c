@@ -61,7 +61,7 @@
 #define DOOR_SWEEP_MS 20          /* pending connections checked */
 #define DOOR_VALIDATE_MS 1000     /* every entry checked against its fd */
 #define DOOR_LOG_MS 10000         /* summary lines at most this often */
-#define DOOR_TRIM_MS 1000         /* malloc_trim at most this often */
+#define DOOR_TRIM_MS 250          /* malloc_trim at most this often */
 #define DOOR_GRACE_MS 100         /* a new connection's time to send its
                                    * first message: never evicted then */
 #define DOOR_EVICT_AGE_MS 1000    /* one whose first or second message the
