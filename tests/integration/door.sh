@@ -31,6 +31,7 @@ if [ "$FULL" = 1 ]; then
 else
 	ROUNDS=8 THR=60 IDLE=200 PARTIAL=15 HS=2s HS_S=2 RATE=150
 fi
+RATE=${FB_DOOR_RATE:-$RATE} # reopened connections a second, per attacker
 "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.2", 0))' 2>/dev/null ||
 	skip "cannot bind to 127.0.0.2 (loopback aliases needed for per-address limits)"
 make_keys 5 # w0..w2 train, w3 joins during the attack, w4's key is probed
