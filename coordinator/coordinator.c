@@ -2800,6 +2800,18 @@ coord_init(coord *c, const fb_coord_config *cfg, bool resume,
 	}
 	c->lanes = fb_link_lanes(c->link);
 	{
+		/* door: room for every worker under the descriptor limit? */
+		fb_door_stats ds;
+		fb_link_door_stats(c->link, &ds);
+		if (ds.max_connections < c->worker_cap) {
+			fb_log_warn("only %u connections fit under the "
+			            "file-descriptor limit (%u) for up to %u "
+			            "workers: raise it (ulimit -n) or lower "
+			            "transport.fd_reserve", ds.max_connections,
+			    ds.fd_limit, c->worker_cap);
+		}
+	}
+	{
 		/* ", 2 lanes: workers are sent in turn to this port and to
 		 * port 5556", or nothing without lanes */
 		char lanes[64 + FB_LANES_MAX * 7] = "";
