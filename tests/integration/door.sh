@@ -6,8 +6,9 @@
 # its own (127.0.0.2 and up, so that the per-address limit meets several
 # addresses):
 #   - 17-frame bursts: a connection sends 17 handshake hellos with a
-#     random key and closes, again and again; the same with an
-#     allowlisted key and random signatures;
+#     random key and closes (at once, or after reading the answers),
+#     again and again; the same with an allowlisted key and random
+#     signatures;
 #   - 4 stallers in parallel: each sends 40 hellos and holds its
 #     connection without reading;
 #   - idle connections (ZMTP greeting, then silence) and partial frames
@@ -85,6 +86,10 @@ att() { # NAME ARGS...: an attacker in the background, its JSON in NAME.json
 }
 SECS=$((ROUNDS * 3))
 att burst burst --src 127.0.0.2 --frames 17 --seconds "$SECS" --pause 0.05
+# 17 hellos and gone at once: the REJECTs find the peer gone (the freeze of
+# issue 20: the 17th REJECT waited for room in a dead peer's queue)
+att close burst --src 127.0.0.6 --frames 17 --read 0 --seconds "$SECS" \
+	--pause 0.02
 att signed burst --src 127.0.0.3 --frames 17 --seconds "$SECS" --pause 0.2 \
 	--pub "$KEYS/w4.pub"
 att stall burst --src 127.0.0.4 --frames 40 --parallel 4 --hold 3 \
@@ -116,7 +121,7 @@ PYEOF
 echo "w3 admitted ${join_s}s after it first connected, during the attack"
 
 wait_exit "$CPID" $((ROUNDS * 30 + 60)) || fail "coordinator exited with status $?"
-for n in burst signed stall flood idle partial partialb; do
+for n in burst close signed stall flood idle partial partialb; do
 	p=apid_$n
 	wait "${!p}" || fail "attacker $n failed: $(tail -3 "$T/$n.err")"
 	echo "$n: $(cat "$T/$n.json")"

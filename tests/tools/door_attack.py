@@ -9,7 +9,8 @@ turn), so that a coordinator's per-address limits meet several addresses
 on one host.
 
   burst   one connection sends --frames handshake frames (a well-formed
-          hello with a random key, or --pub's key with a random signature)
+          hello with a random key, or --pub's key with a random signature),
+          reads the answers for --read seconds (0: none, it closes at once)
           and closes; --parallel such connections at once, again and again
           for --seconds. With --hold S a connection stays open S seconds
           without reading before it closes (a staller: its queue fills).
@@ -256,9 +257,9 @@ def burst(a, host, port, srcs):
             stats["connections"] += 1
         if a.hold > 0:
             time.sleep(a.hold)  # a staller: never reads
-        else:
+        elif a.read > 0:
             # a burster: reads what came back within a moment, then closes
-            t_end = time.monotonic() + 0.2
+            t_end = time.monotonic() + a.read
             for s in socks:
                 while time.monotonic() < t_end and s.poll(
                         max(1, int((t_end - time.monotonic()) * 1000))):
@@ -274,7 +275,9 @@ def burst(a, host, port, srcs):
                         if txt not in stats["reject_texts"]:
                             stats["reject_texts"].append(txt)
         for s in socks:
-            s.close()
+            # with --read 0 and no --hold it closes at once: linger, so
+            # that its frames still go out (the REJECTs then find it gone)
+            s.close(linger=1000)
         if time.monotonic() >= end:
             break
         if a.pause > 0:
@@ -294,6 +297,7 @@ def main():
     ap.add_argument("--frames", type=int, default=17)
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--hold", type=float, default=0.0)
+    ap.add_argument("--read", type=float, default=0.2)
     ap.add_argument("--pause", type=float, default=0.05)
     ap.add_argument("--size", type=int, default=1 << 20)
     ap.add_argument("--body", type=int, default=0)
