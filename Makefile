@@ -3,6 +3,7 @@
 #
 #   make            build binaries, libraries and tests (installs Debian deps)
 #   make test       unit + integration tests
+#   make test-hostile  the door's flood test at its acceptance sizes
 #   make demo       4-worker federation on Fashion-MNIST (runs/demo/)
 #   make fuzz       run every fuzz target for a while
 #   make install    PREFIX=/usr/local DESTDIR=... (bin, lib/fedbox, man, doc)
@@ -42,8 +43,8 @@ CUDA := $(if $(wildcard $(NVCC)),1,0)
 endif
 
 .DEFAULT_GOAL := all
-.PHONY: all test demo fuzz bench clean bootstrap install test-deploy \
-        test-chaos example-tabular
+.PHONY: all test test-hostile demo fuzz bench clean bootstrap install \
+        test-deploy test-chaos example-tabular
 
 bootstrap:
 ifneq ($(BOOTSTRAP),0)
@@ -194,6 +195,11 @@ programs: $(BINS)
 
 test: all
 	@FB_BUILD=$(B) tests/run
+
+# Hostile peers at the door at the acceptance sizes (2,000 idle and 300
+# partial-frame connections; tests/integration/door.sh): a few minutes.
+test-hostile: all
+	@FB_BUILD=$(B) FB_ONLY=door FB_DOOR_FULL=1 FB_FUZZ_SECONDS=0 tests/run
 
 # The demo's federated run, then an independent check of the exported model
 # (numpy reading the safetensors file; a test tool, not part of the product)

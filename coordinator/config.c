@@ -142,6 +142,35 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "listening ports: listen's port and the next lanes - 1, each served "
         "by its own I/O threads; workers are sent to them in turn, so their "
         "bytes spread evenly; auto = io_threads (1 for non-tcp endpoints)"},
+    {"transport.max_connections", FB_CFG_INT, F(max_connections), "auto",
+        1, 1048576, auto_word, "connections held at once, authenticated or "
+        "not; auto = as many as the file-descriptor limit (soft limit "
+        "raised to the hard one at start) leaves after transport.fd_reserve"},
+    {"transport.max_pending", FB_CFG_INT, F(max_pending), "256", 1, 65536,
+        MB, "connections not yet authenticated, at once; when full, a new "
+        "one takes the place of one that had its chance (from the address "
+        "holding most), or is closed"},
+    {"transport.max_pending_per_source", FB_CFG_INT,
+        F(max_pending_per_source), "16", 1, 65536, MB,
+        "connections not yet authenticated from one address, at once; more "
+        "are closed"},
+    {"transport.handshake_timeout", FB_CFG_DURATION,
+        F(handshake_timeout_ms), "10s", 100, 3600000, MB,
+        "a connection that has not authenticated this long after it opened "
+        "is closed (also the ZMTP greeting's limit)"},
+    {"transport.max_pending_bytes", FB_CFG_SIZE, F(max_pending_bytes),
+        "64KiB", 1024, 1073741824, MB, "bytes a connection may send before "
+        "it authenticates: past them it is closed once two of its messages "
+        "were handled, or past them plus chunk_size at any time (checked "
+        "every 20ms)"},
+    {"transport.max_pending_memory", FB_CFG_SIZE, F(max_pending_memory),
+        "32MiB", 65536, 68719476736.0, MB, "memory connections not yet "
+        "authenticated may hold together; each may hold a frame of "
+        "chunk_size in progress, so at most this / chunk_size of them are "
+        "pending (also bounded by transport.max_pending)"},
+    {"transport.fd_reserve", FB_CFG_INT, F(fd_reserve), "64", 8, 65536, MB,
+        "file descriptors connections never take, kept for the "
+        "coordinator's own files (model, metrics)"},
     {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,
         "encrypt and sign every message; false only for benchmarks"},
     {"security.key", FB_CFG_PATH, F(key), "", NOB, MB,

@@ -357,6 +357,18 @@ link_opts(const coord *c)
 	    .send_hwm = FB_FETCH_WINDOW_MAX + 16,
 	    .io_threads = cfg->io_threads < 0 ? (int)fb_io_threads_auto()
 	                                      : (int)cfg->io_threads,
+	    /* the door: limits on connections until they authenticate */
+	    .door = {
+	        .max_connections = cfg->max_connections < 0
+	            ? 0
+	            : (uint32_t)cfg->max_connections,
+	        .max_pending = (uint32_t)cfg->max_pending,
+	        .max_per_source = (uint32_t)cfg->max_pending_per_source,
+	        .handshake_ms = (uint32_t)cfg->handshake_timeout_ms,
+	        .max_pending_bytes = (uint32_t)cfg->max_pending_bytes,
+	        .max_pending_memory = cfg->max_pending_memory,
+	        .fd_reserve = (uint32_t)cfg->fd_reserve,
+	    },
 	};
 
 	/* lanes auto: one per I/O thread where the endpoint is TCP; lanes set
@@ -400,6 +412,18 @@ listen_link(coord *c)
 		return rc;
 	}
 	c->reg.lanes = fb_link_lanes(c->link);
+	{
+		/* room for every worker under the descriptor limit? */
+		fb_door_stats ds;
+		fb_link_door_stats(c->link, &ds);
+		if (ds.max_connections < c->reg.cap) {
+			fb_log_warn("only %u connections fit under the "
+			            "file-descriptor limit (%u) for up to %u "
+			            "workers: raise it (ulimit -n) or lower "
+			            "transport.fd_reserve", ds.max_connections,
+			    ds.fd_limit, c->reg.cap);
+		}
+	}
 	if (c->reg.lanes > 1) {
 		used = snprintf(lanes, sizeof(lanes), ", %u lanes: workers are "
 		    "sent in turn to this port and to port%s", c->reg.lanes,

@@ -82,6 +82,14 @@ typedef struct fb_coord_config {
 	int64_t max_workers;
 	int64_t io_threads;        /* ZeroMQ I/O threads of the socket */
 	int64_t lanes;             /* listening ports, one per I/O thread set */
+	/* connections before they authenticate (proto.h fb_door_opts) */
+	int64_t max_connections;   /* -1 = auto: what the fd limit allows */
+	int64_t max_pending;
+	int64_t max_pending_per_source;
+	int64_t handshake_timeout_ms;
+	uint64_t max_pending_bytes;
+	uint64_t max_pending_memory;
+	int64_t fd_reserve;        /* descriptors kept for our own files */
 	/* security */
 	bool security;             /* encrypted, signed sessions (default) */
 	char *key;                 /* identity secret key file */

@@ -425,11 +425,13 @@ void registry_tick(coord *c, int64_t now);
 fb_err coord_send(coord *c, worker *w, const fb_msg *m,
     const void *payload, size_t len, fb_lent *origin);
 void coord_send_reject(coord *c, const fb_peer *peer, const char *reason);
+void coord_trust(coord *c, const fb_peer *peer);
 
 /* ---- guard.c ---- */
 void guard_drop(coord *c, drop_reason r, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 bool guard_blocked(coord *c, const fb_peer *p);
+uint32_t guard_bad_count(coord *c, const fb_peer *p);
 drop_reason guard_reason_of_reject(int why);
 
 /* ---- round.c ---- */

@@ -83,6 +83,13 @@ rl_find(guard *g, const fb_peer *p, bool create)
 	return e;
 }
 
+uint32_t
+guard_bad_count(coord *c, const fb_peer *p)
+{
+	rl_entry *e = rl_find(&c->g, p, false);
+	return e != NULL && c->now - e->window_ms <= RL_WINDOW_MS ? e->bad : 0;
+}
+
 bool
 guard_blocked(coord *c, const fb_peer *p)
 {

@@ -132,6 +132,7 @@ on_sealed(coord *c, fb_frame *f)
 		    id, why != NULL ? why : "rejected");
 		return;
 	}
+	coord_trust(c, &f->peer);
 	if (!fb_peer_equal(&w->peer, &f->peer)) {
 		/* Authentic and fresh from another connection: reconnected. */
 		fb_log_info("worker %u reconnected", id);

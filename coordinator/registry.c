@@ -83,13 +83,30 @@ send_quiet(coord *c, const fb_peer *peer, const fb_msg *m)
 	}
 }
 
+/* A peer gets one REJECT per rate-limit window: the first of its bad
+ * messages (guard_drop, which counts them, runs before). A flood of bad
+ * frames is not answered frame by frame. */
 void
 coord_send_reject(coord *c, const fb_peer *peer, const char *reason)
 {
 	fb_msg m = {.type = FB_MSG_REJECT};
+
+	if (guard_bad_count(c, peer) > 1) {
+		return;
+	}
 	snprintf(m.u.reject.reason, sizeof(m.u.reject.reason), "%s", reason);
 	m.u.reject.protocol_version = FB_PROTOCOL_VERSION;
 	send_quiet(c, peer, &m);
+}
+
+/* The connection authenticated (a sealed message opened, or in plain mode
+ * a hello was taken): the link's door lets it stay past its limits. */
+void
+coord_trust(coord *c, const fb_peer *peer)
+{
+	if (c->link != NULL) {
+		fb_link_peer_trust(c->link, peer);
+	}
 }
 
 void
@@ -445,6 +462,7 @@ welcome(coord *c, worker *w)
 	if (coord_send(c, w, &out, NULL, 0, NULL) != FB_OK) {
 		return;
 	}
+	coord_trust(c, &w->peer);
 	if (w->num_samples > 0) {
 		fb_log_info("worker %s admitted (id %u, index %u, %" PRIu64
 		            " samples, %s); %u connected",
@@ -569,17 +587,23 @@ registry_on_handshake(coord *c, const fb_frame *f)
 	if (fb_handshake_accept(&cfg, h->b, h->len, out.u.handshake.data.b,
 	        &sess, &why) != FB_OK) {
 		char fp[FB_FINGERPRINT_SIZE] = "?";
-		if (why == FB_REJECT_UNKNOWN_KEY && h->len == FB_HS_HELLO_LEN) {
+		if ((why == FB_REJECT_UNKNOWN_KEY ||
+		        why == FB_REJECT_BAD_SIGNATURE) &&
+		    h->len == FB_HS_HELLO_LEN) {
 			fb_pubkey pk;
 			memcpy(pk.b, h->b + 4, FB_PUBKEY_LEN);
 			fb_pubkey_fingerprint(&pk, fp);
 		}
 		guard_drop(c, guard_reason_of_reject(why),
 		    "handshake refused: %s (key %s)", fb_reject_name(why), fp);
-		if (why == FB_REJECT_UNKNOWN_KEY) {
+		/* The same answer for an unknown key and for a known key whose
+		 * hello does not verify: the allowlist cannot be probed. */
+		if (why == FB_REJECT_UNKNOWN_KEY ||
+		    why == FB_REJECT_BAD_SIGNATURE) {
 			char reason[FB_TEXT_MAX];
 			snprintf(reason, sizeof(reason),
-			    "key %s is not on this coordinator's allowlist", fp);
+			    "key %s is not on this coordinator's allowlist, or the "
+			    "hello was not signed with it", fp);
 			coord_send_reject(c, &f->peer, reason);
 		} else if (why == FB_REJECT_VERSION) {
 			coord_send_reject(c, &f->peer,

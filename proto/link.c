@@ -7,6 +7,10 @@
  * stays O(chunk) per peer, and caps message size (ZMQ_MAXMSGSIZE) so that an
  * oversized frame costs the sender its connection, not our memory. Every
  * send has a timeout; every receive waits at most what the caller says.
+ * With a door (door.c) it also caps the connections that have not
+ * authenticated yet: each received message's ZMQ_SRCFD tells the door
+ * which connection it came over, and fb_link_peer_trust which of them
+ * authenticated.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -18,6 +22,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "proto/door_impl.h"
 #include "proto/proto.h"
 
 struct fb_link {
@@ -33,6 +38,9 @@ struct fb_link {
 	uint64_t received;
 	uint32_t lanes;
 	uint32_t lane_port[FB_LANES_MAX];
+	fb_door *door;      /* ROUTER with limits before authentication */
+	int last_fd;        /* descriptor of the last received message */
+	fb_peer last_peer;  /* and its sender */
 };
 
 #define ZMQ_TRY(call, rc, label)                                           \
@@ -180,6 +188,35 @@ fb_link_lane_port(const fb_link *l, uint32_t lane)
 	return lane < l->lanes ? l->lane_port[lane] : 0;
 }
 
+/*
+ * The door's socket options, then the door itself (before any bind, so
+ * that it sees every connection): the ZMTP greeting gets the handshake's
+ * time too, and TCP keepalive finds authenticated peers whose host died
+ * (60 s idle, then 3 probes 10 s apart).
+ */
+static fb_err
+door_open(fb_link *l, size_t maxmsg)
+{
+	fb_err rc = FB_OK;
+	const fb_door_opts *o = &l->opts.door;
+	int ivl = o->handshake_ms > INT32_MAX ? INT32_MAX : (int)o->handshake_ms;
+	int one = 1, idle = 60, intvl = 10, cnt = 3;
+
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_HANDSHAKE_IVL, &ivl, sizeof(ivl)),
+	    rc, out);
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_TCP_KEEPALIVE, &one, sizeof(one)),
+	    rc, out);
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_TCP_KEEPALIVE_IDLE, &idle,
+	            sizeof(idle)), rc, out);
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_TCP_KEEPALIVE_INTVL, &intvl,
+	            sizeof(intvl)), rc, out);
+	ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_TCP_KEEPALIVE_CNT, &cnt,
+	            sizeof(cnt)), rc, out);
+	rc = fb_door_start(l->ctx, l->sock, o, maxmsg, &l->door);
+out:
+	return rc;
+}
+
 static fb_err
 link_open(const char *endpoint, const fb_link_opts *opts, bool router,
     fb_link **out)
@@ -198,6 +235,7 @@ link_open(const char *endpoint, const fb_link_opts *opts, bool router,
 	}
 	l->router = router;
 	l->opts = *opts;
+	l->last_fd = -1;
 	if ((l->ctx = zmq_ctx_new()) == NULL) {
 		fb_log_error("zmq_ctx_new: %s", zmq_strerror(errno));
 		rc = FB_EZMQ;
@@ -231,6 +269,10 @@ link_open(const char *endpoint, const fb_link_opts *opts, bool router,
 		ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_ROUTER_MANDATORY, &one,
 		            sizeof(one)),
 		    rc, out);
+		if (opts->door.max_pending > 0 &&
+		    (rc = door_open(l, (size_t)maxmsg)) != FB_OK) {
+			goto out;
+		}
 		if (opts->lanes >= 2) {
 			if (opts->lanes > FB_LANES_MAX ||
 			    opts->lanes > opts->io_threads) {
@@ -299,6 +341,7 @@ fb_link_close(fb_link *l)
 	if (l->head_live) {
 		zmq_msg_close(&l->head);
 	}
+	fb_door_stop(l->door, l->sock);
 	if (l->sock != NULL) {
 		zmq_close(l->sock);
 	}
@@ -737,6 +780,8 @@ fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
 			}
 		}
 		f->wire_len += zmq_msg_size(&part);
+		l->last_fd = -1;
+		l->last_peer.len = 0;
 		if (zmq_msg_size(&part) > FB_PEER_ID_MAX || !has_more(l->sock)) {
 			*why = "bad routing frame";
 			rc = FB_EPROTO;
@@ -744,6 +789,7 @@ fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
 		}
 		f->peer.len = (uint8_t)zmq_msg_size(&part);
 		memcpy(f->peer.id, zmq_msg_data(&part), f->peer.len);
+		l->last_peer = f->peer;
 		zmq_msg_close(&part);
 		zmq_msg_init(&part);
 	} else if ((rc = link_wait(l, timeout_ms, wake_fd, woke)) != FB_OK) {
@@ -754,6 +800,12 @@ fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
 		goto out;
 	}
 	f->wire_len += zmq_msg_size(&part);
+	if (l->door != NULL) {
+		/* The connection it came over (the routing id frame, made by
+		 * the ROUTER, carries none). */
+		l->last_fd = zmq_msg_get(&part, ZMQ_SRCFD);
+		fb_door_seen(l->door, l->last_fd);
+	}
 	{
 		const uint8_t *h = zmq_msg_data(&part);
 		size_t hl = zmq_msg_size(&part);
@@ -840,6 +892,30 @@ out:
 		f->sealed_len = 0;
 	}
 	return rc;
+}
+
+void
+fb_link_peer_trust(fb_link *l, const fb_peer *peer)
+{
+	uint64_t h = 14695981039346656037ULL; /* FNV-1a of the routing id */
+
+	if (l->door == NULL || l->last_fd < 0 || l->last_peer.len == 0 ||
+	    !fb_peer_equal(peer, &l->last_peer)) {
+		return;
+	}
+	for (uint8_t i = 0; i < peer->len; i++) {
+		h = (h ^ peer->id[i]) * 1099511628211ULL;
+	}
+	fb_door_trust(l->door, l->last_fd, h == 0 ? 1 : h);
+}
+
+void
+fb_link_door_stats(fb_link *l, fb_door_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (l->door != NULL) {
+		fb_door_stats_get(l->door, out);
+	}
 }
 
 uint64_t

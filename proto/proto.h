@@ -249,6 +249,30 @@ bool fb_peer_equal(const fb_peer *a, const fb_peer *b);
 uint32_t fb_upload_chunk(uint32_t first_chunk, uint32_t chunk_count,
     uint32_t pos);
 
+/*
+ * The door of a ROUTER link (proto/door.c): what a connection may hold
+ * before the program says it authenticated (fb_link_peer_trust). With
+ * max_pending 0 there is no door and none of this applies.
+ */
+typedef struct fb_door_opts {
+	uint32_t max_connections; /* held at once, authenticated or not; 0:
+	                           * as many as the descriptor limit allows
+	                           * less fd_reserve (and never more) */
+	uint32_t max_pending;     /* not yet authenticated, at once; 0: no
+	                           * door */
+	uint32_t max_per_source;  /* of those, from one address (> 0) */
+	uint32_t handshake_ms;    /* one not authenticated this long after it
+	                           * opened is closed (> 0) */
+	uint32_t max_pending_bytes; /* bytes received before authenticating
+	                             * beyond which it is closed (> 0) */
+	uint64_t max_pending_memory; /* bytes pending connections may hold
+	                              * together: each may have a frame of
+	                              * ZMQ_MAXMSGSIZE in progress, so at
+	                              * most this / that many are (> 0) */
+	uint32_t fd_reserve;      /* descriptors kept for the program's own
+	                           * files: connections never take them */
+} fb_door_opts;
+
 typedef struct fb_link_opts {
 	uint32_t max_payload; /* frame 1 limit in bytes (the chunk size) */
 	int send_timeout_ms;  /* blocking sends give up after this; 0: sends
@@ -257,6 +281,7 @@ typedef struct fb_link_opts {
 	int send_hwm;         /* > 0: the send side's instead of hwm */
 	int io_threads;       /* ZeroMQ I/O threads; 0 = ZeroMQ's default */
 	int lanes;            /* ROUTER: listening ports (see fb_link_bind) */
+	fb_door_opts door;    /* ROUTER: limits before authentication */
 } fb_link_opts;
 
 #define FB_LANES_MAX 64
@@ -281,6 +306,24 @@ typedef struct fb_link fb_link;
  */
 FB_MUST_CHECK fb_err fb_link_bind(const char *endpoint,
     const fb_link_opts *opts, fb_link **out);
+/*
+ * With a door (opts->door.max_pending > 0), fb_link_bind also raises the
+ * process's soft RLIMIT_NOFILE to its hard limit (at most 2^20) and starts
+ * a thread that watches the socket's connections (ZeroMQ's socket
+ * monitor) and closes, by shutdown(2) of the descriptor ZeroMQ owns:
+ *   - a new connection over max_connections, or over max_pending not yet
+ *     authenticated (and no more than max_pending_memory / the socket's
+ *     ZMQ_MAXMSGSIZE: libzmq allocates a frame whole when its header
+ *     arrives): it takes the place of a pending one (see door.c,
+ *     pick_victim: never one in its first moments), or else is refused;
+ *   - one more than max_per_source pending from its address: refused;
+ *   - a pending connection open for handshake_ms (also the ZMTP handshake
+ *     limit, ZMQ_HANDSHAKE_IVL), or past max_pending_bytes received
+ *     (checked every 20 ms);
+ * and gives freed memory back to the system (malloc_trim) after peers go.
+ * It logs what it closed, at most every 10 s. Errors as above, plus
+ * FB_EINVAL when the descriptor limit leaves no room for connections.
+ */
 
 /* fb_link_connect opens a DEALER socket connecting to `endpoint`; it
  * reconnects by itself when the connection drops. */
@@ -346,6 +389,41 @@ typedef struct fb_frame {
  */
 FB_MUST_CHECK fb_err fb_link_recv(fb_link *l, int timeout_ms, int wake_fd,
     bool *woke, fb_frame *f, const char **why);
+
+/*
+ * fb_link_peer_trust tells the door (ROUTER with a door; otherwise a
+ * no-op) that the connection the last received message came over is
+ * authenticated: it is no longer pending, and none of the pending limits
+ * apply to it. Call it while handling that message, with its f->peer
+ * (another peer is ignored), once the message proved its sender (a sealed
+ * message that opened; in plain mode, a valid hello). Never blocks; it
+ * costs two atomic operations, so calling it for every message is fine.
+ */
+void fb_link_peer_trust(fb_link *l, const fb_peer *peer);
+
+/* What a ROUTER link's door has seen since the link opened. */
+typedef struct fb_door_stats {
+	uint32_t max_connections;  /* the cap in force (after the fd limit) */
+	uint32_t max_pending;      /* the pending cap in force (after memory) */
+	uint32_t fd_limit;         /* RLIMIT_NOFILE's soft limit in force */
+	uint32_t connections;      /* held now, authenticated or pending */
+	uint32_t pending;          /* held now, not yet authenticated */
+	uint32_t peak_connections;
+	uint32_t peak_pending;
+	uint64_t accepted;         /* connections ZeroMQ accepted */
+	uint64_t trusted;          /* that were then authenticated */
+	uint64_t refused_source;   /* over max_per_source */
+	uint64_t refused_full;     /* over max_connections / max_pending */
+	uint64_t evicted;          /* pending, closed to make room */
+	uint64_t timed_out;        /* pending past handshake_ms */
+	uint64_t over_bytes;       /* pending past max_pending_bytes */
+	uint64_t accept_failed;    /* accept(2) failed (EMFILE, ...) */
+	uint64_t trims;            /* malloc_trim calls */
+} fb_door_stats;
+
+/* fb_link_door_stats fills *out (all zero without a door). Thread-safe;
+ * takes the door's lock briefly. */
+void fb_link_door_stats(fb_link *l, fb_door_stats *out);
 
 /* What fb_link_wait waits for, and what it found ready. */
 #define FB_LINK_IN 1u   /* a message can be received */

@@ -4,9 +4,15 @@
  * unpack; every way a peer can get frame 0 wrong is FB_EPROTO (hand-built
  * protobufs, truncations, random bytes, oversize frames and strings, payload
  * flags); and the ZeroMQ link over real TCP sockets, including a raw libzmq
- * DEALER that sends malformed multipart messages.
+ * DEALER that sends malformed multipart messages, and the door's limits
+ * on connections that have not authenticated (raw TCP connections from
+ * loopback addresses of their own).
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1328,6 +1334,364 @@ test_link_bind_refuses_busy_endpoint(void **state)
 	fb_link_close(router);
 }
 
+/* ---- the door ----------------------------------------------------------- */
+
+/* A door small enough to fill by hand; chunks of 64 KiB. */
+static const fb_link_opts door_opts = {
+    .max_payload = 65536,
+    .send_timeout_ms = 0,
+    .hwm = 16,
+    .door = {
+        .max_pending = 8,
+        .max_per_source = 2,
+        .handshake_ms = 600,
+        .max_pending_bytes = 4096,
+        .max_pending_memory = 1 << 20,
+        .fd_reserve = 16,
+    },
+};
+
+static unsigned
+endpoint_port(const char *ep)
+{
+	return (unsigned)atoi(strrchr(ep, ':') + 1);
+}
+
+/* raw_connect: a TCP connection to 127.0.0.1:port from address `src`
+ * (-1 if `src` cannot be bound: no loopback aliases). */
+static int
+raw_connect(const char *src, unsigned port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	assert_true(fd >= 0);
+	inet_pton(AF_INET, src, &a.sin_addr);
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		close(fd);
+		return -1;
+	}
+	a.sin_port = htons((uint16_t)port);
+	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	return fd;
+}
+
+/* peer_closed: whether the other end closed `fd` within `ms` (what it
+ * sent before is read and dropped). */
+static bool
+peer_closed(int fd, int ms)
+{
+	int64_t end = fb_now_ms() + ms;
+	char buf[4096];
+
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		int left = (int)(end - fb_now_ms());
+		ssize_t n;
+		if (left < 0 || poll(&p, 1, left) <= 0) {
+			return false;
+		}
+		n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n == 0 || (n < 0 && errno != EAGAIN)) {
+			return true;
+		}
+	}
+}
+
+/* A ZMTP 3.1 greeting (NULL, client) and READY, as a libzmq DEALER
+ * sends them. */
+static size_t
+zmtp_greeting(uint8_t *b)
+{
+	static const char ready[] = "\x05READY\x0bSocket-Type\0\0\0\x06"
+	                            "DEALER\x08Identity\0\0\0\0";
+	size_t n = 0;
+
+	memset(b, 0, 64);
+	b[0] = 0xff;
+	b[8] = 0x01;
+	b[9] = 0x7f;
+	b[10] = 3;
+	b[11] = 1;
+	memcpy(b + 12, "NULL", 4);
+	n = 64;
+	b[n++] = 0x04;
+	b[n++] = (uint8_t)(sizeof(ready) - 1);
+	memcpy(b + n, ready, sizeof(ready) - 1);
+	return n + sizeof(ready) - 1;
+}
+
+/* zmtp_join: sends the greeting on `fd` and waits for the other side's
+ * greeting and READY (libzmq drops a peer whose frames come first). */
+static void
+zmtp_join(int fd)
+{
+	uint8_t b[512];
+	size_t n = zmtp_greeting(b), got = 0;
+
+	assert_true(send(fd, b, n, MSG_NOSIGNAL) == (ssize_t)n);
+	while (got < 66 || got < 66 + (size_t)b[65]) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		ssize_t k;
+		assert_true(poll(&p, 1, 2000) == 1);
+		k = recv(fd, b + got, sizeof(b) - got, 0);
+		assert_true(k > 0);
+		got += (size_t)k;
+	}
+}
+
+static bool
+have_loopback_aliases(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	bool ok;
+
+	inet_pton(AF_INET, "127.0.0.2", &a.sin_addr);
+	ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	if (fd >= 0) {
+		close(fd);
+	}
+	return ok;
+}
+
+/*
+ * One address gets max_per_source pending connections, the rest are
+ * refused at once; another address is unaffected; pending connections are
+ * closed at the handshake timeout (they send a ZMTP greeting, so that it
+ * is the door's timeout and not libzmq's ZMTP handshake limit).
+ */
+static void
+test_door_per_source_and_timeout(void **state)
+{
+	char ep[64];
+	fb_link *router;
+	fb_door_stats st;
+	int a[4], b;
+	int64_t t0;
+	unsigned port;
+	int closed = 0;
+	uint8_t greet[128];
+	size_t glen = zmtp_greeting(greet);
+
+	(void)state;
+	router = bind_router_with(&door_opts, ep, sizeof(ep));
+	port = endpoint_port(ep);
+	if (!have_loopback_aliases()) {
+		fb_link_close(router);
+		skip();
+	}
+	for (int i = 0; i < 4; i++) {
+		a[i] = raw_connect("127.0.0.2", port);
+		assert_true(send(a[i], greet, glen, MSG_NOSIGNAL) > 0);
+		usleep(20000); /* in order, so the first two are the ones kept */
+	}
+	b = raw_connect("127.0.0.3", port);
+	assert_true(send(b, greet, glen, MSG_NOSIGNAL) > 0);
+	t0 = fb_now_ms();
+	for (int i = 2; i < 4; i++) {
+		assert_true(peer_closed(a[i], 300));
+	}
+	for (int i = 0; i < 2; i++) {
+		assert_false(peer_closed(a[i], 50));
+	}
+	assert_false(peer_closed(b, 10));
+	fb_link_door_stats(router, &st);
+	assert_int_equal(st.refused_source, 2);
+	assert_int_equal(st.pending, 3);
+	assert_true(fb_now_ms() - t0 < 500);
+	/* the handshake timeout (600 ms) closes the three that stayed */
+	closed += peer_closed(a[0], 1000);
+	closed += peer_closed(a[1], 300);
+	closed += peer_closed(b, 300);
+	assert_int_equal(closed, 3);
+	assert_true(fb_now_ms() - t0 >= 500);
+	fb_link_door_stats(router, &st);
+	assert_int_equal(st.timed_out, 3);
+	assert_int_equal(st.pending, 0);
+	for (int i = 0; i < 4; i++) {
+		close(a[i]);
+	}
+	close(b);
+	fb_link_close(router);
+}
+
+/*
+ * A connection the program trusts (fb_link_peer_trust, as the coordinator
+ * does once a message proved its sender) outlives the handshake timeout
+ * and stays reachable; one that sent the same hello but was not trusted
+ * is closed, and sends to it find it gone.
+ */
+static void
+test_door_trusted_connection_stays(void **state)
+{
+	char ep[64];
+	fb_link *router, *good = NULL, *bad = NULL;
+	fb_msg hello, hb = {.type = FB_MSG_HEARTBEAT};
+	fb_peer good_peer, bad_peer;
+	fb_door_stats st;
+	fb_frame f;
+	fb_err rc = FB_OK;
+	int64_t end;
+
+	(void)state;
+	router = bind_router_with(&door_opts, ep, sizeof(ep));
+	sample_msg(FB_MSG_HELLO, &hello);
+	assert_int_equal(fb_link_connect(ep, &opts, &good), FB_OK);
+	assert_int_equal(fb_link_connect(ep, &opts, &bad), FB_OK);
+	assert_int_equal(fb_link_send(good, NULL, &hello, NULL, 0), FB_OK);
+	assert_int_equal(recv_wait(router, &f, NULL), FB_OK);
+	good_peer = f.peer;
+	fb_link_peer_trust(router, &f.peer);
+	assert_int_equal(fb_link_send(bad, NULL, &hello, NULL, 0), FB_OK);
+	assert_int_equal(recv_wait(router, &f, NULL), FB_OK);
+	bad_peer = f.peer;
+	fb_link_peer_trust(router, &good_peer); /* not its sender: ignored */
+	usleep(900 * 1000); /* past the handshake timeout */
+	assert_int_equal(fb_link_send(router, &good_peer, &hb, NULL, 0),
+	    FB_OK);
+	assert_int_equal(recv_wait(good, &f, NULL), FB_OK);
+	assert_int_equal(f.msg.type, FB_MSG_HEARTBEAT);
+	/* the untrusted one is gone (its DEALER reconnects, as a new peer) */
+	end = fb_now_ms() + 2000;
+	do {
+		rc = fb_link_send(router, &bad_peer, &hb, NULL, 0);
+		if (rc == FB_OK) {
+			usleep(50000);
+		}
+	} while (rc == FB_OK && fb_now_ms() < end);
+	assert_int_equal(rc, FB_ECLOSED);
+	fb_link_door_stats(router, &st);
+	assert_int_equal(st.trusted, 1);
+	assert_true(st.timed_out >= 1);
+	assert_true(st.connections >= 1);
+	fb_link_close(good);
+	fb_link_close(bad);
+	fb_link_close(router);
+}
+
+/*
+ * Bytes before authentication: a connection that sends more than a frame
+ * plus max_pending_bytes is closed within a sweep; max_pending_memory
+ * caps how many may be pending, each with a frame in progress (a
+ * newcomer takes the place of the oldest once that one had its moment);
+ * freed memory is given back (malloc_trim).
+ */
+static void
+test_door_bytes_before_authentication(void **state)
+{
+	char ep[64];
+	fb_link_opts o = door_opts;
+	fb_link *router;
+	fb_door_stats st;
+	uint8_t *buf = malloc(1 << 21);
+	size_t n;
+	unsigned port;
+	int big, part[3], closed = 0;
+
+	(void)state;
+	assert_non_null(buf);
+	o.door.max_pending_bytes = 1 << 20; /* the memory limit acts first */
+	o.door.max_per_source = 8;
+	o.door.handshake_ms = 5000;
+	router = bind_router_with(&door_opts, ep, sizeof(ep));
+	port = endpoint_port(ep);
+	/* three whole 64 KiB messages that nobody reads: over 4 KiB and one
+	 * frame (ZMQ_MAXMSGSIZE, 68 KiB here) */
+	big = raw_connect("127.0.0.1", port);
+	zmtp_join(big);
+	n = 0;
+	for (int i = 0; i < 3; i++) {
+		buf[n++] = 0x02;
+		memset(buf + n, 0, 8);
+		buf[n + 5] = 0x01; /* 65536 */
+		n += 8;
+		memset(buf + n, 0xab, 65536);
+		n += 65536;
+	}
+	assert_true(send(big, buf, n, MSG_NOSIGNAL) > 0);
+	assert_true(peer_closed(big, 1000));
+	close(big);
+	fb_link_door_stats(router, &st);
+	assert_int_equal(st.over_bytes, 1);
+	fb_link_close(router);
+
+	/* memory: with frames of up to 1 MiB (+ 4 KiB) and 2.5 MiB for
+	 * pending connections, two may be pending: a third that comes at
+	 * once is refused, one that comes later evicts the oldest (a frame
+	 * header of 1 MiB, then silence) */
+	o.max_payload = 1 << 20;
+	o.door.max_pending_memory = 5 << 19;
+	router = bind_router_with(&o, ep, sizeof(ep));
+	port = endpoint_port(ep);
+	fb_link_door_stats(router, &st);
+	assert_int_equal(st.max_pending, 2);
+	n = 0;
+	buf[n++] = 0x02;
+	memset(buf + n, 0, 8);
+	buf[n + 5] = 0x10; /* 1 MiB */
+	n += 8;
+	for (int i = 0; i < 2; i++) {
+		part[i] = raw_connect("127.0.0.1", port);
+		zmtp_join(part[i]);
+		assert_true(send(part[i], buf, n, MSG_NOSIGNAL) > 0);
+	}
+	part[2] = raw_connect("127.0.0.1", port); /* within the grace time */
+	assert_true(peer_closed(part[2], 500));
+	fb_link_door_stats(router, &st);
+	assert_int_equal(st.refused_full, 1);
+	close(part[2]);
+	usleep(300 * 1000); /* past the grace time of the first two */
+	part[2] = raw_connect("127.0.0.1", port);
+	for (int i = 0; i < 3; i++) {
+		closed += peer_closed(part[i], 300);
+	}
+	assert_int_equal(closed, 1);
+	assert_true(peer_closed(part[0], 10)); /* the oldest went */
+	usleep(1200 * 1000); /* malloc_trim after peers went, once a second */
+	fb_link_door_stats(router, &st);
+	assert_int_equal(st.evicted, 1);
+	assert_int_equal(st.pending, 2);
+	assert_true(st.trims >= 1);
+	for (int i = 0; i < 3; i++) {
+		close(part[i]);
+	}
+	free(buf);
+	fb_link_close(router);
+}
+
+/* The door raises the soft descriptor limit, and refuses to start when the
+ * reserve leaves no descriptor for connections. */
+static void
+test_door_descriptor_budget(void **state)
+{
+	char ep[64];
+	fb_link_opts o = door_opts;
+	fb_link *router = NULL;
+	fb_door_stats st;
+	struct rlimit rl, low;
+
+	(void)state;
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	low = rl;
+	low.rlim_cur = rl.rlim_max > 256 ? 256 : rl.rlim_max;
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+	router = bind_router_with(&o, ep, sizeof(ep));
+	fb_link_door_stats(router, &st);
+	assert_true(st.fd_limit >= low.rlim_cur);
+	assert_true(rl.rlim_max == RLIM_INFINITY ||
+	    st.fd_limit == (rl.rlim_max > (1u << 20) ? (1u << 20)
+	                                             : rl.rlim_max));
+	assert_true(st.max_connections > 0 &&
+	    st.max_connections < st.fd_limit - o.door.fd_reserve);
+	fb_link_close(router);
+	o.door.fd_reserve = st.fd_limit;
+	assert_int_equal(fb_link_bind("tcp://127.0.0.1:*", &o, &router),
+	    FB_EINVAL);
+	assert_null(router);
+}
+
 /* Endpoints with another port: tcp://HOST:PORT only. */
 static void
 test_endpoint_port(void **state)
@@ -1557,6 +1921,15 @@ FB_TESTS = {
     {"a routing id longer than the peer id limit is handled",
         test_link_long_routing_id},
     {"binding a busy endpoint fails", test_link_bind_refuses_busy_endpoint},
+    {"the door refuses an address's extra pending connections and closes "
+     "the rest at the handshake timeout",
+        test_door_per_source_and_timeout},
+    {"a trusted connection outlives the handshake timeout; an untrusted "
+     "one does not", test_door_trusted_connection_stays},
+    {"bytes sent before authenticating are bounded per connection and in "
+     "all", test_door_bytes_before_authentication},
+    {"the door raises the descriptor limit and needs room under it",
+        test_door_descriptor_budget},
     {"an endpoint's port is replaced, tcp://HOST:PORT only",
         test_endpoint_port},
     {"lanes listen on consecutive ports, each carrying messages",
