@@ -43,6 +43,11 @@ def save(name, arr, **kw):
 
 
 def main():
+    import argparse
+    argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     os.makedirs(OUT, exist_ok=True)
     labels = (np.arange(N) % 3)
     save("x_f4.npy", feats(3, np.float32))
