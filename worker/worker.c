@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,7 +86,7 @@ typedef struct wk {
 	pthread_t thread;
 	bool thread_live;
 	int efd;
-	volatile int cancel;
+	atomic_int cancel; /* set here, read by the trainer thread */
 	fb_err train_rc;
 	fb_train_stats stats;
 	/* timers */
@@ -331,7 +332,7 @@ stop_training(wk *w)
 	if (!w->thread_live) {
 		return;
 	}
-	w->cancel = 1;
+	atomic_store(&w->cancel, 1);
 	pthread_join(w->thread, NULL);
 	w->thread_live = false;
 	if (read(w->efd, &v, sizeof(v)) < 0) {
@@ -1028,7 +1029,7 @@ start_training(wk *w)
 		w->st = S_IDLE;
 		return;
 	}
-	w->cancel = 0;
+	atomic_store(&w->cancel, 0);
 	if (pthread_create(&w->thread, NULL, train_main, w) != 0) {
 		fb_log_error("cannot start the training thread");
 		w->st = S_IDLE;
