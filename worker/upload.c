@@ -5,10 +5,12 @@
  * first_chunk on (wrapping around; the SecAgg extra coordinates last),
  * then in secure mode UpdateEnd with the stream's signed trailer.
  *
- * fb_wk_upload_pump sends what the link takes and returns; what it could
- * not send goes when the link has room. A chunk is encrypted (and masked)
- * once, when it is next to go, and stays staged in sendbuf until the link
- * takes it. Plain updates go from w->local itself, without a copy.
+ * fb_wk_upload_pump sends what the link takes and returns; the loop calls
+ * it again when the link has room, and meanwhile receives and answers the
+ * coordinator (heartbeats, a RoundCancel, SecAgg reveals). A chunk is
+ * encrypted (and masked) once, when it is next to go, and stays staged in
+ * sendbuf until the link takes it. Plain updates go from w->local itself,
+ * without a copy.
  *
  * debug.dump_updates (tests only) writes each round's update as sent:
  * plain, encoded and masked, in element order.
@@ -138,7 +140,6 @@ fb_wk_upload_start(fb_wk *w, double seconds, double loss, uint64_t steps)
 	}
 	dump_begin(w, loss);
 	w->phase = FB_WK_UPLOADING;
-	fb_wk_upload_pump(w, UINT32_MAX); /* all of it, as the link takes it */
 	return FB_OK;
 }
 

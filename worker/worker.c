@@ -4,9 +4,11 @@
  *
  * One loop on the main thread waits on the link (a message in, room to
  * send) and on the trainer thread's eventfd, and hands each event to the
- * state machine (worker_impl.h), then runs its timers. Training runs on a
- * thread of its own, so a box that trains for an hour still looks alive,
- * and a round cancelled by the coordinator stops within one SGD step.
+ * state machine (worker_impl.h), then runs its timers. Nothing on it waits
+ * for the network: sends never block, the update goes up chunk by chunk as
+ * the link takes it, and the coordinator is read and answered all along.
+ * So a box that trains or uploads for an hour still looks alive, and a
+ * round cancelled by the coordinator stops within one SGD step.
  *
  * Here too: dispatch of frames (what a secure session accepts, in clear
  * and sealed), the tick (join retries, heartbeats, liveness), and the
@@ -427,6 +429,13 @@ fb_wk_tick(fb_wk *w, int64_t now)
 		snprintf(why, sizeof(why), "coordinator silent for %.1fs",
 		    (double)(now - w->last_rx_ms) / 1000.0);
 		fb_wk_rejoin(w, why);
+	} else if (w->full &&
+	           now - w->full_since_ms > w->cfg->send_timeout_ms) {
+		snprintf(why, sizeof(why),
+		    "the coordinator's queue stayed "
+		    "full for %.1fs (transport.send_timeout)",
+		    (double)(now - w->full_since_ms) / 1000.0);
+		fb_wk_rejoin(w, why);
 	}
 	return FB_OK;
 }
@@ -549,7 +558,7 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 	fb_err rc;
 
 	lp.opts.max_payload = (256u << 20) + FB_STREAM_CHUNK_OVERHEAD;
-	lp.opts.send_timeout_ms = (int)cfg->send_timeout_ms;
+	lp.opts.send_timeout_ms = 0; /* sends never wait: worker_impl.h */
 	lp.opts.hwm = 16;
 	fb_wk_init(&w, cfg, &io);
 	if (cfg->security && (rc = fb_wk_load_keys(&w)) != FB_OK) {

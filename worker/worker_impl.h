@@ -16,11 +16,12 @@
  *   upload.c  the update stream, sent chunk by chunk as the link has room
  *   secagg.c  the secure-aggregation client: phases and masked chunks
  *
- * Sends are the link's: one that finds the queue full waits up to
- * transport.send_timeout. Control messages that still find it full wait in
- * a small FIFO (the outbox), flushed before the next update chunk;
- * heartbeats and the join messages, which the tick sends again, are
- * skipped. Sealed messages are sealed when the link takes them.
+ * Every send is non-blocking. Control messages that find the coordinator's
+ * queue full wait in a small FIFO (the outbox), flushed before the next
+ * update chunk; heartbeats and the join messages, which are resent by the
+ * tick, are simply skipped. Sealed messages are sealed when the link takes
+ * them, so sequence numbers only grow (with gaps where a send found no
+ * room).
  *
  * Threads: everything here runs on the loop's thread, except the trainer
  * thread of round.c, which reads the round's settings and `global` (set
