@@ -8,7 +8,8 @@
  * touches the socket or a thread itself: what it sends and starts goes
  * through a small seam of operations (fb_wk_io) that the real loop
  * (worker.c) implements with the link and the trainer thread, and a unit
- * test can implement with fakes.
+ * test implements with fakes. So the whole protocol runs without sockets in
+ * tests/unit/worker_sm_test.c.
  *
  *   worker.c  fb_worker_run and its loop, dispatch of frames, tick, outbox
  *   join.c    handshake, hello, welcome, redirect to a lane, keys, peers
