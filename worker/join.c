@@ -282,6 +282,7 @@ fb_wk_on_welcome(fb_wk *w, const fb_msg *m)
 		}
 	}
 	w->welcomed = true;
+	w->admitted = w->admitted || w->secure;
 	w->run_id = m->u.welcome.run_id;
 	w->heartbeat_ms = m->u.welcome.heartbeat_ms;
 	w->liveness_ms = m->u.welcome.liveness_ms;

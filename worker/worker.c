@@ -259,17 +259,46 @@ fb_wk_on_writable(fb_wk *w, int64_t now)
 
 /* ---- receiving ---------------------------------------------------------- */
 
-/* A plain frame in secure mode: only the handshake reply, a refusal and
- * a redirect to a lane are taken. */
+/*
+ * A plain frame in secure mode. Before this worker's coordinator has ever
+ * authenticated itself with a sealed Welcome, a refusal in clear is taken
+ * (that is how a coordinator answers an unknown key or an identity that
+ * is not this name's). Afterwards only the answers to our own handshake
+ * are: its reply, or a Redirect to a lane in its place. Anything else in
+ * clear could come from anyone on the path; it is ignored and noted.
+ */
 static bool
 accept_plain(fb_wk *w, const fb_frame *f)
 {
-	if (f->msg.type == FB_MSG_HANDSHAKE || f->msg.type == FB_MSG_REJECT ||
-	    f->msg.type == FB_MSG_REDIRECT) {
-		return true;
+	bool shaking = w->hs != NULL && w->sess == NULL;
+
+	switch (f->msg.type) {
+	case FB_MSG_HANDSHAKE:
+	case FB_MSG_REDIRECT:
+		if (shaking && (f->msg.type == FB_MSG_HANDSHAKE ||
+		                   (!w->welcomed && w->lane == 0))) {
+			return true;
+		}
+		/* a late answer to a handshake we already finished or
+		 * retried: harmless, and a coordinator can send it */
+		fb_log_debug("dropped a plain %s: no handshake waits for it",
+		    fb_msg_type_name(f->msg.type));
+		return false;
+	case FB_MSG_REJECT:
+		if (!w->admitted) {
+			return true;
+		}
+		fb_wk_note_warn(w, &w->note_plain,
+		    "ignored a refusal in clear ('%s'): it is not "
+		    "authenticated, and this coordinator has authenticated "
+		    "itself, so only its sealed messages count",
+		    f->msg.u.reject.reason);
+		return false;
+	default:
+		break;
 	}
 	fb_wk_note_warn(w, &w->note_plain,
-	    "dropped a plain %s: this worker only accepts sealed messages",
+	    "dropped a plain %s: this worker only accepts sealed messages now",
 	    fb_msg_type_name(f->msg.type));
 	return false;
 }

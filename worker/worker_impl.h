@@ -144,6 +144,7 @@ struct fb_wk {
 	uint32_t lane;         /* the coordinator's lane we are on; 0: listen */
 	int64_t lane_since_ms; /* when we went to it */
 	bool welcomed;         /* admitted by the current run */
+	bool admitted;         /* secure: a sealed Welcome was ever taken */
 	uint64_t run_id;
 	uint64_t session;     /* hello's session id (new on each rejoin) */
 	int64_t heartbeat_ms; /* the coordinator's, from the Welcome */

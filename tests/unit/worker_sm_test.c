@@ -10,7 +10,8 @@
  * It checks the messages the worker emits and the phases it reaches: each
  * phase of a round, a cancel in each, a round start while a round runs,
  * the coordinator going silent (and merely busy), a queue that stays full,
- * and malformed input.
+ * malformed input, and refusals in clear before and after the
+ * coordinator authenticated itself.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -493,6 +494,7 @@ secure_join(fix *x)
 	assert_true(last(x)->sealed);
 	assert_int_equal(deliver_sealed(x, &m, NULL, 0), FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_true(x->w.admitted);
 }
 
 /* A round up to the trainer's start. */
@@ -1087,6 +1089,129 @@ test_secure_model_tampered(void **state)
 }
 
 static void
+test_refusal_before_authentication(void **state)
+{
+	fb_msg r = simple_msg(FB_MSG_REJECT, 0);
+	fix *x = fix_new(true);
+
+	/* no session yet: a refusal in clear is how a coordinator answers an
+	 * unknown key, and it ends the run */
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_EAUTH);
+	fix_free(x);
+
+	/* a session, no welcome yet (a name this key is not for) */
+	x = fix_new(true);
+	{
+		fb_allowlist al = {&x->wpk, 1};
+		fb_hs_accept_cfg hc = {.self = x->cid,
+		    .run = x->run,
+		    .proto_version = FB_PROTOCOL_VERSION,
+		    .lookup = fb_allowlist_lookup_cb,
+		    .lookup_arg = &al};
+		fb_msg rep = {.type = FB_MSG_HANDSHAKE};
+		fb_reject why;
+		fb_wk_start(&x->w, x->now);
+		assert_int_equal(
+		    fb_handshake_accept(&hc, last(x)->msg.u.handshake.data.b,
+		        FB_HS_HELLO_LEN, rep.u.handshake.data.b, &x->cs, &why),
+		    FB_OK);
+		rep.u.handshake.data.len = FB_HS_REPLY_LEN;
+		assert_int_equal(deliver(x, &rep, NULL, 0), FB_OK);
+	}
+	assert_non_null(x->w.sess);
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_EAUTH);
+	fix_free(x);
+}
+
+static void
+test_refusal_in_clear_after_admission(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg r = simple_msg(FB_MSG_REJECT, 0);
+	fb_msg hb = simple_msg(FB_MSG_HEARTBEAT, 0);
+	fb_msg cancel = simple_msg(FB_MSG_ROUND_CANCEL, 1);
+	int64_t rx;
+
+	secure_join(x);
+	x->cfg.secure_aggregation = 1;
+	run_to_training(x, 1, 0);
+	rx = x->w.last_rx_ms;
+	x->now += 100;
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(deliver(x, &r, NULL, 0), FB_OK);
+	}
+	/* in clear, a heartbeat does not keep the worker here, nor does a
+	 * cancel end its round */
+	assert_int_equal(deliver(x, &hb, NULL, 0), FB_OK);
+	assert_int_equal(deliver(x, &cancel, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	assert_int_equal(x->w.last_rx_ms, rx);
+	assert_int_equal(x->stops, 0);
+	/* noted once; the repeats within 5 s are counted, not logged */
+	assert_true(x->w.note_plain.written);
+	assert_int_equal(x->w.note_plain.suppressed, 4);
+	/* the sealed cancel is the coordinator's: it counts */
+	assert_int_equal(deliver_sealed(x, &cancel, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->stops, 1);
+	/* and so would a sealed refusal */
+	assert_int_equal(deliver_sealed(x, &r, NULL, 0), FB_EAUTH);
+	fix_free(x);
+}
+
+static void
+test_rehandshake_takes_only_its_reply(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg r = simple_msg(FB_MSG_REJECT, 0);
+	fb_msg redirect = {.type = FB_MSG_REDIRECT};
+	fb_allowlist al;
+	fb_hs_accept_cfg hc;
+	fb_msg rep = {.type = FB_MSG_HANDSHAKE}, m = welcome_msg();
+	fb_reject why;
+
+	secure_join(x);
+	/* the coordinator goes silent: the worker shakes hands again */
+	x->now += 3001;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	assert_null(x->w.sess);
+	assert_int_equal(last(x)->msg.type, FB_MSG_HANDSHAKE);
+	/* a refusal in clear now is anyone's: ignored */
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	/* the reply to this handshake is taken, then the sealed welcome */
+	al = (fb_allowlist){&x->wpk, 1};
+	hc = (fb_hs_accept_cfg){.self = x->cid,
+	    .run = x->run,
+	    .proto_version = FB_PROTOCOL_VERSION,
+	    .lookup = fb_allowlist_lookup_cb,
+	    .lookup_arg = &al};
+	fb_session_free(x->cs);
+	x->cs = NULL;
+	assert_int_equal(
+	    fb_handshake_accept(&hc, last(x)->msg.u.handshake.data.b,
+	        FB_HS_HELLO_LEN, rep.u.handshake.data.b, &x->cs, &why),
+	    FB_OK);
+	rep.u.handshake.data.len = FB_HS_REPLY_LEN;
+	assert_int_equal(deliver(x, &rep, NULL, 0), FB_OK);
+	assert_non_null(x->w.sess);
+	assert_true(last(x)->sealed);
+	/* once it is established, a handshake reply or redirect in clear is
+	 * not taken either */
+	assert_int_equal(deliver(x, &rep, NULL, 0), FB_OK);
+	redirect.u.redirect.lane = 1;
+	redirect.u.redirect.port = 5556;
+	assert_int_equal(deliver(x, &redirect, NULL, 0), FB_OK);
+	assert_int_equal(x->relinks, 0);
+	m.u.welcome.run_id = 43;
+	assert_int_equal(deliver_sealed(x, &m, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
+static void
 test_sealed_garbage_dropped(void **state)
 {
 	fix *x = fix_new(true);
@@ -1406,6 +1531,12 @@ FB_TESTS = {
         test_secure_join_and_round},
     {"a tampered model chunk or an unwanted round starts no training",
         test_secure_model_tampered},
+    {"a refusal in clear is taken before the coordinator authenticated",
+        test_refusal_before_authentication},
+    {"after admission a refusal or cancel in clear changes nothing",
+        test_refusal_in_clear_after_admission},
+    {"a new handshake takes only its own reply in clear",
+        test_rehandshake_takes_only_its_reply},
     {"a sealed frame that does not open is dropped",
         test_sealed_garbage_dropped},
     {"a secure-aggregation round: advert, shares, masked update, reveal",
