@@ -54,7 +54,9 @@ const fb_cfg_field fb_worker_config_schema[] = {
     {"train.throttle", FB_CFG_FLOAT, F(throttle), "1", 1, 1000, MB,
         "SIMULATION: train this many times slower (sleeps after steps)"},
     {"train.plugin", FB_CFG_STRING, F(plugin), "", NOB, MB,
-        "local path of the plug-in model library (plugin models)"},
+        "local path of the plug-in model library (plugin models); the only "
+        "code this worker loads: a path the coordinator names is never "
+        "used"},
     {"transport.connect_timeout", FB_CFG_DURATION, F(connect_timeout_ms),
         "2m", 100, 8.64e7, MB,
         "give up when no coordinator answers for this long"},

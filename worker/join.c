@@ -4,6 +4,10 @@
  * the hello, the coordinator's welcome (and the model it names), redirects
  * to a lane's port, rejoining when the coordinator is gone, and the keys
  * this worker trusts (its own, the pinned coordinator's, security.peers).
+ *
+ * The welcome names the model; a plug-in model is loaded only from the
+ * path in this worker's own train.plugin, never from a path the network
+ * sent.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -183,8 +187,11 @@ fb_wk_rejoin(fb_wk *w, const char *why)
 	}
 }
 
-/* The model the welcome names, as this worker builds it: a plug-in from
- * train.plugin, else from the welcome's path. */
+/*
+ * The model the welcome names, as this worker will build it. A plug-in is
+ * code: it comes only from train.plugin, whatever path the coordinator
+ * names (its own, on its host). Errors: FB_ECONFIG (logged).
+ */
 static fb_err
 welcome_spec(const fb_wk *w, const fb_wire_model_spec *ws, fb_model_spec *spec)
 {
@@ -195,8 +202,17 @@ welcome_spec(const fb_wk *w, const fb_wire_model_spec *ws, fb_model_spec *spec)
 	spec->hidden_count = ws->hidden_count;
 	memcpy(spec->hidden, ws->hidden, sizeof(uint32_t) * ws->hidden_count);
 	spec->synthetic_params = ws->synthetic_params;
-	snprintf(spec->plugin, sizeof(spec->plugin), "%s",
-	    w->cfg->plugin[0] ? w->cfg->plugin : ws->plugin);
+	if (strcmp(ws->arch, "plugin") == 0 && w->cfg->plugin[0] == '\0') {
+		fb_log_error(
+		    "the coordinator's model is a plug-in (its "
+		    "model.plugin is '%s' on its host), and this worker "
+		    "loads only a library its own config names: set "
+		    "train.plugin to the local path of that model's "
+		    "library",
+		    ws->plugin);
+		return FB_ECONFIG;
+	}
+	snprintf(spec->plugin, sizeof(spec->plugin), "%s", w->cfg->plugin);
 	return FB_OK;
 }
 

@@ -10,8 +10,8 @@
  * It checks the messages the worker emits and the phases it reaches: each
  * phase of a round, a cancel in each, a round start while a round runs,
  * the coordinator going silent (and merely busy), a queue that stays full,
- * malformed input, and refusals in clear before and after the
- * coordinator authenticated itself.
+ * malformed input, refusals in clear before and after the coordinator
+ * authenticated itself, and the plug-in path a welcome names.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -1499,6 +1499,34 @@ test_secagg_cancel_and_malformed(void **state)
 	fix_free(x);
 }
 
+/* ---- the model a welcome names ------------------------------------------ */
+
+static void
+test_plugin_only_from_own_config(void **state)
+{
+	char path[512];
+	const char *b = getenv("FB_BUILD");
+	fix *x = fix_new(false);
+	fb_msg m = welcome_msg();
+
+	strcpy(m.u.welcome.model.arch, "plugin");
+	strcpy(m.u.welcome.model.plugin, "/nonexistent/evil.so");
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_ECONFIG);
+	assert_null(x->w.model);
+	fix_free(x);
+	/* with train.plugin set, that library is the one loaded */
+	snprintf(
+	    path, sizeof(path), "%s/examples/tiny.so", b != NULL ? b : "build");
+	x = fix_new(false);
+	x->cfg.plugin = path;
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+	assert_non_null(x->w.model);
+	assert_int_equal(x->w.param_count, P);
+	fix_free(x);
+}
+
 FB_TESTS = {
     {"a plain worker says hello and the welcome admits it",
         test_hello_and_welcome},
@@ -1545,6 +1573,8 @@ FB_TESTS = {
         test_secagg_outbox_keeps_order},
     {"a cancel while waiting for masks, or bad adverts, end the round",
         test_secagg_cancel_and_malformed},
+    {"a plug-in model is loaded only from train.plugin",
+        test_plugin_only_from_own_config},
     {NULL, NULL},
 };
 
