@@ -261,7 +261,9 @@ deliver(fix *x, const fb_msg *m, const void *payload, size_t len)
 	f.msg = *m;
 	if (fb_msg_has_payload(m->type)) {
 		assert_true(len <= sizeof(x->pbuf));
-		memcpy(x->pbuf, payload, len);
+		if (len > 0) {
+			memcpy(x->pbuf, payload, len);
+		}
 		f.payload = x->pbuf;
 		f.payload_len = len;
 	}
@@ -301,7 +303,10 @@ deliver_sealed(fix *x, const fb_msg *m, const void *payload, size_t len)
 		f.payload = x->pbuf;
 		f.payload_len = pl;
 	} else if (with_payload) {
-		memcpy(x->pbuf, payload, len);
+		assert_true(len <= sizeof(x->pbuf));
+		if (len > 0) {
+			memcpy(x->pbuf, payload, len);
+		}
 		f.payload = x->pbuf;
 		f.payload_len = len;
 	}
