@@ -165,6 +165,25 @@ fb_wk_send_now(
 	return rc;
 }
 
+uint32_t
+fb_wk_msg_round(const fb_wk *w, const fb_msg *m)
+{
+	switch (m->type) {
+	case FB_MSG_MODEL_FETCH:
+		return m->u.model_fetch.round;
+	case FB_MSG_UPDATE_BEGIN:
+		return m->u.update_begin.round;
+	case FB_MSG_UPDATE_CHUNK:
+		return m->u.update_chunk.round;
+	case FB_MSG_UPDATE_END:
+		return m->u.update_end.round;
+	case FB_MSG_SECAGG:
+		return m->u.secagg.round;
+	default:
+		return w->round;
+	}
+}
+
 static void
 out_free(fb_wk_out *e)
 {
@@ -483,8 +502,8 @@ loop_send(void *arg, fb_wk *w, const fb_msg *m, const void *payload, size_t len,
 	wk_loop *lp = arg;
 
 	return seal
-	           ? fb_secure_send_from(lp->link, NULL, w->sess, w->round, m,
-	                 payload, len, origin)
+	           ? fb_secure_send_from(lp->link, NULL, w->sess,
+	                 fb_wk_msg_round(w, m), m, payload, len, origin)
 	           : fb_link_send_from(lp->link, NULL, m, payload, len, origin);
 }
 

@@ -87,7 +87,8 @@ typedef struct fb_wk_io {
 	void *arg;
 	/* send hands `m` (with `len` bytes of `payload` when its type carries
 	 * one; from `origin`'s lent memory when non-NULL) to the link now,
-	 * sealed with w's session for w->round when `seal`. It never waits:
+	 * sealed with w's session for fb_wk_msg_round(w, m) when `seal`
+	 * (then, not when it was made). It never waits:
 	 * FB_EAGAIN when the coordinator's queue is full (nothing was sent).
 	 * Other errors: the link's. */
 	fb_err (*send)(void *arg, fb_wk *w, const fb_msg *m,
@@ -273,6 +274,11 @@ FB_MUST_CHECK fb_err fb_wk_send_now(fb_wk *w, const fb_msg *m,
  */
 FB_MUST_CHECK fb_err fb_wk_send_ctl(
     fb_wk *w, const fb_msg *m, const void *payload, size_t len);
+
+/* fb_wk_msg_round is the round a message is sealed for: its own for one
+ * about a round (one that waited in the outbox may be of the last round),
+ * else the current one. */
+uint32_t fb_wk_msg_round(const fb_wk *w, const fb_msg *m);
 
 /* fb_wk_outbox_clear drops what waits in the outbox (a new link). */
 void fb_wk_outbox_clear(fb_wk *w);

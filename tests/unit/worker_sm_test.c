@@ -35,7 +35,8 @@ typedef struct sent {
 	uint8_t *payload; /* copy, or NULL */
 	size_t len;
 	bool sealed;
-	bool lent; /* sent from lent memory, without a copy */
+	uint32_t seal_round; /* what the link would seal it for */
+	bool lent;           /* sent from lent memory, without a copy */
 } sent;
 
 typedef struct fix {
@@ -86,6 +87,7 @@ fake_send(void *arg, fb_wk *w, const fb_msg *m, const void *payload, size_t len,
 	memset(s, 0, sizeof(*s));
 	s->msg = *m;
 	s->sealed = seal;
+	s->seal_round = fb_wk_msg_round(w, m);
 	s->lent = origin != NULL;
 	if (fb_msg_has_payload(m->type) && len > 0) {
 		s->payload = malloc(len);
@@ -1456,10 +1458,27 @@ test_secagg_outbox_keeps_order(void **state)
 	}
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
 	at = x->nlog;
+	x->room = 1;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX - 1);
+	/* round 7 starts meanwhile: its advert queues behind round 6's
+	 * reveals, which are still sealed for round 6 when they go */
+	rs = sa_round_msg(x, 7);
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
 	x->room = ROOM_ANY;
 	fb_wk_on_writable(&x->w, x->now);
 	assert_int_equal(x->w.out_count, 0);
-	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), FB_WK_OUTBOX_MAX);
+	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), FB_WK_OUTBOX_MAX + 1);
+	for (size_t i = at; i < at + FB_WK_OUTBOX_MAX; i++) {
+		assert_int_equal(x->log[i].msg.u.secagg.phase, FB_SA_REVEAL);
+		assert_int_equal(x->log[i].seal_round, 6);
+	}
+	assert_int_equal(
+	    x->log[at + FB_WK_OUTBOX_MAX].msg.u.secagg.phase, FB_SA_ADVERT);
+	assert_int_equal(x->log[at + FB_WK_OUTBOX_MAX].seal_round, 7);
+	assert_int_equal(
+	    x->log[at + FB_WK_OUTBOX_MAX + 1].msg.type, FB_MSG_MODEL_FETCH);
 	fix_free(x);
 }
 
