@@ -78,6 +78,7 @@ DEPS_model       = model common
 DEPS_crypto      = crypto common
 DEPS_aggregation = aggregation common
 DEPS_worker      = worker model data aggregation proto crypto common
+DEPS_worker_sm   = $(DEPS_worker)
 DEPS_coordinator = coordinator model data aggregation proto crypto common
 DEPS_rules       = aggregation common
 DEPS_metrics_http = coordinator common

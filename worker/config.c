@@ -76,12 +76,16 @@ const fb_cfg_field fb_worker_config_schema[] = {
     {"train.throttle", FB_CFG_FLOAT, F(throttle), "1", 1, 1000, MB,
         "SIMULATION: train this many times slower (sleeps after steps)"},
     {"train.plugin", FB_CFG_PATH, F(plugin), "", NOB, MB,
-        "local path of the plug-in model library (plugin models)"},
+        "local path of the plug-in model library (plugin models); the only "
+        "code this worker loads: a path the coordinator names is never "
+        "used"},
     {"transport.connect_timeout", FB_CFG_DURATION, F(connect_timeout_ms),
         "2m", 100, 8.64e7, MB,
         "give up when no coordinator answers for this long"},
     {"transport.send_timeout", FB_CFG_DURATION, F(send_timeout_ms), "30s",
-        10, 3600000, MB, "a send to a full queue gives up after this"},
+        10, 3600000, MB, "the coordinator's queue staying full this long "
+        "(it reads nothing from this worker) makes the worker reconnect; "
+        "sends never wait"},
     {"transport.fetch_window", FB_CFG_INT, F(fetch_window), "8", 1, FB_FETCH_WINDOW_MAX,
         MB, "model chunks requested ahead while downloading"},
     {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,

@@ -221,7 +221,7 @@ fb_trainer_set_params(fb_trainer *t, const float *params)
 
 fb_err
 fb_trainer_train(fb_trainer *t, const fb_train_opts *opts,
-    fb_train_stats *stats, const volatile int *cancel)
+    fb_train_stats *stats, const atomic_int *cancel)
 {
 	return t->be->train(t->state, opts, stats, cancel);
 }

@@ -16,6 +16,7 @@
 #ifndef FB_WORKER_TRAINER_H
 #define FB_WORKER_TRAINER_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/err.h"
@@ -71,9 +72,10 @@ typedef struct fb_trainer_backend {
 	/* set_params copies the global model (host, param_count floats). */
 	fb_err (*set_params)(void *state, const float *params);
 	/* train runs opts->steps steps; it stops early, returning
-	 * FB_ECLOSED, when *cancel becomes non-zero. */
+	 * FB_ECLOSED, when *cancel (may be NULL; set by another thread)
+	 * becomes non-zero. */
 	fb_err (*train)(void *state, const fb_train_opts *opts,
-	    fb_train_stats *stats, const volatile int *cancel);
+	    fb_train_stats *stats, const atomic_int *cancel);
 	/* get_params copies the local parameters to host memory. */
 	fb_err (*get_params)(void *state, float *params);
 	/* describe writes e.g. "cuda: 2 x NVIDIA H200 (fp32)". */
@@ -96,7 +98,7 @@ FB_MUST_CHECK fb_err fb_trainer_open(const fb_model *m,
 void fb_trainer_close(fb_trainer *t);
 FB_MUST_CHECK fb_err fb_trainer_set_params(fb_trainer *t, const float *params);
 FB_MUST_CHECK fb_err fb_trainer_train(fb_trainer *t, const fb_train_opts *opts,
-    fb_train_stats *stats, const volatile int *cancel);
+    fb_train_stats *stats, const atomic_int *cancel);
 FB_MUST_CHECK fb_err fb_trainer_get_params(fb_trainer *t, float *params);
 const char *fb_trainer_backend_name(const fb_trainer *t);
 void fb_trainer_describe(const fb_trainer *t, char *buf, size_t len);

@@ -6,6 +6,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,7 +299,7 @@ test_fmnist_learns(void **state)
 }
 
 typedef struct canceller {
-	volatile int *flag;
+	atomic_int *flag;
 	int delay_ms;
 } canceller;
 
@@ -307,7 +308,7 @@ cancel_later(void *arg)
 {
 	canceller *c = arg;
 	fb_sleep_ms(c->delay_ms);
-	*c->flag = 1;
+	atomic_store(c->flag, 1);
 	return NULL;
 }
 
@@ -320,7 +321,7 @@ test_cancel(void **state)
 	fb_trainer *t = NULL;
 	fb_train_opts o = opts_of(100000000, 32, 0.01f, 0.0f, 0.0f);
 	fb_train_stats st;
-	volatile int flag = 1;
+	atomic_int flag = 1;
 	canceller cc = {&flag, 50};
 	pthread_t th;
 	float *p = malloc(fb_model_param_count(m) * sizeof(float));
@@ -331,7 +332,7 @@ test_cancel(void **state)
 	assert_int_equal(fb_trainer_set_params(t, p), FB_OK);
 	assert_int_equal(fb_trainer_train(t, &o, &st, &flag), FB_ECLOSED);
 	assert_int_equal(st.steps, 0);
-	flag = 0;
+	atomic_store(&flag, 0);
 	assert_int_equal(pthread_create(&th, NULL, cancel_later, &cc), 0);
 	assert_int_equal(fb_trainer_train(t, &o, &st, &flag), FB_ECLOSED);
 	pthread_join(th, NULL);

@@ -15,6 +15,7 @@
  * v = mu * v + g; w -= lr * v, with v zeroed at the start of every train().
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -165,12 +166,12 @@ cpu_describe(void *state, char *buf, size_t len)
  * most 50 ms so that a cancel during a long simulated slowdown is seen.
  */
 static void
-sleep_s(double sec, const volatile int *cancel)
+sleep_s(double sec, const atomic_int *cancel)
 {
 	double end = fb_now_s() + sec, left;
 
 	while ((left = end - fb_now_s()) > 0.0 &&
-	       (cancel == NULL || *cancel == 0)) {
+	       (cancel == NULL || atomic_load(cancel) == 0)) {
 		struct timespec ts;
 		left = left < 0.05 ? left : 0.05;
 		ts.tv_sec = 0;
@@ -201,7 +202,7 @@ check_opts(const cpu_state *s, const fb_train_opts *o)
 
 static fb_err
 cpu_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
-    const volatile int *cancel)
+    const atomic_int *cancel)
 {
 	cpu_state *s = state;
 	fb_err rc = FB_OK;
@@ -235,7 +236,7 @@ cpu_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 		double t0 = fb_now_s();
 		float loss = 0.0f;
 
-		if (cancel != NULL && *cancel != 0) {
+		if (cancel != NULL && atomic_load(cancel) != 0) {
 			rc = FB_ECLOSED;
 			goto out;
 		}

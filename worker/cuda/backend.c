@@ -39,6 +39,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1236,7 +1237,7 @@ out:
 
 static fb_err
 cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
-    const volatile int *cancel)
+    const atomic_int *cancel)
 {
 	fb_err rc = FB_OK;
 	cuda_trainer *t = state;
@@ -1290,7 +1291,7 @@ cuda_train(void *state, const fb_train_opts *o, fb_train_stats *st,
 		uint32_t n = chunk;
 		double c0;
 
-		if (cancel != NULL && *cancel) {
+		if (cancel != NULL && atomic_load(cancel)) {
 			rc = FB_ECLOSED;
 			break;
 		}

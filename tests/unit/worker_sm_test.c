@@ -1,0 +1,1612 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * worker_sm_test.c -- the worker's state machine (worker/worker_impl.h)
+ * driven with synthetic events and a fake clock, with no socket and no
+ * thread: a fake link records every message the worker hands it (and can
+ * be made full), a fake trainer records starts and stops, and the test
+ * plays the coordinator, in clear or with real sealed sessions, model
+ * streams and a second secure-aggregation participant from crypto/.
+ *
+ * It checks the messages the worker emits and the phases it reaches: each
+ * phase of a round, a cancel in each, a round start while a round runs,
+ * the coordinator going silent (and merely busy), a queue that stays full,
+ * malformed input, refusals in clear before and after the coordinator
+ * authenticated itself, and the plug-in path a welcome names.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "tests/unit/harness.h"
+#include "worker/worker_impl.h"
+
+#define P 51     /* parameters of the 8-4-3 MLP */
+#define CHUNK 64 /* bytes per chunk: the model is 4 chunks */
+#define NCHUNK 4
+#define LAST_LEN (P * 4 - 3 * CHUNK) /* 12 */
+#define LOG_MAX 1024
+#define ROOM_ANY ((size_t)-1)
+#define T0 1000000       /* the fake clock's start, ms */
+#define PAYLOAD_BIT 0x80 /* a sealed payload's type (proto/secure.c) */
+
+typedef struct sent {
+	fb_msg msg;
+	uint8_t *payload; /* copy, or NULL */
+	size_t len;
+	bool sealed;
+	uint32_t seal_round; /* what the link would seal it for */
+	bool lent;           /* sent from lent memory, without a copy */
+} sent;
+
+typedef struct fix {
+	fb_worker_config cfg;
+	fb_wk_io io;
+	fb_wk w;
+	int64_t now;
+	/* the fake link and trainer */
+	sent log[LOG_MAX];
+	size_t nlog;
+	size_t served; /* log entries the fake coordinator has answered */
+	size_t room;   /* messages the link takes before it is full */
+	int starts, stops, relinks;
+	char relinked[FB_TEXT_MAX];
+	fb_err start_rc;
+	/* the coordinator's side */
+	float global[P];
+	uint8_t head[FB_MAX_CONTROL_LEN + 256];
+	uint8_t pbuf[16384];
+	fb_identity *cid; /* coordinator */
+	fb_identity *pid; /* the other SecAgg participant */
+	fb_pubkey cpk, wpk, ppk;
+	fb_run_id run;
+	fb_session *cs; /* the coordinator's session with the worker */
+	uint8_t mchunk[NCHUNK][CHUNK + FB_STREAM_CHUNK_OVERHEAD];
+	size_t mchunk_len[NCHUNK];
+	fb_secagg_worker *peer;
+	fb_secagg_params sap;
+} fix;
+
+/* ---- the fakes ---------------------------------------------------------- */
+
+static fb_err
+fake_send(void *arg, fb_wk *w, const fb_msg *m, const void *payload, size_t len,
+    fb_lent *origin, bool seal)
+{
+	fix *x = arg;
+	sent *s;
+
+	if (x->room == 0) {
+		return FB_EAGAIN;
+	}
+	if (x->room != ROOM_ANY) {
+		x->room--;
+	}
+	assert_true(x->nlog < LOG_MAX);
+	s = &x->log[x->nlog++];
+	memset(s, 0, sizeof(*s));
+	s->msg = *m;
+	s->sealed = seal;
+	s->seal_round = fb_wk_msg_round(w, m);
+	s->lent = origin != NULL;
+	if (fb_msg_has_payload(m->type) && len > 0) {
+		s->payload = malloc(len);
+		assert_non_null(s->payload);
+		memcpy(s->payload, payload, len);
+		s->len = len;
+	}
+	return FB_OK;
+}
+
+static fb_err
+fake_train_start(void *arg, fb_wk *w)
+{
+	fix *x = arg;
+
+	x->starts++;
+	return x->start_rc;
+}
+
+static void
+fake_train_stop(void *arg, fb_wk *w)
+{
+	fix *x = arg;
+
+	if (w->phase == FB_WK_TRAINING) {
+		x->stops++;
+	}
+}
+
+static fb_err
+fake_relink(void *arg, fb_wk *w, const char *endpoint)
+{
+	fix *x = arg;
+
+	x->relinks++;
+	snprintf(x->relinked, sizeof(x->relinked), "%s", endpoint);
+	x->room = ROOM_ANY; /* a new link: an empty queue */
+	return FB_OK;
+}
+
+static fix *
+fix_new(bool secure)
+{
+	fix *x = calloc(1, sizeof(*x));
+
+	assert_non_null(x);
+	x->cfg.coordinator = (char *)"tcp://127.0.0.1:5555";
+	x->cfg.name = (char *)"w0";
+	x->cfg.data_dir = (char *)"";
+	x->cfg.workers = 2;
+	x->cfg.none_samples = 1000;
+	x->cfg.throttle = 1.0;
+	x->cfg.plugin = (char *)"";
+	x->cfg.connect_timeout_ms = 120000;
+	x->cfg.send_timeout_ms = 30000;
+	x->cfg.fetch_window = 2;
+	x->cfg.security = secure;
+	x->cfg.key = (char *)"";
+	x->cfg.coordinator_key = (char *)"";
+	x->cfg.secure_aggregation = secure ? 0 : 1;
+	x->cfg.peers = (char *)"";
+	x->cfg.dump_updates = (char *)"";
+	x->io = (fb_wk_io){
+	    .arg = x,
+	    .send = fake_send,
+	    .train_start = fake_train_start,
+	    .train_stop = fake_train_stop,
+	    .relink = fake_relink,
+	};
+	x->room = ROOM_ANY;
+	x->now = T0;
+	for (int j = 0; j < P; j++) {
+		x->global[j] = 0.25f * (float)(j % 7) - 0.5f;
+	}
+	fb_wk_init(&x->w, &x->cfg, &x->io);
+	/* the samples this worker has: 600 of the welcome's model's shape
+	 * (8 features, classes 0..2), all zero (nothing trains them here) */
+	x->w.shard.count = 600;
+	x->w.shard.dim = 8;
+	x->w.shard.classes = 3;
+	x->w.shard.x = fb_calloc(600 * 8, sizeof(float));
+	x->w.shard.y = fb_calloc(600, sizeof(fb_label));
+	assert_true(x->w.shard.x != NULL && x->w.shard.y != NULL);
+	if (secure) {
+		uint8_t seed[32] = {1};
+		fb_identity *wid = NULL;
+		assert_int_equal(
+		    fb_identity_alloc_from_seed(seed, "coordinator", &x->cid),
+		    FB_OK);
+		seed[0] = 2;
+		assert_int_equal(
+		    fb_identity_alloc_from_seed(seed, "w0", &wid), FB_OK);
+		seed[0] = 3;
+		assert_int_equal(
+		    fb_identity_alloc_from_seed(seed, "w1", &x->pid), FB_OK);
+		fb_identity_pubkey(x->cid, &x->cpk);
+		fb_identity_pubkey(wid, &x->wpk);
+		fb_identity_pubkey(x->pid, &x->ppk);
+		assert_int_equal(fb_run_id_random(&x->run), FB_OK);
+		x->w.self = wid; /* the worker owns it from here */
+		x->w.coord_pk = x->cpk;
+		x->w.secure = true;
+	}
+	return x;
+}
+
+static void
+fix_free(fix *x)
+{
+	fb_wk_fini(&x->w);
+	for (size_t i = 0; i < x->nlog; i++) {
+		free(x->log[i].payload);
+	}
+	fb_identity_free(x->cid);
+	fb_identity_free(x->pid);
+	fb_session_free(x->cs);
+	fb_secagg_worker_free(x->peer);
+	free(x);
+}
+
+/* ---- what the worker sent ---------------------------------------------- */
+
+static sent *
+last(fix *x)
+{
+	assert_true(x->nlog > 0);
+	return &x->log[x->nlog - 1];
+}
+
+/* How many messages of `type` went out from log entry `from` on. */
+static size_t
+count_of(const fix *x, fb_msg_type type, size_t from)
+{
+	size_t n = 0;
+
+	for (size_t i = from; i < x->nlog; i++) {
+		n += x->log[i].msg.type == type;
+	}
+	return n;
+}
+
+/* The first message of `type` from log entry `from` on, or NULL. */
+static sent *
+find(fix *x, fb_msg_type type, size_t from)
+{
+	for (size_t i = from; i < x->nlog; i++) {
+		if (x->log[i].msg.type == type) {
+			return &x->log[i];
+		}
+	}
+	return NULL;
+}
+
+/* ---- the coordinator's messages ----------------------------------------- */
+
+static uint32_t
+msg_round(const fix *x, const fb_msg *m)
+{
+	switch (m->type) {
+	case FB_MSG_ROUND_START:
+		return m->u.round_start.round;
+	case FB_MSG_MODEL_CHUNK:
+		return m->u.model_chunk.round;
+	case FB_MSG_ROUND_CANCEL:
+		return m->u.round_cancel.round;
+	case FB_MSG_SECAGG:
+		return m->u.secagg.round;
+	default:
+		return x->w.round;
+	}
+}
+
+/* In clear, as the link hands it over. */
+static fb_err
+deliver(fix *x, const fb_msg *m, const void *payload, size_t len)
+{
+	fb_frame f;
+
+	memset(&f, 0, sizeof(f));
+	f.msg = *m;
+	if (fb_msg_has_payload(m->type)) {
+		assert_true(len <= sizeof(x->pbuf));
+		if (len > 0) {
+			memcpy(x->pbuf, payload, len);
+		}
+		f.payload = x->pbuf;
+		f.payload_len = len;
+	}
+	return fb_wk_on_frame(&x->w, &f, x->now);
+}
+
+/* Sealed with the coordinator's session, as proto/secure.c seals it. */
+static fb_err
+deliver_sealed(fix *x, const fb_msg *m, const void *payload, size_t len)
+{
+	uint8_t env[FB_MAX_CONTROL_LEN];
+	size_t env_len = 0, sl = 0, pl = 0;
+	uint32_t round = msg_round(x, m);
+	bool with_payload = fb_msg_has_payload(m->type);
+	fb_frame f;
+
+	memset(&f, 0, sizeof(f));
+	assert_non_null(x->cs);
+	assert_int_equal(
+	    fb_msg_pack_envelope(m, env, sizeof(env), &env_len), FB_OK);
+	x->head[0] = 'F';
+	x->head[1] = 'B';
+	x->head[2] = 1;
+	x->head[3] = FB_WIRE_SEALED | (with_payload ? FB_WIRE_PAYLOAD : 0);
+	assert_int_equal(fb_msg_seal(x->cs, (uint8_t)m->type, round, env,
+	                     env_len, x->head + 4, sizeof(x->head) - 4, &sl),
+	    FB_OK);
+	f.sealed = true;
+	f.sealed_data = x->head + 4;
+	f.sealed_len = sl;
+	if (with_payload && m->type == FB_MSG_SECAGG) {
+		assert_int_equal(
+		    fb_msg_seal(x->cs, (uint8_t)(m->type | PAYLOAD_BIT), round,
+		        payload != NULL ? payload : (const void *)"", len,
+		        x->pbuf, sizeof(x->pbuf), &pl),
+		    FB_OK);
+		f.payload = x->pbuf;
+		f.payload_len = pl;
+	} else if (with_payload) {
+		assert_true(len <= sizeof(x->pbuf));
+		if (len > 0) {
+			memcpy(x->pbuf, payload, len);
+		}
+		f.payload = x->pbuf;
+		f.payload_len = len;
+	}
+	return fb_wk_on_frame(&x->w, &f, x->now);
+}
+
+static fb_err
+send_msg(fix *x, const fb_msg *m, const void *payload, size_t len)
+{
+	return x->w.secure ? deliver_sealed(x, m, payload, len)
+	                   : deliver(x, m, payload, len);
+}
+
+static fb_msg
+welcome_msg(void)
+{
+	fb_msg m = {.type = FB_MSG_WELCOME};
+
+	m.u.welcome.protocol_version = FB_PROTOCOL_VERSION;
+	m.u.welcome.run_id = 42;
+	m.u.welcome.worker_id = 1;
+	m.u.welcome.heartbeat_ms = 200;
+	m.u.welcome.liveness_ms = 3000;
+	m.u.welcome.chunk_bytes = CHUNK;
+	m.u.welcome.param_count = P;
+	strcpy(m.u.welcome.model.arch, "mlp");
+	m.u.welcome.model.input_dim = 8;
+	m.u.welcome.model.classes = 3;
+	m.u.welcome.model.hidden[0] = 4;
+	m.u.welcome.model.hidden_count = 1;
+	return m;
+}
+
+static fb_msg
+round_msg(uint32_t round, uint32_t first)
+{
+	fb_msg m = {.type = FB_MSG_ROUND_START};
+
+	m.u.round_start.round = round;
+	m.u.round_start.param_count = P;
+	m.u.round_start.chunk_count = NCHUNK;
+	m.u.round_start.chunk_bytes = CHUNK;
+	m.u.round_start.local_steps = 5;
+	m.u.round_start.batch_size = 8;
+	m.u.round_start.lr = 0.1f;
+	m.u.round_start.seed = 9;
+	m.u.round_start.deadline_ms = 60000;
+	m.u.round_start.first_chunk = first;
+	return m;
+}
+
+static fb_msg
+simple_msg(fb_msg_type type, uint32_t round)
+{
+	fb_msg m = {.type = type};
+
+	if (type == FB_MSG_HEARTBEAT) {
+		m.u.heartbeat.round = round;
+	} else if (type == FB_MSG_ROUND_CANCEL) {
+		m.u.round_cancel.round = round;
+		strcpy(m.u.round_cancel.reason, "round deadline passed");
+	} else if (type == FB_MSG_REJECT) {
+		strcpy(m.u.reject.reason, "injected");
+	} else if (type == FB_MSG_SHUTDOWN) {
+		strcpy(m.u.shutdown.reason, "all rounds done");
+	}
+	return m;
+}
+
+/* Secure mode: the round's model as the coordinator streams it. */
+static void
+model_stream(fix *x, fb_msg *rs)
+{
+	fb_stream_ctx ctx = {.run = x->run,
+	    .round = rs->u.round_start.round,
+	    .sender = FB_SENDER_COORDINATOR};
+	fb_stream_push *p = NULL;
+
+	assert_int_equal(
+	    fb_stream_push_alloc(&ctx, CHUNK, FB_STREAM_DIGEST_FULL,
+	        rs->u.round_start.round_key.b,
+	        rs->u.round_start.stream_header.b, &p),
+	    FB_OK);
+	rs->u.round_start.round_key.len = FB_STREAM_KEY_LEN;
+	rs->u.round_start.stream_header.len = FB_STREAM_HEADER_LEN;
+	for (uint32_t k = 0; k < NCHUNK; k++) {
+		size_t len = k + 1 == NCHUNK ? LAST_LEN : CHUNK;
+		assert_int_equal(
+		    fb_stream_push_chunk(p,
+		        (const uint8_t *)x->global + (size_t)k * CHUNK, len,
+		        k + 1 == NCHUNK, x->mchunk[k], sizeof(x->mchunk[k]),
+		        &x->mchunk_len[k]),
+		    FB_OK);
+	}
+	assert_int_equal(
+	    fb_stream_push_final(p, x->cid, rs->u.round_start.stream_trailer.b),
+	    FB_OK);
+	rs->u.round_start.stream_trailer.len = FB_STREAM_TRAILER_LEN;
+	fb_stream_push_free(p);
+}
+
+/* Answers the worker's model requests, in order, until it stops asking. */
+static void
+serve_model(fix *x)
+{
+	for (; x->served < x->nlog; x->served++) {
+		sent *s = &x->log[x->served];
+		fb_msg c = {.type = FB_MSG_MODEL_CHUNK};
+		uint32_t k;
+
+		if (s->msg.type != FB_MSG_MODEL_FETCH) {
+			continue;
+		}
+		k = s->msg.u.model_fetch.chunk;
+		assert_true(k < NCHUNK);
+		c.u.model_chunk.round = s->msg.u.model_fetch.round;
+		c.u.model_chunk.chunk = k;
+		if (x->w.secure) {
+			assert_int_equal(deliver_sealed(x, &c, x->mchunk[k],
+			                     x->mchunk_len[k]),
+			    FB_OK);
+		} else {
+			assert_int_equal(
+			    deliver(x, &c,
+			        (const uint8_t *)x->global + (size_t)k * CHUNK,
+			        k + 1 == NCHUNK ? LAST_LEN : CHUNK),
+			    FB_OK);
+		}
+	}
+}
+
+/* What the fake trainer "computed": local = global - u, u[j] known. */
+static void
+train_done(fix *x, fb_err rc)
+{
+	for (int j = 0; j < P; j++) {
+		x->w.local[j] = x->global[j] - 0.01f * (float)(j + 1);
+	}
+	memset(&x->w.stats, 0, sizeof(x->w.stats));
+	x->w.stats.steps = 5;
+	x->w.stats.samples = 40;
+	x->w.stats.loss_mean = 0.5;
+	x->w.stats.seconds = 0.25;
+	x->w.train_rc = rc;
+	fb_wk_on_trained(&x->w, x->now);
+}
+
+/* Plain: admitted by the welcome. */
+static void
+plain_join(fix *x)
+{
+	fb_msg m = welcome_msg();
+
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(last(x)->msg.type, FB_MSG_HELLO);
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+}
+
+/* Secure: handshake in clear, then a sealed hello and welcome. */
+static void
+secure_join(fix *x)
+{
+	fb_allowlist al = {&x->wpk, 1};
+	fb_hs_accept_cfg hc = {
+	    .self = x->cid,
+	    .run = x->run,
+	    .proto_version = FB_PROTOCOL_VERSION,
+	    .lookup = fb_allowlist_lookup_cb,
+	    .lookup_arg = &al,
+	};
+	fb_msg r = {.type = FB_MSG_HANDSHAKE}, m = welcome_msg();
+	fb_reject why = FB_REJECT_NONE;
+	sent *h;
+
+	fb_wk_start(&x->w, x->now);
+	h = last(x);
+	assert_int_equal(h->msg.type, FB_MSG_HANDSHAKE);
+	assert_false(h->sealed);
+	fb_session_free(x->cs);
+	x->cs = NULL;
+	assert_int_equal(fb_handshake_accept(&hc, h->msg.u.handshake.data.b,
+	                     h->msg.u.handshake.data.len, r.u.handshake.data.b,
+	                     &x->cs, &why),
+	    FB_OK);
+	r.u.handshake.data.len = FB_HS_REPLY_LEN;
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_OK);
+	assert_non_null(x->w.sess);
+	assert_int_equal(last(x)->msg.type, FB_MSG_HELLO);
+	assert_true(last(x)->sealed);
+	assert_int_equal(deliver_sealed(x, &m, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_true(x->w.admitted);
+}
+
+/* A round up to the trainer's start. */
+static void
+run_to_training(fix *x, uint32_t round, uint32_t first)
+{
+	fb_msg rs = round_msg(round, first);
+
+	if (x->w.secure) {
+		model_stream(x, &rs);
+	}
+	x->served = x->nlog;
+	assert_int_equal(send_msg(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_FETCHING);
+	serve_model(x);
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	assert_memory_equal(x->w.global, x->global, sizeof(x->global));
+}
+
+/* ---- plain rounds ------------------------------------------------------- */
+
+static void
+test_hello_and_welcome(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg m = welcome_msg();
+	sent *h;
+
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	h = last(x);
+	assert_int_equal(h->msg.type, FB_MSG_HELLO);
+	assert_false(h->sealed);
+	assert_string_equal(h->msg.u.hello.name, "w0");
+	assert_int_equal(h->msg.u.hello.protocol_version, FB_PROTOCOL_VERSION);
+	assert_int_equal(h->msg.u.hello.num_samples, 600);
+	assert_int_equal(h->msg.u.hello.session, x->w.session);
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->w.param_count, P);
+	/* A repeat of the welcome (a hello we resent) changes nothing. */
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->nlog, 1);
+	fix_free(x);
+}
+
+static void
+test_round_end_to_end(void **state)
+{
+	fix *x = fix_new(false);
+	size_t begin_at;
+	sent *b;
+
+	plain_join(x);
+	run_to_training(x, 1, 2);
+	assert_int_equal(x->starts, 1);
+	assert_int_equal(count_of(x, FB_MSG_MODEL_FETCH, 0), NCHUNK);
+	begin_at = x->nlog;
+	train_done(x, FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	assert_true(fb_wk_wants_out(&x->w));
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_false(fb_wk_wants_out(&x->w));
+	/* UpdateBegin, then chunks 2, 3, 0, 1: rotated from first_chunk. */
+	assert_int_equal(x->nlog - begin_at, 1 + NCHUNK);
+	b = &x->log[begin_at];
+	assert_int_equal(b->msg.type, FB_MSG_UPDATE_BEGIN);
+	assert_int_equal(b->msg.u.update_begin.round, 1);
+	assert_int_equal(b->msg.u.update_begin.chunk_count, NCHUNK);
+	assert_int_equal(b->msg.u.update_begin.num_samples, 600);
+	assert_int_equal(b->msg.u.update_begin.steps, 5);
+	for (uint32_t pos = 0; pos < NCHUNK; pos++) {
+		sent *c = &x->log[begin_at + 1 + pos];
+		uint32_t k = (2 + pos) % NCHUNK;
+		float want[CHUNK / 4];
+		size_t len = k + 1 == NCHUNK ? LAST_LEN : CHUNK;
+		for (size_t j = 0; j < len / 4; j++) {
+			size_t e = (size_t)k * (CHUNK / 4) + j;
+			want[j] = x->global[e] -
+			          (x->global[e] - 0.01f * (float)(e + 1));
+		}
+		assert_int_equal(c->msg.type, FB_MSG_UPDATE_CHUNK);
+		assert_int_equal(c->msg.u.update_chunk.chunk, k);
+		assert_true(c->lent); /* from w->local, without a copy */
+		assert_int_equal(c->len, len);
+		assert_memory_equal(c->payload, want, len);
+	}
+	fix_free(x);
+}
+
+static void
+test_fetch_window(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg rs = round_msg(1, 0), c = {.type = FB_MSG_MODEL_CHUNK};
+	size_t at;
+
+	plain_join(x);
+	at = x->nlog;
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	/* fetch_window 2: two requests ahead, one more per chunk taken */
+	assert_int_equal(count_of(x, FB_MSG_MODEL_FETCH, at), 2);
+	assert_false(fb_wk_wants_out(&x->w)); /* the window is full */
+	c.u.model_chunk.round = 1;
+	c.u.model_chunk.chunk = 0;
+	assert_int_equal(deliver(x, &c, x->global, CHUNK), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_MODEL_FETCH, at), 3);
+	assert_int_equal(last(x)->msg.u.model_fetch.chunk, 2);
+	fix_free(x);
+}
+
+static void
+test_full_queue_defers_and_resumes(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg rs = round_msg(3, 1);
+	size_t at;
+
+	plain_join(x);
+	x->room = 1; /* one request goes, the next finds the queue full */
+	x->served = x->nlog;
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_MODEL_FETCH, 0), 1);
+	assert_true(fb_wk_wants_out(&x->w));
+	x->room = ROOM_ANY;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(count_of(x, FB_MSG_MODEL_FETCH, 0), 2);
+	serve_model(x);
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	train_done(x, FB_OK);
+	/* The update goes as the link takes it: 2, then 0, then the rest. */
+	at = x->nlog;
+	x->room = 2;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->nlog - at, 2);
+	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	assert_true(fb_wk_wants_out(&x->w));
+	fb_wk_on_writable(&x->w, x->now); /* still full: nothing */
+	assert_int_equal(x->nlog - at, 2);
+	x->room = ROOM_ANY;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->nlog - at, 1 + NCHUNK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	for (uint32_t pos = 0; pos < NCHUNK; pos++) {
+		assert_int_equal(x->log[at + 1 + pos].msg.u.update_chunk.chunk,
+		    (1 + pos) % NCHUNK);
+	}
+	fix_free(x);
+}
+
+static void
+test_busy_upload_answers_coordinator(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg hb = simple_msg(FB_MSG_HEARTBEAT, 1);
+	fb_msg cancel = simple_msg(FB_MSG_ROUND_CANCEL, 1);
+	size_t at;
+
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	train_done(x, FB_OK);
+	x->room = 2;
+	fb_wk_on_writable(&x->w, x->now);
+	/* The coordinator reads slowly for 10 s (more than its 3 s liveness)
+	 * but keeps sending heartbeats: the worker stays, and uploads on. */
+	for (int s = 0; s < 10; s++) {
+		x->now += 1000;
+		assert_int_equal(deliver(x, &hb, NULL, 0), FB_OK);
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+		assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	}
+	assert_int_equal(count_of(x, FB_MSG_HELLO, 1), 0);
+	/* A cancel mid-upload ends it: nothing more of it goes out. */
+	assert_int_equal(deliver(x, &cancel, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_false(fb_wk_wants_out(&x->w));
+	at = x->nlog;
+	x->room = ROOM_ANY;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
+	fix_free(x);
+}
+
+static void
+test_cancel_in_each_phase(void **state)
+{
+	fb_msg cancel = simple_msg(FB_MSG_ROUND_CANCEL, 1);
+	fb_msg other = simple_msg(FB_MSG_ROUND_CANCEL, 9);
+	fix *x;
+	size_t at;
+
+	/* while fetching: no more requests */
+	x = fix_new(false);
+	plain_join(x);
+	x->cfg.fetch_window = 1;
+	{
+		fb_msg rs = round_msg(1, 0);
+		assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	}
+	assert_int_equal(deliver(x, &other, NULL, 0), FB_OK); /* not ours */
+	assert_int_equal(x->w.phase, FB_WK_FETCHING);
+	assert_int_equal(deliver(x, &cancel, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	at = x->nlog;
+	x->served = x->nlog - 1;
+	serve_model(x); /* its chunk 0 arrives late: dropped */
+	assert_int_equal(x->nlog, at);
+	assert_int_equal(x->starts, 0);
+	fix_free(x);
+
+	/* while training: the trainer is stopped; its end is ignored */
+	x = fix_new(false);
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	assert_int_equal(deliver(x, &cancel, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->stops, 1);
+	at = x->nlog;
+	train_done(x, FB_ECLOSED);
+	train_done(x, FB_OK);
+	assert_int_equal(x->nlog, at);
+	fix_free(x);
+
+	/* while uploading: covered by the busy upload; after it: nothing */
+	x = fix_new(false);
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	train_done(x, FB_OK);
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	at = x->nlog;
+	assert_int_equal(deliver(x, &cancel, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->nlog, at);
+	fix_free(x);
+}
+
+static void
+test_round_start_while_running(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg rs = round_msg(2, 0);
+	size_t at;
+
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	at = x->nlog;
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->stops, 1);
+	assert_int_equal(x->w.phase, FB_WK_FETCHING);
+	assert_int_equal(x->w.round, 2);
+	assert_int_equal(
+	    find(x, FB_MSG_MODEL_FETCH, at)->msg.u.model_fetch.round, 2);
+	x->served = at;
+	serve_model(x);
+	train_done(x, FB_OK);
+	/* and while uploading round 2: its update stops, round 3 goes on */
+	x->room = 1;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	rs = round_msg(3, 0);
+	x->room = ROOM_ANY;
+	at = x->nlog;
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_FETCHING);
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
+	fix_free(x);
+}
+
+static void
+test_trainer_failures(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg rs = round_msg(2, 0);
+	size_t at;
+
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	at = x->nlog;
+	train_done(x, FB_EINVAL);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->nlog, at);
+	/* a trainer that does not start: the round is left */
+	x->start_rc = FB_ENOTSUP;
+	x->served = x->nlog;
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	serve_model(x);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->starts, 2);
+	fix_free(x);
+}
+
+static void
+test_silent_coordinator(void **state)
+{
+	fix *x = fix_new(false);
+	uint64_t old_session;
+	size_t at;
+
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	old_session = x->w.session;
+	/* heartbeats go out every 200 ms while nothing else does */
+	at = x->nlog;
+	for (int i = 0; i < 14; i++) {
+		x->now += 200;
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	}
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	assert_true(count_of(x, FB_MSG_HEARTBEAT, at) >= 13);
+	/* 3 s (its liveness) without a word: gone; training stops, and the
+	 * worker joins again with a new session */
+	x->now += 400;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	assert_false(x->w.welcomed);
+	assert_int_equal(x->stops, 1);
+	assert_int_equal(last(x)->msg.type, FB_MSG_HELLO);
+	assert_int_not_equal(last(x)->msg.u.hello.session, old_session);
+	assert_int_equal(x->relinks, 0); /* on the listen port already */
+	fix_free(x);
+}
+
+static void
+test_full_queue_past_send_timeout(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg hb = simple_msg(FB_MSG_HEARTBEAT, 0);
+
+	int64_t full_at = 0;
+
+	plain_join(x);
+	x->w.lane = 1; /* on a lane: the rejoin goes back to listen's port */
+	x->room = 0;
+	/* The coordinator's heartbeats come in, but it takes nothing from
+	 * us: the first heartbeat we try finds the queue full at T0 + 1 s. */
+	while (x->w.phase == FB_WK_IDLE && x->now < T0 + 60000) {
+		x->now += 1000;
+		assert_int_equal(deliver(x, &hb, NULL, 0), FB_OK);
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+		full_at = full_at != 0 ? full_at : x->now;
+	}
+	/* more than 30 s (transport.send_timeout) full: rejoin */
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	assert_int_equal(x->now - full_at, 31000);
+	assert_int_equal(x->relinks, 1);
+	assert_string_equal(x->relinked, "tcp://127.0.0.1:5555");
+	assert_int_equal(last(x)->msg.type, FB_MSG_HELLO);
+	fix_free(x);
+}
+
+static void
+test_join_retries_and_gives_up(void **state)
+{
+	fix *x = fix_new(false);
+
+	fb_wk_start(&x->w, x->now);
+	x->now += 1999;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_HELLO, 0), 1);
+	x->now += 1;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_HELLO, 0), 2);
+	x->now = T0 + 120001;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_ETIMEDOUT);
+	fix_free(x);
+}
+
+static void
+test_redirect_and_lane_giveup(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg r = {.type = FB_MSG_REDIRECT}, m = welcome_msg();
+
+	fb_wk_start(&x->w, x->now);
+	r.u.redirect.lane = 1;
+	r.u.redirect.port = 5556;
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_OK);
+	assert_int_equal(x->relinks, 1);
+	assert_string_equal(x->relinked, "tcp://127.0.0.1:5556");
+	assert_int_equal(last(x)->msg.type, FB_MSG_HELLO);
+	assert_int_equal(last(x)->msg.u.hello.lane, 1);
+	/* a second redirect (we are on a lane already) is dropped */
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_OK);
+	assert_int_equal(x->relinks, 1);
+	/* no answer on the lane for 15 s: back to listen's port, to stay */
+	x->now += 15001;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	assert_int_equal(x->relinks, 2);
+	assert_string_equal(x->relinked, "tcp://127.0.0.1:5555");
+	assert_int_equal(last(x)->msg.u.hello.lane, FB_WK_LANE_STAY);
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	/* after the welcome a redirect is dropped */
+	x->w.lane = 0;
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_OK);
+	assert_int_equal(x->relinks, 2);
+	fix_free(x);
+}
+
+static void
+test_malformed_inputs(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg m = welcome_msg(), rs, c = {.type = FB_MSG_MODEL_CHUNK};
+	fb_msg odd = {.type = FB_MSG_UPDATE_CHUNK};
+	fb_msg sa = {.type = FB_MSG_SECAGG};
+	size_t at;
+
+	fb_wk_start(&x->w, x->now);
+	m.u.welcome.chunk_bytes = 0;
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_EPROTO);
+	m = welcome_msg();
+	m.u.welcome.liveness_ms = m.u.welcome.heartbeat_ms;
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_EPROTO);
+	m = welcome_msg();
+	m.u.welcome.protocol_version = FB_PROTOCOL_VERSION + 1;
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_ENOTSUP);
+	m = welcome_msg();
+	m.u.welcome.param_count = P + 1;
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_EPROTO);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	assert_null(x->w.model);
+	m = welcome_msg();
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+	/* round starts that do not fit the welcome: ignored, nothing sent */
+	at = x->nlog;
+	rs = round_msg(1, 0);
+	rs.u.round_start.param_count = P - 1;
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	rs = round_msg(1, NCHUNK);
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	rs = round_msg(1, 0);
+	rs.u.round_start.batch_size = 0;
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	rs = round_msg(1, 0);
+	rs.u.round_start.synthetic = true; /* we have data */
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->nlog, at);
+	/* odd messages: no change */
+	fb_wk_on_bad_frame(&x->w, "bad prefix", x->now);
+	assert_int_equal(deliver(x, &odd, NULL, 0), FB_OK);
+	assert_int_equal(deliver(x, &sa, "x", 1), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	/* a model chunk of the wrong size, or out of order: round left */
+	rs = round_msg(1, 0);
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	c.u.model_chunk.round = 1;
+	c.u.model_chunk.chunk = 0;
+	assert_int_equal(deliver(x, &c, x->global, CHUNK - 4), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	rs = round_msg(2, 0);
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	c.u.model_chunk.round = 2;
+	c.u.model_chunk.chunk = 1;
+	assert_int_equal(deliver(x, &c, x->global, CHUNK), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->starts, 0);
+	/* a sealed frame when security is off: dropped */
+	{
+		fb_frame f;
+		memset(&f, 0, sizeof(f));
+		f.sealed = true;
+		f.sealed_data = x->head;
+		f.sealed_len = 60;
+		assert_int_equal(fb_wk_on_frame(&x->w, &f, x->now), FB_OK);
+	}
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
+static void
+test_shutdown_ends_run(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg s = simple_msg(FB_MSG_SHUTDOWN, 0), rs = round_msg(1, 0);
+	size_t at;
+
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	assert_int_equal(deliver(x, &s, NULL, 0), FB_ECLOSED);
+	assert_int_equal(x->w.phase, FB_WK_DONE);
+	assert_int_equal(x->stops, 1);
+	at = x->nlog;
+	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	x->now += 60000;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	assert_int_equal(x->nlog, at);
+	fix_free(x);
+}
+
+static void
+test_plain_refusal_is_final(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg r = simple_msg(FB_MSG_REJECT, 0);
+
+	plain_join(x);
+	/* without security nothing is authenticated: a refusal is taken */
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_EAUTH);
+	fix_free(x);
+}
+
+/* ---- secure sessions ---------------------------------------------------- */
+
+static void
+test_secure_join_and_round(void **state)
+{
+	fix *x = fix_new(true);
+	fb_stream_ctx ctx;
+	fb_stream_pull *pull = NULL;
+	fb_reject why = FB_REJECT_NONE;
+	uint8_t plain[CHUNK];
+	size_t at, mlen;
+	sent *b;
+	int final;
+
+	secure_join(x);
+	x->cfg.secure_aggregation = 1; /* this round without SecAgg */
+	run_to_training(x, 4, 1);
+	at = x->nlog;
+	train_done(x, FB_OK);
+	/* the update goes in steps of two messages */
+	while (x->w.phase == FB_WK_UPLOADING) {
+		x->room = 2;
+		fb_wk_on_writable(&x->w, x->now);
+	}
+	assert_int_equal(x->nlog - at, 1 + NCHUNK + 1);
+	b = &x->log[at];
+	assert_int_equal(b->msg.type, FB_MSG_UPDATE_BEGIN);
+	assert_int_equal(last(x)->msg.type, FB_MSG_UPDATE_END);
+	for (size_t i = at; i < x->nlog; i++) {
+		assert_true(x->log[i].sealed);
+	}
+	/* what went up is one valid stream, signed by the worker */
+	memset(&ctx, 0, sizeof(ctx));
+	ctx.run = x->run;
+	ctx.round = 4;
+	ctx.sender = fb_session_worker_id(x->cs);
+	assert_int_equal(
+	    fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	        b->msg.u.update_begin.stream_key.b,
+	        b->msg.u.update_begin.stream_header.b,
+	        b->msg.u.update_begin.stream_header.len, CHUNK, &pull, &why),
+	    FB_OK);
+	for (uint32_t pos = 0; pos < NCHUNK; pos++) {
+		sent *c = &x->log[at + 1 + pos];
+		uint32_t k = (1 + pos) % NCHUNK;
+		assert_int_equal(c->msg.u.update_chunk.chunk, k);
+		assert_false(c->lent);
+		assert_int_equal(fb_stream_pull_chunk(pull, c->payload, c->len,
+		                     plain, sizeof(plain), &mlen, &final, &why),
+		    FB_OK);
+		assert_int_equal(mlen, k + 1 == NCHUNK ? LAST_LEN : CHUNK);
+		assert_int_equal(final != 0, pos + 1 == NCHUNK);
+	}
+	assert_int_equal(
+	    fb_stream_pull_final(pull, &x->wpk,
+	        last(x)->msg.u.update_end.stream_trailer.b,
+	        last(x)->msg.u.update_end.stream_trailer.len, NULL, &why),
+	    FB_OK);
+	fb_stream_pull_free(pull);
+	fix_free(x);
+}
+
+static void
+test_secure_model_tampered(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs = round_msg(2, 0);
+
+	secure_join(x);
+	x->cfg.secure_aggregation = 1;
+	model_stream(x, &rs);
+	x->mchunk[1][5] ^= 1;
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	serve_model(x);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->starts, 0);
+	/* and a round this worker must skip: it requires secure aggregation */
+	x->cfg.secure_aggregation = 0;
+	rs = round_msg(3, 0);
+	model_stream(x, &rs);
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
+static void
+test_refusal_before_authentication(void **state)
+{
+	fb_msg r = simple_msg(FB_MSG_REJECT, 0);
+	fix *x = fix_new(true);
+
+	/* no session yet: a refusal in clear is how a coordinator answers an
+	 * unknown key, and it ends the run */
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_EAUTH);
+	fix_free(x);
+
+	/* a session, no welcome yet (a name this key is not for) */
+	x = fix_new(true);
+	{
+		fb_allowlist al = {&x->wpk, 1};
+		fb_hs_accept_cfg hc = {.self = x->cid,
+		    .run = x->run,
+		    .proto_version = FB_PROTOCOL_VERSION,
+		    .lookup = fb_allowlist_lookup_cb,
+		    .lookup_arg = &al};
+		fb_msg rep = {.type = FB_MSG_HANDSHAKE};
+		fb_reject why;
+		fb_wk_start(&x->w, x->now);
+		assert_int_equal(
+		    fb_handshake_accept(&hc, last(x)->msg.u.handshake.data.b,
+		        FB_HS_HELLO_LEN, rep.u.handshake.data.b, &x->cs, &why),
+		    FB_OK);
+		rep.u.handshake.data.len = FB_HS_REPLY_LEN;
+		assert_int_equal(deliver(x, &rep, NULL, 0), FB_OK);
+	}
+	assert_non_null(x->w.sess);
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_EAUTH);
+	fix_free(x);
+}
+
+static void
+test_refusal_in_clear_after_admission(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg r = simple_msg(FB_MSG_REJECT, 0);
+	fb_msg hb = simple_msg(FB_MSG_HEARTBEAT, 0);
+	fb_msg cancel = simple_msg(FB_MSG_ROUND_CANCEL, 1);
+	int64_t rx;
+
+	secure_join(x);
+	x->cfg.secure_aggregation = 1;
+	run_to_training(x, 1, 0);
+	rx = x->w.last_rx_ms;
+	x->now += 100;
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(deliver(x, &r, NULL, 0), FB_OK);
+	}
+	/* in clear, a heartbeat does not keep the worker here, nor does a
+	 * cancel end its round */
+	assert_int_equal(deliver(x, &hb, NULL, 0), FB_OK);
+	assert_int_equal(deliver(x, &cancel, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	assert_int_equal(x->w.last_rx_ms, rx);
+	assert_int_equal(x->stops, 0);
+	/* noted once; the repeats within 5 s are counted, not logged */
+	assert_true(x->w.note_plain.written);
+	assert_int_equal(x->w.note_plain.suppressed, 4);
+	/* the sealed cancel is the coordinator's: it counts */
+	assert_int_equal(deliver_sealed(x, &cancel, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->stops, 1);
+	/* and so would a sealed refusal */
+	assert_int_equal(deliver_sealed(x, &r, NULL, 0), FB_EAUTH);
+	fix_free(x);
+}
+
+static void
+test_rehandshake_takes_only_its_reply(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg r = simple_msg(FB_MSG_REJECT, 0);
+	fb_msg redirect = {.type = FB_MSG_REDIRECT};
+	fb_allowlist al;
+	fb_hs_accept_cfg hc;
+	fb_msg rep = {.type = FB_MSG_HANDSHAKE}, m = welcome_msg();
+	fb_reject why;
+
+	secure_join(x);
+	/* the coordinator goes silent: the worker shakes hands again */
+	x->now += 3001;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	assert_null(x->w.sess);
+	assert_int_equal(last(x)->msg.type, FB_MSG_HANDSHAKE);
+	/* a refusal in clear now is anyone's: ignored */
+	assert_int_equal(deliver(x, &r, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	/* the reply to this handshake is taken, then the sealed welcome */
+	al = (fb_allowlist){&x->wpk, 1};
+	hc = (fb_hs_accept_cfg){.self = x->cid,
+	    .run = x->run,
+	    .proto_version = FB_PROTOCOL_VERSION,
+	    .lookup = fb_allowlist_lookup_cb,
+	    .lookup_arg = &al};
+	fb_session_free(x->cs);
+	x->cs = NULL;
+	assert_int_equal(
+	    fb_handshake_accept(&hc, last(x)->msg.u.handshake.data.b,
+	        FB_HS_HELLO_LEN, rep.u.handshake.data.b, &x->cs, &why),
+	    FB_OK);
+	rep.u.handshake.data.len = FB_HS_REPLY_LEN;
+	assert_int_equal(deliver(x, &rep, NULL, 0), FB_OK);
+	assert_non_null(x->w.sess);
+	assert_true(last(x)->sealed);
+	/* once it is established, a handshake reply or redirect in clear is
+	 * not taken either */
+	assert_int_equal(deliver(x, &rep, NULL, 0), FB_OK);
+	redirect.u.redirect.lane = 1;
+	redirect.u.redirect.port = 5556;
+	assert_int_equal(deliver(x, &redirect, NULL, 0), FB_OK);
+	assert_int_equal(x->relinks, 0);
+	m.u.welcome.run_id = 43;
+	assert_int_equal(deliver_sealed(x, &m, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
+static void
+test_sealed_garbage_dropped(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg hb = simple_msg(FB_MSG_HEARTBEAT, 0);
+	fb_frame f;
+	size_t sl = 0;
+	uint8_t env[64];
+	size_t env_len = 0;
+
+	secure_join(x);
+	assert_int_equal(
+	    fb_msg_pack_envelope(&hb, env, sizeof(env), &env_len), FB_OK);
+	assert_int_equal(fb_msg_seal(x->cs, FB_MSG_HEARTBEAT, 0, env, env_len,
+	                     x->head + 4, sizeof(x->head) - 4, &sl),
+	    FB_OK);
+	x->head[4 + sl - 1] ^= 1; /* the MAC */
+	memset(&f, 0, sizeof(f));
+	f.sealed = true;
+	f.sealed_data = x->head + 4;
+	f.sealed_len = sl;
+	x->now += 2000;
+	assert_int_equal(fb_wk_on_frame(&x->w, &f, x->now), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_true(x->w.last_rx_ms < x->now);
+	assert_true(x->w.note_sealed.written);
+	fix_free(x);
+}
+
+/* ---- secure aggregation ------------------------------------------------- */
+
+/* A SecAgg round start: slot 0 of 2 (the other is x->peer). */
+static fb_msg
+sa_round_msg(fix *x, uint32_t round)
+{
+	fb_msg rs = round_msg(round, 0);
+
+	rs.u.round_start.secagg = true;
+	rs.u.round_start.sa_slot = 0;
+	rs.u.round_start.sa_n = 2;
+	rs.u.round_start.sa_degree = 1;
+	rs.u.round_start.sa_threshold = 2;
+	rs.u.round_start.sa_graph_seed.len = 32;
+	memset(rs.u.round_start.sa_graph_seed.b, 0x77, 32);
+	rs.u.round_start.sa_ring_bits = 32;
+	rs.u.round_start.sa_clip = 4.0;
+	rs.u.round_start.sa_max_samples = 1000;
+	rs.u.round_start.sa_a_bound = 100.0;
+	memset(&x->sap, 0, sizeof(x->sap));
+	x->sap.run = x->run;
+	x->sap.round = round;
+	x->sap.n = 2;
+	x->sap.degree = 1;
+	x->sap.threshold = 2;
+	memset(x->sap.graph_seed, 0x77, 32);
+	fb_secagg_worker_free(x->peer);
+	x->peer = NULL;
+	assert_int_equal(fb_secagg_worker_alloc(&x->sap, 1, &x->peer), FB_OK);
+	model_stream(x, &rs);
+	return rs;
+}
+
+static fb_msg
+sa_msg(uint32_t round, fb_secagg_phase phase, uint32_t count)
+{
+	fb_msg m = {.type = FB_MSG_SECAGG};
+
+	m.u.secagg.round = round;
+	m.u.secagg.phase = phase;
+	m.u.secagg.count = count;
+	return m;
+}
+
+/* The worker's secure-aggregation message of `round` and `phase`. */
+static sent *
+find_sa(fix *x, uint32_t round, fb_secagg_phase phase)
+{
+	for (size_t i = 0; i < x->nlog; i++) {
+		sent *s = &x->log[i];
+		if (s->msg.type == FB_MSG_SECAGG &&
+		    s->msg.u.secagg.round == round &&
+		    s->msg.u.secagg.phase == phase) {
+			return s;
+		}
+	}
+	return NULL;
+}
+
+/* The worker's advert goes to the peer; the peer's comes back (PEERS). */
+static void
+sa_exchange_adverts(fix *x, uint32_t round)
+{
+	uint8_t entry[FB_SECAGG_PEER_ENTRY_LEN];
+	sent *adv = find_sa(x, round, FB_SA_ADVERT);
+	fb_msg pm = sa_msg(round, FB_SA_PEERS, 1);
+
+	assert_non_null(adv);
+	assert_true(adv->sealed);
+	assert_int_equal(adv->len, FB_SECAGG_ADV_LEN);
+	assert_int_equal(fb_secagg_worker_add_advert(
+	                     x->peer, &x->wpk, adv->payload, adv->len),
+	    FB_OK);
+	memset(entry, 0, sizeof(entry));
+	entry[0] = 1; /* slot 1 */
+	memcpy(entry + 4, x->ppk.b, FB_PUBKEY_LEN);
+	assert_int_equal(fb_secagg_worker_advertise(
+	                     x->peer, x->pid, entry + 4 + FB_PUBKEY_LEN),
+	    FB_OK);
+	assert_int_equal(deliver_sealed(x, &pm, entry, sizeof(entry)), FB_OK);
+}
+
+/* The worker's shares go to the peer; the peer's for it come back. */
+static void
+sa_exchange_shares(fix *x, uint32_t round)
+{
+	uint8_t out[4 * FB_SECAGG_SHARE_MSG_LEN];
+	size_t out_len = 0;
+	sent *sh = find_sa(x, round, FB_SA_SHARES);
+	fb_msg rm = sa_msg(round, FB_SA_RELAY, 1);
+
+	assert_non_null(sh);
+	assert_true(sh->sealed);
+	assert_int_equal(sh->msg.u.secagg.count, 1);
+	assert_int_equal(
+	    fb_secagg_worker_make_shares(x->peer, out, sizeof(out), &out_len),
+	    FB_OK);
+	assert_int_equal(out_len, FB_SECAGG_SHARE_MSG_LEN);
+	assert_int_equal(
+	    fb_secagg_worker_add_share(x->peer, sh->payload, sh->len), FB_OK);
+	assert_int_equal(deliver_sealed(x, &rm, out, out_len), FB_OK);
+}
+
+static void
+test_secagg_round(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs, um = sa_msg(5, FB_SA_UNMASK, 2);
+	uint8_t included[2] = {1, 1};
+	size_t at;
+	sent *b;
+
+	secure_join(x);
+	rs = sa_round_msg(x, 5);
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_ADVERTISED);
+	sa_exchange_adverts(x, 5);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_SHARED);
+	serve_model(x);
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	/* trained before the shares are in: the update waits for the masks */
+	train_done(x, FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_WAITING);
+	assert_false(fb_wk_wants_out(&x->w));
+	sa_exchange_shares(x, 5);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_MASKING);
+	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	at = x->nlog;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	/* Begin, 4 masked chunks and the extra one, End; no sample count,
+	 * step count or loss in clear */
+	assert_int_equal(x->nlog - at, 1 + NCHUNK + 1 + 1);
+	b = &x->log[at];
+	assert_int_equal(b->msg.u.update_begin.chunk_count, NCHUNK + 1);
+	assert_int_equal(b->msg.u.update_begin.num_samples, 0);
+	assert_int_equal(b->msg.u.update_begin.steps, 0);
+	assert_true(b->msg.u.update_begin.train_loss == 0.0);
+	assert_int_equal(
+	    x->log[at + 1 + NCHUNK].msg.u.update_chunk.chunk, NCHUNK);
+	assert_int_equal(last(x)->msg.type, FB_MSG_UPDATE_END);
+	/* the unmasking request: our reveal goes back */
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &um, included, 2), FB_OK);
+	assert_int_equal(x->nlog - at, 1);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_REVEAL);
+	assert_true(last(x)->len > FB_SECAGG_REVEAL_HEADER_LEN);
+	fix_free(x);
+}
+
+static void
+test_secagg_outbox_keeps_order(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs, um = sa_msg(6, FB_SA_UNMASK, 2);
+	uint8_t included[2] = {1, 1};
+	size_t at, first_fetch;
+
+	secure_join(x);
+	rs = sa_round_msg(x, 6);
+	/* the queue is full when the round starts: the advert waits, and the
+	 * model requests wait behind it */
+	x->room = 0;
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->nlog, at);
+	assert_int_equal(x->w.out_count, 1);
+	assert_true(fb_wk_wants_out(&x->w));
+	x->room = ROOM_ANY;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->log[at].msg.type, FB_MSG_SECAGG);
+	assert_int_equal(x->log[at].msg.u.secagg.phase, FB_SA_ADVERT);
+	assert_int_equal(x->log[at + 1].msg.type, FB_MSG_MODEL_FETCH);
+	first_fetch = at + 1;
+	/* the shares find the queue full too; a model chunk arriving then
+	 * does not send its next request ahead of them */
+	x->room = 0;
+	sa_exchange_adverts(x, 6);
+	assert_int_equal(x->w.out_count, 1);
+	x->room = ROOM_ANY;
+	at = x->nlog;
+	{
+		fb_msg c = {.type = FB_MSG_MODEL_CHUNK};
+		c.u.model_chunk.round = 6;
+		c.u.model_chunk.chunk = 0;
+		assert_int_equal(
+		    deliver_sealed(x, &c, x->mchunk[0], x->mchunk_len[0]),
+		    FB_OK);
+	}
+	assert_int_equal(x->nlog, at);
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->log[at].msg.u.secagg.phase, FB_SA_SHARES);
+	assert_int_equal(x->log[at + 1].msg.type, FB_MSG_MODEL_FETCH);
+	assert_int_equal(x->log[at + 1].msg.u.model_fetch.chunk, 2);
+	sa_exchange_shares(x, 6);
+	x->served = first_fetch + 1; /* chunk 0 is in: from chunk 1 on */
+	serve_model(x);
+	assert_int_equal(x->starts, 1);
+	train_done(x, FB_OK);
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_non_null(find(x, FB_MSG_UPDATE_END, at));
+	/* 17 unmasking requests while the link takes nothing: 16 reveals
+	 * wait in the outbox, the last is dropped, none is reordered */
+	x->room = 0;
+	for (int i = 0; i < FB_WK_OUTBOX_MAX + 1; i++) {
+		assert_int_equal(deliver_sealed(x, &um, included, 2), FB_OK);
+	}
+	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
+	at = x->nlog;
+	x->room = 1;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX - 1);
+	/* round 7 starts meanwhile: its advert queues behind round 6's
+	 * reveals, which are still sealed for round 6 when they go */
+	rs = sa_round_msg(x, 7);
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
+	x->room = ROOM_ANY;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.out_count, 0);
+	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), FB_WK_OUTBOX_MAX + 1);
+	for (size_t i = at; i < at + FB_WK_OUTBOX_MAX; i++) {
+		assert_int_equal(x->log[i].msg.u.secagg.phase, FB_SA_REVEAL);
+		assert_int_equal(x->log[i].seal_round, 6);
+	}
+	assert_int_equal(
+	    x->log[at + FB_WK_OUTBOX_MAX].msg.u.secagg.phase, FB_SA_ADVERT);
+	assert_int_equal(x->log[at + FB_WK_OUTBOX_MAX].seal_round, 7);
+	assert_int_equal(
+	    x->log[at + FB_WK_OUTBOX_MAX + 1].msg.type, FB_MSG_MODEL_FETCH);
+	fix_free(x);
+}
+
+static void
+test_secagg_cancel_and_malformed(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs, cancel = simple_msg(FB_MSG_ROUND_CANCEL, 7);
+	fb_msg pm = sa_msg(8, FB_SA_PEERS, 1);
+	uint8_t junk[10] = {0};
+	size_t at;
+
+	secure_join(x);
+	rs = sa_round_msg(x, 7);
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	sa_exchange_adverts(x, 7);
+	serve_model(x);
+	train_done(x, FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_WAITING);
+	/* a cancel while waiting for the masks: the round and its secrets go */
+	assert_int_equal(deliver_sealed(x, &cancel, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_null(x->w.sa);
+	at = x->nlog;
+	sa_exchange_shares(x, 7); /* late shares: nothing happens */
+	assert_int_equal(x->nlog, at);
+	/* adverts of the wrong size: the round is left */
+	rs = sa_round_msg(x, 8);
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_FETCHING);
+	assert_int_equal(deliver_sealed(x, &pm, junk, sizeof(junk)), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_null(x->w.sa);
+	/* unusable parameters: the round is skipped */
+	rs = sa_round_msg(x, 9);
+	rs.u.round_start.sa_slot = 2;
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->nlog, at);
+	fix_free(x);
+}
+
+/* ---- the model a welcome names ------------------------------------------ */
+
+static void
+test_plugin_only_from_own_config(void **state)
+{
+	char path[512];
+	const char *b = getenv("FB_BUILD");
+	fix *x = fix_new(false);
+	fb_msg m = welcome_msg();
+
+	strcpy(m.u.welcome.model.arch, "plugin");
+	strcpy(m.u.welcome.model.plugin, "/nonexistent/evil.so");
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_ECONFIG);
+	assert_null(x->w.model);
+	fix_free(x);
+	/* with train.plugin set, that library is the one loaded */
+	snprintf(
+	    path, sizeof(path), "%s/examples/tiny.so", b != NULL ? b : "build");
+	x = fix_new(false);
+	x->cfg.plugin = path;
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+	assert_non_null(x->w.model);
+	assert_int_equal(x->w.param_count, P);
+	fix_free(x);
+}
+
+FB_TESTS = {
+    {"a plain worker says hello and the welcome admits it",
+        test_hello_and_welcome},
+    {"a round goes from its start to an update in rotated chunk order",
+        test_round_end_to_end},
+    {"model requests stay within the fetch window", test_fetch_window},
+    {"a full queue defers requests and chunks until the link has room",
+        test_full_queue_defers_and_resumes},
+    {"during a slow upload heartbeats keep the worker and a cancel stops it",
+        test_busy_upload_answers_coordinator},
+    {"a cancel while fetching, training or after the upload leaves the round",
+        test_cancel_in_each_phase},
+    {"a round start while a round runs abandons the old round",
+        test_round_start_while_running},
+    {"a trainer that fails or does not start leaves the round",
+        test_trainer_failures},
+    {"a silent coordinator is left after its liveness timeout",
+        test_silent_coordinator},
+    {"a queue full past transport.send_timeout makes the worker rejoin",
+        test_full_queue_past_send_timeout},
+    {"joining retries the hello and gives up after the connect timeout",
+        test_join_retries_and_gives_up},
+    {"a redirect moves the worker to a lane, and a mute lane sends it back",
+        test_redirect_and_lane_giveup},
+    {"malformed welcomes, round starts, chunks and frames are refused",
+        test_malformed_inputs},
+    {"the coordinator's shutdown ends the run", test_shutdown_ends_run},
+    {"without security a refusal ends the run", test_plain_refusal_is_final},
+    {"a secure worker shakes hands and sends one valid signed stream",
+        test_secure_join_and_round},
+    {"a tampered model chunk or an unwanted round starts no training",
+        test_secure_model_tampered},
+    {"a refusal in clear is taken before the coordinator authenticated",
+        test_refusal_before_authentication},
+    {"after admission a refusal or cancel in clear changes nothing",
+        test_refusal_in_clear_after_admission},
+    {"a new handshake takes only its own reply in clear",
+        test_rehandshake_takes_only_its_reply},
+    {"a sealed frame that does not open is dropped",
+        test_sealed_garbage_dropped},
+    {"a secure-aggregation round: advert, shares, masked update, reveal",
+        test_secagg_round},
+    {"a full queue keeps secure-aggregation messages in order",
+        test_secagg_outbox_keeps_order},
+    {"a cancel while waiting for masks, or bad adverts, end the round",
+        test_secagg_cancel_and_malformed},
+    {"a plug-in model is loaded only from train.plugin",
+        test_plugin_only_from_own_config},
+    {NULL, NULL},
+};
+
+FB_TEST_MAIN("worker_sm")

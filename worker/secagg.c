@@ -1,0 +1,330 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * secagg.c -- the worker's side of secure aggregation (SecAgg+, the
+ * protocol is in crypto/crypto.h): at round start a signed key advert;
+ * from the neighbours' adverts, sealed shares of our two secrets; from
+ * the shares relayed to us, the masks, after which the masked update may
+ * go; and on the coordinator's unmasking request, our shares of the
+ * neighbours' secrets (never both of one neighbour's).
+ *
+ * The messages go through the outbox, so a full queue delays them without
+ * reordering them; what they carry is sealed when the link takes it.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "worker/worker_impl.h"
+
+void
+fb_wk_sa_end(fb_wk *w)
+{
+	fb_secagg_worker_free(w->sa);
+	w->sa = NULL;
+	w->sa_phase = FB_WK_SA_OFF;
+	if (w->phase == FB_WK_WAITING) {
+		w->phase = FB_WK_IDLE;
+	}
+}
+
+static fb_err
+sa_send(fb_wk *w, fb_secagg_phase phase, uint32_t count, const void *data,
+    size_t len)
+{
+	fb_msg m = {.type = FB_MSG_SECAGG};
+
+	m.u.secagg.round = w->round;
+	m.u.secagg.phase = phase;
+	m.u.secagg.count = count;
+	return fb_wk_send_ctl(w, &m, data, len);
+}
+
+/* Leaves the round: secure aggregation cannot go on for us. */
+static void
+sa_abandon(fb_wk *w, const char *why)
+{
+	fb_log_warn("round %u: %s; leaving the round", w->round, why);
+	fb_wk_round_leave(w);
+}
+
+/* The round's public parameters, as this worker can use them. */
+static fb_err
+sa_check(fb_wk *w, const fb_msg *m)
+{
+	uint32_t n = m->u.round_start.sa_n;
+	uint64_t maxs = m->u.round_start.sa_max_samples;
+
+	if (!w->secure) {
+		fb_log_error("round %u: secure aggregation needs security "
+		             "(security.enabled); skipping the round",
+		    w->round);
+		return FB_ENOTSUP;
+	}
+	if (m->u.round_start.sa_graph_seed.len != 32 || n < 2 ||
+	    m->u.round_start.sa_slot >= n || maxs == 0 ||
+	    fb_secagg_encodings_init(&w->enc, m->u.round_start.sa_ring_bits, n,
+	        m->u.round_start.sa_clip,
+	        m->u.round_start.sa_a_bound) != FB_OK) {
+		fb_log_warn("round %u: unusable secure-aggregation parameters; "
+		            "skipping the round",
+		    w->round);
+		return FB_EPROTO;
+	}
+	if (fb_wk_samples(w) > maxs) {
+		fb_log_error("round %u: this worker has %" PRIu64
+		             " samples, more "
+		             "than the coordinator's secure_aggregation."
+		             "max_samples (%" PRIu64 "); skipping the round",
+		    w->round, fb_wk_samples(w), maxs);
+		return FB_ERANGE;
+	}
+	return FB_OK;
+}
+
+fb_err
+fb_wk_sa_start(fb_wk *w, const fb_msg *m)
+{
+	fb_secagg_params p;
+	uint8_t adv[FB_SECAGG_ADV_LEN];
+	size_t cap = w->chunk_bytes > 4 * FB_SECAGG_EXTRA ? w->chunk_bytes
+	                                                  : 4 * FB_SECAGG_EXTRA;
+	fb_err rc;
+
+	if ((rc = sa_check(w, m)) != FB_OK) {
+		return rc;
+	}
+	memset(&p, 0, sizeof(p));
+	fb_session_run_id(w->sess, &p.run);
+	p.round = w->round;
+	p.n = m->u.round_start.sa_n;
+	p.degree = m->u.round_start.sa_degree;
+	p.threshold = m->u.round_start.sa_threshold;
+	memcpy(p.graph_seed, m->u.round_start.sa_graph_seed.b, 32);
+	if ((rc = fb_secagg_worker_alloc(
+	         &p, m->u.round_start.sa_slot, &w->sa)) != FB_OK ||
+	    (rc = fb_secagg_worker_advertise(w->sa, w->self, adv)) != FB_OK) {
+		fb_log_warn("round %u: cannot start secure aggregation: %s",
+		    w->round, fb_strerror(rc));
+		return rc;
+	}
+	if (w->encbuf == NULL && (w->encbuf = fb_alloc(cap)) == NULL) {
+		return FB_ENOMEM;
+	}
+	w->sa_n = p.n;
+	w->sa_weight =
+	    (double)fb_wk_samples(w) / (double)m->u.round_start.sa_max_samples;
+	w->sa_phase = FB_WK_SA_ADVERTISED;
+	return sa_send(w, FB_SA_ADVERT, 1, adv, sizeof(adv));
+}
+
+/* Whether security.peers (if set) lists `pk`. */
+static bool
+peer_known(const fb_wk *w, const fb_pubkey *pk)
+{
+	bool known = w->peers == NULL;
+
+	for (uint32_t j = 0; !known && j < w->peer_count; j++) {
+		known = fb_pubkey_equal(&w->peers[j], pk);
+	}
+	return known;
+}
+
+/* The neighbours' adverts: take those we accept, send our shares. */
+static void
+on_peers(fb_wk *w, const fb_frame *f, uint32_t cnt)
+{
+	uint8_t *out = NULL;
+	size_t out_len = 0, cap;
+	fb_err rc;
+
+	if (w->sa_phase != FB_WK_SA_ADVERTISED || cnt >= w->sa_n ||
+	    f->payload_len != (size_t)cnt * FB_SECAGG_PEER_ENTRY_LEN) {
+		sa_abandon(w, "malformed or unexpected key adverts");
+		return;
+	}
+	for (uint32_t i = 0; i < cnt; i++) {
+		const uint8_t *e =
+		    f->payload + (size_t)i * FB_SECAGG_PEER_ENTRY_LEN;
+		fb_pubkey pk;
+		memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
+		if (!peer_known(w, &pk)) {
+			char fp[FB_FINGERPRINT_SIZE];
+			fb_pubkey_fingerprint(&pk, fp);
+			fb_log_warn(
+			    "round %u: key advert signed by %s, which is "
+			    "not in security.peers: refused",
+			    w->round, fp);
+			continue;
+		}
+		rc = fb_secagg_worker_add_advert(
+		    w->sa, &pk, e + 4 + FB_PUBKEY_LEN, FB_SECAGG_ADV_LEN);
+		if (rc != FB_OK) {
+			fb_log_warn("round %u: key advert of worker slot %u "
+			            "refused: %s",
+			    w->round, (unsigned)e[0] | (unsigned)e[1] << 8,
+			    fb_strerror(rc));
+		}
+	}
+	cap = (size_t)cnt * FB_SECAGG_SHARE_MSG_LEN + 1;
+	if ((out = malloc(cap)) == NULL) {
+		sa_abandon(w, "out of memory");
+		return;
+	}
+	rc = fb_secagg_worker_make_shares(w->sa, out, cap, &out_len);
+	if (rc == FB_OK) {
+		w->sa_phase = FB_WK_SA_SHARED;
+		rc = sa_send(w, FB_SA_SHARES,
+		    (uint32_t)(out_len / FB_SECAGG_SHARE_MSG_LEN), out,
+		    out_len);
+		if (rc != FB_OK) {
+			sa_abandon(w, "the shares could not be sent");
+		}
+	} else {
+		sa_abandon(
+		    w, rc == FB_ERANGE
+		           ? "too few neighbours for the secure-aggregation "
+		             "threshold"
+		           : "cannot make the secure-aggregation shares");
+	}
+	fb_wipe(out, cap);
+	free(out);
+}
+
+/* The shares addressed to us: fix the masks; a waiting update goes. */
+static void
+on_relay(fb_wk *w, const fb_frame *f, uint32_t cnt)
+{
+	fb_err rc;
+
+	if (w->sa_phase != FB_WK_SA_SHARED ||
+	    f->payload_len != (size_t)cnt * FB_SECAGG_SHARE_MSG_LEN) {
+		sa_abandon(w, "malformed or unexpected relayed shares");
+		return;
+	}
+	for (uint32_t i = 0; i < cnt; i++) {
+		rc = fb_secagg_worker_add_share(w->sa,
+		    f->payload + (size_t)i * FB_SECAGG_SHARE_MSG_LEN,
+		    FB_SECAGG_SHARE_MSG_LEN);
+		if (rc != FB_OK) {
+			fb_log_warn("round %u: a relayed share was refused: %s",
+			    w->round, fb_strerror(rc));
+		}
+	}
+	fb_wipe(f->payload, f->payload_len);
+	if ((rc = fb_secagg_worker_mask_begin(w->sa)) != FB_OK) {
+		sa_abandon(w, rc == FB_ERANGE
+		                  ? "too few neighbours shared for the "
+		                    "secure-aggregation "
+		                    "threshold"
+		                  : "cannot fix the secure-aggregation masks");
+		return;
+	}
+	w->sa_phase = FB_WK_SA_MASKING;
+	if (w->phase == FB_WK_WAITING &&
+	    fb_wk_upload_start(w, w->stats.seconds, w->stats.loss_mean,
+	        w->stats.steps) != FB_OK) {
+		fb_log_warn("round %u: update not delivered", w->round);
+		fb_wk_round_leave(w);
+	}
+}
+
+/* The included set: reveal our shares for unmasking. */
+static void
+on_unmask(fb_wk *w, const fb_frame *f, uint32_t cnt)
+{
+	uint8_t *out = NULL;
+	size_t out_len = 0, cap;
+	fb_err rc;
+
+	if (w->sa_phase != FB_WK_SA_MASKING || cnt != w->sa_n ||
+	    f->payload_len != w->sa_n) {
+		fb_log_warn("round %u: malformed or unexpected unmasking "
+		            "request",
+		    w->round);
+		return;
+	}
+	cap = FB_SECAGG_REVEAL_HEADER_LEN +
+	      (size_t)w->sa_n * FB_SECAGG_REVEAL_ENTRY_LEN;
+	if ((out = malloc(cap)) == NULL) {
+		fb_log_warn("round %u: out of memory for the unmasking shares",
+		    w->round);
+		return;
+	}
+	rc = fb_secagg_worker_reveal(
+	    w->sa, f->payload, w->sa_n, out, cap, &out_len);
+	if (rc == FB_OK) {
+		if (sa_send(w, FB_SA_REVEAL, 1, out, out_len) == FB_OK) {
+			fb_log_debug(
+			    "round %u: unmasking shares sent", w->round);
+		}
+	} else {
+		fb_log_warn("round %u: unmasking request refused: %s", w->round,
+		    fb_strerror(rc));
+	}
+	fb_wipe(out, cap);
+	free(out);
+}
+
+void
+fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+	uint32_t cnt = m->u.secagg.count;
+
+	if (w->sa == NULL || m->u.secagg.round != w->round) {
+		fb_log_debug("dropped a secure-aggregation message of round %u",
+		    m->u.secagg.round);
+		return;
+	}
+	switch (m->u.secagg.phase) {
+	case FB_SA_PEERS:
+		on_peers(w, f, cnt);
+		return;
+	case FB_SA_RELAY:
+		on_relay(w, f, cnt);
+		return;
+	case FB_SA_UNMASK:
+		on_unmask(w, f, cnt);
+		return;
+	default:
+		fb_log_warn("unexpected secure-aggregation step %u from the "
+		            "coordinator",
+		    m->u.secagg.phase);
+		return;
+	}
+}
+
+/*
+ * The stochastic rounding is seeded from the round, not secret: the masks
+ * are what hides the input.
+ */
+fb_err
+fb_wk_sa_encode_chunk(fb_wk *w, const float *x, uint64_t off, uint64_t count,
+    double loss, uint64_t *clipped, FILE *enc_dump, FILE *mask_dump)
+{
+	uint64_t seed = w->seed ^ ((uint64_t)w->round * 0x9e3779b97f4a7c15ULL) ^
+	                (((uint64_t)w->cfg->index + 1) * 0xc2b2ae3d27d4eb4fULL);
+	fb_err rc;
+
+	rc = off < w->param_count
+	         ? fb_encode_chunk(&w->enc.x, x + off, count, w->sa_weight, off,
+	               seed, w->encbuf, clipped)
+	         : fb_secagg_encode_extras(&w->enc, w->sa_weight, loss,
+	               w->a_norm, off, seed, w->encbuf);
+	if (rc != FB_OK) {
+		return rc;
+	}
+	/* (the dumps are in element order: chunks go up rotated) */
+	if (enc_dump != NULL &&
+	    fseeko(enc_dump, (off_t)(off * 4), SEEK_SET) == 0) {
+		fwrite(w->encbuf, 4, count, enc_dump);
+	}
+	rc = fb_secagg_worker_mask_chunk(w->sa, w->encbuf, off, count);
+	if (rc == FB_OK && mask_dump != NULL &&
+	    fseeko(mask_dump, (off_t)(off * 4), SEEK_SET) == 0) {
+		fwrite(w->encbuf, 4, count, mask_dump);
+	}
+	return rc;
+}

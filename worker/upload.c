@@ -1,0 +1,277 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * upload.c -- the worker's update, streamed to the coordinator without
+ * ever waiting on the link: UpdateBegin, then the chunks from the round's
+ * first_chunk on (wrapping around; the SecAgg extra coordinates last),
+ * then in secure mode UpdateEnd with the stream's signed trailer.
+ *
+ * fb_wk_upload_pump sends what the link takes and returns; the loop calls
+ * it again when the link has room, and meanwhile receives and answers the
+ * coordinator (heartbeats, a RoundCancel, SecAgg reveals). A chunk is
+ * encrypted (and masked) once, when it is next to go, and stays staged in
+ * sendbuf until the link takes it. Plain updates go from w->local itself,
+ * without a copy.
+ *
+ * debug.dump_updates (tests only) writes each round's update as sent:
+ * plain, encoded and masked, in element order.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "worker/worker_impl.h"
+
+/* Test hook (debug.dump_updates): one file of this round's update. */
+static FILE *
+dump_open(const fb_wk *w, const char *what)
+{
+	char path[4096];
+	FILE *f;
+
+	if (w->cfg->dump_updates == NULL || w->cfg->dump_updates[0] == '\0') {
+		return NULL;
+	}
+	snprintf(path, sizeof(path), "%s/round-%u.%s", w->cfg->dump_updates,
+	    w->round, what);
+	if ((f = fopen(path, "wb")) == NULL) {
+		fb_log_warn("debug.dump_updates: cannot write %s", path);
+	}
+	return f;
+}
+
+static void
+dump_close(FILE *f)
+{
+	if (f != NULL && fclose(f) != 0) {
+		fb_log_warn("debug.dump_updates: write failed");
+	}
+}
+
+/* The plain update and its facts, before anything is sent; the encoded
+ * and masked files are filled chunk by chunk. */
+static void
+dump_begin(fb_wk *w, double loss)
+{
+	bool sa = w->sa != NULL;
+	FILE *f;
+
+	if ((f = dump_open(w, "update.f32")) == NULL) {
+		return;
+	}
+	fwrite(w->local, 4, w->param_count, f);
+	dump_close(f);
+	if ((f = dump_open(w, "json")) != NULL) {
+		fprintf(f,
+		    "{\"samples\": %" PRIu64 ", \"weight\": %.17g, "
+		    "\"loss\": %.17g, \"a_norm\": %.17g, \"secure\": %s}\n",
+		    fb_wk_samples(w), sa ? w->sa_weight : 0.0, loss, w->a_norm,
+		    sa ? "true" : "false");
+		dump_close(f);
+	}
+	if (sa) {
+		w->up.enc_dump = dump_open(w, "encoded.u32");
+		w->up.mask_dump = dump_open(w, "masked.u32");
+	}
+}
+
+void
+fb_wk_upload_drop(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+
+	dump_close(u->enc_dump);
+	dump_close(u->mask_dump);
+	if (u->clipped > 0) {
+		fb_log_info("round %u: %" PRIu64 " coordinates clipped to +-%g "
+		            "(secure_aggregation.clip)",
+		    w->round, u->clipped, w->enc.x.clip);
+	}
+	fb_stream_push_free(u->push);
+	fb_wipe(&u->begin, sizeof(u->begin)); /* the stream key */
+	memset(u, 0, sizeof(*u));
+	if (w->phase == FB_WK_UPLOADING) {
+		w->phase = FB_WK_IDLE;
+	}
+}
+
+fb_err
+fb_wk_upload_start(fb_wk *w, double seconds, double loss, uint64_t steps)
+{
+	fb_wk_upload *u = &w->up;
+	fb_msg *m = &u->begin;
+	bool sa = w->sa != NULL;
+	fb_err rc;
+
+	fb_wk_upload_drop(w);
+	m->type = FB_MSG_UPDATE_BEGIN;
+	m->u.update_begin.round = w->round;
+	m->u.update_begin.param_count = w->param_count;
+	u->chunks = w->chunk_count + (sa ? 1 : 0);
+	u->loss = loss;
+	m->u.update_begin.chunk_count = u->chunks;
+	m->u.update_begin.steps_per_second =
+	    seconds > 0 ? (double)steps / seconds : 0;
+	if (!sa) {
+		/* With secure aggregation these stay here: the coordinator
+		 * learns only their weighted sums (extra coordinates). */
+		m->u.update_begin.num_samples = fb_wk_samples(w);
+		m->u.update_begin.steps = steps;
+		m->u.update_begin.train_loss = loss;
+		m->u.update_begin.train_seconds = seconds;
+		m->u.update_begin.a_norm = w->a_norm;
+	}
+	snprintf(m->u.update_begin.backend, sizeof(m->u.update_begin.backend),
+	    "%s", w->backend);
+	if (w->secure) {
+		fb_stream_ctx ctx = {
+		    .round = w->round, .sender = fb_session_worker_id(w->sess)};
+		fb_session_run_id(w->sess, &ctx.run);
+		rc = fb_stream_push_alloc(&ctx, w->chunk_bytes,
+		    FB_STREAM_DIGEST_TAGS, m->u.update_begin.stream_key.b,
+		    m->u.update_begin.stream_header.b, &u->push);
+		if (rc != FB_OK) {
+			fb_wk_upload_drop(w);
+			return rc;
+		}
+		m->u.update_begin.stream_key.len = FB_STREAM_KEY_LEN;
+		m->u.update_begin.stream_header.len = FB_STREAM_HEADER_LEN;
+	}
+	dump_begin(w, loss);
+	w->phase = FB_WK_UPLOADING;
+	return FB_OK;
+}
+
+/* Where chunk k lies and how long it is (the extra chunk: past P). */
+static void
+chunk_span(const fb_wk *w, uint32_t k, uint64_t *off, uint64_t *len)
+{
+	uint64_t total = w->param_count * 4;
+
+	*off = (uint64_t)k * w->chunk_bytes;
+	*len = k == w->chunk_count             ? 4 * FB_SECAGG_EXTRA
+	       : total - *off < w->chunk_bytes ? total - *off
+	                                       : w->chunk_bytes;
+}
+
+/* Secure mode: masks (SecAgg) and encrypts chunk at position u->pos into
+ * sendbuf, once. */
+static fb_err
+chunk_stage(fb_wk *w, uint32_t k, uint64_t off, uint64_t len)
+{
+	fb_wk_upload *u = &w->up;
+	const uint8_t *src = (const uint8_t *)w->local + off;
+	fb_err rc;
+
+	if (w->sa != NULL) {
+		rc = fb_wk_sa_encode_chunk(w, w->local,
+		    k == w->chunk_count ? w->param_count : off / 4, len / 4,
+		    u->loss, &u->clipped, u->enc_dump, u->mask_dump);
+		if (rc != FB_OK) {
+			fb_log_error("round %u: cannot mask the update: %s",
+			    w->round, fb_strerror(rc));
+			return rc;
+		}
+		src = (const uint8_t *)w->encbuf;
+	}
+	memcpy(w->sendbuf + 1, src, len);
+	rc = fb_stream_push_chunk(u->push, w->sendbuf + 1, len,
+	    u->pos + 1 == u->chunks, w->sendbuf,
+	    (size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD, &u->staged_len);
+	if (rc == FB_OK) {
+		u->staged = true;
+	}
+	return rc;
+}
+
+/* Sends the chunk at position u->pos: FB_OK (taken), FB_EAGAIN, or an
+ * error. */
+static fb_err
+chunk_send(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+	uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count, u->pos);
+	fb_msg c = {.type = FB_MSG_UPDATE_CHUNK};
+	uint64_t off, len;
+	fb_err rc;
+
+	chunk_span(w, k, &off, &len);
+	c.u.update_chunk.round = w->round;
+	c.u.update_chunk.chunk = k;
+	if (!w->secure) {
+		/* from w->local itself, without a copy */
+		return fb_wk_send_now(
+		    w, &c, (const uint8_t *)w->local + off, len, w->local_lent);
+	}
+	if (!u->staged && (rc = chunk_stage(w, k, off, len)) != FB_OK) {
+		return rc;
+	}
+	rc = fb_wk_send_now(w, &c, w->sendbuf, u->staged_len, NULL);
+	if (rc == FB_OK) {
+		u->staged = false;
+	}
+	return rc;
+}
+
+/* Secure mode: the signed trailer, made once. */
+static fb_err
+end_send(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+	fb_err rc;
+
+	if (!u->ended) {
+		u->end.type = FB_MSG_UPDATE_END;
+		u->end.u.update_end.round = w->round;
+		rc = fb_stream_push_final(
+		    u->push, w->self, u->end.u.update_end.stream_trailer.b);
+		if (rc != FB_OK) {
+			return rc;
+		}
+		u->end.u.update_end.stream_trailer.len = FB_STREAM_TRAILER_LEN;
+		u->ended = true;
+	}
+	return fb_wk_send_now(w, &u->end, NULL, 0, NULL);
+}
+
+void
+fb_wk_upload_pump(fb_wk *w, uint32_t budget)
+{
+	fb_wk_upload *u = &w->up;
+	fb_err rc = FB_OK;
+
+	if (w->phase != FB_WK_UPLOADING || w->out_count > 0) {
+		return; /* control messages go first */
+	}
+	if (!u->begun) {
+		if ((rc = fb_wk_send_now(w, &u->begin, NULL, 0, NULL)) !=
+		    FB_OK) {
+			goto out;
+		}
+		fb_wipe(&u->begin.u.update_begin.stream_key,
+		    sizeof(u->begin.u.update_begin.stream_key));
+		u->begun = true;
+	}
+	while (u->pos < u->chunks && budget > 0) {
+		if ((rc = chunk_send(w)) != FB_OK) {
+			goto out;
+		}
+		u->pos++;
+		budget--;
+	}
+	if (u->pos < u->chunks) {
+		return; /* the loop comes back */
+	}
+	if (w->secure && (rc = end_send(w)) != FB_OK) {
+		goto out;
+	}
+	fb_log_debug("round %u: update sent (%u chunks)", w->round, u->chunks);
+	fb_wk_upload_drop(w);
+out:
+	if (rc != FB_OK && rc != FB_EAGAIN) {
+		fb_log_warn("round %u: update not delivered: %s", w->round,
+		    fb_strerror(rc));
+		fb_wk_upload_drop(w);
+	}
+}
