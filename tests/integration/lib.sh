@@ -5,7 +5,7 @@ set -euo pipefail
 ROOT=$(pwd)
 B=${FB_BUILD:-build}
 PY=${PYTHON:-/usr/bin/python3}
-T=$(mktemp -d /tmp/fbit.XXXXXX)
+T=$(mktemp -d "${TMPDIR:-/tmp}/fbit.XXXXXX")
 PIDS=()
 SECURE=${SECURE:-1} # tests run with encrypted, signed sessions by default
 SECAGG=${SECAGG:-$SECURE} # and secure aggregation, unless told otherwise
