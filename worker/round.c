@@ -23,6 +23,48 @@
 
 /* ---- the trainer thread ------------------------------------------------- */
 
+/* Benchmark rounds (a synthetic model): no training; the update is fixed
+ * small noise, made once (on the trainer thread: a model of 1e9 floats
+ * takes seconds, which the loop must not spend). */
+static void
+synthetic_fill(fb_wk *w)
+{
+	double t0 = fb_now_s();
+
+	if (!w->synthetic_ready) {
+		fb_rng r;
+		fb_rng_init(&r, (uint64_t)w->cfg->index + 1, 0x5e);
+		for (uint64_t j = 0; j < w->param_count; j++) {
+			w->local[j] =
+			    (float)((double)(fb_rng_u64(&r) >> 40) * 0x1.0p-24 -
+			            0.5) *
+			    0.02f;
+		}
+		w->synthetic_ready = true;
+	}
+	memset(&w->stats, 0, sizeof(w->stats));
+	w->stats.seconds = fb_now_s() - t0;
+}
+
+fb_err
+fb_wk_update_form(fb_wk *w)
+{
+	for (uint64_t j = 0; j < w->param_count; j++) {
+		w->local[j] = w->global[j] - w->local[j];
+	}
+	w->a_norm = 0;
+	/* FedNova: send d_i = update / ||a_i||_1; the coordinator scales the
+	 * mean back by tau_eff. */
+	if (w->fednova && (fb_fednova_a_norm(w->stats.steps, w->momentum, w->lr,
+	                       w->prox_mu, &w->a_norm) != FB_OK ||
+	                      fb_fednova_normalise(w->local, w->param_count,
+	                          w->a_norm) != FB_OK)) {
+		fb_log_error("round %u: FedNova normaliser failed", w->round);
+		return FB_ERANGE;
+	}
+	return FB_OK;
+}
+
 static void *
 train_main(void *arg)
 {
@@ -43,12 +85,24 @@ train_main(void *arg)
 	fb_err rc;
 
 	memset(&st, 0, sizeof(st));
-	if ((rc = fb_trainer_set_params(w->trainer, w->global)) == FB_OK &&
-	    (rc = fb_trainer_train(w->trainer, &o, &st, &w->cancel)) == FB_OK) {
-		rc = fb_trainer_get_params(w->trainer, w->local);
+	if (w->synthetic) {
+		synthetic_fill(w);
+		w->a_norm = 0;
+		w->train_rc = FB_OK;
+	} else {
+		if ((rc = fb_trainer_set_params(w->trainer, w->global)) ==
+		        FB_OK &&
+		    (rc = fb_trainer_train(w->trainer, &o, &st, &w->cancel)) ==
+		        FB_OK) {
+			rc = fb_trainer_get_params(w->trainer, w->local);
+		}
+		w->stats = st;
+		/* the update (global - local), a pass over the model, here too */
+		if (rc == FB_OK) {
+			rc = fb_wk_update_form(w);
+		}
+		w->train_rc = rc;
 	}
-	w->stats = st;
-	w->train_rc = rc;
 	if (write(w->efd, &one, sizeof(one)) != sizeof(one)) {
 		fb_log_error("eventfd write: %s", strerror(errno));
 	}
@@ -95,7 +149,7 @@ fb_wk_thread_start(fb_wk *w)
 {
 	fb_err rc;
 
-	if ((rc = ensure_trainer(w)) != FB_OK) {
+	if (!w->synthetic && (rc = ensure_trainer(w)) != FB_OK) {
 		return rc;
 	}
 	atomic_store(&w->cancel, 0);
@@ -371,37 +425,6 @@ fb_wk_fetch_more(fb_wk *w)
 	return FB_OK;
 }
 
-/* Benchmark rounds: no training; the update is fixed small noise. */
-static void
-synthetic_update(fb_wk *w)
-{
-	double t0 = fb_now_s();
-
-	if (!w->synthetic_ready) {
-		fb_rng r;
-		fb_rng_init(&r, (uint64_t)w->cfg->index + 1, 0x5e);
-		for (uint64_t j = 0; j < w->param_count; j++) {
-			w->local[j] =
-			    (float)((double)(fb_rng_u64(&r) >> 40) * 0x1.0p-24 -
-			            0.5) *
-			    0.02f;
-		}
-		w->synthetic_ready = true;
-	}
-	snprintf(w->backend, sizeof(w->backend), "none (synthetic update)");
-	memset(&w->stats, 0, sizeof(w->stats));
-	w->stats.seconds = fb_now_s() - t0;
-	w->a_norm = 0;
-	if (w->sa != NULL && w->sa_phase != FB_WK_SA_MASKING) {
-		w->phase = FB_WK_WAITING; /* sent once the shares are in */
-		return;
-	}
-	if (fb_wk_upload_start(w, w->stats.seconds, 0.0, 0) != FB_OK) {
-		fb_log_warn("round %u: update not delivered", w->round);
-		fb_wk_round_leave(w);
-	}
-}
-
 /*
  * The trainer is about to overwrite w->local. Parts of the last update may
  * still be queued in ZeroMQ (an upload the coordinator stopped reading):
@@ -410,7 +433,9 @@ synthetic_update(fb_wk *w)
 static fb_err
 local_writable(fb_wk *w)
 {
-	if (fb_lent_own(&w->local_lent, w->param_count * 4, false) != FB_OK) {
+	/* (a synthetic update is made once and kept: copied if it moves) */
+	if (fb_lent_own(&w->local_lent, w->param_count * 4,
+	        w->synthetic && w->synthetic_ready) != FB_OK) {
 		fb_log_error(
 		    "round %u: out of memory for the update", w->round);
 		return FB_ENOMEM;
@@ -422,10 +447,6 @@ local_writable(fb_wk *w)
 static void
 start_training(fb_wk *w)
 {
-	if (w->synthetic) {
-		synthetic_update(w);
-		return;
-	}
 	if (local_writable(w) != FB_OK ||
 	    w->io->train_start(w->io->arg, w) != FB_OK) {
 		fb_wk_round_leave(w);
@@ -532,18 +553,9 @@ fb_wk_on_trained(fb_wk *w, int64_t now)
 		    "round %u: training failed: %s", w->round, fb_strerror(rc));
 		return;
 	}
-	for (uint64_t j = 0; j < w->param_count; j++) {
-		w->local[j] = w->global[j] - w->local[j];
-	}
-	w->a_norm = 0;
-	/* FedNova: send d_i = update / ||a_i||_1; the coordinator scales the
-	 * mean back by tau_eff. */
-	if (w->fednova && (fb_fednova_a_norm(w->stats.steps, w->momentum, w->lr,
-	                       w->prox_mu, &w->a_norm) != FB_OK ||
-	                      fb_fednova_normalise(w->local, w->param_count,
-	                          w->a_norm) != FB_OK)) {
-		fb_log_error("round %u: FedNova normaliser failed", w->round);
-		return;
+	if (w->synthetic) {
+		snprintf(w->backend, sizeof(w->backend),
+		    "none (synthetic update)");
 	}
 	if (w->sa != NULL && w->sa_phase != FB_WK_SA_MASKING) {
 		fb_log_info("round %u: %" PRIu64 " steps in %.2fs, loss %.4f; "

@@ -302,7 +302,8 @@ fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
  */
 fb_err
 fb_wk_sa_encode_chunk(fb_wk *w, const float *x, uint64_t off, uint64_t count,
-    double loss, uint64_t *clipped, FILE *enc_dump, FILE *mask_dump)
+    double loss, uint64_t *clipped, FILE *enc_dump, FILE *mask_dump,
+    uint32_t *out)
 {
 	uint64_t seed = w->seed ^ ((uint64_t)w->round * 0x9e3779b97f4a7c15ULL) ^
 	                (((uint64_t)w->cfg->index + 1) * 0xc2b2ae3d27d4eb4fULL);
@@ -310,21 +311,21 @@ fb_wk_sa_encode_chunk(fb_wk *w, const float *x, uint64_t off, uint64_t count,
 
 	rc = off < w->param_count
 	         ? fb_encode_chunk(&w->enc.x, x + off, count, w->sa_weight, off,
-	               seed, w->encbuf, clipped)
+	               seed, out, clipped)
 	         : fb_secagg_encode_extras(&w->enc, w->sa_weight, loss,
-	               w->a_norm, off, seed, w->encbuf);
+	               w->a_norm, off, seed, out);
 	if (rc != FB_OK) {
 		return rc;
 	}
 	/* (the dumps are in element order: chunks go up rotated) */
 	if (enc_dump != NULL &&
 	    fseeko(enc_dump, (off_t)(off * 4), SEEK_SET) == 0) {
-		fwrite(w->encbuf, 4, count, enc_dump);
+		fwrite(out, 4, count, enc_dump);
 	}
-	rc = fb_secagg_worker_mask_chunk(w->sa, w->encbuf, off, count);
+	rc = fb_secagg_worker_mask_chunk(w->sa, out, off, count);
 	if (rc == FB_OK && mask_dump != NULL &&
 	    fseeko(mask_dump, (off_t)(off * 4), SEEK_SET) == 0) {
-		fwrite(w->encbuf, 4, count, mask_dump);
+		fwrite(out, 4, count, mask_dump);
 	}
 	return rc;
 }

@@ -16,10 +16,12 @@
  * plain, encoded and masked, in element order.
  */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "common/pool.h"
 #include "common/util.h"
 #include "worker/worker_impl.h"
 
@@ -90,6 +92,7 @@ fb_wk_upload_drop(fb_wk *w)
 	}
 	fb_stream_push_free(u->push);
 	fb_wipe(&u->begin, sizeof(u->begin)); /* the stream key */
+	fb_free(u->batch);
 	memset(u, 0, sizeof(*u));
 	if (w->phase == FB_WK_UPLOADING) {
 		w->phase = FB_WK_IDLE;
@@ -155,6 +158,78 @@ chunk_span(const fb_wk *w, uint32_t k, uint64_t *off, uint64_t *len)
 	                                       : w->chunk_bytes;
 }
 
+/* One piece of a batch: the masked input of position batch_first + i. */
+typedef struct batch_arg {
+	fb_wk *w;
+	uint64_t clipped[FB_WK_BATCH_MAX];
+	atomic_int rc;
+} batch_arg;
+
+static void
+batch_piece(void *arg, uint32_t i)
+{
+	batch_arg *a = arg;
+	fb_wk *w = a->w;
+	fb_wk_upload *u = &w->up;
+	uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
+	    u->batch_first + i);
+	uint64_t off, len;
+	fb_err rc;
+
+	chunk_span(w, k, &off, &len);
+	rc = fb_wk_sa_encode_chunk(w, w->local,
+	    k == w->chunk_count ? w->param_count : off / 4, len / 4, u->loss,
+	    &a->clipped[i], NULL, NULL,
+	    u->batch + (size_t)i * (w->chunk_bytes / 4));
+	if (rc != FB_OK) {
+		int ok = FB_OK;
+		atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
+	}
+}
+
+/*
+ * The masked inputs of the positions from u->pos on, a batch of them at
+ * once on the pool (one per core, up to FB_WK_BATCH_MAX). With the debug
+ * dumps open, one at a time, in order (they are written as made).
+ */
+static fb_err
+batch_make(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+	uint32_t n = fb_pool_threads(w->pool) + 1;
+	batch_arg a = {.w = w};
+
+	n = n > FB_WK_BATCH_MAX ? FB_WK_BATCH_MAX : n;
+	if (u->enc_dump != NULL || u->mask_dump != NULL) {
+		n = 1;
+	}
+	if (u->batch == NULL || u->batch_cap < n) {
+		fb_free(u->batch);
+		u->batch_cap = 0;
+		if ((u->batch = fb_alloc((size_t)n * w->chunk_bytes)) == NULL) {
+			return FB_ENOMEM;
+		}
+		u->batch_cap = n;
+	}
+	u->batch_first = u->pos;
+	u->batch_n = u->chunks - u->pos < n ? u->chunks - u->pos : n;
+	atomic_init(&a.rc, FB_OK);
+	if (u->batch_n == 1) {
+		uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
+		    u->pos);
+		uint64_t off, len;
+		chunk_span(w, k, &off, &len);
+		return fb_wk_sa_encode_chunk(w, w->local,
+		    k == w->chunk_count ? w->param_count : off / 4, len / 4,
+		    u->loss, &u->clipped, u->enc_dump, u->mask_dump, u->batch);
+	}
+	fb_pool_for(w->pool, u->batch_n, batch_piece, &a);
+	for (uint32_t i = 0; i < u->batch_n; i++) {
+		u->clipped += a.clipped[i];
+	}
+	return (fb_err)atomic_load(&a.rc);
+}
+
 /* Secure mode: masks (SecAgg) and encrypts chunk at position u->pos into
  * sendbuf, once. */
 static fb_err
@@ -165,15 +240,19 @@ chunk_stage(fb_wk *w, uint32_t k, uint64_t off, uint64_t len)
 	fb_err rc;
 
 	if (w->sa != NULL) {
-		rc = fb_wk_sa_encode_chunk(w, w->local,
-		    k == w->chunk_count ? w->param_count : off / 4, len / 4,
-		    u->loss, &u->clipped, u->enc_dump, u->mask_dump);
-		if (rc != FB_OK) {
-			fb_log_error("round %u: cannot mask the update: %s",
-			    w->round, fb_strerror(rc));
-			return rc;
+		if (u->batch_n == 0 || u->pos < u->batch_first ||
+		    u->pos >= u->batch_first + u->batch_n) {
+			u->batch_n = 0;
+			if ((rc = batch_make(w)) != FB_OK) {
+				u->batch_n = 0;
+				fb_log_error("round %u: cannot mask the update: %s",
+				    w->round, fb_strerror(rc));
+				return rc;
+			}
 		}
-		src = (const uint8_t *)w->encbuf;
+		src = (const uint8_t *)(u->batch + (size_t)(u->pos -
+		                                            u->batch_first) *
+		                                       (w->chunk_bytes / 4));
 	}
 	memcpy(w->sendbuf + 1, src, len);
 	rc = fb_stream_push_chunk(u->push, w->sendbuf + 1, len,

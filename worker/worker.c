@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/pool.h"
 #include "common/util.h"
 #include "worker/worker_impl.h"
 
@@ -621,6 +622,14 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 		rc = FB_EIO;
 		goto out;
 	}
+	/* the masks of a secure update, made on every core (upload.c) */
+	{
+		uint32_t cpus = fb_pool_cpus(), t = cpus > 1 ? cpus - 1 : 0;
+		t = t > FB_WK_BATCH_MAX - 1 ? FB_WK_BATCH_MAX - 1 : t;
+		if ((rc = fb_pool_alloc(t, &w.pool)) != FB_OK) {
+			goto out;
+		}
+	}
 	if ((rc = fb_link_connect(cfg->coordinator, &lp.opts, &lp.link)) !=
 	    FB_OK) {
 		goto out;
@@ -635,6 +644,8 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 out:
 	fb_wk_thread_stop(&w);
 	fb_link_close(lp.link);
+	fb_pool_free(w.pool);
+	w.pool = NULL;
 	fb_wk_fini(&w);
 	if (w.efd >= 0) {
 		close(w.efd);

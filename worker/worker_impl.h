@@ -114,6 +114,8 @@ typedef struct fb_wk_out {
 
 /* The update being sent: UpdateBegin, the chunks in rotated order, then
  * (secure) UpdateEnd. */
+#define FB_WK_BATCH_MAX 16 /* masked chunks made ahead at once */
+
 typedef struct fb_wk_upload {
 	bool begun;      /* UpdateBegin is on the link */
 	uint32_t pos;    /* next chunk position, 0..chunks */
@@ -127,6 +129,12 @@ typedef struct fb_wk_upload {
 	double loss;          /* what goes into the extra coordinates */
 	uint64_t clipped;
 	FILE *enc_dump, *mask_dump; /* debug.dump_updates, or NULL */
+	/* SecAgg: masked inputs made ahead, several chunks at once on the
+	 * pool (the masks' expansion is the upload's cost): positions
+	 * batch_first .. batch_first + batch_n - 1, in batch */
+	uint32_t *batch;      /* batch_cap chunks of chunk_bytes */
+	uint32_t batch_cap;
+	uint32_t batch_first, batch_n;
 } fb_wk_upload;
 
 /* Rate limit for a warning a peer can repeat at will. */
@@ -205,6 +213,7 @@ struct fb_wk {
 	double sa_weight; /* samples / max_samples */
 	fb_secagg_encodings enc;
 	uint32_t *encbuf; /* one encoded (then masked) chunk */
+	struct fb_pool *pool; /* the box's cores, for the masks (may be NULL) */
 	fb_pubkey *peers; /* security.peers: the keys we accept, or NULL */
 	uint32_t peer_count;
 	/* what goes out */
@@ -348,6 +357,10 @@ bool fb_wk_fetch_pending(const fb_wk *w);
 /* The real trainer thread (the loop's io): start, cancel and join, and
  * reap after its eventfd fired. */
 FB_MUST_CHECK fb_err fb_wk_thread_start(fb_wk *w);
+/* fb_wk_update_form turns the trained parameters in w->local into the
+ * update, w->global - w->local (FedNova: normalised, w->a_norm set); the
+ * trainer thread calls it after training. Errors: FB_ERANGE. */
+fb_err fb_wk_update_form(fb_wk *w);
 void fb_wk_thread_stop(fb_wk *w);
 bool fb_wk_thread_reap(fb_wk *w); /* true: it had run and is joined */
 
@@ -387,11 +400,11 @@ void fb_wk_on_secagg(fb_wk *w, const fb_frame *f);
 
 /*
  * fb_wk_sa_encode_chunk turns elements off..off+count of `x` (or at off =
- * P the extra coordinates) into this worker's masked input in w->encbuf,
+ * P the extra coordinates) into this worker's masked input in `out`,
  * writing the debug dumps when open. Errors: the encoder's and mask's.
  */
 FB_MUST_CHECK fb_err fb_wk_sa_encode_chunk(fb_wk *w, const float *x,
     uint64_t off, uint64_t count, double loss, uint64_t *clipped,
-    FILE *enc_dump, FILE *mask_dump);
+    FILE *enc_dump, FILE *mask_dump, uint32_t *out);
 
 #endif

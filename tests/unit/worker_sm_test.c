@@ -459,7 +459,8 @@ train_done(fix *x, fb_err rc)
 	x->w.stats.samples = 40;
 	x->w.stats.loss_mean = 0.5;
 	x->w.stats.seconds = 0.25;
-	x->w.train_rc = rc;
+	/* as the trainer thread does after training */
+	x->w.train_rc = rc == FB_OK ? fb_wk_update_form(&x->w) : rc;
 	fb_wk_on_trained(&x->w, x->now);
 }
 
