@@ -256,6 +256,18 @@ welcome_model(fb_wk *w, const fb_msg *m)
 		w->model = NULL;
 		return FB_EPROTO;
 	}
+	if ((fb_model_input_dim(w->model) == 0) != (w->cfg->dataset == 1)) {
+		/* "synthetic" reads no data, and only it may go without. */
+		fb_log_error("the coordinator's model is %s, but this worker %s",
+		    spec.arch,
+		    w->cfg->dataset == 1
+		        ? "has no data (data.dataset: none)"
+		        : "loads data: a synthetic model reads none; set "
+		          "data.dataset: none in this worker's config");
+		fb_model_close(w->model);
+		w->model = NULL;
+		return FB_EINVAL;
+	}
 	if (w->cfg->dataset != 1 &&
 	    (rc = fb_dataset_check_fit(&w->shard, fb_model_input_dim(w->model),
 	         fb_model_task(w->model), fb_model_classes(w->model))) !=
