@@ -63,6 +63,8 @@ $(filter-out %/main.c %/keygen.c,$(wildcard $(1)/*.c $(1)/cpu/*.c))
 endef
 MODULES   = common proto data model crypto aggregation worker coordinator
 $(foreach m,$(MODULES),$(eval SRCS_$(m) := $(call module_srcs,$(m))))
+# The trainer-process backend (worker/proc/) is part of the worker module.
+SRCS_worker += $(wildcard worker/proc/*.c)
 $(foreach m,$(MODULES),$(eval OBJS_$(m) := $(SRCS_$(m):%.c=$(B)/%.o)))
 OBJS_proto += $(B)/proto/fedbox.pb-c.o
 
@@ -76,6 +78,7 @@ DEPS_aggregation = aggregation common
 DEPS_worker      = worker model data aggregation proto crypto common
 DEPS_coordinator = coordinator model data aggregation proto crypto common
 DEPS_rules       = aggregation common
+DEPS_worker_proc = $(DEPS_worker)
 DEPS_secagg = crypto aggregation common
 
 libs_of = $(foreach d,$(DEPS_$(1)),$(B)/lib/libfb_$(d).a)

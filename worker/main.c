@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "worker/trainer.h"
 #include "worker/worker.h"
 
 static void
@@ -41,6 +42,8 @@ main(int argc, char **argv)
 	};
 	const char *config = NULL;
 	fb_worker_config cfg;
+	fb_trainer_proc_config pc;
+	const char *pc_argv[FB_CFG_MAX_LIST], *pc_env[FB_CFG_MAX_LIST];
 	fb_err rc;
 	int ch;
 
@@ -80,6 +83,10 @@ main(int argc, char **argv)
 		fb_log_init(prog, (fb_log_level)cfg.log_level);
 	}
 	fb_tune_malloc((size_t)1 << 20);
+	/* train.command: every trainer this worker opens is that process. */
+	if (fb_worker_trainer_proc(&cfg, &pc, pc_argv, pc_env)) {
+		fb_trainer_proc_set_default(&pc);
+	}
 	rc = fb_worker_run(&cfg, fb_stop_on_signals());
 	fb_worker_config_fini(&cfg);
 	if (rc == FB_ECONFIG) {
