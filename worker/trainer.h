@@ -68,6 +68,9 @@ typedef struct fb_trainer_proc_config {
 	int64_t task_timeout_ms;  /* > 0: a task unanswered this long is a
 	                           * hang: the trainer is killed */
 	bool share_shard;         /* lend it the worker's shard, read-only */
+	uint32_t copy_threads;    /* threads of the parameters' copies; 0:
+	                           * auto (half the CPUs, at most 8, one per
+	                           * 32 MiB) */
 } fb_trainer_proc_config;
 
 typedef struct fb_trainer_config {

@@ -346,6 +346,11 @@ test_fail_reason_is_one_line(void **state)
 	fb_proc_buf_fini(&b);
 }
 
+typedef uint64_t (*copy_fn)(float *, const float *, uint64_t);
+/* Both loops: the one this CPU gets, and the one for CPUs without AVX2. */
+static const copy_fn copies[] = {
+    fb_proc_copy_checked, fb_proc_copy_checked_base};
+
 /* One size below the non-temporal threshold and one above, each with an
  * unaligned destination too. */
 static void
@@ -366,14 +371,14 @@ test_checked_copy_exact(void **state)
 			src[i] = (float)fb_rng_normal(&r);
 		}
 		src[n / 2] = -0.0f;
-		for (int shift = 0; shift < 2; shift++) {
+		for (int shift = 0; shift < 4; shift++) {
+			copy_fn copy = copies[shift / 2];
 			memset(dst, 0xff, (n + 2) * sizeof(float));
-			assert_int_equal(
-			    fb_proc_copy_checked(dst + shift, src, n), n);
+			assert_int_equal(copy(dst + shift % 2, src, n), n);
 			assert_memory_equal(
-			    dst + shift, src, n * sizeof(float));
+			    dst + shift % 2, src, n * sizeof(float));
 			/* Nothing written past the end. */
-			assert_true(isnan(dst[shift + n]));
+			assert_true(isnan(dst[shift % 2 + n]));
 		}
 		fb_free(src);
 		fb_free(dst);
@@ -384,7 +389,8 @@ static void
 test_checked_copy_finds_first_bad(void **state)
 {
 	const uint64_t n = (5u << 20) / 4 + 7; /* above the NT threshold */
-	const uint64_t at[] = {0, 1, 3, 15, 16, 17, 31, 4096, n - 17, n - 1};
+	const uint64_t at[] = {
+	    0, 1, 3, 15, 16, 17, 31, 32, 33, 63, 4096, n - 33, n - 17, n - 1};
 	const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
 	float *src = fb_calloc(n, sizeof(float));
 	float *dst = fb_alloc((n + 1) * sizeof(float));
@@ -398,10 +404,11 @@ test_checked_copy_finds_first_bad(void **state)
 			if (at[k] + 5 < n) {
 				src[at[k] + 5] = NAN;
 			}
-			assert_int_equal(
-			    fb_proc_copy_checked(dst, src, n), at[k]);
-			assert_int_equal(
-			    fb_proc_copy_checked(dst + 1, src, n), at[k]);
+			for (size_t c = 0; c < FB_ARRAY_LEN(copies); c++) {
+				assert_int_equal(copies[c](dst, src, n), at[k]);
+				assert_int_equal(
+				    copies[c](dst + 1, src, n), at[k]);
+			}
 			src[at[k]] = 1.0f;
 			if (at[k] + 5 < n) {
 				src[at[k] + 5] = 1.0f;
@@ -411,6 +418,52 @@ test_checked_copy_finds_first_bad(void **state)
 	/* The largest finite float passes. */
 	src[n - 1] = 3.4028235e38f;
 	assert_int_equal(fb_proc_copy_checked(dst, src, n), n);
+	assert_int_equal(fb_proc_copy_checked_base(dst, src, n), n);
+	fb_free(src);
+	fb_free(dst);
+}
+
+static void
+test_parallel_copy_matches(void **state)
+{
+	const uint64_t n = 1000003;
+	float *src = fb_alloc(n * sizeof(float));
+	float *dst = fb_alloc(n * sizeof(float));
+	const uint64_t at[] = {0, 15, 16, 250000, 250001, 500016, n - 1};
+	fb_rng r;
+
+	assert_non_null(src);
+	assert_non_null(dst);
+	fb_rng_init(&r, 5, 0);
+	for (uint64_t i = 0; i < n; i++) {
+		src[i] = (float)fb_rng_normal(&r);
+	}
+	for (uint32_t t = 1; t <= 7; t++) {
+		memset(dst, 0, n * sizeof(float));
+		assert_int_equal(fb_proc_copy_par(dst, src, n, false, t), n);
+		assert_memory_equal(dst, src, n * sizeof(float));
+		memset(dst, 0, n * sizeof(float));
+		assert_int_equal(fb_proc_copy_par(dst, src, n, true, t), n);
+		assert_memory_equal(dst, src, n * sizeof(float));
+		for (size_t k = 0; k < FB_ARRAY_LEN(at); k++) {
+			float keep = src[at[k]], later = src[n - 1];
+			src[at[k]] = INFINITY;
+			src[n - 1] =
+			    NAN; /* another bad value, in the last slice */
+			if (at[k] == n - 1) {
+				src[n - 1] = INFINITY;
+			}
+			assert_int_equal(
+			    fb_proc_copy_par(dst, src, n, true, t), at[k]);
+			src[at[k]] = keep;
+			src[n - 1] = later;
+		}
+	}
+	/* Auto: tiny copies stay on one thread; a count is never 0. */
+	assert_int_equal(fb_proc_copy_threads(1000, 0), 1);
+	assert_int_equal(fb_proc_copy_threads(1000, 8), 1);
+	assert_true(fb_proc_copy_threads(1ULL << 32, 0) <= 8);
+	assert_int_equal(fb_proc_copy_threads(1ULL << 32, 64), 16);
 	fb_free(src);
 	fb_free(dst);
 }
@@ -448,6 +501,8 @@ FB_TESTS = {
         test_checked_copy_exact},
     {"the checked copy stops at the first NaN or infinity wherever it is",
         test_checked_copy_finds_first_bad},
+    {"copies on 1 to 7 threads are exact and find the first bad value",
+        test_parallel_copy_matches},
     {"a message over the size limit is not built",
         test_oversized_message_refused},
     {NULL, NULL},

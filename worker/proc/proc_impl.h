@@ -194,6 +194,26 @@ FB_MUST_CHECK fb_err fb_proc_layout_check(
  * stores, like memcpy.
  */
 uint64_t fb_proc_copy_checked(float *dst, const float *src, uint64_t count);
+/* fb_proc_copy_checked_base is the same for CPUs without AVX2 (SSE2, or
+ * plain C); fb_proc_copy_checked picks one at run time. */
+uint64_t fb_proc_copy_checked_base(
+    float *dst, const float *src, uint64_t count);
+
+/*
+ * fb_proc_copy_threads says how many threads a copy of `count` floats
+ * gets: `want` (0: half this host's CPUs, at most 8), fewer when slices would
+ * be under 32 MiB, at least 1, at most 16.
+ */
+uint32_t fb_proc_copy_threads(uint64_t count, uint32_t want);
+
+/*
+ * fb_proc_copy_par copies `count` floats from `src` to `dst` on `threads`
+ * threads (the caller's among them; blocks until all are done): a memcpy,
+ * or with `checked` a fb_proc_copy_checked whose result it returns (the
+ * first NaN or infinity of the whole vector, or count). Unchecked: count.
+ */
+uint64_t fb_proc_copy_par(float *dst, const float *src, uint64_t count,
+    bool checked, uint32_t threads);
 
 /* ---- the trainer's process (child.c) ---- */
 

@@ -50,7 +50,8 @@ typedef struct proc_state {
 	fb_proc_child *child; /* owned */
 	int64_t start_timeout_ms;
 	int64_t task_timeout_ms;
-	char device[8]; /* auto, cpu, cuda: the trainer's hint */
+	uint32_t copy_threads; /* for set_params and get_params */
+	char device[8];        /* auto, cpu, cuda: the trainer's hint */
 	/* the parameters' shared memory of the current trainer */
 	int params_fd;
 	float *params; /* mapping of params_fd, params_len bytes */
@@ -326,6 +327,8 @@ proc_open(const fb_model *m, const fb_dataset *shard,
 	s->task_timeout_ms =
 	    pc->task_timeout_ms > 0 ? pc->task_timeout_ms : 3600000;
 	snprintf(s->device, sizeof(s->device), "%s", devices[cfg->device]);
+	s->copy_threads =
+	    fb_proc_copy_threads(s->param_count, pc->copy_threads);
 	/* The trainer's own variables: the device hint, and the GPUs. */
 	if ((env = fb_calloc(pc->env_count + 2, sizeof(char *))) == NULL) {
 		rc = FB_ENOMEM;
@@ -393,7 +396,8 @@ proc_set_params(void *state, const float *params)
 			return rc;
 		}
 	}
-	memcpy(s->params, params, s->params_len);
+	(void)fb_proc_copy_par(
+	    s->params, params, s->param_count, false, s->copy_threads);
 	return FB_OK;
 }
 
@@ -735,7 +739,8 @@ proc_get_params(void *state, float *params)
 		return FB_EINVAL;
 	}
 	s->have_result = false;
-	bad = fb_proc_copy_checked(params, s->params, s->param_count);
+	bad = fb_proc_copy_par(
+	    params, s->params, s->param_count, true, s->copy_threads);
 	if (bad == s->param_count) {
 		return FB_OK;
 	}
