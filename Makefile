@@ -4,6 +4,9 @@
 #   make            build binaries, libraries and tests (installs Debian deps)
 #   make test       unit + integration tests
 #   make demo       4-worker federation on Fashion-MNIST (runs/demo/)
+#   make example-pytorch-cnn   the same with a PyTorch CNN in trainer
+#                   processes (runs/pytorch-cnn/; EXAMPLE_ARGS=... adds
+#                   fedbox-local options, e.g. --device cuda --torchrun 2)
 #   make fuzz       run every fuzz target for a while
 # Knobs: CFLAGS, SAN=address,undefined, CUDA=0|1, CUDA_HOME, DEBUG=1,
 #        WERROR=1 (CI), BOOTSTRAP=0 (skip the package check).
@@ -40,7 +43,7 @@ CUDA := $(if $(wildcard $(NVCC)),1,0)
 endif
 
 .DEFAULT_GOAL := all
-.PHONY: all test demo fuzz bench clean bootstrap
+.PHONY: all test demo fuzz bench clean bootstrap example-pytorch-cnn
 
 bootstrap:
 ifneq ($(BOOTSTRAP),0)
@@ -194,6 +197,17 @@ demo: all
 	    --out runs/demo --port $(DEMO_PORT)
 	@echo "independent evaluation of runs/demo/model.safetensors:"
 	@/usr/bin/python3 tests/tools/st_eval.py runs/demo/model.safetensors
+
+# The pytorch-cnn example: the same federation, each worker's training done
+# by a PyTorch trainer process (examples/pytorch-cnn/), then an independent
+# PyTorch evaluation of the exported model.
+EXAMPLE_ARGS ?=
+example-pytorch-cnn: all
+	@rm -rf runs/pytorch-cnn
+	scripts/fedbox-local --example pytorch-cnn --workers 4 --rounds 20 \
+	    --alpha 0.5 --secure on --epochs 1 --batch 64 --lr 0.05 \
+	    --momentum 0.9 --out runs/pytorch-cnn --port $(DEMO_PORT) \
+	    $(EXAMPLE_ARGS)
 
 bench: all
 	bench/round_overhead
