@@ -178,6 +178,9 @@ $(B)/tests/tools/%: $(B)/tests/tools/%.o $(call libs_of,coordinator)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(B)/bench/%: $(B)/bench/%.o $(call libs_of,coordinator)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+# The trainer-process boundary is the worker's.
+$(B)/bench/trainer_boundary: $(B)/bench/trainer_boundary.o $(call libs_of,worker)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 all: bootstrap
 	@$(MAKE) --no-print-directory build-all
