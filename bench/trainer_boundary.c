@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -135,6 +136,9 @@ main(int argc, char **argv)
 	uint32_t threads = 0;
 	const char *python = "/usr/bin/python3";
 	double copy[MAX_ROUNDS], base, ratio[3][MAX_ROUNDS];
+	double shm_copy[MAX_ROUNDS], priv_checked[MAX_ROUNDS];
+	float *shm;
+	int shm_fd;
 	fb_trainer *tr[3] = {NULL, NULL, NULL};
 	uint32_t auto_threads;
 	fb_model_spec spec;
@@ -201,6 +205,14 @@ main(int argc, char **argv)
 	/* Interleaved: each round a memcpy, then each trainer, so that a
 	 * shared machine's changing load falls on all of them alike; the
 	 * ratios are taken per round. */
+	shm_fd = memfd_create("bench", MFD_CLOEXEC);
+	if (shm_fd < 0 || ftruncate(shm_fd, (off_t)(n * sizeof(float))) != 0 ||
+	    (shm = mmap(NULL, n * sizeof(float), PROT_READ | PROT_WRITE,
+	         MAP_SHARED, shm_fd, 0)) == MAP_FAILED) {
+		fprintf(stderr, "no shared memory for the comparison\n");
+		return 1;
+	}
+	(void)madvise(shm, n * sizeof(float), MADV_HUGEPAGE);
 	for (int r = -1; r < rounds; r++) {
 		double t0 = fb_now_s();
 		memcpy(local, global, n * sizeof(float));
@@ -227,6 +239,19 @@ main(int argc, char **argv)
 			for (int k = 0; k < 3; k++) {
 				ratio[k][r] = t[k].total[r] / copy[r];
 			}
+		}
+		/* Where the copies' time goes: memory of the kind the trainer
+		 * shares, and the checked copy between private buffers. */
+		t0 = fb_now_s();
+		memcpy(shm, global, n * sizeof(float));
+		memcpy(local, shm, n * sizeof(float));
+		if (r >= 0) {
+			shm_copy[r] = (fb_now_s() - t0) / 2 / copy[r];
+		}
+		t0 = fb_now_s();
+		(void)fb_proc_copy_checked(local, global, n);
+		if (r >= 0) {
+			priv_checked[r] = (fb_now_s() - t0) / copy[r];
 		}
 	}
 	for (int k = 0; k < 3; k++) {
@@ -285,6 +310,12 @@ main(int argc, char **argv)
 		             : "torch module in the trainer",
 		    median(ratio[k], rounds), lo, hi);
 	}
+	printf("- for comparison, memcpy into and out of a memfd like the "
+	       "trainer's: %.2f per copy\n",
+	    median(shm_copy, rounds));
+	printf("- for comparison, the checked copy between two private "
+	       "buffers: %.2f\n",
+	    median(priv_checked, rounds));
 	for (int k = 0; k < 2; k++) {
 		double x = median(ratio[k], rounds);
 		printf("%sverdict, copies on %u thread(s): the boundary costs "
@@ -293,6 +324,8 @@ main(int argc, char **argv)
 		    k == 0 ? "\n" : "", k == 0 ? 1 : auto_threads, x,
 		    x <= 2.0 ? "held" : "NOT held");
 	}
+	munmap(shm, n * sizeof(float));
+	close(shm_fd);
 	fb_free(global);
 	fb_free(local);
 	fb_model_close(m);
