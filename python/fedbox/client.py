@@ -40,6 +40,8 @@ import signal
 import socket
 import sys
 import time
+import traceback
+import warnings
 
 import numpy as np
 
@@ -147,7 +149,6 @@ class Shard:
         """``(x, y)`` as torch tensors sharing the memory (read-only: do
         not write to them); labels as int64, as cross_entropy wants."""
         torch = _torch()
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # read-only memory, on purpose
             x = torch.from_numpy(self.x)
@@ -328,6 +329,10 @@ class Client:
             else None.
         rank, world: this process's torch.distributed rank and world size
             (from torchrun's ``RANK`` and ``WORLD_SIZE``; 0 and 1 without).
+
+    Under torchrun, ``layout``, ``param_count``, ``shard`` and ``tasks()``
+    are collective the first time any of them is used (rank 0 tells the
+    others): use them on every rank, after ``init_process_group``.
     """
 
     def __init__(self, sock_path, token, examples=0):
@@ -368,13 +373,13 @@ class Client:
         if len(fds) != (3 if w["shard"] else 1):
             raise _wire.ProtocolError("welcome came with %d descriptors" %
                                       len(fds))
-        self.layout = w["layout"]
-        self.param_count = w["param_count"]
+        self._layout = w["layout"]
+        self._param_count = w["param_count"]
         self._mm = mmap.mmap(fds[0], w["params_len"], mmap.MAP_SHARED,
                              mmap.PROT_READ | mmap.PROT_WRITE)
         os.close(fds[0])
         self._np = np.frombuffer(self._mm, dtype="<f4",
-                                 count=self.param_count)
+                                 count=self._param_count)
         if w["shard"]:
             self._shard_meta = dict(w["shard"], pid=os.getpid(),
                                     fds=(fds[1], fds[2]))
@@ -389,12 +394,13 @@ class Client:
         torch = _torch()
         box = [None]
         if self.rank == 0:
-            box = [{"layout": self.layout, "param_count": self.param_count,
+            box = [{"layout": self._layout,
+                    "param_count": self._param_count,
                     "shard": self._shard_meta}]
         torch.distributed.broadcast_object_list(box, 0)
         if self.rank != 0:
-            self.layout = box[0]["layout"]
-            self.param_count = box[0]["param_count"]
+            self._layout = box[0]["layout"]
+            self._param_count = box[0]["param_count"]
             self._shard_meta = box[0]["shard"]
         self._shared = True
 
@@ -405,6 +411,16 @@ class Client:
                     "WORLD_SIZE is %d: call torch.distributed."
                     "init_process_group before using the client" % self.world)
             self._share_welcome()
+
+    @property
+    def layout(self):
+        self._need_shared()
+        return self._layout
+
+    @property
+    def param_count(self):
+        self._need_shared()
+        return self._param_count
 
     @property
     def device(self):
@@ -513,7 +529,6 @@ class Client:
             return out
         torch = _torch()
         if self._flat is None:
-            import warnings
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self._flat = torch.from_numpy(self._np)
@@ -605,7 +620,7 @@ def _report_crashes(client):
         try:
             task = client._task
             tid = task.id if task is not None else 0
-            text = "".join(__import__("traceback").format_exception_only(
+            text = "".join(traceback.format_exception_only(
                 kind, value)).strip()
             client._send(_wire.fail(tid, True, text))
         except Exception:  # noqa: BLE001 - best effort on the way out

@@ -33,6 +33,13 @@ FUZZ_LIBS_proto = -lprotobuf-c -lzmq $(FUZZ_LIBS_crypto)
 # Headers of other modules a module's targets depend on (for rebuilds).
 FUZZ_HDRS_proto = $(wildcard crypto/*.h) $(B)/proto/fedbox.pb-c.h
 
+# worker/: the trainer-process messages, and model/ for the layouts they
+# are checked against.
+FUZZ_SRCS_worker = worker/proc/wire.c $(wildcard model/*.c model/cpu/*.c) \
+                   $(FUZZ_SRCS_common)
+FUZZ_LIBS_worker = -lm -ldl -lpthread
+FUZZ_HDRS_worker = $(wildcard model/*.h worker/proc/*.h)
+
 FUZZ_NAMES := $(patsubst tests/fuzz/targets/%.c,%,\
                 $(wildcard tests/fuzz/targets/*.c))
 FUZZ_GENS  := $(patsubst tests/fuzz/gen/%.c,%,$(wildcard tests/fuzz/gen/*.c))

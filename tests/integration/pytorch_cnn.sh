@@ -43,7 +43,7 @@ start=$(date +%s)
 scripts/fedbox-local --example pytorch-cnn --python "$PY" --workers 4 \
 	--rounds 2 --steps 6 --batch 32 --lr 0.05 --alpha 0.5 --secure on \
 	--deadline 120s --port "$(free_port)" --out "$T/cnn" \
-	>"$T/cnn.txt" 2>&1 || { cat "$T/cnn.txt"; fail "fedbox-local exited with $?"; }
+	>"$T/cnn.txt" 2>&1 || { st=$?; cat "$T/cnn.txt"; fail "fedbox-local exited with $st"; }
 cat "$T/cnn.txt"
 check_run "$T/cnn" 4 2 1
 echo "4 workers: $(( $(date +%s) - start ))s"
@@ -52,7 +52,7 @@ start=$(date +%s)
 scripts/fedbox-local --example pytorch-cnn --python "$PY" --workers 2 \
 	--torchrun 2 --rounds 1 --steps 4 --batch 32 --lr 0.05 --secure on \
 	--deadline 120s --port "$(free_port)" --out "$T/ddp" \
-	>"$T/ddp.txt" 2>&1 || { cat "$T/ddp.txt"; fail "fedbox-local --torchrun exited with $?"; }
+	>"$T/ddp.txt" 2>&1 || { st=$?; cat "$T/ddp.txt"; tail -n 30 "$T"/ddp/worker-*.log; fail "fedbox-local --torchrun exited with $st"; }
 cat "$T/ddp.txt"
 check_run "$T/ddp" 2 1 2
 echo "torchrun: $(( $(date +%s) - start ))s"

@@ -5,7 +5,8 @@
 # trainer-only keys without train.command. Trainers that never get going
 # fail a round, not the worker: one that exits before it connects, and one
 # that never connects (train.start_timeout); the worker stays up and says
-# which, round after round.
+# which, round after round. One slower to start than a round is not killed
+# when the round is cancelled: it trains a later round.
 source tests/integration/lib.sh
 
 expect2() { # DESCRIPTION PATTERN CONFIG-TRAIN-LINES
@@ -71,4 +72,37 @@ for r in 1 2; do
 done
 echo "w0: $(grep -m1 'before it connected' "$T/w0.log" | sed 's/.*ERROR //')"
 echo "w1: $(grep -m1 'did not connect' "$T/w1.log" | sed 's/.*ERROR //')"
+
+# A trainer slower to start than a round: the rounds it misses are
+# cancelled, but it is not killed for it; it connects and trains the
+# round after, started once.
+port=$(free_port)
+OUT=$T/slow
+coord_yaml "$port" "$OUT" "  rounds: 4
+  min_workers: 2
+  min_updates: 1
+  local_steps: 3
+  batch_size: 16
+  deadline: 3s
+  wait_for_workers: 30s" >"$T/c2.yaml"
+start_coordinator "$T/c2.yaml"
+mkdir -p "$T/slowstate"
+worker_yaml "$port" 0 2 "  command: [/bin/sh, -c, 'sleep 7; exec $PY $ROOT/tests/tools/fault_trainer.py good $T/slowstate']" >"$T/w3.yaml"
+start_worker "$T/w3.yaml" w3
+W3=$WPID
+worker_yaml "$port" 1 2 >"$T/w4.yaml"
+start_worker "$T/w4.yaml" w4
+wait_exit "$CPID" 60 || fail "coordinator exited with status $?"
+wait_exit "$W3" 20 || fail "w3 exited with status $?"
+grep -q 'round 1 cancelled by the coordinator' "$T/w3.log" ||
+	fail "w3: no round was cancelled while its trainer started"
+[ "$(wc -l <"$T/slowstate/started")" = 1 ] ||
+	fail "w3's trainer started $(wc -l <"$T/slowstate/started") times, want 1"
+"$PY" - "$OUT/metrics.jsonl" <<'PYEOF' || fail "w3 never trained"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+late = [r["round"] for r in rows if r["participants"] == 2]
+assert late and late[-1] == rows[-1]["round"], [r["participants"] for r in rows]
+print("slow trainer: in rounds", late, "of", len(rows), "(started once)")
+PYEOF
 echo PASS

@@ -28,7 +28,6 @@ MODE:
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time

@@ -17,9 +17,10 @@
  * task). A trainer that crashes, hangs, answers with the wrong layout, the
  * wrong size, bad numbers or NaN fails that round's local training, is
  * stopped (SIGTERM, then SIGKILL) and replaced by a fresh one with fresh
- * memory, so that the worker goes on to the next round. A cancelled round
- * kills the trainer at once (the worker must not wait for it) and the next
- * round starts a new one.
+ * memory, so that the worker goes on to the next round. A round cancelled
+ * while the trainer works on it kills the trainer at once (the worker must
+ * not wait for it) and the next round starts a new one; one cancelled
+ * while the trainer is still starting lets it go on starting.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -690,6 +691,10 @@ proc_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 		return FB_EINVAL; /* set_params failed or was not called */
 	}
 	if (s->cfd < 0 && (rc = await_trainer(s, cancel)) != FB_OK) {
+		/* Cancelled while it starts: let it go on starting (torchrun
+		 * and CUDA can take longer than a round); the next round waits
+		 * for it, within the same train.start_timeout. */
+		keep = rc == FB_ECLOSED;
 		goto out;
 	}
 	if (!s->welcomed && (rc = send_welcome(s)) != FB_OK) {
