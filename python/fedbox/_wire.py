@@ -128,7 +128,7 @@ def parse_welcome(body):
     shard = None
     if r.take("<B"):
         count, dim, classes, ydt = r.take("<IIIB")
-        if ydt not in (U8, I32):
+        if ydt not in (U8, I32, F32):
             raise ProtocolError("shard labels of dtype %d" % ydt)
         shard = {"count": count, "dim": dim, "classes": classes,
                  "y_dtype": DTYPE_NAMES[ydt]}

@@ -133,8 +133,9 @@ class Shard:
         x: numpy float32 array ``[count, dim]``, preprocessed by the
             worker (Fashion-MNIST: ``(pixel / 255 - 0.2860) / 0.3530``,
             784 features per image, row-major 28 x 28). Read-only.
-        y: numpy array ``[count]`` of class labels (uint8 or int32).
-        classes: number of classes.
+        y: numpy array ``[count]``: class labels (uint8 or int32), or
+            float32 targets for regression.
+        classes: number of classes (0 for regression).
     """
 
     def __init__(self, x, y, classes):
@@ -146,13 +147,16 @@ class Shard:
         return int(self.x.shape[0])
 
     def torch(self):
-        """``(x, y)`` as torch tensors sharing the memory (read-only: do
-        not write to them); labels as int64, as cross_entropy wants."""
+        """``(x, y)`` as torch tensors, x sharing the memory (read-only:
+        do not write to it); class labels as int64, as cross_entropy
+        wants (regression targets stay float32)."""
         torch = _torch()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # read-only memory, on purpose
             x = torch.from_numpy(self.x)
-        return x, torch.from_numpy(self.y.astype(np.int64))
+        y = self.y.astype(np.float32 if self.y.dtype.kind == "f" else
+                          np.int64)
+        return x, torch.from_numpy(y)
 
 
 class Task:
@@ -445,7 +449,7 @@ class Client:
                 # The other ranks open rank 0's memory through /proc.
                 fx = os.open("/proc/%d/fd/%d" % (m["pid"], fx), os.O_RDONLY)
                 fy = os.open("/proc/%d/fd/%d" % (m["pid"], fy), os.O_RDONLY)
-            ysize = 1 if m["y_dtype"] == "uint8" else 4
+            ysize = 1 if m["y_dtype"] == "uint8" else 4  # int32, float32
             xs = m["count"] * m["dim"] * 4
             mx = mmap.mmap(fx, xs, mmap.MAP_SHARED, mmap.PROT_READ) if xs \
                 else b""

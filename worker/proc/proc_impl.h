@@ -52,8 +52,8 @@
 
 /*
  * The trainer thread's cancel flag, as worker/trainer.h's ops pass it. When
- * trainer.h moves to `const atomic_int *`, these two lines change with it
- * (typedef const atomic_int, atomic_load).
+ * trainer.h moves to `const atomic_int *`, these lines change with it
+ * (typedef const atomic_int, `c != NULL && atomic_load(c) != 0`).
  */
 typedef const volatile int fb_proc_cancel;
 static inline bool

@@ -676,7 +676,7 @@ take_answer(
 
 static fb_err
 proc_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
-    const volatile int *cancel)
+    fb_proc_cancel *cancel)
 {
 	proc_state *s = state;
 	size_t len = 0;
