@@ -5,6 +5,9 @@
 #   make test       unit + integration tests
 #   make test-hostile  the door's flood test at its acceptance sizes
 #   make demo       4-worker federation on Fashion-MNIST (runs/demo/)
+#   make example-pytorch-cnn   the same with a PyTorch CNN in trainer
+#                   processes (runs/pytorch-cnn/; EXAMPLE_ARGS=... adds
+#                   fedbox-local options, e.g. --device cuda --torchrun 2)
 #   make fuzz       run every fuzz target for a while
 #   make install    PREFIX=/usr/local DESTDIR=... (bin, lib/fedbox, man, doc)
 #   make test-deploy  heavy deploy checks: .deb in a chroot, image, Slurm
@@ -44,7 +47,7 @@ endif
 
 .DEFAULT_GOAL := all
 .PHONY: all test test-hostile demo fuzz bench clean bootstrap install \
-        test-deploy test-chaos example-tabular
+        test-deploy test-chaos example-tabular example-pytorch-cnn
 
 bootstrap:
 ifneq ($(BOOTSTRAP),0)
@@ -67,6 +70,8 @@ $(filter-out %/main.c %/keygen.c,$(wildcard $(1)/*.c $(1)/cpu/*.c))
 endef
 MODULES   = common proto data model crypto aggregation worker coordinator
 $(foreach m,$(MODULES),$(eval SRCS_$(m) := $(call module_srcs,$(m))))
+# The trainer-process backend (worker/proc/) is part of the worker module.
+SRCS_worker += $(wildcard worker/proc/*.c)
 $(foreach m,$(MODULES),$(eval OBJS_$(m) := $(SRCS_$(m):%.c=$(B)/%.o)))
 OBJS_proto += $(B)/proto/fedbox.pb-c.o
 
@@ -82,6 +87,7 @@ DEPS_worker_sm   = $(DEPS_worker)
 DEPS_coordinator = coordinator model data aggregation proto crypto common
 DEPS_rules       = aggregation common
 DEPS_metrics_http = coordinator common
+DEPS_worker_proc = $(DEPS_worker)
 DEPS_secagg = crypto aggregation common
 DEPS_round  = coordinator model data aggregation proto crypto common
 
@@ -179,6 +185,9 @@ $(B)/tests/tools/%: $(B)/tests/tools/%.o $(call libs_of,coordinator)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 $(B)/bench/%: $(B)/bench/%.o $(call libs_of,coordinator)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+# The trainer-process boundary is the worker's.
+$(B)/bench/trainer_boundary: $(B)/bench/trainer_boundary.o $(call libs_of,worker)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # libmicrohttpd serves the coordinator's Prometheus endpoint
 # (coordinator/metrics_http.c, its only user): only programs that link the
@@ -218,6 +227,17 @@ demo: all
 # natively (runs/tabular/); ends with a numpy evaluation of the model.
 example-tabular: all
 	examples/tabular/run --out runs/tabular
+
+# The pytorch-cnn example: the same federation, each worker's training done
+# by a PyTorch trainer process (examples/pytorch-cnn/), then an independent
+# PyTorch evaluation of the exported model.
+EXAMPLE_ARGS ?=
+example-pytorch-cnn: all
+	@rm -rf runs/pytorch-cnn
+	scripts/fedbox-local --example pytorch-cnn --workers 4 --rounds 20 \
+	    --alpha 0.5 --secure on --epochs 1 --batch 64 --lr 0.05 \
+	    --momentum 0.9 --out runs/pytorch-cnn --port $(DEMO_PORT) \
+	    $(EXAMPLE_ARGS)
 
 bench: all
 	bench/round_overhead

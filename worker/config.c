@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "data/data.h"
 #include "proto/proto.h"
+#include "worker/trainer.h"
 #include "worker/worker.h"
 
 #define F(field) offsetof(fb_worker_config, field)
@@ -79,6 +80,23 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "local path of the plug-in model library (plugin models); the only "
         "code this worker loads: a path the coordinator names is never "
         "used"},
+    {"train.command", FB_CFG_STR_LIST, F(command), "[]", NOB, MB,
+        "a trainer process instead of the built-in trainer: the program "
+        "and its arguments, e.g. [torchrun, --nproc-per-node, \"8\", "
+        "train.py] (python/fedbox); empty = built in"},
+    {"train.env", FB_CFG_STR_LIST, F(train_env), "[]", NOB, MB,
+        "NAME=VALUE pairs added to the trainer process's environment"},
+    {"train.workdir", FB_CFG_PATH, F(workdir), "", NOB, MB,
+        "the trainer process's working folder; empty = the worker's"},
+    {"train.start_timeout", FB_CFG_DURATION, F(start_timeout_ms), "2m",
+        100, 8.64e7, MB, "a trainer process that has not connected this "
+        "long after it started fails the round and is started again"},
+    {"train.task_timeout", FB_CFG_DURATION, F(task_timeout_ms), "1h", 100,
+        8.64e8, MB, "a trainer process that has not answered a round's "
+        "task this long is stopped (a hang) and the round's training fails"},
+    {"train.share_shard", FB_CFG_BOOL, F(share_shard), "false", NOB, MB,
+        "SIMULATION: lend the trainer process this worker's shard of "
+        "data.* read-only (fedbox.Client.shard), e.g. for fedbox-local"},
     {"transport.connect_timeout", FB_CFG_DURATION, F(connect_timeout_ms),
         "2m", 100, 8.64e7, MB,
         "give up when no coordinator answers for this long"},
@@ -124,6 +142,73 @@ endpoint_ok(const char *ep)
 	    FB_OK && port > 0 && strncmp(ep, "tcp://*:", 8) != 0;
 }
 
+/* check_proc checks the trainer-process keys against each other. */
+static fb_err
+check_proc(const char *path, const fb_worker_config *cfg)
+{
+	for (size_t i = 0; i < cfg->command.count; i++) {
+		if (cfg->command.v[i][0] == '\0') {
+			fb_log_error("%s: train.command: entry %zu is empty",
+			    path, i);
+			return FB_ECONFIG;
+		}
+	}
+	for (size_t i = 0; i < cfg->train_env.count; i++) {
+		const char *e = cfg->train_env.v[i];
+		if (e[0] == '=' || strchr(e, '=') == NULL) {
+			fb_log_error("%s: train.env: \"%s\" is not NAME=VALUE",
+			    path, e);
+			return FB_ECONFIG;
+		}
+	}
+	if (cfg->command.count > 0) {
+		char *exe = NULL;
+		fb_err rc = fb_trainer_proc_find(cfg->command.v[0],
+		    cfg->workdir, &exe);
+		free(exe);
+		if (rc != FB_OK) {
+			fb_log_error("%s: train.command: cannot run \"%s\"",
+			    path, cfg->command.v[0]);
+			return FB_ECONFIG;
+		}
+	}
+	if (cfg->command.count == 0 &&
+	    (cfg->share_shard || cfg->train_env.count > 0 ||
+	        cfg->workdir[0] != '\0')) {
+		fb_log_error("%s: train.%s is for a trainer process: set "
+		             "train.command too",
+		    path, cfg->share_shard ? "share_shard"
+		    : cfg->train_env.count > 0 ? "env" : "workdir");
+		return FB_ECONFIG;
+	}
+	return FB_OK;
+}
+
+bool
+fb_worker_trainer_proc(const fb_worker_config *cfg,
+    struct fb_trainer_proc_config *pc, const char **argv, const char **env)
+{
+	memset(pc, 0, sizeof(*pc));
+	if (cfg->command.count == 0) {
+		return false;
+	}
+	for (size_t i = 0; i < cfg->command.count; i++) {
+		argv[i] = cfg->command.v[i];
+	}
+	for (size_t i = 0; i < cfg->train_env.count; i++) {
+		env[i] = cfg->train_env.v[i];
+	}
+	pc->argv = argv;
+	pc->argc = (uint32_t)cfg->command.count;
+	pc->env = env;
+	pc->env_count = (uint32_t)cfg->train_env.count;
+	pc->workdir = cfg->workdir;
+	pc->start_timeout_ms = cfg->start_timeout_ms;
+	pc->task_timeout_ms = cfg->task_timeout_ms;
+	pc->share_shard = cfg->share_shard;
+	return true;
+}
+
 fb_err
 fb_worker_config_load(const char *path, fb_worker_config *cfg)
 {
@@ -166,6 +251,8 @@ fb_worker_config_load(const char *path, fb_worker_config *cfg)
 	} else if (cfg->gpus.count > 16) {
 		rc = fb_cfg_error(path, sch, pos, "train.gpus",
 		    "at most 16 devices");
+	} else {
+		rc = check_proc(path, cfg);
 	}
 	if (rc != FB_OK) {
 		fb_worker_config_fini(cfg);

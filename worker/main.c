@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "worker/trainer.h"
 #include "worker/worker.h"
 
 static void

@@ -128,6 +128,11 @@ ensure_trainer(fb_wk *w)
 	}
 	tc.math = w->cfg->math;
 	tc.throttle = w->cfg->throttle;
+	if (!w->has_proc) {
+		w->has_proc = fb_worker_trainer_proc(w->cfg, &w->proc,
+		    w->proc_argv, w->proc_env);
+	}
+	tc.proc = w->has_proc ? &w->proc : NULL;
 	rc = fb_trainer_open(w->model, &w->shard, &tc, w->batch, &w->trainer);
 	if (rc != FB_OK) {
 		fb_log_error("cannot start the trainer: %s", fb_strerror(rc));

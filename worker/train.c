@@ -9,7 +9,9 @@
  * running executable (/proc/self/exe), else in ../lib/fedbox/ from there
  * (where `make install` and the packages put it). With device "auto" any
  * failure to load or open it falls back to the CPU and says why; with
- * device "cuda" it is an error.
+ * device "cuda" it is an error. A trainer-process config (train.command)
+ * takes precedence over both: the user's program trains, on whatever
+ * device it picks.
  */
 #include <dlfcn.h>
 #include <limits.h>
@@ -29,6 +31,28 @@ struct fb_trainer {
 };
 
 typedef const fb_trainer_backend *(*cuda_backend_fn)(void);
+
+/* proc_open opens the trainer-process backend on `t` per `pc`. */
+static fb_err
+proc_open(fb_trainer *t, const fb_model *m, const fb_dataset *shard,
+    const fb_trainer_config *cfg, const fb_trainer_proc_config *pc,
+    uint32_t max_batch)
+{
+	fb_trainer_config c = *cfg;
+	char desc[256];
+	fb_err rc;
+
+	c.proc = pc;
+	rc = fb_trainer_proc_backend.open(m, shard, &c, max_batch, &t->state);
+	if (rc != FB_OK) {
+		t->state = NULL;
+		return rc;
+	}
+	t->be = &fb_trainer_proc_backend;
+	t->be->describe(t->state, desc, sizeof(desc));
+	fb_log_info("backend: %s", desc);
+	return FB_OK;
+}
 
 /*
  * cuda_library_path finds where libfedbox-cuda.so is: $FEDBOX_CUDA_LIB as
@@ -148,6 +172,7 @@ fb_trainer_open(const fb_model *m, const fb_dataset *shard,
 	fb_err rc = FB_OK;
 	fb_trainer *t = NULL;
 	char why[PATH_MAX * 2];
+	const fb_trainer_proc_config *pc = cfg->proc;
 
 	*out = NULL;
 	if (cfg->device != FB_DEVICE_AUTO && cfg->device != FB_DEVICE_CPU &&
@@ -155,6 +180,18 @@ fb_trainer_open(const fb_model *m, const fb_dataset *shard,
 		fb_log_error("trainer: unknown device %d", cfg->device);
 		rc = FB_EINVAL;
 		goto out;
+	}
+	if (pc != NULL && pc->argc > 0) {
+		/* The model need not train here: the trainer's program does. */
+		if ((t = fb_calloc(1, sizeof(*t))) == NULL) {
+			rc = FB_ENOMEM;
+			goto out;
+		}
+		rc = proc_open(t, m, shard, cfg, pc, max_batch);
+		if (rc != FB_OK) {
+			goto out;
+		}
+		goto done;
 	}
 	if (fb_model_get_ops(m)->forward_backward == NULL) {
 		fb_log_error("trainer: model %s cannot train",

@@ -8,6 +8,12 @@
  * (build/libfedbox-cuda.so, loaded at run time so that the same worker
  * binary runs on machines without CUDA). Both compute the same function.
  *
+ * A third backend, "process", hands local training to a program of the
+ * user's (train.command, e.g. a PyTorch script under torchrun): the worker
+ * starts and watches it, and they talk over a private Unix socket while the
+ * parameters travel through shared memory (worker/proc/). Keys, masks and
+ * the update's protection stay in the worker.
+ *
  * Batch order is a pure function of (seed, round, worker index): each epoch
  * is a fresh permutation of the shard; a step takes the next `batch`
  * examples, wrapping into the next epoch. Same seed and config on the CPU
@@ -17,6 +23,7 @@
 #define FB_WORKER_TRAINER_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/err.h"
@@ -41,7 +48,31 @@ typedef struct fb_train_stats {
 	uint64_t samples; /* examples processed */
 	double loss_mean; /* mean training loss over the steps */
 	double seconds;   /* wall time of the steps */
+	/* Trainer processes report these two; native backends leave 0. */
+	uint64_t examples; /* training examples the box holds: the update's
+	                    * FedAvg weight as the trainer counts it */
+	double a_norm;     /* FedNova's ||a||_1 of the trainer's optimizer;
+	                    * 0: not reported (SGD with momentum assumed) */
 } fb_train_stats;
+
+/*
+ * A trainer process: the program train.command names, started by the
+ * worker (worker/proc/). Strings are copied by fb_trainer_open.
+ */
+typedef struct fb_trainer_proc_config {
+	const char *const *argv;  /* command and its arguments; argc >= 1 */
+	uint32_t argc;
+	const char *const *env;   /* NAME=VALUE added to its environment */
+	uint32_t env_count;
+	const char *workdir;      /* its working folder; NULL or "": ours */
+	int64_t start_timeout_ms; /* > 0: start to authenticated connection */
+	int64_t task_timeout_ms;  /* > 0: a task unanswered this long is a
+	                           * hang: the trainer is killed */
+	bool share_shard;         /* lend it the worker's shard, read-only */
+	uint32_t copy_threads;    /* threads of the parameters' copies; 0:
+	                           * auto (half the CPUs, at most 8, one per
+	                           * 32 MiB) */
+} fb_trainer_proc_config;
 
 typedef struct fb_trainer_config {
 	int device;          /* fb_trainer_device */
@@ -49,6 +80,8 @@ typedef struct fb_trainer_config {
 	uint32_t gpu_count;
 	int math;            /* fb_trainer_math: fp32, tf32, bf16 (cuda) */
 	double throttle;     /* >= 1: simulated slowdown factor (1 = none) */
+	/* A trainer process instead of cpu/cuda; NULL: the native backends. */
+	const fb_trainer_proc_config *proc;
 } fb_trainer_config;
 
 typedef enum fb_trainer_device {
@@ -63,9 +96,9 @@ typedef enum fb_trainer_math {
 	FB_MATH_BF16,
 } fb_trainer_math;
 
-/* A backend: the cpu one is built in, the cuda one comes from a .so. */
+/* A backend: cpu and process are built in, cuda comes from a .so. */
 typedef struct fb_trainer_backend {
-	const char *name; /* "cpu", "cuda" */
+	const char *name; /* "cpu", "cuda", "process" */
 	fb_err (*open)(const fb_model *m, const fb_dataset *shard,
 	    const fb_trainer_config *cfg, uint32_t max_batch, void **state);
 	void (*close)(void *state);
@@ -76,7 +109,9 @@ typedef struct fb_trainer_backend {
 	 * becomes non-zero. */
 	fb_err (*train)(void *state, const fb_train_opts *opts,
 	    fb_train_stats *stats, const atomic_int *cancel);
-	/* get_params copies the local parameters to host memory. */
+	/* get_params copies the local parameters to host memory. The process
+	 * backend checks them as it copies: a NaN or infinity is FB_ERANGE,
+	 * a failed local training like an error from train. */
 	fb_err (*get_params)(void *state, float *params);
 	/* describe writes e.g. "cuda: 2 x NVIDIA H200 (fp32)". */
 	void (*describe)(void *state, char *buf, size_t len);
@@ -85,12 +120,14 @@ typedef struct fb_trainer_backend {
 typedef struct fb_trainer fb_trainer;
 
 /*
- * fb_trainer_open picks the backend per cfg->device (auto: cuda when the
- * CUDA backend library loads and reports at least one device, else cpu,
- * logging which and why) and prepares it for `shard`. The trainer borrows
- * `m` and `shard`; both must outlive it. Errors: FB_EINVAL, FB_ENOMEM,
- * FB_ENOTSUP (cuda requested but unavailable; logged with the reason),
- * FB_ECUDA/FB_ENCCL.
+ * fb_trainer_open picks the backend: a trainer process when cfg->proc (or
+ * the process default) names a command, else per cfg->device (auto: cuda
+ * when the CUDA backend library loads and reports at least one device,
+ * else cpu, logging which and why), and prepares it for `shard`. The
+ * trainer borrows `m` and `shard`; both must outlive it. A trainer process
+ * is started here without waiting for it (train waits). Errors: FB_EINVAL,
+ * FB_ENOMEM, FB_ENOTSUP (cuda requested but unavailable; logged with the
+ * reason), FB_ECUDA/FB_ENCCL, FB_EIO (a trainer process cannot start).
  */
 FB_MUST_CHECK fb_err fb_trainer_open(const fb_model *m,
     const fb_dataset *shard, const fb_trainer_config *cfg, uint32_t max_batch,
@@ -105,6 +142,26 @@ void fb_trainer_describe(const fb_trainer *t, char *buf, size_t len);
 
 /* The built-in CPU backend (also used directly by tests). */
 extern const fb_trainer_backend fb_trainer_cpu_backend;
+
+/*
+ * The trainer-process backend (worker/proc/trainer_proc.c). Its open reads
+ * cfg->proc, which must be non-NULL. Its train sends the task and waits for
+ * the trainer's answer, checking *cancel, the trainer's exit and
+ * task_timeout_ms; a crash, a hang, or an answer with the wrong layout,
+ * size or values fails (FB_EIO, FB_ETIMEDOUT, FB_EPROTO, FB_ERANGE; logged
+ * with the detail) and the next set_params starts a fresh trainer.
+ */
+extern const fb_trainer_backend fb_trainer_proc_backend;
+
+/*
+ * fb_trainer_proc_find resolves a trainer's program as execvp would: a name
+ * without a slash through PATH, one with a slash relative to `workdir`
+ * (NULL or "": ours). *out is its path (caller frees with free()). Errors:
+ * FB_EINVAL (not found or not an executable file; logged, naming
+ * train.command), FB_ENOMEM. Reads the file system; thread-safe.
+ */
+FB_MUST_CHECK fb_err fb_trainer_proc_find(const char *argv0,
+    const char *workdir, char **out);
 
 /* Symbol the CUDA backend library exports:
  * const fb_trainer_backend *fb_trainer_cuda_backend_v1(void); */

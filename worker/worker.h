@@ -40,6 +40,13 @@ typedef struct fb_worker_config {
 	int math;                 /* fb_trainer_math */
 	double throttle;
 	char *plugin;             /* local path of a plug-in model */
+	/* training in a trainer process (worker/proc/) */
+	fb_cfg_str_list command;  /* program and arguments; empty: built in */
+	fb_cfg_str_list train_env; /* NAME=VALUE for the trainer */
+	char *workdir;            /* its working folder; "": ours */
+	int64_t start_timeout_ms;
+	int64_t task_timeout_ms;
+	bool share_shard;         /* lend it data.*'s shard (simulations) */
 	/* transport */
 	int64_t connect_timeout_ms;
 	int64_t send_timeout_ms;
@@ -60,6 +67,15 @@ extern const fb_cfg_field fb_worker_config_schema[];
 FB_MUST_CHECK fb_err fb_worker_config_load(const char *path,
     fb_worker_config *cfg);
 void fb_worker_config_fini(fb_worker_config *cfg);
+
+struct fb_trainer_proc_config;
+/*
+ * fb_worker_trainer_proc fills `pc` from cfg's train.command keys and says
+ * whether a trainer process is configured. `pc` borrows cfg's strings and
+ * `argv`/`env` (FB_CFG_MAX_LIST entries each, caller's storage).
+ */
+bool fb_worker_trainer_proc(const fb_worker_config *cfg,
+    struct fb_trainer_proc_config *pc, const char **argv, const char **env);
 
 /*
  * fb_worker_run connects and serves rounds until the coordinator says the

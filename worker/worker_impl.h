@@ -176,6 +176,10 @@ struct fb_wk {
 	bool synthetic_ready; /* data.dataset none: the fixed update is made */
 	/* the trainer (round.c) */
 	fb_trainer *trainer;
+	/* train.command: every trainer this worker opens is that process */
+	fb_trainer_proc_config proc;
+	const char *proc_argv[FB_CFG_MAX_LIST], *proc_env[FB_CFG_MAX_LIST];
+	bool has_proc;
 	uint32_t trainer_batch;
 	char backend[FB_TEXT_MAX];
 	pthread_t thread;

@@ -1,7 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
-"""fedbox -- Python helpers for fedbox models and runs (pure Python).
+"""fedbox -- the Python side of fedbox (pure Python: numpy, and torch).
 
-fedbox.safetensors reads the model files the coordinator exports
-(model.safetensors) into PyTorch tensors or numpy arrays without the
-safetensors package, which Debian 12 does not ship.
+Bring your own PyTorch model to a federation: a fedbox worker whose config
+sets ``train.command`` runs your script as its *trainer*, and the script
+takes each round's local training from this package::
+
+    import fedbox
+
+    client = fedbox.connect()
+    model = Net().to(client.device)
+    for task in client.tasks():
+        task.load_into(model)
+        ...  # train task.steps steps with task.lr, task.momentum, ...
+        task.finish(model.state_dict(), samples=n, steps=s, loss=l)
+
+See fedbox.client (connect, Client, Task) for the whole loop, torchrun and
+the rules for layouts; ``python -m fedbox init`` writes a model's initial
+parameters and layout as a safetensors file.
+
+fedbox.safetensors reads and writes safetensors files (the exported
+model.safetensors, initial models) without the safetensors package, which
+Debian 12 does not ship.
 """
+from .client import (Client, LayoutError, Shard, Task, TrainerError,
+                     connect, layout_of)
+
+__all__ = ["connect", "Client", "Task", "Shard", "LayoutError",
+           "TrainerError", "layout_of"]

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""fedbox.safetensors -- a small reader of the safetensors file format.
+"""fedbox.safetensors -- a small reader and writer of the safetensors format.
 
 Debian 12 packages PyTorch (python3-torch) but not the safetensors library;
 this module reads the files fedbox writes (and any other safetensors file
@@ -23,6 +23,10 @@ fault, the tensor.
 
 BF16 tensors come back as torch.bfloat16 from load_file and widened
 (exactly) to float32 from load_numpy, which has no bfloat16.
+
+save_file(tensors, path, metadata=None) writes such a file from torch
+tensors or numpy arrays (their bytes in the mapping's order), atomically: a
+temporary file in the same folder, fsync, rename.
 """
 import json
 import math
@@ -199,3 +203,82 @@ def metadata(path):
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         return _read_header(path, f, size)[1]
+
+
+# numpy dtype -> safetensors name, for the writer
+_NAMES = {np.dtype(d).newbyteorder("<") if np.dtype(d).itemsize > 1
+          else np.dtype(d): n for n, (d, _) in DTYPES.items() if d is not None}
+
+
+def _as_bytes(name, t):
+    """(dtype name, shape, little-endian bytes) of a tensor or array."""
+    if not isinstance(t, np.ndarray):
+        import torch
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("tensor %r is a %s, not a torch.Tensor or "
+                            "numpy array" % (name, type(t).__name__))
+        t = t.detach().cpu()
+        if t.dtype == torch.bfloat16:  # numpy has none: its high halves
+            bits = t.contiguous().view(torch.int16).numpy()
+            return "BF16", list(t.shape), bits.astype("<i2").tobytes()
+        t = t.contiguous().numpy()
+    le = t.dtype.newbyteorder("<") if t.dtype.itemsize > 1 else t.dtype
+    if le not in _NAMES:
+        raise TypeError("tensor %r: dtype %s has no safetensors name" % (
+            name, t.dtype))
+    return _NAMES[le], list(t.shape), np.ascontiguousarray(t, le).tobytes()
+
+
+def save_file(tensors, path, metadata=None):
+    """Writes `tensors` ({name: torch.Tensor or numpy.ndarray}) to the
+    safetensors file `path`, with `metadata` ({str: str}) as __metadata__.
+    The file is complete or absent: it is written to a temporary file in
+    the same folder, flushed to disk and renamed over `path`. Raises
+    TypeError for a value that is not a tensor or has no safetensors dtype,
+    ValueError for a name that is not a non-empty string or is
+    "__metadata__", and OSError when it cannot be written."""
+    path = os.fspath(path)
+    header = {}
+    if metadata:
+        if not all(isinstance(k, str) and isinstance(v, str)
+                   for k, v in metadata.items()):
+            raise TypeError("metadata must map strings to strings")
+        header["__metadata__"] = dict(metadata)
+    blobs = []
+    at = 0
+    for name in tensors:
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError("bad tensor name %r" % (name,))
+        dtype, shape, data = _as_bytes(name, tensors[name])
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [at, at + len(data)]}
+        blobs.append(data)
+        at += len(data)
+    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)  # data 8-byte aligned, as is usual
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, ".%s.tmp%d" % (os.path.basename(path),
+                                              os.getpid()))
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(head).to_bytes(8, "little"))
+            f.write(head)
+            for b in blobs:
+                f.write(b)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass

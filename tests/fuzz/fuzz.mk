@@ -37,6 +37,12 @@ FUZZ_HDRS_proto = $(wildcard crypto/*.h) $(B)/proto/fedbox.pb-c.h
 FUZZ_SRCS_data = $(wildcard data/*.c) $(FUZZ_SRCS_common)
 FUZZ_LIBS_data = -lz -lm
 FUZZ_HDRS_data = $(wildcard model/*.h)
+# worker/: the trainer-process messages, and model/ for the layouts they
+# are checked against.
+FUZZ_SRCS_worker = worker/proc/wire.c $(wildcard model/*.c model/cpu/*.c) \
+                   $(FUZZ_SRCS_common)
+FUZZ_LIBS_worker = -lm -ldl -lpthread
+FUZZ_HDRS_worker = $(wildcard model/*.h worker/proc/*.h)
 
 FUZZ_NAMES := $(patsubst tests/fuzz/targets/%.c,%,\
                 $(wildcard tests/fuzz/targets/*.c))

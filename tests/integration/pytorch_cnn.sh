@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0
+# The pytorch-cnn example, short, as a user runs it (scripts/fedbox-local
+# --example pytorch-cnn): 4 workers on Dirichlet(0.5) shards of
+# Fashion-MNIST, secure aggregation on, each worker's training done by a
+# PyTorch trainer process (examples/pytorch-cnn/train.py, python/fedbox).
+# Two rounds of a few steps: every worker's update is in every round, the
+# exported model loads strictly into the example's nn.Module and, in an
+# independent PyTorch evaluation on the test set, is well above chance
+# (10%). Then the same with torchrun: 2 workers whose trainers are 2
+# DistributedDataParallel processes each (gloo on the CPU), rank 0 talking
+# to the worker. Skipped where the Python has no torch.
+source tests/integration/lib.sh
+export FEDBOX_BIN=$ROOT/$B
+"$PY" -c 'import torch' 2>/dev/null || skip "$PY has no torch (Debian: python3-torch)"
+
+check_run() { # OUT WORKERS ROUNDS WORLD
+	local out=$1 n=$2 rounds=$3 world=$4
+	"$PY" - "$out" "$n" "$rounds" <<'PYEOF' || fail "run in $out is wrong"
+import json, sys
+out, n, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rows = [json.loads(l) for l in open(out + "/metrics.jsonl")]
+assert len(rows) == rounds, rows
+for r in rows:
+    assert r["status"] == "ok" and r["participants"] == n, r
+    assert r["secure_aggregation"]["included"] == n, r
+    assert all(w["backend"].startswith("process: ") for w in r["workers"]), r
+ev = json.load(open(out + "/evaluation.json"))
+assert ev["count"] == 10000, ev
+assert ev["accuracy"] > 0.2, "accuracy %.4f is not above chance" % ev["accuracy"]
+print("rounds ok, %d of %d workers each; independent evaluation: %.2f%%" % (
+    n, n, 100 * ev["accuracy"]))
+PYEOF
+	for ((i = 0; i < n; i++)); do
+		grep -Eq "trainer: pid [0-9]+ connected \(world size $world\)" \
+			"$out/worker-$i.log" || fail "worker-$i: no trainer of world size $world"
+		grep -q "training failed" "$out/worker-$i.log" &&
+			fail "worker-$i: a training failed"
+	done
+	return 0
+}
+
+start=$(date +%s)
+scripts/fedbox-local --example pytorch-cnn --python "$PY" --workers 4 \
+	--rounds 2 --steps 6 --batch 32 --lr 0.05 --alpha 0.5 --secure on \
+	--deadline 120s --port "$(free_port)" --out "$T/cnn" \
+	>"$T/cnn.txt" 2>&1 || { st=$?; cat "$T/cnn.txt"; fail "fedbox-local exited with $st"; }
+cat "$T/cnn.txt"
+check_run "$T/cnn" 4 2 1
+echo "4 workers: $(( $(date +%s) - start ))s"
+
+start=$(date +%s)
+scripts/fedbox-local --example pytorch-cnn --python "$PY" --workers 2 \
+	--torchrun 2 --rounds 1 --steps 4 --batch 32 --lr 0.05 --secure on \
+	--deadline 120s --port "$(free_port)" --out "$T/ddp" \
+	>"$T/ddp.txt" 2>&1 || { st=$?; cat "$T/ddp.txt"; tail -n 30 "$T"/ddp/worker-*.log; fail "fedbox-local --torchrun exited with $st"; }
+cat "$T/ddp.txt"
+check_run "$T/ddp" 2 1 2
+echo "torchrun: $(( $(date +%s) - start ))s"
+echo PASS
