@@ -280,7 +280,9 @@ read_opt(coord *c, uint32_t round, uint32_t vectors)
 		             "changed?)", vectors, fb_rule_names[c->cfg->rule], n);
 		return FB_EFORMAT;
 	}
-	if (n == 0) {
+	if (n == 0 || round == 0) {
+		/* none, or nothing committed yet: the initial state stands
+		 * (the state file's checksum still checks it) */
 		return FB_OK;
 	}
 	ck_path(c, path, sizeof(path), "opt", round);

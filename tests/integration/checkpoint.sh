@@ -172,4 +172,23 @@ PIDS+=("$rp")
 wait_for "$T/resume.log" "removed [0-9]+ temporary files?" 30
 [ ! -e "$OUT/checkpoint/model-99.safetensors.tmp.12345" ] || fail "temp file kept"
 kill -KILL "$rp"
-echo "ok: $life lives, bitwise model, refusals"
+
+# Killed before its first commit (only the round-0 checkpoint, and a rule
+# with optimiser state): the resume starts from the initial state.
+O0=$T/zero
+coord_yaml "$port" "$O0" "$round_yaml" >"$T/c0.yaml"
+"$B/fedbox-coordinator" --config "$T/c0.yaml" >/dev/null 2>"$T/zero1.log" &
+zp=$!
+PIDS+=("$zp")
+wait_for "$T/zero1.log" "listening on" 30
+[ -f "$O0/checkpoint/state" ] || fail "no round-0 checkpoint"
+kill -KILL "$zp"
+wait "$zp" 2>/dev/null || true
+"$B/fedbox-coordinator" --config "$T/c0.yaml" --resume >/dev/null 2>"$T/zero2.log" &
+zp=$!
+PIDS+=("$zp")
+wait_for "$T/zero2.log" "listening on|cannot resume|ERROR" 30
+grep -q "listening on" "$T/zero2.log" ||
+	fail "resume before the first commit: $(cat "$T/zero2.log")"
+kill -KILL "$zp"
+echo "ok: $life lives, bitwise model, refusals, a resume before any commit"
