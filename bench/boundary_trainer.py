@@ -8,11 +8,18 @@ trains nothing and answers each task with the parameters it was given.
                                  (task.load_into) and answer from its
                                  state_dict (finish copies them back)
 """
+import os
 import sys
 
-import torch
+if len(sys.argv) != 2 or sys.argv[1] not in ("views", "module"):
+    print(__doc__.strip())
+    sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
 
-import fedbox
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "python"))
+import torch  # noqa: E402
+
+import fedbox  # noqa: E402
 
 
 class Holder(torch.nn.Module):

@@ -116,7 +116,11 @@ cuda_open(fb_trainer *t, const fb_model *m, const fb_dataset *shard,
 
 	cuda_library_path(path, sizeof(path), tried, sizeof(tried));
 	dlerror();
-	if ((dl = dlopen(path, RTLD_NOW | RTLD_LOCAL)) == NULL) {
+	/* Never unmapped: CUDA's runtime and libstdc++ under it keep state
+	 * (atexit handlers, the exception pool) that must outlive a probe
+	 * that finds no device, or the process faults or leaks at exit. */
+	if ((dl = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)) ==
+	    NULL) {
 		if (tried[0] != '\0') {
 			snprintf(why, why_len, "no CUDA backend library%s",
 			    tried);

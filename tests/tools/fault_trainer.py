@@ -103,6 +103,12 @@ def spy(state):
 
 
 def main():
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
+    if len(sys.argv) != 3:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
     mode, state = sys.argv[1], sys.argv[2]
     marker = os.path.join(state, "started")
     first = not os.path.exists(marker)
@@ -120,4 +126,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

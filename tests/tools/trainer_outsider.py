@@ -19,6 +19,12 @@ from fedbox import _wire  # noqa: E402
 
 
 def main():
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
+    if len(sys.argv) != 3:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
     path, token = sys.argv[1], bytes.fromhex(sys.argv[2])
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(15)
