@@ -162,7 +162,8 @@ typedef enum sa_phase {
 	SA_ADVERTS, /* collecting key adverts */
 	SA_SHARES,  /* collecting share batches */
 	SA_INPUT,   /* shares relayed: masked inputs may stream in */
-	SA_UNMASK,  /* reveals asked for */
+	SA_CONFIRM, /* the included set sent: its confirmations come in */
+	SA_UNMASK,  /* confirmations relayed: reveals come in */
 	SA_PHASE_COUNT_
 } sa_phase;
 
@@ -172,6 +173,9 @@ extern const char *const sa_phase_names[SA_PHASE_COUNT_];
 #define SA_F_SHARED 2u
 #define SA_F_INCLUDED 4u
 #define SA_F_REVEALED 8u
+#define SA_F_CONFIRMED 16u /* signed the included set (U4) */
+#define SA_F_REFUSED 32u   /* said it will not reveal */
+#define SA_F_DISCARDED 64u /* its confirmation did not verify */
 
 typedef struct sa_round {
 	sa_phase phase;
@@ -184,6 +188,7 @@ typedef struct sa_round {
 	uint8_t *adv;           /* per SecAgg slot, its advert */
 	uint8_t *shares;        /* per SecAgg slot, its sealed shares */
 	uint32_t *share_len;    /* bytes in each batch */
+	uint8_t *confirm;       /* per SecAgg slot, its confirmation of U3 */
 	uint32_t extra[SA_EXTRA]; /* coord.extra_mu: the pool adds here */
 	fb_secagg_encodings enc;
 	const char *poisoned;   /* why the sum is unusable, or NULL */
@@ -470,8 +475,11 @@ void sa_free(sa_round *sa);
 void sa_round_start(const coord *c, const worker *w, fb_msg *m);
 void sa_on_message(coord *c, worker *w, const fb_frame *f);
 void sa_advance(coord *c, int64_t now);
-void sa_request_reveals(coord *c, int64_t now);
+void sa_request_confirms(coord *c, int64_t now);
+bool sa_confirms_pending(const coord *c);
+FB_MUST_CHECK fb_err sa_request_reveals(coord *c, int64_t now);
 bool sa_reveals_pending(const coord *c);
+bool sa_reveals_hopeless(const coord *c);
 uint32_t sa_count(const sa_round *sa, unsigned flag);
 double sa_a_bound(const coord *c);
 void sa_note_included(coord *c, worker *w);

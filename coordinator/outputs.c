@@ -367,8 +367,11 @@ json_round(coord *c, FILE *f)
 	if (c->sa.phase != SA_OFF) {
 		fprintf(f, "\"secure_aggregation\": {\"workers\": %u, "
 		           "\"neighbours\": %u, \"threshold\": %u, "
-		           "\"included\": %u, \"revealed\": %u}, ",
+		           "\"included\": %u, \"confirmed\": %u, "
+		           "\"refused\": %u, \"revealed\": %u}, ",
 		    c->sa.n, c->sa.k, c->sa.t, sa_count(&c->sa, SA_F_INCLUDED),
+		    sa_count(&c->sa, SA_F_CONFIRMED),
+		    sa_count(&c->sa, SA_F_REFUSED),
 		    sa_count(&c->sa, SA_F_REVEALED));
 	}
 	fprintf(f, "\"seconds\": %.3f, \"bytes_up\": %" PRIu64

@@ -25,7 +25,9 @@
 /* 2: RoundStart.first_chunk (updates go up in a rotated chunk order). */
 /* 4: the broadcast's FULL stream seals each chunk on its own
  * (crypto/stream.c), so the model encrypts on every core. */
-#define FB_PROTOCOL_VERSION 4
+/* 5: SecAgg's consistency check (the included set signed and its
+ * confirmations relayed before any reveal). */
+#define FB_PROTOCOL_VERSION 5
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
@@ -72,9 +74,14 @@ typedef enum fb_secagg_phase {
 	FB_SA_PEERS = 2,  /* coordinator: neighbours' adverts (slot, key, ad) */
 	FB_SA_SHARES = 3, /* worker: sealed shares for its neighbours */
 	FB_SA_RELAY = 4,  /* coordinator: the shares addressed to a worker */
-	FB_SA_UNMASK = 5, /* coordinator: the included set, n bytes */
-	FB_SA_REVEAL = 6, /* worker: its shares for unmasking */
-	FB_SA_PHASE_MAX_ = 6
+	FB_SA_INCLUDED = 5, /* coordinator: the included set U3, n bytes */
+	FB_SA_REVEAL = 6,   /* worker: its shares for unmasking */
+	FB_SA_CONFIRM = 7,  /* worker: its signature of U3 (crypto.h) */
+	FB_SA_CONFIRMS = 8, /* coordinator: its neighbours' signatures of
+	                     * U3, FB_SECAGG_CONFIRM_LEN each: reveal now */
+	FB_SA_REFUSE = 9,   /* worker: it will not reveal (it holds fewer than
+	                     * t confirmations of its set); no data */
+	FB_SA_PHASE_MAX_ = 9
 } fb_secagg_phase;
 
 typedef struct fb_wire_model_spec {

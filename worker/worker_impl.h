@@ -75,6 +75,7 @@ typedef enum fb_wk_sa_phase {
 	FB_WK_SA_ADVERTISED, /* our signed key advert sent */
 	FB_WK_SA_SHARED,     /* neighbours' adverts in, our shares sent */
 	FB_WK_SA_MASKING, /* their shares in, masks fixed: the update may go */
+	FB_WK_SA_CONFIRMED, /* the included set signed: reveal on confirms */
 } fb_wk_sa_phase;
 
 typedef struct fb_wk fb_wk;
@@ -202,6 +203,7 @@ struct fb_wk {
 	fb_wk_sa_phase sa_phase;
 	fb_secagg_worker *sa; /* NULL: none this round */
 	uint32_t sa_n;
+	uint32_t sa_t;    /* the round's threshold */
 	double sa_weight; /* samples / max_samples */
 	fb_secagg_encodings enc;
 	uint32_t *encbuf; /* one encoded (then masked) chunk */

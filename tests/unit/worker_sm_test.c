@@ -1256,17 +1256,18 @@ test_sealed_garbage_dropped(void **state)
 
 /* ---- secure aggregation ------------------------------------------------- */
 
-/* A SecAgg round start: slot 0 of 2 (the other is x->peer). */
+/* A SecAgg round start: slot 0 of n on the complete graph, threshold t
+ * (slot 1 is x->peer). */
 static fb_msg
-sa_round_msg(fix *x, uint32_t round)
+sa_round_msg_n(fix *x, uint32_t round, uint32_t n, uint32_t t)
 {
 	fb_msg rs = round_msg(round, 0);
 
 	rs.u.round_start.secagg = true;
 	rs.u.round_start.sa_slot = 0;
-	rs.u.round_start.sa_n = 2;
-	rs.u.round_start.sa_degree = 1;
-	rs.u.round_start.sa_threshold = 2;
+	rs.u.round_start.sa_n = n;
+	rs.u.round_start.sa_degree = n - 1;
+	rs.u.round_start.sa_threshold = t;
 	rs.u.round_start.sa_graph_seed.len = 32;
 	memset(rs.u.round_start.sa_graph_seed.b, 0x77, 32);
 	rs.u.round_start.sa_ring_bits = 32;
@@ -1276,15 +1277,22 @@ sa_round_msg(fix *x, uint32_t round)
 	memset(&x->sap, 0, sizeof(x->sap));
 	x->sap.run = x->run;
 	x->sap.round = round;
-	x->sap.n = 2;
-	x->sap.degree = 1;
-	x->sap.threshold = 2;
+	x->sap.n = n;
+	x->sap.degree = n - 1;
+	x->sap.threshold = t;
 	memset(x->sap.graph_seed, 0x77, 32);
 	fb_secagg_worker_free(x->peer);
 	x->peer = NULL;
 	assert_int_equal(fb_secagg_worker_alloc(&x->sap, 1, &x->peer), FB_OK);
 	model_stream(x, &rs);
 	return rs;
+}
+
+/* Slot 0 of 2 (the other is x->peer). */
+static fb_msg
+sa_round_msg(fix *x, uint32_t round)
+{
+	return sa_round_msg_n(x, round, 2, 2);
 }
 
 static fb_msg
@@ -1361,8 +1369,10 @@ static void
 test_secagg_round(void **state)
 {
 	fix *x = fix_new(true);
-	fb_msg rs, um = sa_msg(5, FB_SA_UNMASK, 2);
+	fb_msg rs, um = sa_msg(5, FB_SA_INCLUDED, 2);
+	fb_msg cm = sa_msg(5, FB_SA_CONFIRMS, 1);
 	uint8_t included[2] = {1, 1};
+	uint8_t pconf[FB_SECAGG_CONFIRM_LEN];
 	size_t at;
 	sent *b;
 
@@ -1396,12 +1406,198 @@ test_secagg_round(void **state)
 	assert_int_equal(
 	    x->log[at + 1 + NCHUNK].msg.u.update_chunk.chunk, NCHUNK);
 	assert_int_equal(last(x)->msg.type, FB_MSG_UPDATE_END);
-	/* the unmasking request: our reveal goes back */
+	/* the included set: our signature of it goes back, and it checks
+	 * out at the peer */
 	at = x->nlog;
 	assert_int_equal(deliver_sealed(x, &um, included, 2), FB_OK);
 	assert_int_equal(x->nlog - at, 1);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_CONFIRM);
+	assert_int_equal(last(x)->len, FB_SECAGG_CONFIRM_LEN);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_CONFIRMED);
+	assert_int_equal(fb_secagg_worker_mask_begin(x->peer), FB_OK);
+	assert_int_equal(
+	    fb_secagg_worker_confirm(x->peer, x->pid, included, 2, pconf),
+	    FB_OK);
+	assert_int_equal(fb_secagg_worker_add_confirm(
+	                     x->peer, last(x)->payload, last(x)->len),
+	    FB_OK);
+	/* the peer's confirmation: our reveal goes back */
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &cm, pconf, sizeof(pconf)), FB_OK);
+	assert_int_equal(x->nlog - at, 1);
 	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_REVEAL);
 	assert_true(last(x)->len > FB_SECAGG_REVEAL_HEADER_LEN);
+	fix_free(x);
+}
+
+/*
+ * A secure round with three slots up to the upload: the worker (slot 0)
+ * and x->peer (slot 1) exchange adverts and shares; slot 2 never shares.
+ * With `twin`, the PEERS message also carries an advert for slot 2
+ * signed by the peer's identity key. Returns false if the worker left
+ * the round before its shares went.
+ */
+static bool
+sa_three_to_upload(fix *x, uint32_t round, uint32_t t, bool twin)
+{
+	uint8_t entry[2][FB_SECAGG_PEER_ENTRY_LEN];
+	fb_msg rs = sa_round_msg_n(x, round, 3, t), pm;
+	fb_secagg_worker *twin_w = NULL;
+	sent *adv;
+
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_ADVERTISED);
+	adv = find_sa(x, round, FB_SA_ADVERT);
+	assert_non_null(adv);
+	assert_int_equal(fb_secagg_worker_add_advert(
+	                     x->peer, &x->wpk, adv->payload, adv->len),
+	    FB_OK);
+	memset(entry, 0, sizeof(entry));
+	entry[0][0] = 1;
+	memcpy(entry[0] + 4, x->ppk.b, FB_PUBKEY_LEN);
+	assert_int_equal(fb_secagg_worker_advertise(
+	                     x->peer, x->pid, entry[0] + 4 + FB_PUBKEY_LEN),
+	    FB_OK);
+	if (twin) {
+		/* slot 2's advert, signed by the peer's identity too: one
+		 * key standing in for two neighbours */
+		entry[1][0] = 2;
+		memcpy(entry[1] + 4, x->ppk.b, FB_PUBKEY_LEN);
+		assert_int_equal(
+		    fb_secagg_worker_alloc(&x->sap, 2, &twin_w), FB_OK);
+		assert_int_equal(fb_secagg_worker_advertise(twin_w, x->pid,
+		                     entry[1] + 4 + FB_PUBKEY_LEN),
+		    FB_OK);
+		fb_secagg_worker_free(twin_w);
+	}
+	pm = sa_msg(round, FB_SA_PEERS, twin ? 2 : 1);
+	assert_int_equal(deliver_sealed(x, &pm, entry,
+	                     (twin ? 2 : 1) * FB_SECAGG_PEER_ENTRY_LEN),
+	    FB_OK);
+	if (x->w.sa == NULL) {
+		return false;
+	}
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_SHARED);
+	serve_model(x);
+	train_done(x, FB_OK);
+	sa_exchange_shares(x, round);
+	assert_int_equal(fb_secagg_worker_mask_begin(x->peer), FB_OK);
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(last(x)->msg.type, FB_MSG_UPDATE_END);
+	return true;
+}
+
+/*
+ * The coordinator tells the worker that slots 0 and 1 are in, and the
+ * peer that all three are (so that slot 2's shares could be asked as if
+ * it were in and, of others, as if it were out): the peer's signature is
+ * over another set and does not count, so the worker holds one
+ * confirmation of its set (its own) of the two needed, and refuses to
+ * reveal -- it says so, and sends no shares. It also never signs a
+ * second set.
+ */
+static void
+test_secagg_conflicting_sets_refused(void **state)
+{
+	fix *x = fix_new(true);
+	const uint8_t mine[3] = {1, 1, 0}, theirs[3] = {1, 1, 1};
+	fb_msg um = sa_msg(11, FB_SA_INCLUDED, 3);
+	fb_msg cm = sa_msg(11, FB_SA_CONFIRMS, 1);
+	uint8_t pconf[FB_SECAGG_CONFIRM_LEN];
+	size_t at;
+
+	secure_join(x);
+	assert_true(sa_three_to_upload(x, 11, 2, false));
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &um, mine, 3), FB_OK);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_CONFIRM);
+	assert_int_equal(
+	    fb_secagg_worker_confirm(x->peer, x->pid, theirs, 3, pconf), FB_OK);
+	/* at the peer, ours does not count either */
+	assert_int_equal(fb_secagg_worker_add_confirm(
+	                     x->peer, last(x)->payload, last(x)->len),
+	    FB_EAUTH);
+	assert_int_equal(deliver_sealed(x, &cm, pconf, sizeof(pconf)), FB_OK);
+	assert_null(find_sa(x, 11, FB_SA_REVEAL));
+	assert_non_null(find_sa(x, 11, FB_SA_REFUSE));
+	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), 2);
+	assert_null(x->w.sa); /* its secrets are gone with the round */
+	fix_free(x);
+
+	/* asked to sign a second set: it refuses, says so, and leaves */
+	x = fix_new(true);
+	secure_join(x);
+	assert_true(sa_three_to_upload(x, 12, 2, false));
+	um = sa_msg(12, FB_SA_INCLUDED, 3);
+	assert_int_equal(deliver_sealed(x, &um, mine, 3), FB_OK);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_CONFIRM);
+	assert_int_equal(deliver_sealed(x, &um, theirs, 3), FB_OK);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_REFUSE);
+	assert_null(x->w.sa);
+	assert_null(find_sa(x, 12, FB_SA_REVEAL));
+	fix_free(x);
+}
+
+/*
+ * The coordinator relays two adverts signed by one identity key (the
+ * peer's) for slots 1 and 2: the worker takes the first and refuses the
+ * second. With threshold 2 it goes on with one neighbour; with 3 it has
+ * too few and leaves the round before sending any share.
+ */
+static void
+test_secagg_one_identity_one_slot(void **state)
+{
+	fix *x = fix_new(true);
+
+	secure_join(x);
+	assert_true(sa_three_to_upload(x, 13, 2, true));
+	assert_int_equal(find_sa(x, 13, FB_SA_SHARES)->msg.u.secagg.count, 1);
+	fix_free(x);
+
+	x = fix_new(true);
+	secure_join(x);
+	assert_false(sa_three_to_upload(x, 14, 3, true));
+	assert_null(find_sa(x, 14, FB_SA_SHARES));
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
+/*
+ * The threshold floor: on 5 workers (4 neighbours each) a majority of a
+ * neighbourhood is 3, so a round asking 2 is skipped before anything is
+ * made or sent; security.secagg_min_threshold lowers or raises the floor.
+ */
+static void
+test_secagg_threshold_floor(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs;
+	size_t at;
+
+	secure_join(x);
+	rs = sa_round_msg_n(x, 15, 5, 2);
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->nlog, at); /* no advert, no model request */
+	assert_null(x->w.sa);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	/* a majority is taken */
+	rs = sa_round_msg_n(x, 16, 5, 3);
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_non_null(find_sa(x, 16, FB_SA_ADVERT));
+	/* an explicit floor of 2 takes 2; one of 4 refuses 3 */
+	x->cfg.secagg_min_threshold = 2;
+	rs = sa_round_msg_n(x, 17, 5, 2);
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_non_null(find_sa(x, 17, FB_SA_ADVERT));
+	x->cfg.secagg_min_threshold = 4;
+	rs = sa_round_msg_n(x, 18, 5, 3);
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_null(find_sa(x, 18, FB_SA_ADVERT));
+	assert_null(x->w.sa);
 	fix_free(x);
 }
 
@@ -1409,7 +1605,7 @@ static void
 test_secagg_outbox_keeps_order(void **state)
 {
 	fix *x = fix_new(true);
-	fb_msg rs, um = sa_msg(6, FB_SA_UNMASK, 2);
+	fb_msg rs, um = sa_msg(6, FB_SA_INCLUDED, 2);
 	uint8_t included[2] = {1, 1};
 	size_t at, first_fetch;
 
@@ -1457,8 +1653,9 @@ test_secagg_outbox_keeps_order(void **state)
 	fb_wk_on_writable(&x->w, x->now);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	assert_non_null(find(x, FB_MSG_UPDATE_END, at));
-	/* 17 unmasking requests while the link takes nothing: 16 reveals
-	 * wait in the outbox, the last is dropped, none is reordered */
+	/* 17 included sets (the same) while the link takes nothing: 16
+	 * confirmations wait in the outbox, the last is dropped, none is
+	 * reordered */
 	x->room = 0;
 	for (int i = 0; i < FB_WK_OUTBOX_MAX + 1; i++) {
 		assert_int_equal(deliver_sealed(x, &um, included, 2), FB_OK);
@@ -1469,7 +1666,7 @@ test_secagg_outbox_keeps_order(void **state)
 	fb_wk_on_writable(&x->w, x->now);
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX - 1);
 	/* round 7 starts meanwhile: its advert queues behind round 6's
-	 * reveals, which are still sealed for round 6 when they go */
+	 * confirmations, which are still sealed for round 6 when they go */
 	rs = sa_round_msg(x, 7);
 	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
@@ -1478,7 +1675,7 @@ test_secagg_outbox_keeps_order(void **state)
 	assert_int_equal(x->w.out_count, 0);
 	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), FB_WK_OUTBOX_MAX + 1);
 	for (size_t i = at; i < at + FB_WK_OUTBOX_MAX; i++) {
-		assert_int_equal(x->log[i].msg.u.secagg.phase, FB_SA_REVEAL);
+		assert_int_equal(x->log[i].msg.u.secagg.phase, FB_SA_CONFIRM);
 		assert_int_equal(x->log[i].seal_round, 6);
 	}
 	assert_int_equal(
@@ -1604,6 +1801,12 @@ FB_TESTS = {
         test_secagg_outbox_keeps_order},
     {"a cancel while waiting for masks, or bad adverts, end the round",
         test_secagg_cancel_and_malformed},
+    {"conflicting included sets are caught: the worker refuses to reveal",
+        test_secagg_conflicting_sets_refused},
+    {"adverts where one identity signs two neighbour slots are refused",
+        test_secagg_one_identity_one_slot},
+    {"a threshold below the worker's floor is refused",
+        test_secagg_threshold_floor},
     {"a plug-in model is loaded only from train.plugin",
         test_plugin_only_from_own_config},
     {NULL, NULL},
