@@ -15,6 +15,7 @@
  *   jobs.c       the job thread: encryption, unmasking and the commit,
  *                off the loop, on every core
  *   outputs.c    metrics.jsonl, model.safetensors, the round line
+ *   wirelog.c    debug.wire_log: what the workers sent, for tests
  *   coordinator.c  init, fini, fb_coordinator_run
  *
  * Threads: the loop thread owns everything here, except what a job reads
@@ -31,6 +32,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "aggregation/aggregation.h"
 #include "common/pool.h"
@@ -407,6 +409,7 @@ struct coord {
 	job job;
 	int wake_fd;             /* epoll set: ingest results, job done */
 	/* progress.c */
+	FILE *wirelog;           /* debug.wire_log, or NULL */
 	struct fb_metrics *prom; /* the Prometheus endpoint, or NULL */
 	int64_t prom_ms;
 	bool tty;                /* stdout is a terminal: a status line */
@@ -512,6 +515,13 @@ FB_MUST_CHECK fb_err checkpoint_read(coord *c, uint32_t *first);
 bool checkpoint_exists(const coord *c, uint32_t *round);
 fb_err checkpoint_export(coord *c);
 void checkpoint_clear(const coord *c);
+
+/* ---- wirelog.c ---- */
+FB_MUST_CHECK fb_err wirelog_open(coord *c);
+void wirelog_close(coord *c);
+/* wirelog_frame writes f's message (sender: the worker id, -1 unknown)
+ * when debug.wire_log is set. */
+void wirelog_frame(coord *c, const fb_frame *f, int64_t sender);
 
 /* ---- progress.c ---- */
 FB_MUST_CHECK fb_err progress_start(coord *c);

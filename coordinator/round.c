@@ -105,7 +105,10 @@ cancel_stragglers(coord *c, bool deadline, bool keep_uploads)
 /* ---- selection and schedule ----------------------------------------------- */
 
 /* The local steps worker w is asked for (0: it derives them from
- * local_epochs itself, keeping its sample count private). */
+ * local_epochs itself, keeping its sample count private). Under secure
+ * aggregation no speed is known here (workers report none): a time
+ * budget goes to the workers as such (send_round_starts), and this is
+ * the fixed work a worker does until it has measured its speed. */
 static uint64_t
 schedule_steps(const coord *c, const worker *w)
 {
@@ -283,6 +286,15 @@ send_round_starts(coord *c, int64_t now)
 		m.u.round_start.first_chunk = w->first_chunk;
 		if (c->sa.phase != SA_OFF) {
 			sa_round_start(c, w, &m);
+		}
+		if (c->sa.phase != SA_OFF &&
+		    cfg->local_work == FB_WORK_TIME_BUDGET) {
+			/* the private form: the worker fits its own steps to
+			 * the budget, and its speed stays its own */
+			m.u.round_start.time_budget_ms =
+			    (uint32_t)cfg->time_budget_ms;
+			m.u.round_start.min_steps = (uint64_t)cfg->min_steps;
+			m.u.round_start.max_steps = (uint64_t)cfg->max_steps;
 		}
 		if (c->secure) {
 			broadcast_round_start(c, &m);

@@ -26,7 +26,8 @@
 /* 4: the broadcast's FULL stream seals each chunk on its own
  * (crypto/stream.c), so the model encrypts on every core. */
 /* 5: SecAgg's consistency check (the included set signed and its
- * confirmations relayed before any reveal). */
+ * confirmations relayed before any reveal), and RoundStart's private
+ * time budget. */
 #define FB_PROTOCOL_VERSION 5
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
@@ -143,6 +144,9 @@ typedef struct fb_msg {
 			bool fednova;
 			float local_epochs;
 			uint32_t first_chunk;
+			uint32_t time_budget_ms; /* secure: > 0, the worker
+			                          * schedules its own steps */
+			uint64_t min_steps, max_steps; /* with time_budget_ms */
 			bool secagg; /* the fields below are set */
 			uint32_t sa_slot;
 			uint32_t sa_n;

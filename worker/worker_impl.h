@@ -177,9 +177,14 @@ struct fb_wk {
 	atomic_int cancel;    /* set by the loop, read by the trainer */
 	fb_err train_rc;      /* written by the trainer thread */
 	fb_train_stats stats; /* written by the trainer thread */
+	/* this worker's own measured speed: it schedules its steps in a
+	 * secure time budget, and is never sent (secure aggregation) */
+	double speed; /* smoothed local steps per second; has_speed */
+	bool has_speed;
 	/* the current round */
 	uint32_t round;
 	uint64_t steps;
+	bool own_budget; /* steps fitted to a secure time budget here */
 	uint32_t batch;
 	float lr, momentum, weight_decay, prox_mu;
 	bool fednova;

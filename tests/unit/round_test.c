@@ -161,6 +161,7 @@ typedef struct fake_worker {
 	/* a malicious worker: added to each ring element of its input */
 	uint32_t evil_add;     /* model coordinates */
 	uint32_t evil_w;       /* the weight coordinate */
+	bool leak_speed;       /* sends steps_per_second under SecAgg */
 } fake_worker;
 
 typedef struct bench {
@@ -622,7 +623,11 @@ upload(uint32_t i, const float *x, uint32_t stop_after)
 	b.u.update_begin.round = fw->round;
 	b.u.update_begin.param_count = PARAMS;
 	b.u.update_begin.chunk_count = chunks;
-	b.u.update_begin.steps_per_second = 10;
+	if (!t.sa || fw->leak_speed) {
+		/* (a secure worker keeps its speed; one that does not is
+		 * not listened to) */
+		b.u.update_begin.steps_per_second = 10;
+	}
 	if (!t.sa) {
 		b.u.update_begin.num_samples = fw->samples;
 		b.u.update_begin.steps = 5;
@@ -1625,6 +1630,67 @@ test_secure_other_set_not_counted(void **state)
 	bench_stop();
 }
 
+/* Secure time budget: RoundStart carries the budget and the step
+ * bounds, with the fixed work for a worker without a speed; the
+ * coordinator keeps no speed, even one a worker sends, and the metrics
+ * line shows neither a speed nor steps. */
+static void
+test_secure_time_budget_private(void **state)
+{
+	char line[16384];
+	const fb_msg *rs;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .extra = "  local_work: time_budget\n  time_budget: 2s\n"
+	             "  min_steps: 3\n  max_steps: 50\n"});
+	t.fw[0].leak_speed = true;
+	admit_all();
+	for (uint32_t r = 1; r <= 2; r++) {
+		for (uint32_t i = 0; i < 3; i++) {
+			rs = take_round_start(i);
+			assert_non_null(rs);
+			assert_int_equal(rs->u.round_start.round, r);
+			assert_int_equal(rs->u.round_start.time_budget_ms,
+			    2000);
+			assert_int_equal(rs->u.round_start.min_steps, 3);
+			assert_int_equal(rs->u.round_start.max_steps, 50);
+			assert_int_equal(rs->u.round_start.local_steps, 5);
+		}
+		sa_setup(7);
+		for (uint32_t i = 0; i < 3; i++) {
+			upload(i, t.fw[i].update, UINT32_MAX);
+		}
+		sa_fake_unmask(7);
+		assert_int_equal(t.c->rd.committed, r);
+		assert_false(t.c->reg.workers[0].has_speed);
+		assert_true(t.c->reg.workers[0].round_speed == 0);
+		last_metrics(line, sizeof(line));
+		assert_null(strstr(line, "steps_per_s"));
+		assert_null(strstr(line, "assigned_steps"));
+		assert_null(strstr(line, "train_seconds"));
+		for (uint32_t i = 0; i < 3; i++) {
+			t.fw[i].rs = NULL;
+		}
+	}
+	bench_stop();
+	/* plain rounds keep the coordinator's schedule and show it */
+	bench_start(&(setup){.workers = 2,
+	    .extra = "  local_work: time_budget\n  time_budget: 2s\n"
+	             "  min_steps: 3\n  max_steps: 50\n"});
+	admit_all();
+	for (uint32_t i = 0; i < 2; i++) {
+		rs = take_round_start(i);
+		assert_int_equal(rs->u.round_start.time_budget_ms, 0);
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_true(t.c->reg.workers[0].has_speed);
+	rs = take_round_start(0);
+	assert_int_equal(rs->u.round_start.local_steps, 20); /* 10/s x 2 s */
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"steps_per_s\": 10.000"));
+	bench_stop();
+}
+
 FB_TESTS = {
     {"a plain round goes idle, train, aggregate, record with FedAvg weights",
         test_plain_round_phases_and_fedavg},
@@ -1676,6 +1742,8 @@ FB_TESTS = {
         test_secure_refusal_aborts_at_once},
     {"secure: a confirmation of another set is refused and not counted",
         test_secure_other_set_not_counted},
+    {"secure: a time budget goes to the workers, and no speed is kept",
+        test_secure_time_budget_private},
     {NULL, NULL},
 };
 

@@ -1403,6 +1403,8 @@ test_secagg_round(void **state)
 	assert_int_equal(b->msg.u.update_begin.num_samples, 0);
 	assert_int_equal(b->msg.u.update_begin.steps, 0);
 	assert_true(b->msg.u.update_begin.train_loss == 0.0);
+	assert_true(b->msg.u.update_begin.steps_per_second == 0.0);
+	assert_true(b->msg.u.update_begin.train_seconds == 0.0);
 	assert_int_equal(
 	    x->log[at + 1 + NCHUNK].msg.u.update_chunk.chunk, NCHUNK);
 	assert_int_equal(last(x)->msg.type, FB_MSG_UPDATE_END);
@@ -1598,6 +1600,71 @@ test_secagg_threshold_floor(void **state)
 	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
 	assert_null(find_sa(x, 18, FB_SA_ADVERT));
 	assert_null(x->w.sa);
+	fix_free(x);
+}
+
+/*
+ * A secure time budget: the first round does the fixed work (no speed
+ * yet); from then on the worker fits its steps to the budget at its own
+ * measured speed (the fake trainer: 5 steps in 0.25 s), clamped to
+ * min/max_steps. Nothing of it leaves: no speed, steps, time, sample
+ * count or loss in its hello or updates.
+ */
+static void
+test_secagg_private_time_budget(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs;
+	sent *b;
+
+	secure_join(x);
+	assert_int_equal(find(x, FB_MSG_HELLO, 0)->msg.u.hello.num_samples, 0);
+	for (uint32_t r = 21; r <= 23; r++) {
+		fb_msg pm;
+		uint8_t entry[FB_SECAGG_PEER_ENTRY_LEN];
+		sent *adv;
+		rs = sa_round_msg(x, r);
+		rs.u.round_start.time_budget_ms = r == 23 ? 60000 : 1000;
+		rs.u.round_start.min_steps = 2;
+		rs.u.round_start.max_steps = 100;
+		x->served = x->nlog;
+		assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+		/* 21: fixed work; 22: 20 steps/s x 1 s; 23: 1200, clamped */
+		assert_int_equal(x->w.steps, r == 21 ? 5 : r == 22 ? 20 : 100);
+		adv = find_sa(x, r, FB_SA_ADVERT);
+		assert_int_equal(fb_secagg_worker_add_advert(x->peer, &x->wpk,
+		                     adv->payload, adv->len),
+		    FB_OK);
+		memset(entry, 0, sizeof(entry));
+		entry[0] = 1;
+		memcpy(entry + 4, x->ppk.b, FB_PUBKEY_LEN);
+		assert_int_equal(fb_secagg_worker_advertise(x->peer, x->pid,
+		                     entry + 4 + FB_PUBKEY_LEN),
+		    FB_OK);
+		pm = sa_msg(r, FB_SA_PEERS, 1);
+		assert_int_equal(deliver_sealed(x, &pm, entry, sizeof(entry)),
+		    FB_OK);
+		serve_model(x);
+		train_done(x, FB_OK);
+		sa_exchange_shares(x, r);
+		fb_wk_on_writable(&x->w, x->now);
+		b = find(x, FB_MSG_UPDATE_BEGIN, x->served);
+		assert_non_null(b);
+		assert_true(b->msg.u.update_begin.steps_per_second == 0.0);
+		assert_int_equal(b->msg.u.update_begin.steps, 0);
+		assert_int_equal(b->msg.u.update_begin.num_samples, 0);
+		assert_true(b->msg.u.update_begin.train_seconds == 0.0);
+		assert_true(b->msg.u.update_begin.train_loss == 0.0);
+		assert_true(b->msg.u.update_begin.a_norm == 0.0);
+	}
+	/* a budget with min above max, or without secure aggregation, is
+	 * malformed: no round */
+	rs = sa_round_msg(x, 24);
+	rs.u.round_start.time_budget_ms = 1000;
+	rs.u.round_start.min_steps = 9;
+	rs.u.round_start.max_steps = 3;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_null(find_sa(x, 24, FB_SA_ADVERT));
 	fix_free(x);
 }
 
@@ -1807,6 +1874,8 @@ FB_TESTS = {
         test_secagg_one_identity_one_slot},
     {"a threshold below the worker's floor is refused",
         test_secagg_threshold_floor},
+    {"a secure time budget is fitted to the worker's own speed, never sent",
+        test_secagg_private_time_budget},
     {"a plug-in model is loaded only from train.plugin",
         test_plugin_only_from_own_config},
     {NULL, NULL},
