@@ -226,7 +226,8 @@ typedef struct guard {
 	rl_entry rl[RL_SLOTS];
 } guard;
 
-#define HELLO_CACHE 4096 /* remembered handshake nonces (replays) */
+#define HELLO_CACHE 4096 /* remembered hello cookies (replays) */
+#define HS_COOKIE_MS 30000 /* a handshake cookie's life */
 #define LANE_SEEN 256    /* remembered lane choices (retried hellos) */
 
 typedef struct registry {
@@ -240,8 +241,11 @@ typedef struct registry {
 	fb_pubkey *allow;        /* allowlist keys; slot i = entry i */
 	char (*allow_names)[FB_NAME_MAX];
 	uint32_t allow_count;
-	uint8_t (*hello_nonces)[32];
+	uint8_t (*hello_nonces)[32]; /* the cookies of hellos taken */
 	uint32_t hello_next;
+	/* random per process: a hello recorded before a restart carries a
+	 * cookie under another key, and is refused */
+	uint8_t cookie_key[FB_HS_COOKIE_KEY_LEN];
 	/* lanes: the choice made for recent connections on the listen port */
 	uint32_t lanes;
 	uint32_t lane_next;

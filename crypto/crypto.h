@@ -24,10 +24,16 @@
  *
  * Wire layouts (offset:length):
  *
+ *   cookie  (FB_HS_COOKIE_LEN = 32), the coordinator's answer to an empty
+ *           handshake: 0:8 issue time (LE64, ms on the coordinator's
+ *           clock)  8:8 random  16:16 BLAKE2b-128 keyed with the
+ *           coordinator's per-process cookie key over
+ *           "fedbox/cookie/v1" || bytes 0..16
  *   hello   (FB_HS_HELLO_LEN = 164)
  *     0:1 version  1:1 kind=1  2:2 proto version
  *     4:32 worker Ed25519 pk  36:32 worker ephemeral X25519 pk
- *     68:32 worker random nonce
+ *     68:32 the coordinator's cookie (its freshness: a hello recorded
+ *           before the coordinator restarted is refused)
  *     100:64 Ed25519 sig by worker over "fedbox/hello/v1" || bytes 0..100
  *   reply   (FB_HS_REPLY_LEN = 152)
  *     0:1 version  1:1 kind=2  2:2 proto version  4:4 worker id assigned
@@ -102,6 +108,8 @@
 
 #define FB_HS_HELLO_LEN 164
 #define FB_HS_REPLY_LEN 152
+#define FB_HS_COOKIE_LEN 32
+#define FB_HS_COOKIE_KEY_LEN 32
 
 #define FB_MSG_HEADER_LEN 40
 #define FB_MSG_MAC_LEN 16
@@ -295,28 +303,57 @@ typedef struct fb_hs_accept_cfg {
 	uint16_t proto_version;   /* hellos with another version: VERSION */
 	fb_peer_lookup_cb lookup; /* the allowlist */
 	void *lookup_arg;
+	const uint8_t *cookie_key; /* FB_HS_COOKIE_KEY_LEN bytes, random per
+	                            * coordinator process: its cookies */
+	int64_t now_ms;            /* the clock cookies were issued on */
+	int64_t cookie_ms;         /* how long a cookie is good for, > 0 */
 } fb_hs_accept_cfg;
 
 /*
+ * fb_hs_cookie_make (coordinator) writes a fresh cookie (layout above)
+ * under `key`, issued at now_ms, for a worker to put in its hello. Cheap:
+ * one BLAKE2b, no state. Thread-safe.
+ */
+void fb_hs_cookie_make(const uint8_t key[FB_HS_COOKIE_KEY_LEN],
+    int64_t now_ms, uint8_t cookie[FB_HS_COOKIE_LEN]);
+
+/*
+ * fb_hs_cookie_check says whether `cookie` was made under `key` and issued
+ * no more than max_ms before now_ms (and not after it). Errors: FB_EAUTH
+ * (not made under this key: another coordinator process, or forged),
+ * FB_ESTALE (too old, or from the future).
+ */
+FB_MUST_CHECK fb_err fb_hs_cookie_check(const uint8_t key[FB_HS_COOKIE_KEY_LEN],
+    const uint8_t cookie[FB_HS_COOKIE_LEN], int64_t now_ms, int64_t max_ms);
+
+/*
  * fb_handshake_start (worker) makes an ephemeral X25519 key pair and writes
- * the signed hello into `hello`. `coordinator` is the pinned key the reply
- * must come from. On FB_OK the caller owns *out (fb_handshake_free), which
- * keeps the ephemeral secret until freed. Errors: FB_ENOMEM, FB_EIO.
+ * the signed hello into `hello`, carrying the coordinator's `cookie` (from
+ * its answer to an empty handshake). `coordinator` is the pinned key the
+ * reply must come from. On FB_OK the caller owns *out (fb_handshake_free),
+ * which keeps the ephemeral secret until freed. Errors: FB_ENOMEM, FB_EIO.
  */
 FB_MUST_CHECK fb_err fb_handshake_start(const fb_identity *self,
     const fb_pubkey *coordinator, uint16_t proto_version,
-    uint8_t hello[FB_HS_HELLO_LEN], fb_handshake **out);
+    const uint8_t cookie[FB_HS_COOKIE_LEN], uint8_t hello[FB_HS_HELLO_LEN],
+    fb_handshake **out);
 
 /*
  * fb_handshake_accept (coordinator) verifies a hello: size and version,
- * protocol version, worker key on the allowlist, worker signature. Then it
- * makes its own ephemeral key, writes the signed reply into `reply` and
- * returns the worker's session in *out (caller owns: fb_session_free).
- * Stateless: a replayed hello yields a fresh session nobody can use.
+ * protocol version, worker key on the allowlist, worker signature, then
+ * its cookie (made under cfg->cookie_key, at most cfg->cookie_ms old:
+ * a hello recorded before this coordinator process started, or long
+ * ago, is refused). Then it makes its own ephemeral key, writes the
+ * signed reply into `reply` and returns the worker's session in *out
+ * (caller owns: fb_session_free). Otherwise stateless: a hello replayed
+ * within its cookie's life yields a fresh session nobody can use (the
+ * caller remembers the cookies it saw to refuse that too).
  * Does not block; thread-safe for distinct outputs.
  * Errors (with *why): FB_EPROTO (MALFORMED), FB_ENOTSUP (VERSION),
- * FB_EAUTH (UNKNOWN_KEY, BAD_SIGNATURE); FB_ENOMEM, FB_EINVAL (lookup gave
- * FB_SENDER_COORDINATOR). *out = NULL and `reply` zeroed on error.
+ * FB_EAUTH (UNKNOWN_KEY, BAD_SIGNATURE), FB_ESTALE (REPLAY: the cookie is
+ * not this process's or has expired); FB_ENOMEM, FB_EINVAL (no cookie key,
+ * or lookup gave FB_SENDER_COORDINATOR). *out = NULL and `reply` zeroed
+ * on error.
  */
 FB_MUST_CHECK fb_err fb_handshake_accept(const fb_hs_accept_cfg *cfg,
     const uint8_t *hello, size_t hello_len, uint8_t reply[FB_HS_REPLY_LEN],

@@ -26,8 +26,9 @@
 /* 4: the broadcast's FULL stream seals each chunk on its own
  * (crypto/stream.c), so the model encrypts on every core. */
 /* 5: SecAgg's consistency check (the included set signed and its
- * confirmations relayed before any reveal), and RoundStart's private
- * time budget. */
+ * confirmations relayed before any reveal), RoundStart's private time
+ * budget, and the handshake's coordinator cookie (an empty Handshake asks
+ * for it; the signed hello carries it). */
 #define FB_PROTOCOL_VERSION 5
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */

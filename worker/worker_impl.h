@@ -200,6 +200,7 @@ struct fb_wk {
 	fb_identity *self;
 	fb_pubkey coord_pk;
 	fb_handshake *hs; /* a handshake waiting for its reply */
+	bool cookie_wait; /* a cookie request is out (secure, joining) */
 	fb_session *sess;
 	fb_stream_pull *mpull; /* this round's model stream */
 	fb_blob model_trailer;

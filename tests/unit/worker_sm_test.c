@@ -65,6 +65,7 @@ typedef struct fix {
 	size_t mchunk_len[NCHUNK];
 	fb_secagg_worker *peer;
 	fb_secagg_params sap;
+	uint8_t ckey[FB_HS_COOKIE_KEY_LEN]; /* the coordinator's cookies */
 } fix;
 
 /* ---- the fakes ---------------------------------------------------------- */
@@ -187,6 +188,7 @@ fix_new(bool secure)
 		fb_identity_pubkey(wid, &x->wpk);
 		fb_identity_pubkey(x->pid, &x->ppk);
 		assert_int_equal(fb_run_id_random(&x->run), FB_OK);
+		memset(x->ckey, 0x3c, sizeof(x->ckey));
 		x->w.self = wid; /* the worker owns it from here */
 		x->w.coord_pk = x->cpk;
 		x->w.secure = true;
@@ -475,26 +477,60 @@ plain_join(fix *x)
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 }
 
-/* Secure: handshake in clear, then a sealed hello and welcome. */
-static void
-secure_join(fix *x)
+/* The worker's last message is a cookie request (an empty handshake in
+ * clear): the coordinator's cookie goes back, and the signed hello that
+ * answers it is returned. */
+static sent *
+cookie_to_hello(fix *x)
 {
-	fb_allowlist al = {&x->wpk, 1};
+	fb_msg c = {.type = FB_MSG_HANDSHAKE};
+	sent *h = last(x);
+
+	assert_int_equal(h->msg.type, FB_MSG_HANDSHAKE);
+	assert_false(h->sealed);
+	assert_int_equal(h->msg.u.handshake.data.len, 0);
+	fb_hs_cookie_make(x->ckey, x->now, c.u.handshake.data.b);
+	c.u.handshake.data.len = FB_HS_COOKIE_LEN;
+	assert_int_equal(deliver(x, &c, NULL, 0), FB_OK);
+	h = last(x);
+	assert_int_equal(h->msg.type, FB_MSG_HANDSHAKE);
+	assert_false(h->sealed);
+	assert_int_equal(h->msg.u.handshake.data.len, FB_HS_HELLO_LEN);
+	/* it carries the cookie, signed */
+	assert_memory_equal(h->msg.u.handshake.data.b + 68,
+	    c.u.handshake.data.b, FB_HS_COOKIE_LEN);
+	return h;
+}
+
+/* The coordinator's side of a handshake with this fixture. */
+static fb_hs_accept_cfg
+accept_cfg(fix *x, fb_allowlist *al)
+{
 	fb_hs_accept_cfg hc = {
 	    .self = x->cid,
 	    .run = x->run,
 	    .proto_version = FB_PROTOCOL_VERSION,
 	    .lookup = fb_allowlist_lookup_cb,
-	    .lookup_arg = &al,
+	    .lookup_arg = al,
+	    .cookie_key = x->ckey,
+	    .now_ms = x->now,
+	    .cookie_ms = 30000,
 	};
+	return hc;
+}
+
+/* Secure: handshake in clear, then a sealed hello and welcome. */
+static void
+secure_join(fix *x)
+{
+	fb_allowlist al = {&x->wpk, 1};
+	fb_hs_accept_cfg hc = accept_cfg(x, &al);
 	fb_msg r = {.type = FB_MSG_HANDSHAKE}, m = welcome_msg();
 	fb_reject why = FB_REJECT_NONE;
 	sent *h;
 
 	fb_wk_start(&x->w, x->now);
-	h = last(x);
-	assert_int_equal(h->msg.type, FB_MSG_HANDSHAKE);
-	assert_false(h->sealed);
+	h = cookie_to_hello(x);
 	fb_session_free(x->cs);
 	x->cs = NULL;
 	assert_int_equal(fb_handshake_accept(&hc, h->msg.u.handshake.data.b,
@@ -1118,16 +1154,13 @@ test_refusal_before_authentication(void **state)
 	x = fix_new(true);
 	{
 		fb_allowlist al = {&x->wpk, 1};
-		fb_hs_accept_cfg hc = {.self = x->cid,
-		    .run = x->run,
-		    .proto_version = FB_PROTOCOL_VERSION,
-		    .lookup = fb_allowlist_lookup_cb,
-		    .lookup_arg = &al};
+		fb_hs_accept_cfg hc = accept_cfg(x, &al);
 		fb_msg rep = {.type = FB_MSG_HANDSHAKE};
 		fb_reject why;
 		fb_wk_start(&x->w, x->now);
 		assert_int_equal(
-		    fb_handshake_accept(&hc, last(x)->msg.u.handshake.data.b,
+		    fb_handshake_accept(&hc,
+		        cookie_to_hello(x)->msg.u.handshake.data.b,
 		        FB_HS_HELLO_LEN, rep.u.handshake.data.b, &x->cs, &why),
 		    FB_OK);
 		rep.u.handshake.data.len = FB_HS_REPLY_LEN;
@@ -1197,15 +1230,11 @@ test_rehandshake_takes_only_its_reply(void **state)
 	assert_int_equal(x->w.phase, FB_WK_JOINING);
 	/* the reply to this handshake is taken, then the sealed welcome */
 	al = (fb_allowlist){&x->wpk, 1};
-	hc = (fb_hs_accept_cfg){.self = x->cid,
-	    .run = x->run,
-	    .proto_version = FB_PROTOCOL_VERSION,
-	    .lookup = fb_allowlist_lookup_cb,
-	    .lookup_arg = &al};
+	hc = accept_cfg(x, &al);
 	fb_session_free(x->cs);
 	x->cs = NULL;
 	assert_int_equal(
-	    fb_handshake_accept(&hc, last(x)->msg.u.handshake.data.b,
+	    fb_handshake_accept(&hc, cookie_to_hello(x)->msg.u.handshake.data.b,
 	        FB_HS_HELLO_LEN, rep.u.handshake.data.b, &x->cs, &why),
 	    FB_OK);
 	rep.u.handshake.data.len = FB_HS_REPLY_LEN;
@@ -1222,6 +1251,58 @@ test_rehandshake_takes_only_its_reply(void **state)
 	m.u.welcome.run_id = 43;
 	assert_int_equal(deliver_sealed(x, &m, NULL, 0), FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
+/*
+ * The handshake's cookie: a secure worker first asks for one (an empty
+ * handshake), signs it into its hello, and takes only a cookie it asked
+ * for; a retry asks again, and a hello whose cookie another coordinator
+ * process made (one recorded before a restart) is refused by the
+ * coordinator's side, which answers nothing.
+ */
+static void
+test_handshake_cookie(void **state)
+{
+	fix *x = fix_new(true);
+	fb_allowlist al = {&x->wpk, 1};
+	fb_hs_accept_cfg hc;
+	fb_msg c = {.type = FB_MSG_HANDSHAKE};
+	uint8_t reply[FB_HS_REPLY_LEN], old[FB_HS_HELLO_LEN];
+	fb_session *s = NULL;
+	fb_reject why;
+	size_t at;
+
+	fb_wk_start(&x->w, x->now);
+	assert_true(x->w.cookie_wait);
+	memcpy(old, cookie_to_hello(x)->msg.u.handshake.data.b, sizeof(old));
+	assert_false(x->w.cookie_wait);
+	/* a second cookie, unasked: no second hello */
+	at = x->nlog;
+	fb_hs_cookie_make(x->ckey, x->now, c.u.handshake.data.b);
+	c.u.handshake.data.len = FB_HS_COOKIE_LEN;
+	assert_int_equal(deliver(x, &c, NULL, 0), FB_OK);
+	assert_int_equal(x->nlog, at);
+	/* no answer for 5 s: the worker asks for a new cookie */
+	x->now += FB_WK_HANDSHAKE_RETRY_MS;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	assert_int_equal(last(x)->msg.u.handshake.data.len, 0);
+	assert_true(x->w.cookie_wait);
+	/* the coordinator restarted meanwhile (a new cookie key): the hello
+	 * recorded before is refused, silently */
+	x->ckey[0] ^= 1;
+	hc = accept_cfg(x, &al);
+	assert_int_equal(
+	    fb_handshake_accept(&hc, old, sizeof(old), reply, &s, &why),
+	    FB_ESTALE);
+	assert_int_equal(why, FB_REJECT_REPLAY);
+	assert_null(s);
+	/* and the worker's new hello, with the new process's cookie, joins */
+	assert_int_equal(
+	    fb_handshake_accept(&hc, cookie_to_hello(x)->msg.u.handshake.data.b,
+	        FB_HS_HELLO_LEN, reply, &s, &why),
+	    FB_OK);
+	fb_session_free(s);
 	fix_free(x);
 }
 
@@ -1860,6 +1941,8 @@ FB_TESTS = {
         test_refusal_in_clear_after_admission},
     {"a new handshake takes only its own reply in clear",
         test_rehandshake_takes_only_its_reply},
+    {"the hello carries the coordinator's cookie, asked for each time",
+        test_handshake_cookie},
     {"a sealed frame that does not open is dropped",
         test_sealed_garbage_dropped},
     {"a secure-aggregation round: advert, shares, masked update, reveal",
