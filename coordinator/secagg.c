@@ -27,6 +27,19 @@
 #include "common/util.h"
 #include "coordinator/coordinator_impl.h"
 
+#ifdef FB_TEST_LIAR
+/*
+ * Test build only (tests/fedbox-coordinator-liar, never installed): a
+ * coordinator that lies in the consistency check, to test the workers
+ * against it on live processes. In its first secure round it tells the
+ * first included worker that the last included one dropped (so that
+ * worker would reveal the other's mask key while the rest reveal its
+ * self-mask seed), and takes and relays that worker's confirmation of the
+ * false set as if it verified.
+ */
+static uint32_t liar_slot = UINT32_MAX;
+#endif
+
 const char *const sa_phase_names[SA_PHASE_COUNT_] = {"off", "key adverts",
     "share distribution", "masked inputs", "confirmation", "unmasking"};
 
@@ -321,6 +334,14 @@ on_confirm(coord *c, worker *w, const fb_frame *f)
 	}
 	rc = fb_secagg_server_add_confirm(sa->srv, slot, f->payload,
 	    f->payload_len);
+#ifdef FB_TEST_LIAR
+	if (rc == FB_EAUTH && slot == liar_slot &&
+	    f->payload_len == FB_SECAGG_CONFIRM_LEN) {
+		fb_log_warn("test liar: round %u: relaying %s's confirmation "
+		            "of the false set", c->rd.number, w->name);
+		rc = FB_OK;
+	}
+#endif
 	if (rc != FB_OK) {
 		/* a signature over another set than the one sent: not what
 		 * an honest worker answers (or the set was changed on the
@@ -603,6 +624,24 @@ sa_request_confirms(coord *c, int64_t now)
 	fb_secagg_server_included(sa->srv, inc);
 	for (uint32_t s = 0; s < sa->n; s++) {
 		if ((sa->flags[s] & SA_F_INCLUDED) && sa_worker(c, s)->used) {
+#ifdef FB_TEST_LIAR
+			uint32_t last = UINT32_MAX;
+			for (uint32_t j = s + 1; j < sa->n; j++) {
+				last = inc[j] ? j : last;
+			}
+			if (liar_slot == UINT32_MAX && last != UINT32_MAX) {
+				liar_slot = s;
+				inc[last] = 0;
+				fb_log_warn("test liar: round %u: %s is told that "
+				            "%s dropped", c->rd.number,
+				    sa_worker(c, s)->name,
+				    sa_worker(c, last)->name);
+				(void)sa_send(c, sa_worker(c, s),
+				    FB_SA_INCLUDED, sa->n, inc, sa->n);
+				inc[last] = 1;
+				continue;
+			}
+#endif
 			(void)sa_send(c, sa_worker(c, s), FB_SA_INCLUDED, sa->n,
 			    inc, sa->n);
 		}
