@@ -179,6 +179,18 @@ $(B)/tests/%_test: $(B)/tests/unit/%_test.o $(B)/tests/unit/harness.o
 $(foreach t,$(UNIT_SRCS:tests/unit/%_test.c=%),\
   $(eval $(B)/tests/$(t)_test: $(call libs_of,$(t))))
 
+# A coordinator that lies in the secure-aggregation consistency check
+# (coordinator/secagg.c under FB_TEST_LIAR), for tests/integration/
+# secagg_liar.sh only; never installed.
+LIAR = $(B)/tests/fedbox-coordinator-liar
+$(B)/tests/liar/secagg.o: coordinator/secagg.c | $(B)/proto/fedbox.pb-c.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CPPFLAGS) $(CFLAGS) -DFB_TEST_LIAR -MMD -MP -c $< -o $@
+$(LIAR): $(B)/coordinator/main.o $(B)/tests/liar/secagg.o \
+    $(filter-out $(B)/coordinator/secagg.o,$(OBJS_coordinator)) \
+    $(filter-out %/libfb_coordinator.a,$(call libs_of,coordinator))
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LDLIBS)
+
 TOOL_SRCS = $(wildcard tests/tools/*.c bench/*.c)
 TOOL_BINS = $(patsubst %.c,$(B)/%,$(TOOL_SRCS))
 $(B)/tests/tools/%: $(B)/tests/tools/%.o $(call libs_of,coordinator)
@@ -193,13 +205,13 @@ $(B)/bench/trainer_boundary: $(B)/bench/trainer_boundary.o $(call libs_of,worker
 # (coordinator/metrics_http.c, its only user): only programs that link the
 # coordinator's archive get it, never the worker.
 $(B)/fedbox-coordinator $(B)/tests/metrics_http_test $(B)/tests/round_test \
-    $(B)/tests/coordinator_test $(TOOL_BINS): LDLIBS += -lmicrohttpd
+    $(B)/tests/coordinator_test $(TOOL_BINS) $(LIAR): LDLIBS += -lmicrohttpd
 
 all: bootstrap
 	@$(MAKE) --no-print-directory build-all
 
 .PHONY: build-all programs
-build-all: $(BINS) $(UNIT_BINS) $(TOOL_BINS) $(PLUGINS)
+build-all: $(BINS) $(UNIT_BINS) $(TOOL_BINS) $(PLUGINS) $(LIAR)
 # Only what make install ships (the Debian package builds this).
 programs: $(BINS)
 

@@ -7,7 +7,8 @@
  * coordinator's unmasking time (reconstruction + corrections streamed over
  * the sum) with 0%, 10% and 30% of the workers dropped after the share
  * step. All n workers are simulated in-process (keys, signed adverts,
- * sealed shares, reveals); only the timed parts are reported. Prints a
+ * sealed shares, confirmations, reveals); only the timed parts are
+ * reported. Prints a
  * markdown table.
  *
  *   build/bench/secagg [--quick] [--no-500 | --only-500 | --throughput]
@@ -155,6 +156,7 @@ time_server(sim *s, uint32_t drop, uint32_t *sum, uint64_t count,
 	fb_secagg_server *srv;
 	uint8_t *inc = calloc(s->n, 1), *out;
 	uint8_t *dropped = calloc(s->n, 1);
+	uint8_t (*conf)[FB_SECAGG_CONFIRM_LEN] = calloc(s->n, sizeof(*conf));
 	size_t cap = FB_SECAGG_REVEAL_HEADER_LEN +
 	             (size_t)s->n * FB_SECAGG_REVEAL_ENTRY_LEN;
 	double t0;
@@ -182,13 +184,31 @@ time_server(sim *s, uint32_t drop, uint32_t *sum, uint64_t count,
 		}
 	}
 	fb_secagg_server_included(srv, inc);
+	/* the consistency check: each signs the set, and takes its
+	 * neighbours' signatures (not timed) */
+	for (uint32_t i = 0; i < s->n; i++) {
+		if (!dropped[i]) {
+			CHECK(fb_secagg_worker_confirm(
+			    s->w[i], s->ids[i], inc, s->n, conf[i]));
+			CHECK(fb_secagg_server_add_confirm(
+			    srv, i, conf[i], FB_SECAGG_CONFIRM_LEN));
+		}
+	}
+	for (uint32_t i = 0; i < s->n; i++) {
+		const fb_secagg_graph *g = fb_secagg_worker_graph(s->w[i]);
+		for (uint32_t j = 0; !dropped[i] && j < s->n; j++) {
+			if (!dropped[j] && fb_secagg_graph_adjacent(g, i, j)) {
+				CHECK(fb_secagg_worker_add_confirm(
+				    s->w[i], conf[j], FB_SECAGG_CONFIRM_LEN));
+			}
+		}
+	}
 	for (uint32_t i = 0; i < s->n; i++) {
 		size_t len;
 		if (dropped[i]) {
 			continue;
 		}
-		CHECK(fb_secagg_worker_reveal(s->w[i], inc, s->n, out, cap,
-		    &len));
+		CHECK(fb_secagg_worker_reveal(s->w[i], out, cap, &len));
 		CHECK(fb_secagg_server_add_reveal(srv, i, out, len));
 	}
 	t0 = fb_now_s();
@@ -205,6 +225,7 @@ time_server(sim *s, uint32_t drop, uint32_t *sum, uint64_t count,
 	free(inc);
 	free(out);
 	free(dropped);
+	free(conf);
 }
 
 static void

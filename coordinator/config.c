@@ -206,6 +206,9 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "HOST:PORT where a Prometheus endpoint serves GET /metrics (plain "
         "HTTP, no authentication: bind to localhost or a monitoring "
         "network); empty = off"},
+    {"debug.wire_log", FB_CFG_PATH, F(wire_log), "", NOB, MB,
+        "TESTS ONLY: file to which every message decoded from a worker is "
+        "appended as a JSON line (fields, not secrets); empty = off"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 

@@ -276,6 +276,7 @@ coord_fini(coord *c)
 {
 	jobs_stop(c);              /* first: a job may use everything below */
 	progress_stop(c);
+	wirelog_close(c);
 	fb_ingest_free(c->ingest); /* its threads use the accumulator */
 	fb_pool_free(c->pool);
 	if (c->wake_fd >= 0) {
@@ -530,6 +531,7 @@ fb_coordinator_run(const fb_coord_config *cfg, fb_coord_start how,
 	    (rc = outputs_prepare(c, how, &first)) != FB_OK ||
 	    (rc = listen_link(c)) != FB_OK ||
 	    (rc = progress_start(c)) != FB_OK ||
+	    (rc = wirelog_open(c)) != FB_OK ||
 	    (rc = outputs_begin(c, how)) != FB_OK) {
 		goto out;
 	}

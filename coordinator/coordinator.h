@@ -106,6 +106,7 @@ typedef struct fb_coord_config {
 	int64_t sa_unmask_ms;
 	/* monitoring */
 	char *metrics_listen;      /* HOST:PORT of GET /metrics; "" = off */
+	char *wire_log;            /* tests: JSON lines of what workers send */
 } fb_coord_config;
 
 /* fb_coord_config_schema describes every key (see configs/README.md). */

@@ -15,6 +15,7 @@
  *   jobs.c       the job thread: encryption, unmasking and the commit,
  *                off the loop, on every core
  *   outputs.c    metrics.jsonl, model.safetensors, the round line
+ *   wirelog.c    debug.wire_log: what the workers sent, for tests
  *   coordinator.c  init, fini, fb_coordinator_run
  *
  * Threads: the loop thread owns everything here, except what a job reads
@@ -31,6 +32,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "aggregation/aggregation.h"
 #include "common/pool.h"
@@ -163,7 +165,8 @@ typedef enum sa_phase {
 	SA_ADVERTS, /* collecting key adverts */
 	SA_SHARES,  /* collecting share batches */
 	SA_INPUT,   /* shares relayed: masked inputs may stream in */
-	SA_UNMASK,  /* reveals asked for */
+	SA_CONFIRM, /* the included set sent: its confirmations come in */
+	SA_UNMASK,  /* confirmations relayed: reveals come in */
 	SA_PHASE_COUNT_
 } sa_phase;
 
@@ -173,6 +176,9 @@ extern const char *const sa_phase_names[SA_PHASE_COUNT_];
 #define SA_F_SHARED 2u
 #define SA_F_INCLUDED 4u
 #define SA_F_REVEALED 8u
+#define SA_F_CONFIRMED 16u /* signed the included set (U4) */
+#define SA_F_REFUSED 32u   /* said it will not reveal */
+#define SA_F_DISCARDED 64u /* its confirmation did not verify */
 
 typedef struct sa_round {
 	sa_phase phase;
@@ -185,6 +191,7 @@ typedef struct sa_round {
 	uint8_t *adv;           /* per SecAgg slot, its advert */
 	uint8_t *shares;        /* per SecAgg slot, its sealed shares */
 	uint32_t *share_len;    /* bytes in each batch */
+	uint8_t *confirm;       /* per SecAgg slot, its confirmation of U3 */
 	uint32_t extra[SA_EXTRA]; /* coord.extra_mu: the pool adds here */
 	fb_secagg_encodings enc;
 	const char *poisoned;   /* why the sum is unusable, or NULL */
@@ -220,7 +227,8 @@ typedef struct guard {
 	rl_entry rl[RL_SLOTS];
 } guard;
 
-#define HELLO_CACHE 4096 /* remembered handshake nonces (replays) */
+#define HELLO_CACHE 4096 /* remembered hello cookies (replays) */
+#define HS_COOKIE_MS 30000 /* a handshake cookie's life */
 #define LANE_SEEN 256    /* remembered lane choices (retried hellos) */
 
 typedef struct registry {
@@ -234,8 +242,11 @@ typedef struct registry {
 	fb_pubkey *allow;        /* allowlist keys; slot i = entry i */
 	char (*allow_names)[FB_NAME_MAX];
 	uint32_t allow_count;
-	uint8_t (*hello_nonces)[32];
+	uint8_t (*hello_nonces)[32]; /* the cookies of hellos taken */
 	uint32_t hello_next;
+	/* random per process: a hello recorded before a restart carries a
+	 * cookie under another key, and is refused */
+	uint8_t cookie_key[FB_HS_COOKIE_KEY_LEN];
 	/* lanes: the choice made for recent connections on the listen port */
 	uint32_t lanes;
 	uint32_t lane_next;
@@ -403,6 +414,7 @@ struct coord {
 	job job;
 	int wake_fd;             /* epoll set: ingest results, job done */
 	/* progress.c */
+	FILE *wirelog;           /* debug.wire_log, or NULL */
 	struct fb_metrics *prom; /* the Prometheus endpoint, or NULL */
 	int64_t prom_ms;
 	bool tty;                /* stdout is a terminal: a status line */
@@ -474,8 +486,11 @@ void sa_free(sa_round *sa);
 void sa_round_start(const coord *c, const worker *w, fb_msg *m);
 void sa_on_message(coord *c, worker *w, const fb_frame *f);
 void sa_advance(coord *c, int64_t now);
-void sa_request_reveals(coord *c, int64_t now);
+void sa_request_confirms(coord *c, int64_t now);
+bool sa_confirms_pending(const coord *c);
+FB_MUST_CHECK fb_err sa_request_reveals(coord *c, int64_t now);
 bool sa_reveals_pending(const coord *c);
+bool sa_reveals_hopeless(const coord *c);
 uint32_t sa_count(const sa_round *sa, unsigned flag);
 double sa_a_bound(const coord *c);
 void sa_note_included(coord *c, worker *w);
@@ -508,6 +523,13 @@ FB_MUST_CHECK fb_err checkpoint_read(coord *c, uint32_t *first);
 bool checkpoint_exists(const coord *c, uint32_t *round);
 fb_err checkpoint_export(coord *c);
 void checkpoint_clear(const coord *c);
+
+/* ---- wirelog.c ---- */
+FB_MUST_CHECK fb_err wirelog_open(coord *c);
+void wirelog_close(coord *c);
+/* wirelog_frame writes f's message (sender: the worker id, -1 unknown)
+ * when debug.wire_log is set. */
+void wirelog_frame(coord *c, const fb_frame *f, int64_t sender);
 
 /* ---- progress.c ---- */
 FB_MUST_CHECK fb_err progress_start(coord *c);

@@ -136,6 +136,7 @@ on_sealed(coord *c, fb_frame *f)
 		return;
 	}
 	coord_trust(c, &f->peer);
+	wirelog_frame(c, f, (int64_t)id);
 	if (!fb_peer_equal(&w->peer, &f->peer)) {
 		/* Authentic and fresh from another connection: reconnected. */
 		fb_log_info("worker %u reconnected", id);
@@ -177,6 +178,10 @@ coord_handle_frame(coord *c, fb_frame *f)
 {
 	worker *w;
 
+	if (!f->sealed) {
+		w = registry_find_peer(c, &f->peer);
+		wirelog_frame(c, f, w != NULL ? (int64_t)w->id : -1);
+	}
 	if (c->secure) {
 		handle_secure(c, f);
 		return;

@@ -319,15 +319,17 @@ json_worker(coord *c, FILE *f, const worker *w)
 	fprintf(f, ", \"status\": \"%s\"", worker_state_names[w->state]);
 	if (!secure) {
 		fprintf(f, ", \"assigned_steps\": %" PRIu64 ", \"steps\": %" PRIu64
-		           ", \"train_seconds\": %.3f",
-		    w->assigned_steps, w->steps, w->train_seconds);
-	} else if (w->assigned_steps > 0) {
-		/* Secure aggregation: what a worker did stays its own; its
-		 * speed is known (it schedules time budgets). */
+		           ", \"train_seconds\": %.3f, \"steps_per_s\": %.3f",
+		    w->assigned_steps, w->steps, w->train_seconds,
+		    w->round_speed);
+	} else if (w->assigned_steps > 0 &&
+	    c->cfg->local_work != FB_WORK_TIME_BUDGET) {
+		/* Secure aggregation: what a worker did and how fast stays its
+		 * own; only fixed work the config gives everyone is shown (a
+		 * time budget's steps are the worker's choice). */
 		fprintf(f, ", \"assigned_steps\": %" PRIu64, w->assigned_steps);
 	}
-	fprintf(f, ", \"steps_per_s\": %.3f, \"made_deadline\": %s",
-	    w->round_speed,
+	fprintf(f, ", \"made_deadline\": %s",
 	    w->state == W_DONE && w->done_ms <= c->rd.deadline_ms ? "true"
 	                                                        : "false");
 	if (fb_rule_is_fednova(c->cfg->rule) && !secure) {
@@ -367,8 +369,11 @@ json_round(coord *c, FILE *f)
 	if (c->sa.phase != SA_OFF) {
 		fprintf(f, "\"secure_aggregation\": {\"workers\": %u, "
 		           "\"neighbours\": %u, \"threshold\": %u, "
-		           "\"included\": %u, \"revealed\": %u}, ",
+		           "\"included\": %u, \"confirmed\": %u, "
+		           "\"refused\": %u, \"revealed\": %u}, ",
 		    c->sa.n, c->sa.k, c->sa.t, sa_count(&c->sa, SA_F_INCLUDED),
+		    sa_count(&c->sa, SA_F_CONFIRMED),
+		    sa_count(&c->sa, SA_F_REFUSED),
 		    sa_count(&c->sa, SA_F_REVEALED));
 	}
 	fprintf(f, "\"seconds\": %.3f, \"bytes_up\": %" PRIu64

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -235,6 +236,11 @@ registry_alloc(coord *c, uint32_t cap)
 	if ((r->workers = calloc(cap, sizeof(*r->workers))) == NULL ||
 	    (r->hello_nonces = calloc(HELLO_CACHE, 32)) == NULL) {
 		return FB_ENOMEM;
+	}
+	if (getrandom(r->cookie_key, sizeof(r->cookie_key), 0) !=
+	    (ssize_t)sizeof(r->cookie_key)) {
+		fb_log_error("no randomness for the handshake cookie key");
+		return FB_EIO;
 	}
 	return FB_OK;
 }
@@ -556,7 +562,11 @@ registry_on_hello(coord *c, worker *w, const fb_frame *f)
 	welcome(c, w);
 }
 
-/* Secure mode: a signed hello from a worker; answer with our reply. */
+/*
+ * Secure mode: an empty handshake asks for a cookie (answered in clear,
+ * on the connection's lane); a signed hello carrying one of our cookies
+ * gets our reply.
+ */
 void
 registry_on_handshake(coord *c, const fb_frame *f)
 {
@@ -569,14 +579,28 @@ registry_on_handshake(coord *c, const fb_frame *f)
 	    .proto_version = FB_PROTOCOL_VERSION,
 	    .lookup = fb_allowlist_lookup_cb,
 	    .lookup_arg = &al,
+	    .cookie_key = r->cookie_key,
+	    .now_ms = c->now,
+	    .cookie_ms = HS_COOKIE_MS,
 	};
 	fb_msg out = {.type = FB_MSG_HANDSHAKE};
 	fb_session *sess = NULL;
 	fb_reject why = FB_REJECT_NONE;
 	worker *w;
 
+	if (h->len == 0) {
+		/* Anyone may ask: a cookie says only when it was made. */
+		if (lane_admit(c, &f->peer, f->msg.u.handshake.lane)) {
+			fb_hs_cookie_make(r->cookie_key, c->now,
+			    out.u.handshake.data.b);
+			out.u.handshake.data.len = FB_HS_COOKIE_LEN;
+			send_quiet(c, &f->peer, &out);
+		}
+		return;
+	}
 	if (h->len == FB_HS_HELLO_LEN) {
-		/* A hello seen before is a replay (nonce at 68..100). */
+		/* A hello seen before is a replay (its cookie at 68..100,
+		 * which only one hello may carry). */
 		for (uint32_t i = 0; i < HELLO_CACHE; i++) {
 			if (memcmp(r->hello_nonces[i], h->b + 68, 32) == 0) {
 				guard_drop(c, DROP_REPLAY, "replayed handshake hello");
@@ -593,6 +617,15 @@ registry_on_handshake(coord *c, const fb_frame *f)
 			fb_pubkey pk;
 			memcpy(pk.b, h->b + 4, FB_PUBKEY_LEN);
 			fb_pubkey_fingerprint(&pk, fp);
+		}
+		if (why == FB_REJECT_REPLAY) {
+			/* Signed, but its cookie is not one of this process's
+			 * (a hello recorded before a restart) or has expired:
+			 * not answered. A worker asks for a new cookie. */
+			guard_drop(c, DROP_REPLAY, "handshake hello with a "
+			    "cookie this coordinator did not issue or that "
+			    "expired (recorded before a restart?)");
+			return;
 		}
 		guard_drop(c, guard_reason_of_reject(why),
 		    "handshake refused: %s (key %s)", fb_reject_name(why), fp);

@@ -13,7 +13,8 @@
  *   OVERTIME  past the deadline: stragglers are waited for
  *             (round.stragglers: wait), or masked uploads under way are let
  *             finish, up to secure_aggregation.unmask_timeout
- *   UNMASK    the included workers' reveals, up to unmask_timeout
+ *   UNMASK    the included set confirmed by the included workers, then
+ *             their reveals, each up to unmask_timeout
  *   AGGREGATE the job thread unmasks, checks, steps the server rule
  *             (FedNova's tau_eff from fb_fednova_tau_eff), evaluates and
  *             writes the model
@@ -123,7 +124,10 @@ cancel_stragglers(coord *c, bool deadline, bool keep_uploads)
 /* ---- selection and schedule ----------------------------------------------- */
 
 /* The local steps worker w is asked for (0: it derives them from
- * local_epochs itself, keeping its sample count private). */
+ * local_epochs itself, keeping its sample count private). Under secure
+ * aggregation no speed is known here (workers report none): a time
+ * budget goes to the workers as such (send_round_starts), and this is
+ * the fixed work a worker does until it has measured its speed. */
 static uint64_t
 schedule_steps(const coord *c, const worker *w)
 {
@@ -301,6 +305,15 @@ send_round_starts(coord *c, int64_t now)
 		m.u.round_start.first_chunk = w->first_chunk;
 		if (c->sa.phase != SA_OFF) {
 			sa_round_start(c, w, &m);
+		}
+		if (c->sa.phase != SA_OFF &&
+		    cfg->local_work == FB_WORK_TIME_BUDGET) {
+			/* the private form: the worker fits its own steps to
+			 * the budget, and its speed stays its own */
+			m.u.round_start.time_budget_ms =
+			    (uint32_t)cfg->time_budget_ms;
+			m.u.round_start.min_steps = (uint64_t)cfg->min_steps;
+			m.u.round_start.max_steps = (uint64_t)cfg->max_steps;
 		}
 		if (c->secure) {
 			broadcast_round_start(c, &m);
@@ -483,7 +496,7 @@ round_close(coord *c, int64_t now)
 			    sa_count(&c->sa, SA_F_INCLUDED), c->sa.t);
 			return;
 		}
-		sa_request_reveals(c, now);
+		sa_request_confirms(c, now);
 		enter(c, PHASE_UNMASK, now);
 		return;
 	}
@@ -649,6 +662,45 @@ round_job_done(coord *c, job_kind kind, int64_t now)
 
 /* ---- the step -------------------------------------------------------------- */
 
+/*
+ * UNMASK: first the included set's confirmations (sa CONFIRM), then the
+ * reveals (sa UNMASK), each up to unmask_timeout; aborted as soon as too
+ * few confirm, or too few can still reveal.
+ */
+static void
+round_unmask_step(coord *c, int64_t now)
+{
+	sa_round *sa = &c->sa;
+
+	if (sa->phase == SA_CONFIRM) {
+		if (sa_confirms_pending(c) && now < sa->phase_end_ms) {
+			return;
+		}
+		if (sa_request_reveals(c, now) != FB_OK) {
+			round_fail(c, ROUND_ABORTED, now, "only %u of the %u "
+			    "included workers confirmed the included set (%u "
+			    "refused), below the secure-aggregation "
+			    "threshold of %u", sa_count(sa, SA_F_CONFIRMED),
+			    sa_count(sa, SA_F_INCLUDED),
+			    sa_count(sa, SA_F_REFUSED), sa->t);
+		}
+		return;
+	}
+	if (sa_reveals_hopeless(c)) {
+		round_fail(c, ROUND_ABORTED, now, "only %u of the %u workers "
+		    "that confirmed the included set revealed their shares "
+		    "(%u refused: fewer than %u of their neighbourhood "
+		    "confirmed the set they were sent), below the "
+		    "secure-aggregation threshold", sa_count(sa, SA_F_REVEALED),
+		    sa_count(sa, SA_F_CONFIRMED), sa_count(sa, SA_F_REFUSED),
+		    sa->t);
+		return;
+	}
+	if (!sa_reveals_pending(c) || now >= sa->phase_end_ms) {
+		start_aggregate(c, now);
+	}
+}
+
 static void
 round_idle_step(coord *c, int64_t now)
 {
@@ -689,9 +741,7 @@ round_step(coord *c, int64_t now)
 		round_train_step(c, now);
 		return;
 	case PHASE_UNMASK:
-		if (!sa_reveals_pending(c) || now >= c->sa.phase_end_ms) {
-			start_aggregate(c, now);
-		}
+		round_unmask_step(c, now);
 		return;
 	default:
 		return; /* PREPARE, AGGREGATE, RECORD: the job's completion */
@@ -708,7 +758,7 @@ round_next_timer(const coord *c, int64_t now)
 		next = c->rd.deadline_ms - now;
 	}
 	if ((c->sa.phase == SA_ADVERTS || c->sa.phase == SA_SHARES ||
-	        c->sa.phase == SA_UNMASK) &&
+	        c->sa.phase == SA_CONFIRM || c->sa.phase == SA_UNMASK) &&
 	    c->sa.phase_end_ms - now < next) {
 		next = c->sa.phase_end_ms - now;
 	}

@@ -8,10 +8,13 @@
  * gets its neighbours'; then their sealed share batches, each worker
  * getting the shares addressed to it. Masked inputs stream in through
  * upload.c into the accumulator's ring. After the round closes the
- * included workers are asked for their shares (the included set travels
- * in the request); once they answered (or unmask_timeout passed) the job
- * thread reconstructs the secrets, removes the masks on every core, and
- * checks the decoded sums against what honest inputs can produce.
+ * included workers are sent the included set, which each signs; each
+ * confirmer gets its neighbours' signatures (the consistency check: a
+ * worker reveals only once t of its neighbourhood confirmed the set it
+ * was told) and answers with its shares, or a refusal. Once they
+ * answered (each step up to unmask_timeout) the job thread reconstructs
+ * the secrets, removes the masks on every core, and checks the decoded
+ * sums against what honest inputs can produce.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -24,8 +27,21 @@
 #include "common/util.h"
 #include "coordinator/coordinator_impl.h"
 
+#ifdef FB_TEST_LIAR
+/*
+ * Test build only (tests/fedbox-coordinator-liar, never installed): a
+ * coordinator that lies in the consistency check, to test the workers
+ * against it on live processes. In its first secure round it tells the
+ * first included worker that the last included one dropped (so that
+ * worker would reveal the other's mask key while the rest reveal its
+ * self-mask seed), and takes and relays that worker's confirmation of the
+ * false set as if it verified.
+ */
+static uint32_t liar_slot = UINT32_MAX;
+#endif
+
 const char *const sa_phase_names[SA_PHASE_COUNT_] = {"off", "key adverts",
-    "share distribution", "masked inputs", "unmasking"};
+    "share distribution", "masked inputs", "confirmation", "unmasking"};
 
 void
 sa_free(sa_round *sa)
@@ -36,6 +52,7 @@ sa_free(sa_round *sa)
 	free(sa->adv);
 	free(sa->shares);
 	free(sa->share_len);
+	free(sa->confirm);
 	memset(sa, 0, sizeof(*sa)); /* phase SA_OFF */
 }
 
@@ -176,8 +193,10 @@ sa_begin(coord *c, const uint32_t *cand, uint32_t n, const char **why)
 	sa->adv = calloc(n, FB_SECAGG_ADV_LEN);
 	sa->shares = calloc((size_t)n * sa->k, FB_SECAGG_SHARE_MSG_LEN);
 	sa->share_len = calloc(n, sizeof(*sa->share_len));
+	sa->confirm = calloc(n, FB_SECAGG_CONFIRM_LEN);
 	if (sa->slot_worker == NULL || sa->flags == NULL || sa->adv == NULL ||
-	    sa->shares == NULL || sa->share_len == NULL) {
+	    sa->shares == NULL || sa->share_len == NULL ||
+	    sa->confirm == NULL) {
 		sa_free(sa);
 		*why = "out of memory";
 		return FB_ENOMEM;
@@ -299,6 +318,67 @@ on_shares(coord *c, worker *w, const fb_frame *f)
 }
 
 static void
+on_confirm(coord *c, worker *w, const fb_frame *f)
+{
+	sa_round *sa = &c->sa;
+	uint32_t slot = w->sa_slot;
+	fb_err rc;
+
+	if (sa->phase != SA_CONFIRM || c->rd.phase != PHASE_UNMASK ||
+	    !(sa->flags[slot] & SA_F_INCLUDED) ||
+	    (sa->flags[slot] &
+	        (SA_F_CONFIRMED | SA_F_REFUSED | SA_F_DISCARDED))) {
+		guard_drop(c, DROP_UNEXPECTED, "confirmation from %s in the %s "
+		    "phase", w->name, sa_phase_names[sa->phase]);
+		return;
+	}
+	rc = fb_secagg_server_add_confirm(sa->srv, slot, f->payload,
+	    f->payload_len);
+#ifdef FB_TEST_LIAR
+	if (rc == FB_EAUTH && slot == liar_slot &&
+	    f->payload_len == FB_SECAGG_CONFIRM_LEN) {
+		fb_log_warn("test liar: round %u: relaying %s's confirmation "
+		            "of the false set", c->rd.number, w->name);
+		rc = FB_OK;
+	}
+#endif
+	if (rc != FB_OK) {
+		/* a signature over another set than the one sent: not what
+		 * an honest worker answers (or the set was changed on the
+		 * way, which the session rules out) */
+		guard_drop(c, sa_drop_reason(rc), "confirmation of the "
+		    "included set from %s: %s", w->name, fb_strerror(rc));
+		if (rc == FB_EAUTH) {
+			/* not waited for, and never asked for shares */
+			sa->flags[slot] |= SA_F_DISCARDED;
+		}
+		return;
+	}
+	memcpy(sa->confirm + (size_t)slot * FB_SECAGG_CONFIRM_LEN, f->payload,
+	    FB_SECAGG_CONFIRM_LEN);
+	sa->flags[slot] |= SA_F_CONFIRMED;
+}
+
+static void
+on_refuse(coord *c, worker *w)
+{
+	sa_round *sa = &c->sa;
+	uint32_t slot = w->sa_slot;
+
+	if ((sa->phase != SA_CONFIRM && sa->phase != SA_UNMASK) ||
+	    !(sa->flags[slot] & SA_F_INCLUDED) ||
+	    (sa->flags[slot] & (SA_F_REVEALED | SA_F_REFUSED))) {
+		guard_drop(c, DROP_UNEXPECTED, "refusal to reveal from %s in "
+		    "the %s phase", w->name, sa_phase_names[sa->phase]);
+		return;
+	}
+	fb_log_warn("round %u: %s will not reveal its shares: it holds fewer "
+	            "than %u confirmations of the included set it was sent",
+	    c->rd.number, w->name, sa->t);
+	sa->flags[slot] |= SA_F_REFUSED;
+}
+
+static void
 on_reveal(coord *c, worker *w, const fb_frame *f)
 {
 	sa_round *sa = &c->sa;
@@ -306,8 +386,8 @@ on_reveal(coord *c, worker *w, const fb_frame *f)
 	fb_err rc;
 
 	if (sa->phase != SA_UNMASK || c->rd.phase != PHASE_UNMASK ||
-	    !(sa->flags[slot] & SA_F_INCLUDED) ||
-	    (sa->flags[slot] & SA_F_REVEALED)) {
+	    !(sa->flags[slot] & SA_F_CONFIRMED) ||
+	    (sa->flags[slot] & (SA_F_REVEALED | SA_F_REFUSED))) {
 		guard_drop(c, DROP_UNEXPECTED, "reveal from %s in the %s phase",
 		    w->name, sa_phase_names[sa->phase]);
 		return;
@@ -347,8 +427,14 @@ sa_on_message(coord *c, worker *w, const fb_frame *f)
 	case FB_SA_SHARES:
 		on_shares(c, w, f);
 		return;
+	case FB_SA_CONFIRM:
+		on_confirm(c, w, f);
+		return;
 	case FB_SA_REVEAL:
 		on_reveal(c, w, f);
+		return;
+	case FB_SA_REFUSE:
+		on_refuse(c, w);
 		return;
 	default:
 		guard_drop(c, DROP_UNEXPECTED, "secure-aggregation step %u from "
@@ -522,42 +608,147 @@ sa_advance(coord *c, int64_t now)
 	}
 }
 
-/* Asks every included worker still here for its shares. */
+/* The round is closed: every included worker still here is sent the
+ * included set, to sign (the consistency check). */
 void
-sa_request_reveals(coord *c, int64_t now)
+sa_request_confirms(coord *c, int64_t now)
 {
 	sa_round *sa = &c->sa;
 	uint8_t *inc = calloc(sa->n, 1);
 
-	sa->phase = SA_UNMASK;
+	sa->phase = SA_CONFIRM;
 	sa->phase_end_ms = now + c->cfg->sa_unmask_ms;
 	if (inc == NULL) {
-		return; /* nobody asked: the unmask finds too few shares */
+		return; /* nobody asked: too few confirm, the round aborts */
 	}
 	fb_secagg_server_included(sa->srv, inc);
 	for (uint32_t s = 0; s < sa->n; s++) {
 		if ((sa->flags[s] & SA_F_INCLUDED) && sa_worker(c, s)->used) {
-			(void)sa_send(c, sa_worker(c, s), FB_SA_UNMASK, sa->n, inc,
-			    sa->n);
+#ifdef FB_TEST_LIAR
+			uint32_t last = UINT32_MAX;
+			for (uint32_t j = s + 1; j < sa->n; j++) {
+				last = inc[j] ? j : last;
+			}
+			if (liar_slot == UINT32_MAX && last != UINT32_MAX) {
+				liar_slot = s;
+				inc[last] = 0;
+				fb_log_warn("test liar: round %u: %s is told that "
+				            "%s dropped", c->rd.number,
+				    sa_worker(c, s)->name,
+				    sa_worker(c, last)->name);
+				(void)sa_send(c, sa_worker(c, s),
+				    FB_SA_INCLUDED, sa->n, inc, sa->n);
+				inc[last] = 1;
+				continue;
+			}
+#endif
+			(void)sa_send(c, sa_worker(c, s), FB_SA_INCLUDED, sa->n,
+			    inc, sa->n);
 		}
 	}
 	free(inc);
 }
 
-/* Whether an included worker still here has not revealed yet. */
+/* Whether an included worker still here has neither confirmed the set
+ * nor refused. */
+bool
+sa_confirms_pending(const coord *c)
+{
+	const sa_round *sa = &c->sa;
+
+	for (uint32_t s = 0; s < sa->n; s++) {
+		if ((sa->flags[s] & SA_F_INCLUDED) &&
+		    !(sa->flags[s] &
+		        (SA_F_CONFIRMED | SA_F_REFUSED | SA_F_DISCARDED)) &&
+		    c->reg.workers[sa->slot_worker[s]].used) {
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * The confirmations are in (or late): each confirmer still here gets its
+ * neighbours' confirmations, which ask it for its shares. FB_ERANGE (and
+ * nothing sent) when fewer than t workers confirmed: no worker would
+ * reveal, and the round cannot be unmasked.
+ */
+fb_err
+sa_request_reveals(coord *c, int64_t now)
+{
+	sa_round *sa = &c->sa;
+	const fb_secagg_graph *g = fb_secagg_server_graph(sa->srv);
+	uint32_t *nb = NULL;
+	uint8_t *buf = NULL;
+	fb_err rc = FB_OK;
+
+	sa->phase = SA_UNMASK;
+	sa->phase_end_ms = now + c->cfg->sa_unmask_ms;
+	if (sa_count(sa, SA_F_CONFIRMED) < sa->t) {
+		return FB_ERANGE;
+	}
+	nb = calloc(sa->k + 1, sizeof(*nb));
+	buf = calloc(sa->k + 1, FB_SECAGG_CONFIRM_LEN);
+	if (nb == NULL || buf == NULL) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	for (uint32_t s = 0; s < sa->n; s++) {
+		uint32_t cnt = 0;
+		if (!(sa->flags[s] & SA_F_CONFIRMED) ||
+		    !sa_worker(c, s)->used ||
+		    fb_secagg_graph_neighbours(g, s, nb) != FB_OK) {
+			continue;
+		}
+		for (uint32_t i = 0; i < sa->k; i++) {
+			size_t from = (size_t)nb[i] * FB_SECAGG_CONFIRM_LEN;
+			size_t to = (size_t)cnt * FB_SECAGG_CONFIRM_LEN;
+			if (sa->flags[nb[i]] & SA_F_CONFIRMED) {
+				memcpy(buf + to, sa->confirm + from,
+				    FB_SECAGG_CONFIRM_LEN);
+				cnt++;
+			}
+		}
+		(void)sa_send(c, sa_worker(c, s), FB_SA_CONFIRMS, cnt, buf,
+		    (size_t)cnt * FB_SECAGG_CONFIRM_LEN);
+	}
+out:
+	free(nb);
+	free(buf);
+	return rc;
+}
+
+/* Whether a confirmer still here has neither revealed nor refused. */
 bool
 sa_reveals_pending(const coord *c)
 {
 	const sa_round *sa = &c->sa;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
-		if ((sa->flags[s] & SA_F_INCLUDED) &&
-		    !(sa->flags[s] & SA_F_REVEALED) &&
+		if ((sa->flags[s] & SA_F_CONFIRMED) &&
+		    !(sa->flags[s] & (SA_F_REVEALED | SA_F_REFUSED)) &&
 		    c->reg.workers[sa->slot_worker[s]].used) {
 			return true;
 		}
 	}
 	return false;
+}
+
+/* Whether fewer than t confirmers revealed or still may: then no secret
+ * can be reconstructed, and waiting longer is pointless. */
+bool
+sa_reveals_hopeless(const coord *c)
+{
+	const sa_round *sa = &c->sa;
+	uint32_t may = 0;
+
+	for (uint32_t s = 0; s < sa->n; s++) {
+		may += (sa->flags[s] & SA_F_CONFIRMED) &&
+		    !(sa->flags[s] & SA_F_REFUSED) &&
+		    ((sa->flags[s] & SA_F_REVEALED) ||
+		        c->reg.workers[sa->slot_worker[s]].used);
+	}
+	return may < sa->t;
 }
 
 /* ---- the unmask (job thread) ---------------------------------------------- */
@@ -702,9 +893,13 @@ sa_unmask(coord *c, job *j)
 	}
 	rc = fb_secagg_server_finish(sa->srv);
 	if (rc == FB_ERANGE) {
-		snprintf(j->why, sizeof(j->why), "too few shares to unmask: %u of "
-		    "%u included workers answered, %u needed", revealed, included,
-		    sa->t);
+		uint32_t refused = sa_count(sa, SA_F_REFUSED);
+		snprintf(j->why, sizeof(j->why), "too few shares to unmask: %u "
+		    "of %u included workers answered, %u needed%s", revealed,
+		    included, sa->t, refused > 0
+		        ? "; some refused to reveal, holding fewer than the "
+		          "threshold of confirmations of the included set"
+		        : "");
 		return rc;
 	}
 	if (rc != FB_OK) {

@@ -123,14 +123,17 @@ begin_needed(coord *c, worker *w)
 	return false;
 }
 
-/* Records what UpdateBegin says about the worker's training. */
+/* Records what UpdateBegin says about the worker's training: nothing of
+ * it under secure aggregation, where an honest worker says nothing (and
+ * what another says is not kept, nor shown). */
 static void
 begin_record(coord *c, worker *w, const fb_msg *m)
 {
 	double sp = m->u.update_begin.steps_per_second;
+	bool plain = c->sa.phase == SA_OFF;
 
-	w->a_norm = m->u.update_begin.a_norm;
-	if (sp > 0 && isfinite(sp)) {
+	w->a_norm = plain ? m->u.update_begin.a_norm : 0;
+	if (plain && sp > 0 && isfinite(sp)) {
 		w->round_speed = sp;
 		w->speed = w->has_speed ? 0.5 * w->speed + 0.5 * sp : sp;
 		w->has_speed = true;
@@ -142,9 +145,9 @@ begin_record(coord *c, worker *w, const fb_msg *m)
 	if (c->rd.first_begin_s == 0) {
 		c->rd.first_begin_s = w->begin_s;
 	}
-	w->steps = m->u.update_begin.steps;
-	w->train_loss = m->u.update_begin.train_loss;
-	w->train_seconds = m->u.update_begin.train_seconds;
+	w->steps = plain ? m->u.update_begin.steps : 0;
+	w->train_loss = plain ? m->u.update_begin.train_loss : 0;
+	w->train_seconds = plain ? m->u.update_begin.train_seconds : 0;
 	if (m->u.update_begin.backend[0] != '\0') {
 		snprintf(w->backend, sizeof(w->backend), "%s",
 		    m->u.update_begin.backend);

@@ -24,10 +24,16 @@
  *
  * Wire layouts (offset:length):
  *
+ *   cookie  (FB_HS_COOKIE_LEN = 32), the coordinator's answer to an empty
+ *           handshake: 0:8 issue time (LE64, ms on the coordinator's
+ *           clock)  8:8 random  16:16 BLAKE2b-128 keyed with the
+ *           coordinator's per-process cookie key over
+ *           "fedbox/cookie/v1" || bytes 0..16
  *   hello   (FB_HS_HELLO_LEN = 164)
  *     0:1 version  1:1 kind=1  2:2 proto version
  *     4:32 worker Ed25519 pk  36:32 worker ephemeral X25519 pk
- *     68:32 worker random nonce
+ *     68:32 the coordinator's cookie (its freshness: a hello recorded
+ *           before the coordinator restarted is refused)
  *     100:64 Ed25519 sig by worker over "fedbox/hello/v1" || bytes 0..100
  *   reply   (FB_HS_REPLY_LEN = 152)
  *     0:1 version  1:1 kind=2  2:2 proto version  4:4 worker id assigned
@@ -102,6 +108,8 @@
 
 #define FB_HS_HELLO_LEN 164
 #define FB_HS_REPLY_LEN 152
+#define FB_HS_COOKIE_LEN 32
+#define FB_HS_COOKIE_KEY_LEN 32
 
 #define FB_MSG_HEADER_LEN 40
 #define FB_MSG_MAC_LEN 16
@@ -295,28 +303,57 @@ typedef struct fb_hs_accept_cfg {
 	uint16_t proto_version;   /* hellos with another version: VERSION */
 	fb_peer_lookup_cb lookup; /* the allowlist */
 	void *lookup_arg;
+	const uint8_t *cookie_key; /* FB_HS_COOKIE_KEY_LEN bytes, random per
+	                            * coordinator process: its cookies */
+	int64_t now_ms;            /* the clock cookies were issued on */
+	int64_t cookie_ms;         /* how long a cookie is good for, > 0 */
 } fb_hs_accept_cfg;
 
 /*
+ * fb_hs_cookie_make (coordinator) writes a fresh cookie (layout above)
+ * under `key`, issued at now_ms, for a worker to put in its hello. Cheap:
+ * one BLAKE2b, no state. Thread-safe.
+ */
+void fb_hs_cookie_make(const uint8_t key[FB_HS_COOKIE_KEY_LEN],
+    int64_t now_ms, uint8_t cookie[FB_HS_COOKIE_LEN]);
+
+/*
+ * fb_hs_cookie_check says whether `cookie` was made under `key` and issued
+ * no more than max_ms before now_ms (and not after it). Errors: FB_EAUTH
+ * (not made under this key: another coordinator process, or forged),
+ * FB_ESTALE (too old, or from the future).
+ */
+FB_MUST_CHECK fb_err fb_hs_cookie_check(const uint8_t key[FB_HS_COOKIE_KEY_LEN],
+    const uint8_t cookie[FB_HS_COOKIE_LEN], int64_t now_ms, int64_t max_ms);
+
+/*
  * fb_handshake_start (worker) makes an ephemeral X25519 key pair and writes
- * the signed hello into `hello`. `coordinator` is the pinned key the reply
- * must come from. On FB_OK the caller owns *out (fb_handshake_free), which
- * keeps the ephemeral secret until freed. Errors: FB_ENOMEM, FB_EIO.
+ * the signed hello into `hello`, carrying the coordinator's `cookie` (from
+ * its answer to an empty handshake). `coordinator` is the pinned key the
+ * reply must come from. On FB_OK the caller owns *out (fb_handshake_free),
+ * which keeps the ephemeral secret until freed. Errors: FB_ENOMEM, FB_EIO.
  */
 FB_MUST_CHECK fb_err fb_handshake_start(const fb_identity *self,
     const fb_pubkey *coordinator, uint16_t proto_version,
-    uint8_t hello[FB_HS_HELLO_LEN], fb_handshake **out);
+    const uint8_t cookie[FB_HS_COOKIE_LEN], uint8_t hello[FB_HS_HELLO_LEN],
+    fb_handshake **out);
 
 /*
  * fb_handshake_accept (coordinator) verifies a hello: size and version,
- * protocol version, worker key on the allowlist, worker signature. Then it
- * makes its own ephemeral key, writes the signed reply into `reply` and
- * returns the worker's session in *out (caller owns: fb_session_free).
- * Stateless: a replayed hello yields a fresh session nobody can use.
+ * protocol version, worker key on the allowlist, worker signature, then
+ * its cookie (made under cfg->cookie_key, at most cfg->cookie_ms old:
+ * a hello recorded before this coordinator process started, or long
+ * ago, is refused). Then it makes its own ephemeral key, writes the
+ * signed reply into `reply` and returns the worker's session in *out
+ * (caller owns: fb_session_free). Otherwise stateless: a hello replayed
+ * within its cookie's life yields a fresh session nobody can use (the
+ * caller remembers the cookies it saw to refuse that too).
  * Does not block; thread-safe for distinct outputs.
  * Errors (with *why): FB_EPROTO (MALFORMED), FB_ENOTSUP (VERSION),
- * FB_EAUTH (UNKNOWN_KEY, BAD_SIGNATURE); FB_ENOMEM, FB_EINVAL (lookup gave
- * FB_SENDER_COORDINATOR). *out = NULL and `reply` zeroed on error.
+ * FB_EAUTH (UNKNOWN_KEY, BAD_SIGNATURE), FB_ESTALE (REPLAY: the cookie is
+ * not this process's or has expired); FB_ENOMEM, FB_EINVAL (no cookie key,
+ * or lookup gave FB_SENDER_COORDINATOR). *out = NULL and `reply` zeroed
+ * on error.
  */
 FB_MUST_CHECK fb_err fb_handshake_accept(const fb_hs_accept_cfg *cfg,
     const uint8_t *hello, size_t hello_len, uint8_t reply[FB_HS_REPLY_LEN],
@@ -552,11 +589,26 @@ void fb_stream_pull_free(fb_stream_pull *p);
  *              and s_j (j in U2 \ U3, checked against s_pk_j) and subtracts
  *              PRG(b_i) and the residual pairwise masks sigma_ij PRG(s_ij)
  *              (i in U3, j dropped) chunk by chunk: sum = sum_{i in U3} x_i.
+ *   3a confirm the coordinator sends U3 to every worker in it; each signs
+ *              the set it was told (fb_secagg_worker_confirm, once per
+ *              round: it never signs two sets) and the coordinator relays
+ *              to each confirmer its neighbours' signatures (U4 = the
+ *              confirmers). A worker reveals only once it holds t valid
+ *              signatures over its own set (its own and its neighbours'),
+ *              the ConsistencyCheck round of Bonawitz et al.: a
+ *              coordinator that tells two workers different sets cannot
+ *              collect t confirmations of both from honest workers.
  * Pairwise masks of two workers in U3 cancel. The dropped worker's
  * own input is absent (its y never completed), so its self-mask needs
- * nothing. Threat model: honest-but-curious coordinator and workers (the
- * coordinator relays faithfully); under it the coordinator learns only the
- * sum of at least t inputs.
+ * nothing. Threat model: under an honest-but-curious coordinator the
+ * coordinator learns only the sum of at least t inputs. Against one that
+ * lies, each identity key signs for one slot (a second advert or
+ * confirmation under a key already seen for another slot is refused, by
+ * the workers and by the server side), each worker holds at most one
+ * kind of share revealed per owner, and the confirmations bind the
+ * included set; the workers' own threshold floor (not enforced here: the
+ * caller's policy) keeps t a majority of each neighbourhood, so that two
+ * conflicting sets would need t - ((k + 1) - t) colluding neighbours.
  *
  * Ring: masks live in Z_2^32. An encoding into Z_2^bits (bits <= 32, see
  * aggregation.h) embeds into it: the sum mod 2^32 reduced mod 2^bits is the
@@ -771,6 +823,13 @@ FB_MUST_CHECK fb_err fb_secagg_graph_neighbours(const fb_secagg_graph *g,
  * 8:44 packed share. Secret material: send it sealed (fb_msg_seal). */
 #define FB_SECAGG_REVEAL_HEADER_LEN 32
 #define FB_SECAGG_REVEAL_ENTRY_LEN (8 + FB_SHAMIR_SHARE_LEN)
+/* Confirmation of the included set, 128 bytes:
+ *   0:1 version  1:1 kind=19  2:2 reserved, zero  4:16 run id  20:4 round
+ *   24:4 signer index  28:4 n
+ *   32:32 H(U3) = BLAKE2b-256("fedbox/secagg-u3/v1" || run || LE32 round
+ *         || LE32 n || n bytes, 1 for each included worker, else 0)
+ *   64:64 fb_identity_sign(domain "secagg-included", bytes 0..64) */
+#define FB_SECAGG_CONFIRM_LEN 128
 
 typedef struct fb_secagg_params {
 	fb_run_id run;
@@ -799,18 +858,26 @@ void fb_secagg_worker_free(fb_secagg_worker *w);
 /* fb_secagg_worker_graph returns the round's graph (owned by w). */
 const fb_secagg_graph *fb_secagg_worker_graph(const fb_secagg_worker *w);
 
-/* fb_secagg_worker_advertise writes the signed advert (layout above).
- * Errors: from fb_identity_sign. */
-FB_MUST_CHECK fb_err fb_secagg_worker_advertise(const fb_secagg_worker *w,
-    const fb_identity *id, uint8_t adv[FB_SECAGG_ADV_LEN]);
+/* fb_secagg_worker_advertise writes the signed advert (layout above) and
+ * remembers id's public key as this worker's own (no neighbour may sign
+ * with it). Call it before fb_secagg_worker_add_advert. Errors: from
+ * fb_identity_sign. */
+FB_MUST_CHECK fb_err fb_secagg_worker_advertise(
+    fb_secagg_worker *w, const fb_identity *id, uint8_t adv[FB_SECAGG_ADV_LEN]);
 
 /*
  * fb_secagg_worker_add_advert takes a peer's advert, checked against the
  * peer's identity key `peer_id` (from the allowlist): layout, run, round,
  * signature, X25519 keys not of small order. Adverts of non-neighbours
- * (and of itself) are checked and then ignored (FB_OK). Only before
- * fb_secagg_worker_make_shares. Errors: FB_EPROTO (malformed, duplicate),
- * FB_EAUTH (signature, wrong run), FB_ESTALE (wrong round or too late).
+ * (and of itself) are checked and then ignored (FB_OK). A neighbour's
+ * advert signed by a key that already signed for another neighbour slot,
+ * or by this worker's own key, is refused: one identity, one slot (else
+ * one key held by the coordinator could stand in for several neighbours
+ * and reach the threshold alone). The key is kept: it checks the
+ * neighbour's confirmation later. Only before fb_secagg_worker_make_shares.
+ * Errors: FB_EPROTO (malformed, duplicate slot), FB_EAUTH (signature,
+ * wrong run, an identity key already used), FB_ESTALE (wrong round or too
+ * late).
  */
 FB_MUST_CHECK fb_err fb_secagg_worker_add_advert(fb_secagg_worker *w,
     const fb_pubkey *peer_id, const uint8_t *adv, size_t len);
@@ -859,18 +926,49 @@ FB_MUST_CHECK fb_err fb_secagg_worker_mask_chunk(const fb_secagg_worker *w,
     uint32_t *v, uint64_t offset, uint64_t count);
 
 /*
- * fb_secagg_worker_reveal answers the unmasking request. included[0..n)
- * (nonzero = that worker's masked input is in the sum, U3) comes from the
- * coordinator. For every owner j whose shares this worker holds (itself
- * included): the b-share if included[j], else the s-share. It refuses the
- * whole request (FB_EPROTO, nothing written) if it would reveal, for any j,
- * the other kind than an earlier reveal did, if it is itself not included,
- * or if fewer than t workers are included. Writes the reveal (layout
- * above) into out. Errors: also FB_ERANGE (out_cap), FB_EINVAL (order).
+ * fb_secagg_worker_confirm signs the included set the coordinator sent:
+ * included[0..n) (nonzero = that worker's masked input is in the sum, U3).
+ * It writes the confirmation (layout above) into out and fixes the set
+ * for the round: a later call with the same set writes the same
+ * confirmation, one with another set is refused (a worker signs one set
+ * per round, which is what makes the check sound). After
+ * fb_secagg_worker_mask_begin. Errors: FB_EPROTO (itself not included,
+ * fewer than t included, or another set than the one signed), FB_EINVAL
+ * (order, n), FB_ENOMEM; from fb_identity_sign.
  */
-FB_MUST_CHECK fb_err fb_secagg_worker_reveal(fb_secagg_worker *w,
-    const uint8_t *included, uint32_t n, uint8_t *out, size_t out_cap,
-    size_t *out_len);
+FB_MUST_CHECK fb_err fb_secagg_worker_confirm(fb_secagg_worker *w,
+    const fb_identity *id, const uint8_t *included, uint32_t n,
+    uint8_t out[FB_SECAGG_CONFIRM_LEN]);
+
+/*
+ * fb_secagg_worker_add_confirm takes a neighbour's confirmation, checked
+ * against the identity key its advert was checked with: layout, run,
+ * round, n, signature, and that it confirms the very set this worker
+ * signed. The signer must be a neighbour whose advert this worker took and
+ * which is in that set. After fb_secagg_worker_confirm. Errors: FB_EPROTO
+ * (malformed, not a neighbour, not included, twice), FB_EAUTH (signature,
+ * run, or another set: the coordinator told the two of them different
+ * sets), FB_ESTALE (round), FB_EINVAL (order).
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_add_confirm(
+    fb_secagg_worker *w, const uint8_t *msg, size_t len);
+
+/* fb_secagg_worker_confirmations counts the valid confirmations of the
+ * signed set this worker holds, its own included (0 before it signed). */
+uint32_t fb_secagg_worker_confirmations(const fb_secagg_worker *w);
+
+/*
+ * fb_secagg_worker_reveal answers the unmasking request for the set this
+ * worker signed (fb_secagg_worker_confirm): for every owner j whose shares
+ * it holds (itself included), the b-share if j is included, else the
+ * s-share. It refuses (nothing written) while it holds fewer than t
+ * confirmations of that set (FB_ERANGE), and if it would reveal, for any
+ * j, the other kind than an earlier reveal did (FB_EPROTO). Writes the
+ * reveal (layout above) into out. Errors: also FB_ERANGE (out_cap),
+ * FB_EINVAL (order).
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_reveal(
+    fb_secagg_worker *w, uint8_t *out, size_t out_cap, size_t *out_len);
 
 /*
  * fb_secagg_server_alloc starts the coordinator's side of a round: the
@@ -890,7 +988,8 @@ const fb_secagg_graph *fb_secagg_server_graph(const fb_secagg_server *s);
  * fb_secagg_server_add_advert checks worker `index`'s advert against its
  * identity key and records its public keys (U1). Errors as
  * fb_secagg_worker_add_advert; FB_EPROTO also when the advert's index is
- * not `index` or one was already recorded.
+ * not `index` or one was already recorded; FB_EAUTH also when `peer_id`
+ * already signed another slot's advert (one identity, one slot).
  */
 FB_MUST_CHECK fb_err fb_secagg_server_add_advert(fb_secagg_server *s,
     uint32_t index, const fb_pubkey *peer_id, const uint8_t *adv, size_t len);
@@ -915,11 +1014,22 @@ FB_MUST_CHECK fb_err fb_secagg_server_set_included(fb_secagg_server *s,
 void fb_secagg_server_included(const fb_secagg_server *s, uint8_t *included);
 
 /*
+ * fb_secagg_server_add_confirm checks worker `from`'s confirmation of the
+ * included set: `from` in U3, signed by the identity key its advert was
+ * checked with, over the server's own U3 (which it fixes: no inclusion
+ * after the first confirmation). Records `from` in U4 on FB_OK.
+ * Errors: FB_EPROTO (malformed, not included, twice, after the reveals
+ * began), FB_EAUTH (signature, run, or another set), FB_ESTALE (round).
+ */
+FB_MUST_CHECK fb_err fb_secagg_server_add_confirm(
+    fb_secagg_server *s, uint32_t from, const uint8_t *msg, size_t len);
+
+/*
  * fb_secagg_server_add_reveal checks and keeps worker `from`'s reveal:
- * `from` included, one entry per owner it holds shares of (owners in U2,
- * neighbours or itself), kind b exactly for included owners, x = from + 1.
- * Errors: FB_EPROTO (any mismatch, or twice), FB_ESTALE (round), FB_EAUTH
- * (run).
+ * `from` included and confirmed (U4), one entry per owner it holds shares
+ * of (owners in U2, neighbours or itself), kind b exactly for included
+ * owners, x = from + 1. Errors: FB_EPROTO (any mismatch, or twice),
+ * FB_ESTALE (round), FB_EAUTH (run).
  */
 FB_MUST_CHECK fb_err fb_secagg_server_add_reveal(fb_secagg_server *s,
     uint32_t from, const uint8_t *msg, size_t len);

@@ -10,6 +10,7 @@
  * copies are wiped where they are used.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,14 +22,17 @@
 #define KIND_ADV 16
 #define KIND_SHARES 17
 #define KIND_REVEAL 18
+#define KIND_CONFIRM 19
 #define REVEAL_B 1
 #define REVEAL_S 2
 #define SHARE_PT_LEN (2 * FB_SHAMIR_SHARE_LEN)
 #define SHARE_HDR_LEN 32
 #define ADV_SIGNED_LEN 124
+#define CONFIRM_SIGNED_LEN 64
 
 static const uint8_t enc_domain[] = "fedbox/secagg-enc/v1";
 static const uint8_t commit_domain[] = "fedbox/secagg-b/v1";
+static const uint8_t set_domain[] = "fedbox/secagg-u3/v1";
 
 static void
 st32(uint8_t *p, uint32_t v)
@@ -288,6 +292,81 @@ small_order(const uint8_t pk[32])
 	return bad;
 }
 
+/* set_hash is H(U3) of a confirmation (crypto.h), flags read as 0/1. */
+static void
+set_hash(const fb_secagg_params *p, const uint8_t *included, uint8_t h[32])
+{
+	crypto_generichash_state st;
+	uint8_t r[8];
+
+	st32(r, p->round);
+	st32(r + 4, p->n);
+	crypto_generichash_init(&st, NULL, 0, 32);
+	crypto_generichash_update(&st, set_domain, sizeof(set_domain) - 1);
+	crypto_generichash_update(&st, p->run.b, FB_RUN_ID_LEN);
+	crypto_generichash_update(&st, r, sizeof(r));
+	for (uint32_t j = 0; j < p->n; j++) {
+		uint8_t f = included[j] != 0;
+		crypto_generichash_update(&st, &f, 1);
+	}
+	crypto_generichash_final(&st, h, 32);
+}
+
+/* confirm_make lays out and signs a confirmation of the set hashed `h`. */
+static fb_err
+confirm_make(const fb_secagg_params *p, uint32_t self, const uint8_t h[32],
+    const fb_identity *id, uint8_t out[FB_SECAGG_CONFIRM_LEN])
+{
+	memset(out, 0, FB_SECAGG_CONFIRM_LEN);
+	out[0] = VERSION;
+	out[1] = KIND_CONFIRM;
+	memcpy(out + 4, p->run.b, FB_RUN_ID_LEN);
+	st32(out + 20, p->round);
+	st32(out + 24, self);
+	st32(out + 28, p->n);
+	memcpy(out + 32, h, 32);
+	return fb_identity_sign(id, "secagg-included", out, CONFIRM_SIGNED_LEN,
+	    out + CONFIRM_SIGNED_LEN);
+}
+
+/*
+ * confirm_parse checks a confirmation's layout, run, round and n against
+ * `p` and returns its signer index; confirm_verify checks its signature by
+ * `signer` and that it is over the set hashed `h`.
+ */
+static fb_err
+confirm_parse(
+    const fb_secagg_params *p, const uint8_t *m, size_t len, uint32_t *signer)
+{
+	*signer = 0;
+	if (m == NULL || len != FB_SECAGG_CONFIRM_LEN || m[0] != VERSION ||
+	    m[1] != KIND_CONFIRM || m[2] != 0 || m[3] != 0) {
+		return FB_EPROTO;
+	}
+	if (sodium_memcmp(m + 4, p->run.b, FB_RUN_ID_LEN) != 0) {
+		return FB_EAUTH;
+	}
+	if (ld32(m + 20) != p->round) {
+		return FB_ESTALE;
+	}
+	*signer = ld32(m + 24);
+	if (*signer >= p->n || ld32(m + 28) != p->n) {
+		return FB_EPROTO;
+	}
+	return FB_OK;
+}
+
+static fb_err
+confirm_verify(const fb_pubkey *signer, const uint8_t *m, const uint8_t h[32])
+{
+	if (fb_pubkey_verify(signer, "secagg-included", m, CONFIRM_SIGNED_LEN,
+	        m + CONFIRM_SIGNED_LEN) != FB_OK ||
+	    sodium_memcmp(m + 32, h, 32) != 0) {
+		return FB_EAUTH;
+	}
+	return FB_OK;
+}
+
 /*
  * adv_parse checks an advert (see crypto.h) against `p` and the signer,
  * and returns its index and keys.
@@ -410,13 +489,16 @@ typedef struct wsecret {
 /* What a worker knows of one neighbour (slot < k) or of itself (slot k). */
 typedef struct wpeer {
 	uint8_t c_pk[32], s_pk[32];
+	fb_pubkey id;       /* the identity key its advert was checked with */
 	uint8_t have_adv;   /* advert checked: in U1 */
 	uint8_t have_share; /* its shares arrived: in U2 */
 	uint8_t revealed;   /* 0, REVEAL_B or REVEAL_S */
+	uint8_t confirmed;  /* it confirmed the set we signed */
 	fb_shamir_share b_share, s_share; /* the shares held for it */
 } wpeer;
 
-enum { W_KEYS = 0, W_SHARED, W_MASKING };
+/* W_CONFIRMED: the included set is signed and fixed (set, set_h). */
+enum { W_KEYS = 0, W_SHARED, W_MASKING, W_CONFIRMED };
 
 struct fb_secagg_worker {
 	fb_secagg_params p;
@@ -428,6 +510,11 @@ struct fb_secagg_worker {
 	wpeer *peers;        /* sodium_malloc, k + 1 */
 	fb_mask_term *terms; /* sodium_malloc, k + 1 */
 	uint32_t nterms;
+	fb_pubkey self_id; /* our identity key (fb_secagg_worker_advertise) */
+	bool have_self_id;
+	uint8_t *set;      /* n flags: the included set we signed */
+	uint8_t set_h[32]; /* its hash */
+	uint32_t nconfirm; /* neighbours' valid confirmations of it */
 };
 
 fb_err
@@ -491,6 +578,7 @@ fb_secagg_worker_free(fb_secagg_worker *w)
 	}
 	fb_secagg_graph_free(w->g);
 	free(w->nbr);
+	free(w->set);
 	sodium_free(w->sec); /* sodium_free wipes */
 	sodium_free(w->peers);
 	sodium_free(w->terms);
@@ -504,9 +592,11 @@ fb_secagg_worker_graph(const fb_secagg_worker *w)
 }
 
 fb_err
-fb_secagg_worker_advertise(const fb_secagg_worker *w, const fb_identity *id,
-    uint8_t adv[FB_SECAGG_ADV_LEN])
+fb_secagg_worker_advertise(
+    fb_secagg_worker *w, const fb_identity *id, uint8_t adv[FB_SECAGG_ADV_LEN])
 {
+	fb_identity_pubkey(id, &w->self_id);
+	w->have_self_id = true;
 	memset(adv, 0, FB_SECAGG_ADV_LEN);
 	adv[0] = VERSION;
 	adv[1] = KIND_ADV;
@@ -542,8 +632,19 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 	if (w->peers[slot].have_adv) {
 		return FB_EPROTO;
 	}
+	/* One identity, one slot: O(k) here, as the shares cost O(k t). */
+	if (w->have_self_id && fb_pubkey_equal(peer_id, &w->self_id)) {
+		return FB_EAUTH;
+	}
+	for (uint32_t s = 0; s < w->k; s++) {
+		if (w->peers[s].have_adv &&
+		    fb_pubkey_equal(peer_id, &w->peers[s].id)) {
+			return FB_EAUTH;
+		}
+	}
 	memcpy(w->peers[slot].c_pk, c_pk, 32);
 	memcpy(w->peers[slot].s_pk, s_pk, 32);
+	w->peers[slot].id = *peer_id;
 	w->peers[slot].have_adv = 1;
 	return FB_OK;
 }
@@ -645,7 +746,7 @@ fb_secagg_worker_add_share(fb_secagg_worker *w, const uint8_t *msg,
 	if ((rc = share_hdr_check(&w->p, msg, len, &from, &to)) != FB_OK) {
 		return rc;
 	}
-	if (w->stage == W_MASKING) {
+	if (w->stage >= W_MASKING) {
 		return FB_ESTALE;
 	}
 	if (to != w->self || (slot = slot_of(w->nbr, w->k, from)) == w->k) {
@@ -731,7 +832,7 @@ fb_err
 fb_secagg_worker_mask_chunk(const fb_secagg_worker *w, uint32_t *v,
     uint64_t offset, uint64_t count)
 {
-	if (w->stage != W_MASKING) {
+	if (w->stage < W_MASKING) {
 		return FB_EINVAL;
 	}
 	return fb_mask_apply(v, offset, count, w->terms, w->nterms,
@@ -739,15 +840,15 @@ fb_secagg_worker_mask_chunk(const fb_secagg_worker *w, uint32_t *v,
 }
 
 fb_err
-fb_secagg_worker_reveal(fb_secagg_worker *w, const uint8_t *included,
-    uint32_t n, uint8_t *out, size_t out_cap, size_t *out_len)
+fb_secagg_worker_confirm(fb_secagg_worker *w, const fb_identity *id,
+    const uint8_t *included, uint32_t n, uint8_t out[FB_SECAGG_CONFIRM_LEN])
 {
-	uint32_t inc = 0, entries = 0;
-	size_t need;
-	uint8_t *e;
+	uint32_t inc = 0;
+	uint8_t h[32];
 
-	*out_len = 0;
-	if (w->stage != W_MASKING || n != w->p.n) {
+	memset(out, 0, FB_SECAGG_CONFIRM_LEN);
+	if ((w->stage != W_MASKING && w->stage != W_CONFIRMED) || n != w->p.n ||
+	    included == NULL) {
 		return FB_EINVAL;
 	}
 	for (uint32_t j = 0; j < n; j++) {
@@ -755,6 +856,75 @@ fb_secagg_worker_reveal(fb_secagg_worker *w, const uint8_t *included,
 	}
 	if (!included[w->self] || inc < w->t) {
 		return FB_EPROTO;
+	}
+	set_hash(&w->p, included, h);
+	if (w->stage == W_CONFIRMED) {
+		/* the same set again (a retransmission) is fine, another
+		 * never: two signed sets would let the check be split */
+		if (sodium_memcmp(h, w->set_h, 32) != 0) {
+			return FB_EPROTO;
+		}
+		return confirm_make(&w->p, w->self, h, id, out);
+	}
+	if ((w->set = malloc(n)) == NULL) {
+		return FB_ENOMEM;
+	}
+	for (uint32_t j = 0; j < n; j++) {
+		w->set[j] = included[j] != 0;
+	}
+	memcpy(w->set_h, h, 32);
+	w->stage = W_CONFIRMED;
+	return confirm_make(&w->p, w->self, h, id, out);
+}
+
+fb_err
+fb_secagg_worker_add_confirm(
+    fb_secagg_worker *w, const uint8_t *msg, size_t len)
+{
+	uint32_t signer, slot;
+	fb_err rc;
+
+	if ((rc = confirm_parse(&w->p, msg, len, &signer)) != FB_OK) {
+		return rc;
+	}
+	if (w->stage != W_CONFIRMED) {
+		return FB_EINVAL;
+	}
+	if (signer == w->self ||
+	    (slot = slot_of(w->nbr, w->k, signer)) == w->k ||
+	    !w->peers[slot].have_adv || !w->set[signer] ||
+	    w->peers[slot].confirmed) {
+		return FB_EPROTO;
+	}
+	if ((rc = confirm_verify(&w->peers[slot].id, msg, w->set_h)) != FB_OK) {
+		return rc;
+	}
+	w->peers[slot].confirmed = 1;
+	w->nconfirm++;
+	return FB_OK;
+}
+
+uint32_t
+fb_secagg_worker_confirmations(const fb_secagg_worker *w)
+{
+	return w->stage == W_CONFIRMED ? 1 + w->nconfirm : 0;
+}
+
+fb_err
+fb_secagg_worker_reveal(
+    fb_secagg_worker *w, uint8_t *out, size_t out_cap, size_t *out_len)
+{
+	uint32_t entries = 0;
+	const uint8_t *included = w->set;
+	size_t need;
+	uint8_t *e;
+
+	*out_len = 0;
+	if (w->stage != W_CONFIRMED) {
+		return FB_EINVAL;
+	}
+	if (1 + w->nconfirm < w->t) {
+		return FB_ERANGE;
 	}
 	/* First pass: refuse the whole request if any owner would get the
 	 * other kind of share revealed than before. */
@@ -804,16 +974,20 @@ fb_secagg_worker_reveal(fb_secagg_worker *w, const uint8_t *included,
 
 typedef struct sworker {
 	uint8_t c_pk[32], s_pk[32], commit[32];
-	uint8_t in_u1, in_u2, in_u3, revealed;
+	fb_pubkey id; /* the identity key its advert was checked with */
+	uint8_t in_u1, in_u2, in_u3, in_u4, revealed;
 	uint32_t nshares; /* shares of this owner collected */
 } sworker;
 
 struct fb_secagg_server {
 	fb_secagg_params p;
 	uint32_t k, t;
-	int revealing, finished;
+	int confirming, revealing, finished;
+	uint8_t set_h[32]; /* H(U3), fixed by the first confirmation */
 	fb_secagg_graph *g;
 	sworker *w;              /* n */
+	uint32_t *keytab;        /* open addressing: slot + 1 by identity key */
+	uint32_t keycap;         /* a power of two >= 2 n */
 	uint32_t *nbr;           /* scratch: k neighbours */
 	uint8_t *mark;           /* scratch: n flags */
 	fb_shamir_share *shares; /* sodium_malloc, n * (k + 1) */
@@ -847,12 +1021,15 @@ fb_secagg_server_alloc(const fb_secagg_params *p, fb_secagg_server **out)
 	}
 	s->k = s->g->k;
 	nsh = (size_t)p->n * (s->k + 1);
+	for (s->keycap = 4; s->keycap < 2 * p->n; s->keycap *= 2) {
+	}
 	s->w = calloc(p->n, sizeof(*s->w));
 	s->nbr = calloc(s->k + 1, sizeof(*s->nbr));
 	s->mark = calloc(p->n, 1);
+	s->keytab = calloc(s->keycap, sizeof(*s->keytab));
 	s->shares = sodium_malloc(nsh * sizeof(*s->shares));
 	if (s->w == NULL || s->nbr == NULL || s->mark == NULL ||
-	    s->shares == NULL) {
+	    s->keytab == NULL || s->shares == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
 	}
@@ -873,6 +1050,7 @@ fb_secagg_server_free(fb_secagg_server *s)
 	free(s->w);
 	free(s->nbr);
 	free(s->mark);
+	free(s->keytab);
 	sodium_free(s->shares);
 	sodium_free(s->terms);
 	free(s);
@@ -882,6 +1060,28 @@ const fb_secagg_graph *
 fb_secagg_server_graph(const fb_secagg_server *s)
 {
 	return s->g;
+}
+
+/*
+ * key_claim records that identity key `id` signs for slot `index`, or
+ * refuses it (FB_EAUTH) when it already signed for another: one
+ * identity, one slot. A hash table on the key's first bytes (allowlisted
+ * Ed25519 keys), so that a round of n adverts costs O(n).
+ */
+static fb_err
+key_claim(fb_secagg_server *s, const fb_pubkey *id, uint32_t index)
+{
+	uint32_t mask = s->keycap - 1;
+	uint32_t h = ld32(id->b) & mask;
+
+	while (s->keytab[h] != 0) {
+		if (fb_pubkey_equal(&s->w[s->keytab[h] - 1].id, id)) {
+			return FB_EAUTH;
+		}
+		h = (h + 1) & mask;
+	}
+	s->keytab[h] = index + 1;
+	return FB_OK;
 }
 
 fb_err
@@ -901,9 +1101,13 @@ fb_secagg_server_add_advert(fb_secagg_server *s, uint32_t index,
 	         commit)) != FB_OK) {
 		return rc;
 	}
-	if (got != index || w->in_u1 || s->revealing) {
+	if (got != index || w->in_u1 || s->revealing || s->confirming) {
 		return FB_EPROTO;
 	}
+	if ((rc = key_claim(s, peer_id, index)) != FB_OK) {
+		return rc;
+	}
+	w->id = *peer_id;
 	memcpy(w->c_pk, c_pk, 32);
 	memcpy(w->s_pk, s_pk, 32);
 	memcpy(w->commit, commit, 32);
@@ -920,7 +1124,7 @@ fb_secagg_server_add_shares(fb_secagg_server *s, uint32_t index,
 	const uint8_t *msg = msgs;
 
 	if (index >= s->p.n || !s->w[index].in_u1 || s->w[index].in_u2 ||
-	    s->revealing) {
+	    s->revealing || s->confirming) {
 		return FB_EPROTO;
 	}
 	if ((rc = fb_secagg_graph_neighbours(s->g, index, s->nbr)) != FB_OK) {
@@ -954,7 +1158,7 @@ fb_err
 fb_secagg_server_set_included(fb_secagg_server *s, uint32_t index)
 {
 	if (index >= s->p.n || !s->w[index].in_u2 || s->w[index].in_u3 ||
-	    s->revealing) {
+	    s->revealing || s->confirming) {
 		return FB_EINVAL;
 	}
 	s->w[index].in_u3 = 1;
@@ -967,6 +1171,40 @@ fb_secagg_server_included(const fb_secagg_server *s, uint8_t *included)
 	for (uint32_t j = 0; j < s->p.n; j++) {
 		included[j] = s->w[j].in_u3;
 	}
+}
+
+fb_err
+fb_secagg_server_add_confirm(
+    fb_secagg_server *s, uint32_t from, const uint8_t *msg, size_t len)
+{
+	uint32_t signer;
+	fb_err rc;
+
+	if (from >= s->p.n || !s->w[from].in_u3 || s->w[from].in_u4 ||
+	    s->revealing || s->finished) {
+		return FB_EPROTO;
+	}
+	if ((rc = confirm_parse(&s->p, msg, len, &signer)) != FB_OK) {
+		return rc;
+	}
+	if (signer != from) {
+		return FB_EPROTO;
+	}
+	if (!s->confirming) {
+		uint8_t *inc = malloc(s->p.n);
+		if (inc == NULL) {
+			return FB_ENOMEM;
+		}
+		fb_secagg_server_included(s, inc);
+		set_hash(&s->p, inc, s->set_h);
+		free(inc);
+		s->confirming = 1;
+	}
+	if ((rc = confirm_verify(&s->w[from].id, msg, s->set_h)) != FB_OK) {
+		return rc;
+	}
+	s->w[from].in_u4 = 1;
+	return FB_OK;
 }
 
 /* holds says whether `from` holds shares of `owner` (both in U2). */
@@ -986,8 +1224,8 @@ fb_secagg_server_add_reveal(fb_secagg_server *s, uint32_t from,
 	const uint8_t *e;
 	fb_shamir_share sh;
 
-	if (from >= s->p.n || !s->w[from].in_u3 || s->w[from].revealed ||
-	    s->finished) {
+	if (from >= s->p.n || !s->w[from].in_u3 || !s->w[from].in_u4 ||
+	    s->w[from].revealed || s->finished) {
 		return FB_EPROTO;
 	}
 	if (msg == NULL || len < FB_SECAGG_REVEAL_HEADER_LEN ||

@@ -19,7 +19,7 @@
 #define H_PROTO 2
 #define H_PK 4
 #define H_EPH 36
-#define H_NONCE 68
+#define H_COOKIE 68
 #define H_SIG 100
 /* Reply field offsets. */
 #define R_PROTO 2
@@ -152,9 +152,57 @@ reply_signed_msg(const uint8_t *hello, const uint8_t *reply,
 	memcpy(msg + FB_DOMAIN_LEN + FB_HS_HELLO_LEN, reply, R_SIG);
 }
 
+/* Cookie field offsets. */
+#define C_TIME 0
+#define C_RAND 8
+#define C_MAC 16
+
+static const uint8_t cookie_domain[FB_DOMAIN_LEN] = "fedbox/cookie/v1";
+
+static void
+cookie_mac(const uint8_t key[FB_HS_COOKIE_KEY_LEN], const uint8_t *cookie,
+    uint8_t mac[16])
+{
+	crypto_generichash_state st;
+
+	crypto_generichash_init(&st, key, FB_HS_COOKIE_KEY_LEN, 16);
+	crypto_generichash_update(&st, cookie_domain, FB_DOMAIN_LEN);
+	crypto_generichash_update(&st, cookie, C_MAC);
+	crypto_generichash_final(&st, mac, 16);
+	sodium_memzero(&st, sizeof(st));
+}
+
+void
+fb_hs_cookie_make(const uint8_t key[FB_HS_COOKIE_KEY_LEN], int64_t now_ms,
+    uint8_t cookie[FB_HS_COOKIE_LEN])
+{
+	fb_store_le64(cookie + C_TIME, (uint64_t)now_ms);
+	randombytes_buf(cookie + C_RAND, 8);
+	cookie_mac(key, cookie, cookie + C_MAC);
+}
+
+fb_err
+fb_hs_cookie_check(const uint8_t key[FB_HS_COOKIE_KEY_LEN],
+    const uint8_t cookie[FB_HS_COOKIE_LEN], int64_t now_ms, int64_t max_ms)
+{
+	uint8_t mac[16];
+	int64_t issued;
+
+	cookie_mac(key, cookie, mac);
+	if (sodium_memcmp(mac, cookie + C_MAC, 16) != 0) {
+		return FB_EAUTH;
+	}
+	issued = (int64_t)fb_load_le64(cookie + C_TIME);
+	if (issued > now_ms || now_ms - issued > max_ms) {
+		return FB_ESTALE;
+	}
+	return FB_OK;
+}
+
 fb_err
 fb_handshake_start(const fb_identity *self, const fb_pubkey *coordinator,
-    uint16_t proto_version, uint8_t hello[FB_HS_HELLO_LEN], fb_handshake **out)
+    uint16_t proto_version, const uint8_t cookie[FB_HS_COOKIE_LEN],
+    uint8_t hello[FB_HS_HELLO_LEN], fb_handshake **out)
 {
 	fb_err rc = FB_OK;
 	fb_handshake *hs = NULL;
@@ -180,7 +228,7 @@ fb_handshake_start(const fb_identity *self, const fb_pubkey *coordinator,
 	le16_store(hs->hello + H_PROTO, proto_version);
 	memcpy(hs->hello + H_PK, hs->self.b, 32);
 	memcpy(hs->hello + H_EPH, hs->eph_pk, 32);
-	randombytes_buf(hs->hello + H_NONCE, 32);
+	memcpy(hs->hello + H_COOKIE, cookie, FB_HS_COOKIE_LEN);
 	memcpy(msg, fb_dom_hello, FB_DOMAIN_LEN);
 	memcpy(msg + FB_DOMAIN_LEN, hs->hello, H_SIG);
 	fb_identity_sign_raw(self, msg, sizeof(msg), hs->hello + H_SIG);
@@ -232,7 +280,7 @@ fb_handshake_accept(const fb_hs_accept_cfg *cfg, const uint8_t *hello,
 		rc = FB_EAUTH;
 		goto out;
 	}
-	if (worker_id == FB_SENDER_COORDINATOR) {
+	if (worker_id == FB_SENDER_COORDINATOR || cfg->cookie_key == NULL) {
 		rc = FB_EINVAL;
 		goto out;
 	}
@@ -242,6 +290,14 @@ fb_handshake_accept(const fb_hs_accept_cfg *cfg, const uint8_t *hello,
 	        hello + H_SIG, msg, FB_DOMAIN_LEN + H_SIG, worker.b) != 0) {
 		fb_set_why(why, FB_REJECT_BAD_SIGNATURE);
 		rc = FB_EAUTH;
+		goto out;
+	}
+	/* After the signature: only a hello its key really signed gets to
+	 * be called stale (so the answer to a forged one stays the same). */
+	if (fb_hs_cookie_check(cfg->cookie_key, hello + H_COOKIE, cfg->now_ms,
+	        cfg->cookie_ms) != FB_OK) {
+		fb_set_why(why, FB_REJECT_REPLAY);
+		rc = FB_ESTALE;
 		goto out;
 	}
 	if ((k = sodium_malloc(160)) == NULL) {

@@ -64,8 +64,9 @@
 #define DOOR_TRIM_MS 250          /* malloc_trim at most this often */
 #define DOOR_GRACE_MS 100         /* a new connection's time to send its
                                    * first message: never evicted then */
-#define DOOR_EVICT_AGE_MS 1000    /* one whose first or second message the
-                                   * loop read (a handshake in progress):
+#define DOOR_EVICT_AGE_MS 1000    /* one whose first, second or third
+                                   * message the loop read (a handshake
+                                   * in progress):
                                    * evicted only this long after it
                                    * opened */
 #define DOOR_BATCH 1024           /* monitor events handled per lock */
@@ -265,12 +266,13 @@ source_pending(const fb_door *d, const uint8_t src[16])
  * The pending connection to close for a newcomer when the door is full,
  * or -1 (the newcomer is refused). `mine`: pending connections from the
  * newcomer's address. First those that had their chance: the loop handled
- * two of their messages without trusting them (a worker authenticates by
- * its second; the loop reading a third means it is done with the
- * second). Then those of the address holding most pending connections,
- * the oldest first. Never one whose first or second message the loop
- * read (a worker's handshake hello: the reply is on its way; its sealed
- * hello: being opened) open less than DOOR_EVICT_AGE_MS, nor one that has
+ * three of their messages without trusting them (a secure worker
+ * authenticates by its third: cookie request, signed hello, sealed
+ * hello; the loop reading a fourth means it is done with the third).
+ * Then those of the address holding most pending connections, the oldest
+ * first. Never one whose first, second or third message the loop read (a
+ * handshake in progress: a cookie or reply on its way, a sealed hello
+ * being opened) open less than DOOR_EVICT_AGE_MS, nor one that has
  * sent nothing yet open less than DOOR_GRACE_MS unless its address holds
  * more pending connections than the newcomer's: so a newcomer from a
  * quiet address gets in past a flood from busier ones.
@@ -289,10 +291,10 @@ pick_victim(const fb_door *d, uint32_t mine, int64_t now)
 		unsigned r = atomic_load_explicit(&c->reads,
 		    memory_order_relaxed);
 		int64_t age = now - c->since_ms;
-		bool spent = r >= 3;
+		bool spent = r >= 4;
 		uint32_t n = source_pending(d, c->src);
 
-		if (((r == 1 || r == 2) && age < DOOR_EVICT_AGE_MS) ||
+		if ((r >= 1 && r <= 3 && age < DOOR_EVICT_AGE_MS) ||
 		    (r == 0 && age < DOOR_GRACE_MS && n <= mine)) {
 			continue;
 		}
@@ -399,10 +401,10 @@ on_accept_failed(fb_door *d, int err, int64_t now)
 
 /*
  * Pending connections past their time or their bytes are closed: past
- * max_pending_bytes once the loop has handled two of its messages without
- * trusting it (it read a third; a worker's first or second message
- * authenticates it), or past a whole frame more than that whatever the
- * loop did.
+ * max_pending_bytes once the loop has handled three of its messages
+ * without trusting it (it read a fourth; a worker's first to third
+ * message authenticates it), or past a whole frame more than that
+ * whatever the loop did.
  */
 static void
 sweep_pending(fb_door *d, int64_t now)
@@ -427,7 +429,7 @@ sweep_pending(fb_door *d, int64_t now)
 		}
 		in = tcp_bytes_in(fd);
 		if (in > d->o.max_pending_bytes &&
-		    (r >= 3 || in > d->o.max_pending_bytes + d->max_msg)) {
+		    (r >= 4 || in > d->o.max_pending_bytes + d->max_msg)) {
 			conn_close(d, fd, &d->st.over_bytes, now);
 		}
 	}

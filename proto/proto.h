@@ -25,7 +25,11 @@
 /* 2: RoundStart.first_chunk (updates go up in a rotated chunk order). */
 /* 4: the broadcast's FULL stream seals each chunk on its own
  * (crypto/stream.c), so the model encrypts on every core. */
-#define FB_PROTOCOL_VERSION 4
+/* 5: SecAgg's consistency check (the included set signed and its
+ * confirmations relayed before any reveal), RoundStart's private time
+ * budget, and the handshake's coordinator cookie (an empty Handshake asks
+ * for it; the signed hello carries it). */
+#define FB_PROTOCOL_VERSION 5
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
@@ -73,9 +77,14 @@ typedef enum fb_secagg_phase {
 	FB_SA_PEERS = 2,  /* coordinator: neighbours' adverts (slot, key, ad) */
 	FB_SA_SHARES = 3, /* worker: sealed shares for its neighbours */
 	FB_SA_RELAY = 4,  /* coordinator: the shares addressed to a worker */
-	FB_SA_UNMASK = 5, /* coordinator: the included set, n bytes */
-	FB_SA_REVEAL = 6, /* worker: its shares for unmasking */
-	FB_SA_PHASE_MAX_ = 6
+	FB_SA_INCLUDED = 5, /* coordinator: the included set U3, n bytes */
+	FB_SA_REVEAL = 6,   /* worker: its shares for unmasking */
+	FB_SA_CONFIRM = 7,  /* worker: its signature of U3 (crypto.h) */
+	FB_SA_CONFIRMS = 8, /* coordinator: its neighbours' signatures of
+	                     * U3, FB_SECAGG_CONFIRM_LEN each: reveal now */
+	FB_SA_REFUSE = 9,   /* worker: it will not reveal (it holds fewer than
+	                     * t confirmations of its set); no data */
+	FB_SA_PHASE_MAX_ = 9
 } fb_secagg_phase;
 
 typedef struct fb_wire_model_spec {
@@ -137,6 +146,9 @@ typedef struct fb_msg {
 			bool fednova;
 			float local_epochs;
 			uint32_t first_chunk;
+			uint32_t time_budget_ms; /* secure: > 0, the worker
+			                          * schedules its own steps */
+			uint64_t min_steps, max_steps; /* with time_budget_ms */
 			bool secagg; /* the fields below are set */
 			uint32_t sa_slot;
 			uint32_t sa_n;

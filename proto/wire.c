@@ -180,6 +180,9 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		rs.fednova = m->u.round_start.fednova;
 		rs.local_epochs = m->u.round_start.local_epochs;
 		rs.first_chunk = m->u.round_start.first_chunk;
+		rs.time_budget_ms = m->u.round_start.time_budget_ms;
+		rs.min_steps = m->u.round_start.min_steps;
+		rs.max_steps = m->u.round_start.max_steps;
 		if (m->u.round_start.secagg) {
 			fedbox__sec_agg_round__init(&sar);
 			sar.slot = m->u.round_start.sa_slot;
@@ -453,6 +456,9 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.round_start.fednova = p->fednova;
 		m->u.round_start.local_epochs = p->local_epochs;
 		m->u.round_start.first_chunk = p->first_chunk;
+		m->u.round_start.time_budget_ms = p->time_budget_ms;
+		m->u.round_start.min_steps = p->min_steps;
+		m->u.round_start.max_steps = p->max_steps;
 		if (p->secagg != NULL) {
 			const Fedbox__SecAggRound *q = p->secagg;
 			m->u.round_start.secagg = true;

@@ -21,6 +21,7 @@ static const char *const datasets[] = {"fashion-mnist", "none", "files",
 static const char *const devices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const maths[] = {"fp32", "tf32", "bf16", NULL};
 static const char *const sa_modes[] = {"required", "optional", NULL};
+static const char *const auto_word[] = {"auto", NULL}; /* -1 */
 /* security.coordinator_key: a value starting so is the key, not a file. */
 static const char *const key_line[] = {"fedbox-ed25519 ", NULL};
 
@@ -121,6 +122,12 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "optional: the federation's allowlist file; secure-aggregation "
         "peers whose identity key is not on it are refused (without it "
         "the keys come from the coordinator)"},
+    {"security.secagg_min_threshold", FB_CFG_INT,
+        F(secagg_min_threshold), "auto", 2, 65536, auto_word,
+        "the fewest shares a secure round may need to recover a secret; "
+        "rounds asking fewer are skipped; auto = a majority of the round's "
+        "neighbourhood, floor((k + 1) / 2) + 1 of its k neighbours and this "
+        "worker"},
     {"debug.dump_updates", FB_CFG_PATH, F(dump_updates), "", NOB, MB,
         "TESTS ONLY: folder where each round's update (plain, encoded and "
         "masked) is written; empty = off"},

@@ -58,17 +58,38 @@ fb_wk_send_hello(fb_wk *w)
 	}
 }
 
-/* Secure mode: a fresh handshake (new ephemeral key). */
+/*
+ * Secure mode: a fresh handshake. It starts with an empty one, asking the
+ * coordinator for a cookie, which the signed hello then carries (a hello
+ * is only taken with a cookie of the coordinator's current process).
+ */
 void
 fb_wk_send_handshake(fb_wk *w)
 {
 	fb_msg m = {.type = FB_MSG_HANDSHAKE};
-	fb_err rc;
 
 	fb_handshake_free(w->hs);
 	w->hs = NULL;
+	m.u.handshake.data.len = 0;
+	m.u.handshake.lane = w->lane;
+	w->cookie_wait = true;
+	w->last_hello_ms = w->now;
+	if (fb_wk_send_now(w, &m, NULL, 0, NULL) == FB_EAGAIN) {
+		fb_log_debug("handshake not sent: the queue is full (resent "
+		             "later)");
+	}
+}
+
+/* The coordinator's cookie: our signed hello, with a new ephemeral key. */
+static void
+send_signed_hello(fb_wk *w, const fb_blob *cookie)
+{
+	fb_msg m = {.type = FB_MSG_HANDSHAKE};
+	fb_err rc;
+
+	w->cookie_wait = false;
 	rc = fb_handshake_start(w->self, &w->coord_pk, FB_PROTOCOL_VERSION,
-	    m.u.handshake.data.b, &w->hs);
+	    cookie->b, m.u.handshake.data.b, &w->hs);
 	if (rc != FB_OK) {
 		fb_log_warn("cannot start a handshake: %s", fb_strerror(rc));
 		return;
@@ -101,7 +122,19 @@ fb_wk_on_handshake_reply(fb_wk *w, const fb_msg *m)
 	fb_reject why = FB_REJECT_NONE;
 	fb_session *s = NULL;
 
-	if (!w->secure || w->hs == NULL || w->sess != NULL) {
+	if (!w->secure || w->sess != NULL) {
+		return;
+	}
+	if (m->u.handshake.data.len == FB_HS_COOKIE_LEN) {
+		if (w->cookie_wait) {
+			send_signed_hello(w, &m->u.handshake.data);
+		} else {
+			fb_log_debug(
+			    "dropped a handshake cookie: none asked for");
+		}
+		return;
+	}
+	if (w->hs == NULL) {
 		return;
 	}
 	if (fb_handshake_finish(w->hs, m->u.handshake.data.b,

@@ -316,11 +316,17 @@ round_start_usable(const fb_wk *w, const fb_msg *m)
 	uint64_t expect =
 	    (w->param_count * 4 + w->chunk_bytes - 1) / w->chunk_bytes;
 
+	bool budget_ok = m->u.round_start.time_budget_ms == 0 ||
+	                 (m->u.round_start.secagg &&
+	                     m->u.round_start.min_steps >= 1 &&
+	                     m->u.round_start.min_steps <=
+	                         m->u.round_start.max_steps);
+
 	return m->u.round_start.param_count == w->param_count &&
 	       m->u.round_start.chunk_bytes == w->chunk_bytes &&
 	       m->u.round_start.chunk_count == expect &&
 	       m->u.round_start.first_chunk < expect &&
-	       m->u.round_start.batch_size != 0 &&
+	       m->u.round_start.batch_size != 0 && budget_ok &&
 	       (m->u.round_start.local_steps != 0 ||
 	           (m->u.round_start.secagg &&
 	               m->u.round_start.local_epochs > 0 &&
@@ -363,6 +369,20 @@ round_settings(fb_wk *w, const fb_msg *m)
 		                 (double)fb_wk_samples(w) /
 		                 (double)m->u.round_start.batch_size);
 		w->steps = st < 1 ? 1 : (uint64_t)st;
+	}
+	w->own_budget = false;
+	if (m->u.round_start.time_budget_ms > 0 && w->has_speed) {
+		/* Secure time budget: as many steps as our own speed fits in
+		 * it; the coordinator learns neither the speed nor the steps
+		 * (until we have a speed, the fixed work above). */
+		double budget_s =
+		    (double)m->u.round_start.time_budget_ms / 1000.0;
+		double fit = floor(w->speed * budget_s);
+		double lo = (double)m->u.round_start.min_steps;
+		double hi = (double)m->u.round_start.max_steps;
+		fit = fit < lo ? lo : fit > hi ? hi : fit;
+		w->steps = (uint64_t)fit;
+		w->own_budget = true;
 	}
 	w->batch = m->u.round_start.batch_size;
 	w->lr = m->u.round_start.lr;
@@ -610,6 +630,19 @@ fb_wk_on_trained(fb_wk *w, int64_t now)
 	if (w->synthetic) {
 		snprintf(w->backend, sizeof(w->backend),
 		    "none (synthetic update)");
+	}
+	if (w->own_budget) {
+		fb_log_info("round %u: %" PRIu64 " steps fitted to the time "
+		            "budget at this worker's %.1f steps/s (kept here)",
+		    w->round, w->steps, w->speed);
+	}
+	if (w->stats.steps > 0 && w->stats.seconds > 0 &&
+	    isfinite(w->stats.seconds)) {
+		/* smoothed as the coordinator smooths the speeds of plain
+		 * workers; kept here, for our own time budgets */
+		double sp = (double)w->stats.steps / w->stats.seconds;
+		w->speed = w->has_speed ? 0.5 * w->speed + 0.5 * sp : sp;
+		w->has_speed = true;
 	}
 	if (w->sa != NULL && w->sa_phase != FB_WK_SA_MASKING) {
 		fb_log_info("round %u: %" PRIu64 " steps in %.2fs, loss %.4f; "

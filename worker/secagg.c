@@ -4,8 +4,15 @@
  * protocol is in crypto/crypto.h): at round start a signed key advert;
  * from the neighbours' adverts, sealed shares of our two secrets; from
  * the shares relayed to us, the masks, after which the masked update may
- * go; and on the coordinator's unmasking request, our shares of the
- * neighbours' secrets (never both of one neighbour's).
+ * go; then our signature of the included set the coordinator sends, and
+ * once the neighbours' signatures of that same set are in (at least the
+ * threshold, ours counted: the consistency check), our shares of the
+ * neighbours' secrets (never both of one neighbour's), or a refusal.
+ *
+ * Before anything is made, the round's threshold must be at least this
+ * worker's floor (security.secagg_min_threshold; auto: a majority of the
+ * round's neighbourhood), and each identity key may sign for one
+ * neighbour slot only (crypto's add_advert).
  *
  * The messages go through the outbox, so a full queue delays them without
  * reordering them; what they carry is sealed when the link takes it.
@@ -49,6 +56,47 @@ sa_abandon(fb_wk *w, const char *why)
 	fb_wk_round_fail(w, w->round, why);
 }
 
+/*
+ * The threshold floor: a coordinator that asks for fewer shares than a
+ * majority of each neighbourhood (or than security.secagg_min_threshold)
+ * could reconstruct both of one worker's secrets from two halves of its
+ * neighbours, told different included sets. The degree is the actual one,
+ * as the graph derives it from n and the requested degree.
+ */
+static fb_err
+sa_floor_check(const fb_wk *w, const fb_msg *m)
+{
+	fb_secagg_graph *g = NULL;
+	uint32_t n = m->u.round_start.sa_n, t = m->u.round_start.sa_threshold;
+	uint32_t k, floor;
+
+	if (fb_secagg_graph_alloc(n, m->u.round_start.sa_degree, t,
+	        m->u.round_start.sa_graph_seed.b, w->round, &g) != FB_OK) {
+		fb_log_warn("round %u: unusable secure-aggregation graph; "
+		            "skipping the round",
+		    w->round);
+		return FB_EPROTO;
+	}
+	k = fb_secagg_graph_degree(g);
+	fb_secagg_graph_free(g);
+	floor = w->cfg->secagg_min_threshold > 0
+	            ? (uint32_t)w->cfg->secagg_min_threshold
+	            : fb_secagg_threshold_default(k);
+	if (t < floor) {
+		fb_log_error("round %u: the coordinator's secure-aggregation "
+		             "threshold %u (of %u neighbours + this worker) is "
+		             "below this worker's floor of %u "
+		             "(security.secagg_min_threshold%s); skipping the "
+		             "round",
+		    w->round, t, k, floor,
+		    w->cfg->secagg_min_threshold > 0
+		        ? ""
+		        : ": auto, a majority of the neighbourhood");
+		return FB_ERANGE;
+	}
+	return FB_OK;
+}
+
 /* The round's public parameters, as this worker can use them. */
 static fb_err
 sa_check(fb_wk *w, const fb_msg *m)
@@ -71,6 +119,9 @@ sa_check(fb_wk *w, const fb_msg *m)
 		            "skipping the round",
 		    w->round);
 		return FB_EPROTO;
+	}
+	if (sa_floor_check(w, m) != FB_OK) {
+		return FB_ERANGE;
 	}
 	if (fb_wk_samples(w) > maxs) {
 		fb_log_error("round %u: this worker has %" PRIu64
@@ -113,6 +164,7 @@ fb_wk_sa_start(fb_wk *w, const fb_msg *m)
 		return FB_ENOMEM;
 	}
 	w->sa_n = p.n;
+	w->sa_t = p.threshold;
 	w->sa_weight =
 	    (double)fb_wk_samples(w) / (double)m->u.round_start.sa_max_samples;
 	w->sa_phase = FB_WK_SA_ADVERTISED;
@@ -164,7 +216,12 @@ on_peers(fb_wk *w, const fb_frame *f, uint32_t cnt)
 			fb_log_warn("round %u: key advert of worker slot %u "
 			            "refused: %s",
 			    w->round, (unsigned)e[0] | (unsigned)e[1] << 8,
-			    fb_strerror(rc));
+			    rc == FB_EAUTH
+			        ? "its signature or run does not verify, or "
+			          "its "
+			          "identity key already signs for another slot "
+			          "(one identity, one neighbour)"
+			        : fb_strerror(rc));
 		}
 	}
 	cap = (size_t)cnt * FB_SECAGG_SHARE_MSG_LEN + 1;
@@ -231,20 +288,81 @@ on_relay(fb_wk *w, const fb_frame *f, uint32_t cnt)
 	}
 }
 
-/* The included set: reveal our shares for unmasking. */
+/* Tells the coordinator we will not reveal, and leaves secure
+ * aggregation for this round (our secrets stay ours). */
 static void
-on_unmask(fb_wk *w, const fb_frame *f, uint32_t cnt)
+sa_refuse(fb_wk *w, const char *why)
+{
+	fb_log_warn("round %u: %s: not revealing our shares", w->round, why);
+	if (sa_send(w, FB_SA_REFUSE, 0, NULL, 0) != FB_OK) {
+		fb_log_debug(
+		    "round %u: the refusal could not be sent", w->round);
+	}
+	fb_wk_sa_end(w);
+}
+
+/* The included set: sign it (once; the same set again gets the same
+ * signature). */
+static void
+on_included(fb_wk *w, const fb_frame *f, uint32_t cnt)
+{
+	uint8_t out[FB_SECAGG_CONFIRM_LEN];
+	fb_err rc;
+
+	if ((w->sa_phase != FB_WK_SA_MASKING &&
+	        w->sa_phase != FB_WK_SA_CONFIRMED) ||
+	    cnt != w->sa_n || f->payload_len != w->sa_n) {
+		fb_log_warn(
+		    "round %u: malformed or unexpected included set", w->round);
+		return;
+	}
+	rc = fb_secagg_worker_confirm(w->sa, w->self, f->payload, w->sa_n, out);
+	if (rc != FB_OK) {
+		sa_refuse(
+		    w, rc == FB_EPROTO
+		           ? "the included set leaves us out, holds fewer "
+		             "than the threshold, or differs from the one "
+		             "we signed"
+		           : "cannot sign the included set");
+		return;
+	}
+	w->sa_phase = FB_WK_SA_CONFIRMED;
+	if (sa_send(w, FB_SA_CONFIRM, 1, out, sizeof(out)) != FB_OK) {
+		fb_log_warn(
+		    "round %u: the confirmation could not be sent", w->round);
+	}
+}
+
+/* The neighbours' confirmations: with enough of them for our set, reveal
+ * our shares for unmasking; else refuse. */
+static void
+on_confirms(fb_wk *w, const fb_frame *f, uint32_t cnt)
 {
 	uint8_t *out = NULL;
 	size_t out_len = 0, cap;
+	uint32_t other = 0, bad = 0;
 	fb_err rc;
 
-	if (w->sa_phase != FB_WK_SA_MASKING || cnt != w->sa_n ||
-	    f->payload_len != w->sa_n) {
-		fb_log_warn("round %u: malformed or unexpected unmasking "
-		            "request",
+	if (w->sa_phase != FB_WK_SA_CONFIRMED || cnt >= w->sa_n ||
+	    f->payload_len != (size_t)cnt * FB_SECAGG_CONFIRM_LEN) {
+		fb_log_warn("round %u: malformed or unexpected confirmations",
 		    w->round);
 		return;
+	}
+	for (uint32_t i = 0; i < cnt; i++) {
+		rc = fb_secagg_worker_add_confirm(w->sa,
+		    f->payload + (size_t)i * FB_SECAGG_CONFIRM_LEN,
+		    FB_SECAGG_CONFIRM_LEN);
+		other += rc == FB_EAUTH;
+		bad += rc != FB_OK && rc != FB_EAUTH;
+	}
+	if (other > 0 || bad > 0) {
+		fb_log_warn(
+		    "round %u: %u confirmations of the included set do not "
+		    "verify against the set we signed (another set, or "
+		    "another key), %u are malformed or not from an "
+		    "included neighbour",
+		    w->round, other, bad);
 	}
 	cap = FB_SECAGG_REVEAL_HEADER_LEN +
 	      (size_t)w->sa_n * FB_SECAGG_REVEAL_ENTRY_LEN;
@@ -253,13 +371,19 @@ on_unmask(fb_wk *w, const fb_frame *f, uint32_t cnt)
 		    w->round);
 		return;
 	}
-	rc = fb_secagg_worker_reveal(
-	    w->sa, f->payload, w->sa_n, out, cap, &out_len);
+	rc = fb_secagg_worker_reveal(w->sa, out, cap, &out_len);
 	if (rc == FB_OK) {
 		if (sa_send(w, FB_SA_REVEAL, 1, out, out_len) == FB_OK) {
 			fb_log_debug(
 			    "round %u: unmasking shares sent", w->round);
 		}
+	} else if (rc == FB_ERANGE) {
+		char why[160];
+		snprintf(why, sizeof(why),
+		    "only %u of the %u confirmations of the included set the "
+		    "threshold needs (ours counted)",
+		    fb_secagg_worker_confirmations(w->sa), w->sa_t);
+		sa_refuse(w, why);
 	} else {
 		fb_log_warn("round %u: unmasking request refused: %s", w->round,
 		    fb_strerror(rc));
@@ -286,8 +410,11 @@ fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
 	case FB_SA_RELAY:
 		on_relay(w, f, cnt);
 		return;
-	case FB_SA_UNMASK:
-		on_unmask(w, f, cnt);
+	case FB_SA_INCLUDED:
+		on_included(w, f, cnt);
+		return;
+	case FB_SA_CONFIRMS:
+		on_confirms(w, f, cnt);
 		return;
 	default:
 		fb_log_warn("unexpected secure-aggregation step %u from the "

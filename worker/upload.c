@@ -114,11 +114,13 @@ fb_wk_upload_start(fb_wk *w, double seconds, double loss, uint64_t steps)
 	u->chunks = w->chunk_count + (sa ? 1 : 0);
 	u->loss = loss;
 	m->u.update_begin.chunk_count = u->chunks;
-	m->u.update_begin.steps_per_second =
-	    seconds > 0 ? (double)steps / seconds : 0;
 	if (!sa) {
 		/* With secure aggregation these stay here: the coordinator
-		 * learns only their weighted sums (extra coordinates). */
+		 * learns only the weighted sums (extra coordinates) of the
+		 * sample counts, losses and normalisers, and nothing of a
+		 * worker's speed or steps. */
+		m->u.update_begin.steps_per_second =
+		    seconds > 0 ? (double)steps / seconds : 0;
 		m->u.update_begin.num_samples = fb_wk_samples(w);
 		m->u.update_begin.steps = steps;
 		m->u.update_begin.train_loss = loss;

@@ -293,7 +293,7 @@ fb_wk_on_writable(fb_wk *w, int64_t now)
 static bool
 accept_plain(fb_wk *w, const fb_frame *f)
 {
-	bool shaking = w->hs != NULL && w->sess == NULL;
+	bool shaking = (w->hs != NULL || w->cookie_wait) && w->sess == NULL;
 
 	switch (f->msg.type) {
 	case FB_MSG_HANDSHAKE:

@@ -57,6 +57,7 @@ typedef struct fb_worker_config {
 	char *coordinator_key;    /* pinned key: .pub file or the line */
 	int secure_aggregation;   /* 0 required, 1 optional */
 	char *peers;              /* optional: allowlist of peers' keys */
+	int64_t secagg_min_threshold; /* -1 auto: a neighbourhood majority */
 	char *dump_updates;       /* debug: folder for each round's update */
 } fb_worker_config;
 

@@ -75,6 +75,7 @@ typedef enum fb_wk_sa_phase {
 	FB_WK_SA_ADVERTISED, /* our signed key advert sent */
 	FB_WK_SA_SHARED,     /* neighbours' adverts in, our shares sent */
 	FB_WK_SA_MASKING, /* their shares in, masks fixed: the update may go */
+	FB_WK_SA_CONFIRMED, /* the included set signed: reveal on confirms */
 } fb_wk_sa_phase;
 
 typedef struct fb_wk fb_wk;
@@ -189,9 +190,14 @@ struct fb_wk {
 	fb_err train_rc;      /* written by the trainer thread */
 	char train_why[FB_TEXT_MAX]; /* its last error, when train_rc fails */
 	fb_train_stats stats; /* written by the trainer thread */
+	/* this worker's own measured speed: it schedules its steps in a
+	 * secure time budget, and is never sent (secure aggregation) */
+	double speed; /* smoothed local steps per second; has_speed */
+	bool has_speed;
 	/* the current round */
 	uint32_t round;
 	uint64_t steps;
+	bool own_budget; /* steps fitted to a secure time budget here */
 	uint32_t batch;
 	float lr, momentum, weight_decay, prox_mu;
 	bool fednova;
@@ -207,6 +213,7 @@ struct fb_wk {
 	fb_identity *self;
 	fb_pubkey coord_pk;
 	fb_handshake *hs; /* a handshake waiting for its reply */
+	bool cookie_wait; /* a cookie request is out (secure, joining) */
 	fb_session *sess;
 	fb_stream_pull *mpull; /* this round's model stream */
 	fb_blob model_trailer;
@@ -215,6 +222,7 @@ struct fb_wk {
 	fb_wk_sa_phase sa_phase;
 	fb_secagg_worker *sa; /* NULL: none this round */
 	uint32_t sa_n;
+	uint32_t sa_t;    /* the round's threshold */
 	double sa_weight; /* samples / max_samples */
 	fb_secagg_encodings enc;
 	uint32_t *encbuf; /* one encoded (then masked) chunk */

@@ -24,6 +24,12 @@ FUZZ_SRCS_crypto = $(filter-out crypto/keygen.c,$(wildcard crypto/*.c)) \
                    $(FUZZ_SRCS_common)
 FUZZ_LIBS_crypto = -lsodium -lm -lpthread
 
+# secagg_*: the secure-aggregation decoders of crypto/ (secagg.c), with
+# their round fixture tests/fuzz/secagg_common.h.
+FUZZ_SRCS_secagg = $(FUZZ_SRCS_crypto)
+FUZZ_LIBS_secagg = $(FUZZ_LIBS_crypto)
+FUZZ_HDRS_secagg = $(wildcard crypto/*.h)
+
 # proto/: the decoders, the generated protobuf-c code, and crypto/ (which
 # secure.c calls to seal and open frames; it brings common/). link.c stays
 # in because secure.c sends through it; no target opens a socket.

@@ -22,6 +22,8 @@
 #define FZ_ROUND 1u
 #define FZ_CHUNK 64      /* stream chunk length of the seeds */
 #define FZ_MAX_CHUNK 256 /* what the stream target accepts */
+#define FZ_NOW_MS 1000000 /* the coordinator's clock for cookies */
+#define FZ_COOKIE_MS 30000
 
 /* ---- deterministic RNG (splitmix64), installed before sodium_init ---- */
 
@@ -86,6 +88,8 @@ typedef struct fz_fixture {
 	fb_pubkey worker_pk;
 	fb_allowlist allow;
 	fb_run_id run;
+	uint8_t cookie_key[FB_HS_COOKIE_KEY_LEN];
+	uint8_t cookie[FB_HS_COOKIE_LEN]; /* issued at FZ_NOW_MS */
 	fb_handshake *hs; /* the worker's handshake, hello in `hello` */
 	uint8_t hello[FB_HS_HELLO_LEN];
 	fb_session *coord_s;  /* coordinator side, fixed keys */
@@ -132,8 +136,10 @@ fz_setup(void)
 	fz.allow.keys = &fz.worker_pk;
 	fz.allow.count = 1;
 	memset(fz.run.b, 0x5a, sizeof(fz.run.b));
-	if (fb_handshake_start(
-	        fz.worker, &fz.coord_pk, FZ_PROTO, fz.hello, &fz.hs) != FB_OK) {
+	memset(fz.cookie_key, 0x66, sizeof(fz.cookie_key));
+	fb_hs_cookie_make(fz.cookie_key, FZ_NOW_MS, fz.cookie);
+	if (fb_handshake_start(fz.worker, &fz.coord_pk, FZ_PROTO, fz.cookie,
+	        fz.hello, &fz.hs) != FB_OK) {
 		fz_die("hello");
 	}
 	memset(k1, 0x11, sizeof(k1));
@@ -161,6 +167,9 @@ fz_accept_cfg(void)
 	    .proto_version = FZ_PROTO,
 	    .lookup = fb_allowlist_lookup_cb,
 	    .lookup_arg = &fz.allow,
+	    .cookie_key = fz.cookie_key,
+	    .now_ms = FZ_NOW_MS,
+	    .cookie_ms = FZ_COOKIE_MS,
 	};
 	return cfg;
 }

@@ -14,10 +14,15 @@ recorded a real worker's traffic would:
   flip-trailer  one bit flipped near the end of each message (signatures
                 and stream trailers live there)
   truncate      payload chunks cut short, and a stream sent without its end
-  hello         the captured signed handshake hello, as if from that worker
+  hello         the captured handshake messages in clear (cookie requests
+                and signed hellos), as if from that worker; then it
+                listens a while and counts what comes back: cookies
+                (anyone may ask for one), handshake replies (a hello
+                answered: what a fresh coordinator cookie prevents) and
+                refusals
 
 usage: replayer.py ENDPOINT CAPTURE ATTACK [--seconds S]
-Prints how many messages it sent.
+Prints how many messages it sent (and, for hello, the answers).
 """
 import argparse
 import json
@@ -25,6 +30,10 @@ import sys
 import time
 
 import zmq
+
+import fbwire
+
+HANDSHAKE, REJECT = 12, 3
 
 
 def load(path, since=None):
@@ -99,10 +108,29 @@ def main():
             n += 1
         except zmq.Again:
             break
-    time.sleep(0.3)
+    answers = {"cookies": 0, "replies": 0, "refusals": 0, "other": 0}
+    end = time.time() + (1.5 if a.attack == "hello" else 0.3)
+    while time.time() < end:
+        if not s.poll(50):
+            continue
+        top = fbwire.parse_top(s.recv_multipart()[0])
+        if top is not None and top[0] == HANDSHAKE:
+            data = fbwire.fields(top[1]).get(1, [b""])[0]
+            key = {32: "cookies", 152: "replies"}.get(len(data), "other")
+            answers[key] += 1
+        elif top is not None and top[0] == REJECT:
+            answers["refusals"] += 1
+        else:
+            answers["other"] += 1
     s.close()
     ctx.term()
     print("%s: sent %d of %d captured messages" % (a.attack, n, len(msgs)))
+    if a.attack == "hello":
+        print("hello: %d sent in clear; answers: %d cookies, %d replies, "
+              "%d refusals, %d other" % (len(out), answers["cookies"],
+                                          answers["replies"],
+                                          answers["refusals"],
+                                          answers["other"]))
     return 0
 
 

@@ -21,11 +21,16 @@
 
 /* ---- fixture ------------------------------------------------------------- */
 
+#define NOW_MS 5000000 /* the coordinator's clock for cookies */
+#define COOKIE_MS 30000
+
 typedef struct fixture {
 	fb_identity *coord, *w0, *w1, *outsider;
 	fb_pubkey coord_pk, allowed[2], outsider_pk;
 	fb_allowlist allow;
 	fb_run_id run;
+	uint8_t cookie_key[FB_HS_COOKIE_KEY_LEN];
+	uint8_t cookie[FB_HS_COOKIE_LEN]; /* issued at NOW_MS */
 } fixture;
 
 static fixture fx_;
@@ -51,6 +56,8 @@ fx(void)
 	fx_.allow.keys = fx_.allowed;
 	fx_.allow.count = 2;
 	assert_int_equal(fb_run_id_random(&fx_.run), FB_OK);
+	randombytes_buf(fx_.cookie_key, sizeof(fx_.cookie_key));
+	fb_hs_cookie_make(fx_.cookie_key, NOW_MS, fx_.cookie);
 	return &fx_;
 }
 
@@ -63,6 +70,9 @@ accept_cfg(const fixture *f, const fb_run_id *run)
 	    .proto_version = PROTO,
 	    .lookup = fb_allowlist_lookup_cb,
 	    .lookup_arg = (void *)(uintptr_t)&f->allow,
+	    .cookie_key = f->cookie_key,
+	    .now_ms = NOW_MS + 100,
+	    .cookie_ms = COOKIE_MS,
 	};
 	return cfg;
 }
@@ -78,7 +88,8 @@ pair(const fixture *f, const fb_identity *w, const fb_run_id *run,
 	fb_reject why;
 
 	assert_int_equal(
-	    fb_handshake_start(w, &f->coord_pk, PROTO, hello, &hs), FB_OK);
+	    fb_handshake_start(w, &f->coord_pk, PROTO, f->cookie, hello, &hs),
+	    FB_OK);
 	assert_int_equal(
 	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, cs, &why),
 	    FB_OK);
@@ -408,8 +419,8 @@ test_handshake_unknown_key(void **state)
 	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
 	fb_reject why;
 
-	assert_int_equal(
-	    fb_handshake_start(f->outsider, &f->coord_pk, PROTO, hello, &hs),
+	assert_int_equal(fb_handshake_start(f->outsider, &f->coord_pk, PROTO,
+	                     f->cookie, hello, &hs),
 	    FB_OK);
 	assert_int_equal(
 	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
@@ -431,8 +442,8 @@ test_handshake_forged_hello(void **state)
 	uint8_t msg[FB_DOMAIN_LEN + 100];
 
 	/* The outsider claims worker 0's key and signs with its own. */
-	assert_int_equal(
-	    fb_handshake_start(f->outsider, &f->coord_pk, PROTO, hello, &hs),
+	assert_int_equal(fb_handshake_start(f->outsider, &f->coord_pk, PROTO,
+	                     f->cookie, hello, &hs),
 	    FB_OK);
 	memcpy(hello + 4, f->allowed[0].b, 32);
 	memcpy(msg, fb_dom_hello, FB_DOMAIN_LEN);
@@ -457,8 +468,9 @@ test_handshake_hello_bitflips(void **state)
 	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
 	fb_reject why;
 
-	assert_int_equal(
-	    fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello, &hs), FB_OK);
+	assert_int_equal(fb_handshake_start(
+	                     f->w0, &f->coord_pk, PROTO, f->cookie, hello, &hs),
+	    FB_OK);
 	for (size_t bit = 0; bit < 8 * sizeof(hello); bit++) {
 		memcpy(bad, hello, sizeof(bad));
 		bad[bit / 8] ^= (uint8_t)(1u << (bit % 8));
@@ -482,6 +494,80 @@ test_handshake_hello_bitflips(void **state)
 	fb_handshake_free(hs);
 }
 
+/*
+ * The hello's freshness: a cookie made under another key (the coordinator
+ * before a restart) or one past its life is refused after the signature
+ * checks out (REPLAY, FB_ESTALE), a cookie from the future too; without
+ * a cookie key the coordinator side refuses to run at all.
+ */
+static void
+test_handshake_cookie_freshness(void **state)
+{
+	const fixture *f = fx();
+	uint8_t hello[FB_HS_HELLO_LEN], reply[FB_HS_REPLY_LEN];
+	uint8_t other[FB_HS_COOKIE_KEY_LEN], cookie[FB_HS_COOKIE_LEN];
+	fb_handshake *hs = NULL;
+	fb_session *cs = NULL;
+	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
+	fb_reject why;
+
+	/* the cookie itself */
+	assert_int_equal(
+	    fb_hs_cookie_check(f->cookie_key, f->cookie, NOW_MS, COOKIE_MS),
+	    FB_OK);
+	assert_int_equal(fb_hs_cookie_check(f->cookie_key, f->cookie,
+	                     NOW_MS + COOKIE_MS + 1, COOKIE_MS),
+	    FB_ESTALE);
+	assert_int_equal(
+	    fb_hs_cookie_check(f->cookie_key, f->cookie, NOW_MS - 1, COOKIE_MS),
+	    FB_ESTALE);
+	memcpy(cookie, f->cookie, sizeof(cookie));
+	for (size_t i = 0; i < sizeof(cookie); i++) {
+		cookie[i] ^= 0x40;
+		assert_int_not_equal(fb_hs_cookie_check(f->cookie_key, cookie,
+		                         NOW_MS, COOKIE_MS),
+		    FB_OK);
+		cookie[i] ^= 0x40;
+	}
+	/* a hello recorded before a restart: another process's key */
+	memcpy(other, f->cookie_key, sizeof(other));
+	other[0] ^= 1;
+	fb_hs_cookie_make(other, NOW_MS, cookie);
+	assert_int_equal(
+	    fb_hs_cookie_check(f->cookie_key, cookie, NOW_MS, COOKIE_MS),
+	    FB_EAUTH);
+	assert_int_equal(
+	    fb_handshake_start(f->w0, &f->coord_pk, PROTO, cookie, hello, &hs),
+	    FB_OK);
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
+	    FB_ESTALE);
+	assert_int_equal(why, FB_REJECT_REPLAY);
+	assert_null(cs);
+	fb_handshake_free(hs);
+	/* one of this process, past its life */
+	assert_int_equal(fb_handshake_start(
+	                     f->w0, &f->coord_pk, PROTO, f->cookie, hello, &hs),
+	    FB_OK);
+	cfg.now_ms = NOW_MS + COOKIE_MS + 1;
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
+	    FB_ESTALE);
+	assert_int_equal(why, FB_REJECT_REPLAY);
+	/* within it, the same hello is taken */
+	cfg.now_ms = NOW_MS + COOKIE_MS;
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
+	    FB_OK);
+	fb_session_free(cs);
+	cs = NULL;
+	cfg.cookie_key = NULL;
+	assert_int_equal(
+	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
+	    FB_EINVAL);
+	fb_handshake_free(hs);
+}
+
 static void
 test_handshake_unpinned(void **state)
 {
@@ -494,8 +580,9 @@ test_handshake_unpinned(void **state)
 
 	/* A coordinator with another key answers the worker. */
 	cfg.self = f->outsider;
-	assert_int_equal(
-	    fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello, &hs), FB_OK);
+	assert_int_equal(fb_handshake_start(
+	                     f->w0, &f->coord_pk, PROTO, f->cookie, hello, &hs),
+	    FB_OK);
 	assert_int_equal(
 	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
 	    FB_OK);
@@ -523,8 +610,9 @@ test_handshake_reply_bitflips(void **state)
 	fb_hs_accept_cfg cfg = accept_cfg(f, &f->run);
 	fb_reject why;
 
-	assert_int_equal(
-	    fb_handshake_start(f->w0, &f->coord_pk, PROTO, hello, &hs), FB_OK);
+	assert_int_equal(fb_handshake_start(
+	                     f->w0, &f->coord_pk, PROTO, f->cookie, hello, &hs),
+	    FB_OK);
 	assert_int_equal(
 	    fb_handshake_accept(&cfg, hello, sizeof(hello), reply, &cs, &why),
 	    FB_OK);
@@ -1370,6 +1458,8 @@ FB_TESTS = {
     {"worker key not on the allowlist is refused", test_handshake_unknown_key},
     {"hello signed by another key is refused", test_handshake_forged_hello},
     {"any flipped bit in a hello is rejected", test_handshake_hello_bitflips},
+    {"a hello with another process's or an expired cookie is refused",
+        test_handshake_cookie_freshness},
     {"coordinator key that is not the pinned one is refused",
         test_handshake_unpinned},
     {"any flipped bit in a reply is rejected and the real one still "

@@ -1808,8 +1808,10 @@ session_pair(fb_session **ws, fb_session **cs)
 	fb_allowlist allow = {&w_pk, 1};
 	uint8_t hello[FB_HS_HELLO_LEN], reply[FB_HS_REPLY_LEN];
 	fb_handshake *hs = NULL;
+	uint8_t ckey[FB_HS_COOKIE_KEY_LEN] = {9}, cookie[FB_HS_COOKIE_LEN];
 	fb_hs_accept_cfg cfg = {.proto_version = FB_PROTOCOL_VERSION,
-	    .lookup = fb_allowlist_lookup_cb, .lookup_arg = &allow};
+	    .lookup = fb_allowlist_lookup_cb, .lookup_arg = &allow,
+	    .cookie_key = ckey, .now_ms = 1000, .cookie_ms = 1000};
 	fb_reject why;
 
 	assert_int_equal(fb_identity_alloc("c", &coord), FB_OK);
@@ -1818,8 +1820,9 @@ session_pair(fb_session **ws, fb_session **cs)
 	fb_identity_pubkey(w, &w_pk);
 	cfg.self = coord;
 	assert_int_equal(fb_run_id_random(&cfg.run), FB_OK);
+	fb_hs_cookie_make(ckey, 1000, cookie);
 	assert_int_equal(fb_handshake_start(w, &coord_pk, FB_PROTOCOL_VERSION,
-	                     hello, &hs), FB_OK);
+	                     cookie, hello, &hs), FB_OK);
 	assert_int_equal(fb_handshake_accept(&cfg, hello, sizeof(hello), reply,
 	                     cs, &why), FB_OK);
 	assert_int_equal(fb_handshake_finish(hs, reply, sizeof(reply), ws,

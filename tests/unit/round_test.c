@@ -131,6 +131,18 @@ count_to(uint32_t slot, fb_msg_type type)
 	return n;
 }
 
+/* How many SecAgg messages of `phase` went to `slot` (from the start). */
+static uint32_t
+count_sa(uint32_t slot, fb_secagg_phase phase)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < io.n; i++) {
+		n += io.v[i].to == slot && io.v[i].m.type == FB_MSG_SECAGG &&
+		     io.v[i].m.u.secagg.phase == (uint32_t)phase;
+	}
+	return n;
+}
+
 /* ---- the test bench ------------------------------------------------------ */
 
 typedef struct fake_worker {
@@ -149,6 +161,7 @@ typedef struct fake_worker {
 	/* a malicious worker: added to each ring element of its input */
 	uint32_t evil_add;     /* model coordinates */
 	uint32_t evil_w;       /* the weight coordinate */
+	bool leak_speed;       /* sends steps_per_second under SecAgg */
 } fake_worker;
 
 typedef struct bench {
@@ -483,7 +496,35 @@ sa_take_shares(uint32_t i)
 	assert_int_equal(fb_secagg_worker_mask_begin(fw->sa), FB_OK);
 }
 
-/* SecAgg step 5: the unmasking request answered. */
+/* SecAgg step 4: the included set, signed (or, with `other`, a set with
+ * `other`'s bit flipped: a worker told another set than the rest). */
+static void
+sa_confirm_as(uint32_t i, int other)
+{
+	fake_worker *fw = &t.fw[i];
+	const sent *s = next_to(i, FB_MSG_SECAGG);
+	uint8_t conf[FB_SECAGG_CONFIRM_LEN], set[MAXW];
+
+	assert_non_null(s);
+	assert_int_equal(s->m.u.secagg.phase, FB_SA_INCLUDED);
+	assert_int_equal(s->len, fw->sa_n);
+	memcpy(set, s->payload, fw->sa_n);
+	if (other >= 0) {
+		set[other] = !set[other];
+	}
+	assert_int_equal(
+	    fb_secagg_worker_confirm(fw->sa, fw->id, set, fw->sa_n, conf),
+	    FB_OK);
+	send_secagg(i, FB_SA_CONFIRM, 1, conf, sizeof(conf));
+}
+
+static void
+sa_confirm(uint32_t i)
+{
+	sa_confirm_as(i, -1);
+}
+
+/* SecAgg step 5: the neighbours' confirmations in, the shares out. */
 static void
 sa_reveal(uint32_t i)
 {
@@ -494,11 +535,34 @@ sa_reveal(uint32_t i)
 	size_t len = 0;
 
 	assert_non_null(s);
-	assert_int_equal(s->m.u.secagg.phase, FB_SA_UNMASK);
-	assert_int_equal(fb_secagg_worker_reveal(fw->sa, s->payload, fw->sa_n,
-	                     out, sizeof(out), &len),
-	    FB_OK);
+	assert_int_equal(s->m.u.secagg.phase, FB_SA_CONFIRMS);
+	assert_int_equal(s->len, s->m.u.secagg.count * FB_SECAGG_CONFIRM_LEN);
+	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
+		assert_int_equal(
+		    fb_secagg_worker_add_confirm(fw->sa,
+		        s->payload + (size_t)k * FB_SECAGG_CONFIRM_LEN,
+		        FB_SECAGG_CONFIRM_LEN),
+		    FB_OK);
+	}
+	assert_int_equal(
+	    fb_secagg_worker_reveal(fw->sa, out, sizeof(out), &len), FB_OK);
 	send_secagg(i, FB_SA_REVEAL, 1, out, len);
+}
+
+/* Steps 4 and 5 for the workers in `who` (a bit mask). */
+static void
+sa_fake_unmask(uint32_t who)
+{
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			sa_confirm(i);
+		}
+	}
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			sa_reveal(i);
+		}
+	}
 }
 
 /* The chunk of the upload at position pos: its index and plaintext. */
@@ -559,7 +623,11 @@ upload(uint32_t i, const float *x, uint32_t stop_after)
 	b.u.update_begin.round = fw->round;
 	b.u.update_begin.param_count = PARAMS;
 	b.u.update_begin.chunk_count = chunks;
-	b.u.update_begin.steps_per_second = 10;
+	if (!t.sa || fw->leak_speed) {
+		/* (a secure worker keeps its speed; one that does not is
+		 * not listened to) */
+		b.u.update_begin.steps_per_second = 10;
+	}
 	if (!t.sa) {
 		b.u.update_begin.num_samples = fw->samples;
 		b.u.update_begin.steps = 5;
@@ -1104,9 +1172,7 @@ test_secure_round_phases(void **state)
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
 	assert_phase(PHASE_UNMASK);
-	for (uint32_t i = 0; i < 3; i++) {
-		sa_reveal(i);
-	}
+	sa_fake_unmask(7);
 	assert_int_equal(t.c->rd.committed, 1);
 	assert_int_equal(t.c->rd.number, 2);
 	{
@@ -1133,9 +1199,7 @@ test_secure_round_with_job_thread(void **state)
 	for (uint32_t i = 0; i < 3; i++) {
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
-	for (uint32_t i = 0; i < 3; i++) {
-		sa_reveal(i);
-	}
+	sa_fake_unmask(7);
 	assert_int_equal(t.c->rd.committed, 1);
 	memcpy(inline_model, t.c->params, sizeof(inline_model));
 	bench_stop();
@@ -1147,9 +1211,7 @@ test_secure_round_with_job_thread(void **state)
 	for (uint32_t i = 0; i < 3; i++) {
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
-	for (uint32_t i = 0; i < 3; i++) {
-		sa_reveal(i);
-	}
+	sa_fake_unmask(7);
 	assert_int_equal(t.c->rd.committed, 1);
 	assert_true(fedavg_error(7, 1.0) < 1e-6);
 	/* the masks' randomness differs, the decoded sum does not: the
@@ -1172,8 +1234,7 @@ test_secure_worker_lost_in_setup(void **state)
 	upload(0, t.fw[0].update, UINT32_MAX);
 	upload(1, t.fw[1].update, UINT32_MAX);
 	assert_phase(PHASE_UNMASK);
-	sa_reveal(0);
-	sa_reveal(1);
+	sa_fake_unmask(3);
 	assert_int_equal(t.c->rd.committed, 1);
 	assert_true(fedavg_error(3, 1.0) < 1e-3);
 	bench_stop();
@@ -1193,8 +1254,7 @@ test_secure_worker_lost_after_input(void **state)
 	}
 	assert_phase(PHASE_UNMASK);
 	registry_forget(t.c, &t.c->reg.workers[2], "test: lost");
-	sa_reveal(0);
-	sa_reveal(1);
+	sa_fake_unmask(3);
 	assert_int_equal(t.c->rd.committed, 1);
 	assert_true(fedavg_error(7, 1.0) < 1e-3);
 	bench_stop();
@@ -1270,6 +1330,10 @@ test_secure_too_few_reveals_aborts(void **state)
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
 	assert_phase(PHASE_UNMASK);
+	/* all three confirm; only two reveal, the third stays silent */
+	sa_confirm(0);
+	sa_confirm(1);
+	sa_confirm(2);
 	sa_reveal(0);
 	sa_reveal(1);
 	for (int s = 0; s < 5; s++) {
@@ -1306,9 +1370,7 @@ test_secure_fednova_scale(void **state)
 	for (uint32_t i = 0; i < 3; i++) {
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
-	for (uint32_t i = 0; i < 3; i++) {
-		sa_reveal(i);
-	}
+	sa_fake_unmask(7);
 	assert_int_equal(t.c->rd.committed, 1);
 	assert_int_equal(fb_fednova_tau_eff(p, a, 3, &tau), FB_OK);
 	assert_true(fabs(t.c->rd.tau_eff - tau) < 1e-3);
@@ -1337,9 +1399,7 @@ test_secure_poisoned_input_refused(void **state)
 	}
 	t.fw[2].evil_add = 1u << 30;
 	upload(2, evil, UINT32_MAX);
-	for (uint32_t i = 0; i < 3; i++) {
-		sa_reveal(i);
-	}
+	sa_fake_unmask(7);
 	assert_int_equal(t.c->rd.committed, 0);
 	assert_int_equal(t.c->rd.number, 2);
 	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
@@ -1392,9 +1452,7 @@ test_secure_bad_weight_refused(void **state)
 		for (uint32_t i = 0; i < 3; i++) {
 			upload(i, t.fw[i].update, UINT32_MAX);
 		}
-		for (uint32_t i = 0; i < 3; i++) {
-			sa_reveal(i);
-		}
+		sa_fake_unmask(7);
 		assert_int_equal(t.c->rd.committed, 0);
 		assert_memory_equal(t.c->params, t.start, sizeof(t.start));
 		last_metrics(line, sizeof(line));
@@ -1533,6 +1591,177 @@ test_plain_malicious_worker_bounded(void **state)
 	bench_stop();
 }
 
+/* Secure: too few of the included workers confirm the included set by
+ * unmask_timeout: nobody is asked for shares, the round is aborted. */
+static void
+test_secure_too_few_confirmations_abort(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){
+	    .workers = 3, .secure = true, .sa_extra = "  threshold: 3\n"});
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_UNMASK);
+	assert_int_equal(t.c->sa.phase, SA_CONFIRM);
+	sa_confirm(0);
+	sa_confirm(1);
+	for (int s = 0; s < 5; s++) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		for (uint32_t i = 0; i < 3; i++) {
+			deliver(i, &hb, NULL, 0);
+		}
+		advance(1000);
+	}
+	assert_int_equal(t.c->rd.committed, 0);
+	assert_int_equal(t.c->rd.number, 2);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_int_equal(count_sa(i, FB_SA_CONFIRMS), 0);
+	}
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"status\": \"aborted\""));
+	assert_non_null(strstr(line, "only 2 of the 3 included workers "
+	                             "confirmed the included set"));
+	assert_non_null(strstr(line, "\"confirmed\": 2"));
+	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+	bench_stop();
+}
+
+/* Secure: a worker that will not reveal (it did not get enough
+ * confirmations of its set) says so, and once too few are left to
+ * reveal the round is aborted at once, not at unmask_timeout. */
+static void
+test_secure_refusal_aborts_at_once(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){
+	    .workers = 3, .secure = true, .sa_extra = "  threshold: 3\n"});
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_confirm(i);
+	}
+	assert_int_equal(t.c->sa.phase, SA_UNMASK);
+	sa_reveal(0);
+	assert_int_equal(t.c->rd.number, 1);
+	send_secagg(2, FB_SA_REFUSE, 0, NULL, 0);
+	assert_int_equal(t.c->rd.committed, 0);
+	assert_int_equal(t.c->rd.number, 2); /* aborted without waiting */
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"status\": \"aborted\""));
+	assert_non_null(strstr(line, "(1 refused"));
+	assert_non_null(strstr(line, "\"refused\": 1"));
+	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+	bench_stop();
+}
+
+/* Secure: a confirmation over another set than the one sent (a worker
+ * claiming it was told something else) is refused and not counted, and
+ * that worker is not asked for shares; with threshold 2 the other two
+ * unmask the round. */
+static void
+test_secure_other_set_not_counted(void **state)
+{
+	char line[16384];
+	const sent *s;
+
+	bench_start(&(setup){
+	    .workers = 3, .secure = true, .sa_extra = "  threshold: 2\n"});
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	sa_confirm(0);
+	sa_confirm_as(1, 2); /* signs {0, 1}: not what it was sent */
+	assert_int_equal(t.c->g.drops[DROP_BAD_SIGNATURE], 1);
+	assert_int_equal(
+	    t.c->sa.flags[t.c->reg.workers[1].sa_slot] & SA_F_CONFIRMED, 0);
+	sa_confirm(2);
+	s = next_to(0, FB_MSG_SECAGG);
+	assert_non_null(s);
+	assert_int_equal(s->m.u.secagg.phase, FB_SA_CONFIRMS);
+	assert_int_equal(s->m.u.secagg.count, 1); /* 2's, not 1's */
+	io.taken[0]--;
+	sa_reveal(0);
+	sa_reveal(2);
+	assert_int_equal(count_sa(1, FB_SA_CONFIRMS), 0);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"confirmed\": 2"));
+	assert_non_null(strstr(line, "\"revealed\": 2"));
+	bench_stop();
+}
+
+/* Secure time budget: RoundStart carries the budget and the step
+ * bounds, with the fixed work for a worker without a speed; the
+ * coordinator keeps no speed, even one a worker sends, and the metrics
+ * line shows neither a speed nor steps. */
+static void
+test_secure_time_budget_private(void **state)
+{
+	char line[16384];
+	const fb_msg *rs;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .extra = "  local_work: time_budget\n  time_budget: 2s\n"
+	             "  min_steps: 3\n  max_steps: 50\n"});
+	t.fw[0].leak_speed = true;
+	admit_all();
+	for (uint32_t r = 1; r <= 2; r++) {
+		for (uint32_t i = 0; i < 3; i++) {
+			rs = take_round_start(i);
+			assert_non_null(rs);
+			assert_int_equal(rs->u.round_start.round, r);
+			assert_int_equal(rs->u.round_start.time_budget_ms,
+			    2000);
+			assert_int_equal(rs->u.round_start.min_steps, 3);
+			assert_int_equal(rs->u.round_start.max_steps, 50);
+			assert_int_equal(rs->u.round_start.local_steps, 5);
+		}
+		sa_setup(7);
+		for (uint32_t i = 0; i < 3; i++) {
+			upload(i, t.fw[i].update, UINT32_MAX);
+		}
+		sa_fake_unmask(7);
+		assert_int_equal(t.c->rd.committed, r);
+		assert_false(t.c->reg.workers[0].has_speed);
+		assert_true(t.c->reg.workers[0].round_speed == 0);
+		last_metrics(line, sizeof(line));
+		assert_null(strstr(line, "steps_per_s"));
+		assert_null(strstr(line, "assigned_steps"));
+		assert_null(strstr(line, "train_seconds"));
+		for (uint32_t i = 0; i < 3; i++) {
+			t.fw[i].rs = NULL;
+		}
+	}
+	bench_stop();
+	/* plain rounds keep the coordinator's schedule and show it */
+	bench_start(&(setup){.workers = 2,
+	    .extra = "  local_work: time_budget\n  time_budget: 2s\n"
+	             "  min_steps: 3\n  max_steps: 50\n"});
+	admit_all();
+	for (uint32_t i = 0; i < 2; i++) {
+		rs = take_round_start(i);
+		assert_int_equal(rs->u.round_start.time_budget_ms, 0);
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_true(t.c->reg.workers[0].has_speed);
+	rs = take_round_start(0);
+	assert_int_equal(rs->u.round_start.local_steps, 20); /* 10/s x 2 s */
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"steps_per_s\": 10.000"));
+	bench_stop();
+}
+
 FB_TESTS = {
     {"a plain round goes idle, train, aggregate, record with FedAvg weights",
         test_plain_round_phases_and_fedavg},
@@ -1554,8 +1783,7 @@ FB_TESTS = {
         test_quorum_not_met_fails_round},
     {"over-selection keeps the first updates and cancels the rest",
         test_over_selection_keeps_first},
-    {"plain FedNova steps by the library's tau_eff",
-        test_fednova_plain_scale},
+    {"plain FedNova steps by the library's tau_eff", test_fednova_plain_scale},
     {"a secure round passes prepare, train, unmask, aggregate, record",
         test_secure_round_phases},
     {"a secure round with the job thread commits the same model",
@@ -1570,19 +1798,27 @@ FB_TESTS = {
         test_secure_worker_cut_mid_upload},
     {"secure: too few reveals by unmask_timeout abort the round",
         test_secure_too_few_reveals_aborts},
-    {"secure FedNova steps by the decoded tau_eff",
-        test_secure_fednova_scale},
+    {"secure FedNova steps by the decoded tau_eff", test_secure_fednova_scale},
     {"secure: a poisoned masked input is refused after unmasking",
         test_secure_poisoned_input_refused},
     {"secure: a malicious weight claim is refused after unmasking",
         test_secure_bad_weight_refused},
-    {"a worker whose queue stays full is dropped", test_full_queue_drops_worker},
+    {"a worker whose queue stays full is dropped",
+        test_full_queue_drops_worker},
     {"admission refuses a taken data index and an oversized sample count",
         test_admission_refusals},
     {"plain FedNova refuses a normaliser above the round's bound",
         test_fednova_normaliser_bound},
     {"a malicious plain worker moves the model within the documented bound",
         test_plain_malicious_worker_bounded},
+    {"secure: too few confirmations of the included set abort the round",
+        test_secure_too_few_confirmations_abort},
+    {"secure: a refusal to reveal aborts the round at once",
+        test_secure_refusal_aborts_at_once},
+    {"secure: a confirmation of another set is refused and not counted",
+        test_secure_other_set_not_counted},
+    {"secure: a time budget goes to the workers, and no speed is kept",
+        test_secure_time_budget_private},
     {NULL, NULL},
 };
 

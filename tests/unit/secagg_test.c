@@ -568,6 +568,8 @@ run_round(const sim_cfg *cfg)
 	uint8_t *buf = malloc((size_t)n * FB_SECAGG_SHARE_MSG_LEN +
 	    FB_SECAGG_REVEAL_HEADER_LEN);
 	uint8_t *inc = calloc(n, 1);
+	uint8_t *confirmed = calloc(n, 1);
+	uint8_t(*conf)[FB_SECAGG_CONFIRM_LEN] = calloc(n, sizeof(*conf));
 	float *x = malloc(cfg->count * sizeof(*x));
 	double *want = calloc(len, sizeof(*want));
 	double *got = calloc(len, sizeof(*got));
@@ -688,36 +690,85 @@ run_round(const sim_cfg *cfg)
 		assert_int_equal(fb_secagg_server_set_included(srv, i), FB_OK);
 		included++;
 	}
-	/* 3: unmasking. */
+	/* 3a: the included set, confirmed; each survivor gets its
+	 * neighbours' confirmations. */
 	fb_secagg_server_included(srv, inc);
 	for (uint32_t i = 0; i < n; i++) {
-		size_t out_len;
 		uint8_t d = cfg->drop != NULL ? cfg->drop[i] : DROP_NONE;
 		if (d != DROP_NONE) {
 			continue;
 		}
-		rc = fb_secagg_worker_reveal(w[i], inc, n, buf,
-		    (size_t)n * FB_SECAGG_SHARE_MSG_LEN, &out_len);
+		rc = fb_secagg_worker_confirm(w[i], ids[i], inc, n, conf[i]);
 		if (included < cfg->t) {
 			/* The worker itself refuses: too few included. */
 			assert_int_equal(rc, FB_EPROTO);
 			continue;
 		}
 		assert_int_equal(rc, FB_OK);
+		assert_int_equal(fb_secagg_server_add_confirm(
+		                     srv, i, conf[i], FB_SECAGG_CONFIRM_LEN),
+		    FB_OK);
+		confirmed[i] = 1;
+	}
+	if (included >= cfg->t) {
+		/* no inclusion once the set is being confirmed */
+		for (uint32_t i = 0; i < n; i++) {
+			if (!inc[i] && cfg->drop != NULL &&
+			    cfg->drop[i] == DROP_BEFORE_INPUT) {
+				assert_int_equal(
+				    fb_secagg_server_set_included(srv, i),
+				    FB_EINVAL);
+			}
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (!confirmed[i]) {
+			continue;
+		}
+		for (uint32_t j = 0; j < n; j++) {
+			if (j != i && confirmed[j] &&
+			    fb_secagg_graph_adjacent(
+			        fb_secagg_worker_graph(w[i]), i, j)) {
+				assert_int_equal(
+				    fb_secagg_worker_add_confirm(
+				        w[i], conf[j], FB_SECAGG_CONFIRM_LEN),
+				    FB_OK);
+			}
+		}
+	}
+	/* 3b: unmasking. */
+	for (uint32_t i = 0; i < n; i++) {
+		size_t out_len;
+		if (!confirmed[i]) {
+			continue;
+		}
+		rc = fb_secagg_worker_reveal(
+		    w[i], buf, (size_t)n * FB_SECAGG_SHARE_MSG_LEN, &out_len);
+		if (fb_secagg_worker_confirmations(w[i]) < cfg->t) {
+			/* too few of its neighbourhood confirmed the set
+			 * (the others are gone): it does not reveal */
+			assert_int_equal(rc, FB_ERANGE);
+			continue;
+		}
+		assert_int_equal(rc, FB_OK);
 		assert_int_equal(fb_secagg_server_add_reveal(srv, i, buf,
 		    out_len), FB_OK);
-		/* Asked again with an owner flipped to dropped: the worker
-		 * refuses to reveal the other share. */
+		/* Asked to sign another set (an owner flipped to dropped):
+		 * the worker refuses; it signs one set per round. */
 		if (i == 0) {
 			uint8_t *flip = malloc(n);
+			uint8_t again[FB_SECAGG_CONFIRM_LEN];
 			memcpy(flip, inc, n);
 			flip[n - 1] = !flip[n - 1];
 			flip[0] = 1;
-			assert_int_equal(fb_secagg_worker_reveal(w[i], flip, n,
-			    buf, (size_t)n * FB_SECAGG_SHARE_MSG_LEN,
-			    &out_len), fb_secagg_graph_adjacent(
-			    fb_secagg_worker_graph(w[0]), 0, n - 1)
-			    ? FB_EPROTO : FB_OK);
+			assert_int_equal(fb_secagg_worker_confirm(
+			                     w[i], ids[i], flip, n, again),
+			    FB_EPROTO);
+			/* the same set again: the same confirmation */
+			assert_int_equal(fb_secagg_worker_confirm(
+			                     w[i], ids[i], inc, n, again),
+			    FB_OK);
+			assert_memory_equal(again, conf[i], sizeof(again));
 			free(flip);
 		}
 	}
@@ -751,6 +802,8 @@ run_round(const sim_cfg *cfg)
 	free(adv);
 	free(buf);
 	free(inc);
+	free(confirmed);
+	free(conf);
 	free(x);
 	free(want);
 	free(got);
@@ -810,8 +863,8 @@ test_round_sparse_graph(void **state)
 static void
 test_round_below_threshold_refuses(void **state)
 {
-	/* Three included, one of them gone before unmasking: two reveals,
-	 * fewer than t = 3 shares of each survivor's b. */
+	/* Three included, one of them gone before unmasking: two
+	 * confirmations each, fewer than t = 3, so nobody reveals. */
 	uint8_t drop[5] = { 0, DROP_BEFORE_INPUT, DROP_BEFORE_INPUT,
 		DROP_AFTER_INPUT, 0 };
 	/* Two included: the workers refuse to reveal at all. */
@@ -901,8 +954,10 @@ test_steps_refuse_wrong_order_and_bad_input(void **state)
 	/* Masking or revealing before the shares: refused. */
 	assert_int_equal(fb_secagg_worker_mask_chunk(w, v, 0, 4), FB_EINVAL);
 	assert_int_equal(fb_secagg_worker_mask_begin(w), FB_EINVAL);
-	assert_int_equal(fb_secagg_worker_reveal(w, inc, 5, out, sizeof(out),
-	    &len), FB_EINVAL);
+	assert_int_equal(
+	    fb_secagg_worker_reveal(w, out, sizeof(out), &len), FB_EINVAL);
+	assert_int_equal(
+	    fb_secagg_worker_confirm(w, id, inc, 5, out), FB_EINVAL);
 	/* Nobody else advertised: too few for t = 3. */
 	assert_int_equal(fb_secagg_worker_make_shares(w, out, sizeof(out),
 	    &len), FB_ERANGE);
@@ -938,6 +993,329 @@ test_steps_refuse_wrong_order_and_bad_input(void **state)
 	fb_secagg_server_free(s);
 }
 
+/* ---- a malicious coordinator ------------------------------------------- */
+
+/* Five workers on the complete graph (t = 3) up to their masks: identity
+ * i signs worker i's advert unless signer[i] names another; every advert
+ * is offered to every worker; *srv gets the server's view. */
+typedef struct mal_round {
+	fb_secagg_params p;
+	fb_identity *ids[5];
+	fb_pubkey pks[5];
+	fb_secagg_worker *w[5];
+	fb_secagg_server *srv;
+	uint8_t adv[5][FB_SECAGG_ADV_LEN];
+} mal_round;
+
+static void
+mal_setup(mal_round *r, const int *signer, fb_err *server_rc)
+{
+	uint8_t buf[5 * FB_SECAGG_SHARE_MSG_LEN];
+
+	memset(r, 0, sizeof(*r));
+	assert_int_equal(fb_run_id_random(&r->p.run), FB_OK);
+	r->p.round = 4;
+	r->p.n = 5;
+	r->p.degree = 4;
+	r->p.threshold = 3;
+	randombytes_buf(r->p.graph_seed, 32);
+	assert_int_equal(fb_secagg_server_alloc(&r->p, &r->srv), FB_OK);
+	for (uint32_t i = 0; i < 5; i++) {
+		uint8_t seed[32] = {(uint8_t)(i + 40), 0x77};
+		assert_int_equal(
+		    fb_identity_alloc_from_seed(seed, NULL, &r->ids[i]), FB_OK);
+		fb_identity_pubkey(r->ids[i], &r->pks[i]);
+		assert_int_equal(
+		    fb_secagg_worker_alloc(&r->p, i, &r->w[i]), FB_OK);
+	}
+	for (uint32_t i = 0; i < 5; i++) {
+		int sg = signer != NULL ? signer[i] : (int)i;
+		/* worker i's keys, signed by identity sg: the advert is made
+		 * by i's state, the signature redone with sg's key */
+		assert_int_equal(
+		    fb_secagg_worker_advertise(r->w[i], r->ids[i], r->adv[i]),
+		    FB_OK);
+		if (sg != (int)i) {
+			assert_int_equal(
+			    fb_identity_sign(r->ids[sg], "secagg-keys",
+			        r->adv[i], 124, r->adv[i] + 124),
+			    FB_OK);
+		}
+		server_rc[i] = fb_secagg_server_add_advert(
+		    r->srv, i, &r->pks[sg], r->adv[i], FB_SECAGG_ADV_LEN);
+	}
+	(void)buf;
+}
+
+static void
+mal_free(mal_round *r)
+{
+	for (uint32_t i = 0; i < 5; i++) {
+		fb_secagg_worker_free(r->w[i]);
+		fb_identity_free(r->ids[i]);
+	}
+	fb_secagg_server_free(r->srv);
+}
+
+/*
+ * One identity key (the coordinator's accomplice, worker 4) signs the
+ * adverts of slots 3 and 4: the server side refuses the second, and so
+ * does each worker offered both, keeping the first; a worker is refused
+ * its own key for a neighbour too. With two of its four neighbours so
+ * refused, a worker still shares (t = 3 of 3); with three it cannot.
+ */
+static void
+test_one_identity_signs_one_slot(void **state)
+{
+	const int signer[5] = {0, 1, 2, 4, 4};
+	fb_err src[5];
+	mal_round r;
+	uint8_t out[5 * FB_SECAGG_SHARE_MSG_LEN];
+	size_t len;
+
+	(void)state;
+	mal_setup(&r, signer, src);
+	for (uint32_t i = 0; i < 4; i++) {
+		assert_int_equal(src[i], FB_OK);
+	}
+	assert_int_equal(src[4], FB_EAUTH); /* key 4 already signs slot 3 */
+	/* worker 0 takes 1, 2 and slot 3 under key 4, then refuses slot 4
+	 * under the same key */
+	for (uint32_t j = 1; j < 4; j++) {
+		assert_int_equal(
+		    fb_secagg_worker_add_advert(
+		        r.w[0], &r.pks[signer[j]], r.adv[j], FB_SECAGG_ADV_LEN),
+		    FB_OK);
+	}
+	assert_int_equal(fb_secagg_worker_add_advert(
+	                     r.w[0], &r.pks[4], r.adv[4], FB_SECAGG_ADV_LEN),
+	    FB_EAUTH);
+	assert_int_equal(
+	    fb_secagg_worker_make_shares(r.w[0], out, sizeof(out), &len),
+	    FB_OK);
+	assert_int_equal(len, 3 * FB_SECAGG_SHARE_MSG_LEN);
+	/* worker 1 is offered a neighbour's advert under its own key (slot
+	 * 2's keys re-signed by identity 1) and 3 and 4 under key 4 */
+	assert_int_equal(fb_identity_sign(r.ids[1], "secagg-keys", r.adv[2],
+	                     124, r.adv[2] + 124),
+	    FB_OK);
+	assert_int_equal(fb_secagg_worker_add_advert(
+	                     r.w[1], &r.pks[1], r.adv[2], FB_SECAGG_ADV_LEN),
+	    FB_EAUTH);
+	assert_int_equal(fb_secagg_worker_add_advert(
+	                     r.w[1], &r.pks[0], r.adv[0], FB_SECAGG_ADV_LEN),
+	    FB_OK);
+	assert_int_equal(fb_secagg_worker_add_advert(
+	                     r.w[1], &r.pks[4], r.adv[3], FB_SECAGG_ADV_LEN),
+	    FB_OK);
+	assert_int_equal(fb_secagg_worker_add_advert(
+	                     r.w[1], &r.pks[4], r.adv[4], FB_SECAGG_ADV_LEN),
+	    FB_EAUTH);
+	assert_int_equal(
+	    fb_secagg_worker_make_shares(r.w[1], out, sizeof(out), &len),
+	    FB_OK); /* itself, 0 and 3: three of t = 3 */
+	mal_free(&r);
+}
+
+/*
+ * The coordinator tells workers 0, 1 and 2 that all five inputs are in,
+ * and workers 3 and 4 that worker 0's is not (so that 0's self-mask seed
+ * and its mask key would both come out). Each signs what it was told; a
+ * confirmation of the other set does not count; 3 and 4 hold two
+ * confirmations of theirs, fewer than t = 3, and refuse to reveal. The
+ * server side takes only confirmations of its own set.
+ */
+static void
+test_conflicting_included_sets_are_caught(void **state)
+{
+	const uint8_t all[5] = {1, 1, 1, 1, 1};
+	const uint8_t lie[5] = {0, 1, 1, 1, 1};
+	uint8_t conf[5][FB_SECAGG_CONFIRM_LEN];
+	uint8_t buf[5 * FB_SECAGG_SHARE_MSG_LEN];
+	uint8_t
+	    out[FB_SECAGG_REVEAL_HEADER_LEN + 5 * FB_SECAGG_REVEAL_ENTRY_LEN];
+	fb_err src[5];
+	mal_round r;
+	size_t len;
+
+	(void)state;
+	mal_setup(&r, NULL, src);
+	for (uint32_t i = 0; i < 5; i++) {
+		assert_int_equal(src[i], FB_OK);
+		for (uint32_t j = 0; j < 5; j++) {
+			assert_int_equal(
+			    fb_secagg_worker_add_advert(
+			        r.w[i], &r.pks[j], r.adv[j], FB_SECAGG_ADV_LEN),
+			    FB_OK);
+		}
+	}
+	for (uint32_t i = 0; i < 5; i++) {
+		assert_int_equal(fb_secagg_worker_make_shares(
+		                     r.w[i], buf, sizeof(buf), &len),
+		    FB_OK);
+		assert_int_equal(
+		    fb_secagg_server_add_shares(r.srv, i, buf, len), FB_OK);
+		for (size_t o = 0; o < len; o += FB_SECAGG_SHARE_MSG_LEN) {
+			uint32_t from, to;
+			assert_int_equal(
+			    fb_secagg_share_msg_peek(
+			        buf + o, FB_SECAGG_SHARE_MSG_LEN, &from, &to),
+			    FB_OK);
+			assert_int_equal(fb_secagg_worker_add_share(r.w[to],
+			                     buf + o, FB_SECAGG_SHARE_MSG_LEN),
+			    FB_OK);
+		}
+	}
+	for (uint32_t i = 0; i < 5; i++) {
+		assert_int_equal(fb_secagg_worker_mask_begin(r.w[i]), FB_OK);
+		assert_int_equal(
+		    fb_secagg_server_set_included(r.srv, i), FB_OK);
+	}
+	/* revealing before confirming: refused */
+	assert_int_equal(
+	    fb_secagg_worker_reveal(r.w[1], out, sizeof(out), &len), FB_EINVAL);
+	for (uint32_t i = 0; i < 5; i++) {
+		assert_int_equal(fb_secagg_worker_confirm(r.w[i], r.ids[i],
+		                     i < 3 ? all : lie, 5, conf[i]),
+		    FB_OK);
+	}
+	/* 0 is not in `lie`: it cannot have confirmed it, whoever relays */
+	assert_int_equal(
+	    fb_secagg_worker_confirm(r.w[0], r.ids[0], lie, 5, out), FB_EPROTO);
+	/* server: the truthful set's confirmations count, the other's not,
+	 * nor a confirmation under another slot's key or twice */
+	assert_int_equal(fb_secagg_server_add_confirm(
+	                     r.srv, 3, conf[3], FB_SECAGG_CONFIRM_LEN),
+	    FB_EAUTH);
+	assert_int_equal(fb_secagg_server_add_confirm(
+	                     r.srv, 1, conf[2], FB_SECAGG_CONFIRM_LEN),
+	    FB_EPROTO);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_int_equal(fb_secagg_server_add_confirm(
+		                     r.srv, i, conf[i], FB_SECAGG_CONFIRM_LEN),
+		    FB_OK);
+	}
+	assert_int_equal(fb_secagg_server_add_confirm(
+	                     r.srv, 1, conf[1], FB_SECAGG_CONFIRM_LEN),
+	    FB_EPROTO);
+	/* every worker is handed every other's confirmation */
+	for (uint32_t i = 0; i < 5; i++) {
+		for (uint32_t j = 0; j < 5; j++) {
+			fb_err want = (i < 3) == (j < 3) ? FB_OK : FB_EAUTH;
+			if (j == i) {
+				continue;
+			}
+			if (i >= 3 && j == 0) {
+				want = FB_EPROTO; /* not in the set it signed */
+			}
+			assert_int_equal(fb_secagg_worker_add_confirm(r.w[i],
+			                     conf[j], FB_SECAGG_CONFIRM_LEN),
+			    want);
+		}
+		assert_int_equal(
+		    fb_secagg_worker_confirmations(r.w[i]), i < 3 ? 3 : 2);
+	}
+	/* a confirmation counts once */
+	assert_int_equal(fb_secagg_worker_add_confirm(
+	                     r.w[2], conf[1], FB_SECAGG_CONFIRM_LEN),
+	    FB_EPROTO);
+	/* 0, 1, 2 reveal for the set they signed; 3 and 4 refuse */
+	for (uint32_t i = 0; i < 5; i++) {
+		fb_err rc =
+		    fb_secagg_worker_reveal(r.w[i], out, sizeof(out), &len);
+		assert_int_equal(rc, i < 3 ? FB_OK : FB_ERANGE);
+		if (rc == FB_OK) {
+			assert_int_equal(
+			    fb_secagg_server_add_reveal(r.srv, i, out, len),
+			    FB_OK);
+		} else {
+			assert_int_equal(len, 0);
+		}
+	}
+	/* the server refuses a reveal from a worker that did not confirm */
+	assert_int_equal(fb_secagg_server_add_reveal(
+	                     r.srv, 3, out, FB_SECAGG_REVEAL_HEADER_LEN),
+	    FB_EPROTO);
+	mal_free(&r);
+}
+
+/* A confirmation's bytes: wrong length, kind, run, round, n, a flipped
+ * signature bit, and the signer outside the round are each refused. */
+static void
+test_confirmation_refuses_bad_bytes(void **state)
+{
+	const uint8_t all[5] = {1, 1, 1, 1, 1};
+	uint8_t c0[FB_SECAGG_CONFIRM_LEN], bad[FB_SECAGG_CONFIRM_LEN];
+	uint8_t buf[5 * FB_SECAGG_SHARE_MSG_LEN];
+	static const struct {
+		uint32_t off;
+		uint8_t x;
+		fb_err want;
+	} flips[] = {
+	    {1, 1, FB_EPROTO},  /* kind */
+	    {2, 1, FB_EPROTO},  /* reserved */
+	    {9, 1, FB_EAUTH},   /* run */
+	    {20, 1, FB_ESTALE}, /* round */
+	    {24, 7, FB_EPROTO}, /* signer 7 of 5 */
+	    {28, 1, FB_EPROTO}, /* n */
+	    {50, 1, FB_EAUTH},  /* the set's hash */
+	    {100, 1, FB_EAUTH}, /* signature */
+	};
+	fb_err src[5];
+	mal_round r;
+	size_t len;
+
+	(void)state;
+	mal_setup(&r, NULL, src);
+	for (uint32_t i = 0; i < 5; i++) {
+		for (uint32_t j = 0; j < 5; j++) {
+			assert_int_equal(
+			    fb_secagg_worker_add_advert(
+			        r.w[i], &r.pks[j], r.adv[j], FB_SECAGG_ADV_LEN),
+			    FB_OK);
+		}
+	}
+	for (uint32_t i = 0; i < 5; i++) {
+		assert_int_equal(fb_secagg_worker_make_shares(
+		                     r.w[i], buf, sizeof(buf), &len),
+		    FB_OK);
+		for (size_t o = 0; o < len; o += FB_SECAGG_SHARE_MSG_LEN) {
+			uint32_t from, to;
+			assert_int_equal(
+			    fb_secagg_share_msg_peek(
+			        buf + o, FB_SECAGG_SHARE_MSG_LEN, &from, &to),
+			    FB_OK);
+			assert_int_equal(fb_secagg_worker_add_share(r.w[to],
+			                     buf + o, FB_SECAGG_SHARE_MSG_LEN),
+			    FB_OK);
+		}
+	}
+	for (uint32_t i = 0; i < 2; i++) {
+		assert_int_equal(fb_secagg_worker_mask_begin(r.w[i]), FB_OK);
+	}
+	assert_int_equal(
+	    fb_secagg_worker_confirm(r.w[0], r.ids[0], all, 5, c0), FB_OK);
+	assert_int_equal(
+	    fb_secagg_worker_confirm(r.w[1], r.ids[1], all, 5, bad), FB_OK);
+	assert_int_equal(
+	    fb_secagg_worker_add_confirm(r.w[1], c0, 127), FB_EPROTO);
+	for (size_t k = 0; k < sizeof(flips) / sizeof(flips[0]); k++) {
+		memcpy(bad, c0, sizeof(bad));
+		bad[flips[k].off] ^= flips[k].x;
+		assert_int_equal(
+		    fb_secagg_worker_add_confirm(r.w[1], bad, sizeof(bad)),
+		    flips[k].want);
+	}
+	/* its own confirmation back: not a neighbour's */
+	assert_int_equal(
+	    fb_secagg_worker_confirm(r.w[1], r.ids[1], all, 5, bad), FB_OK);
+	assert_int_equal(
+	    fb_secagg_worker_add_confirm(r.w[1], bad, sizeof(bad)), FB_EPROTO);
+	assert_int_equal(
+	    fb_secagg_worker_add_confirm(r.w[1], c0, sizeof(c0)), FB_OK);
+	assert_int_equal(fb_secagg_worker_confirmations(r.w[1]), 2);
+	mal_free(&r);
+}
 
 /*
  * The coordinator's path: encoded inputs summed in an accumulator's ring
@@ -997,42 +1375,47 @@ test_accum_reads_secure_sum(void **state)
 }
 
 FB_TESTS = {
-	{ "shamir shares and secrets match the independent reference",
-	    test_shamir_vectors },
-	{ "any t shares reconstruct and t - 1 are refused",
-	    test_shamir_threshold },
-	{ "duplicate, out-of-range, non-canonical and extra corrupt shares "
-	  "are rejected",
-	    test_shamir_bad_indices },
-	{ "encoding picks a safe scale and refuses configs that could "
-	  "overflow",
-	    test_encoding_scale_and_overflow_check },
-	{ "encoding edge values decode within the quantisation bound",
-	    test_encoding_edges },
-	{ "masked sums wrap around the ring and still decode",
-	    test_encoding_ring_wraparound },
-	{ "stochastic rounding is unbiased and independent of chunking",
-	    test_encoding_stochastic_rounding_unbiased },
-	{ "masks are the ChaCha20 keystream, streamable chunk by chunk",
-	    test_mask_matches_chacha20_and_streams },
-	{ "both ends of a pair derive the same seed", test_pair_seeds_agree },
-	{ "the neighbour graph is symmetric, regular and deterministic",
-	    test_graph_symmetric_regular_deterministic },
-	{ "five workers on the complete graph survive two dropouts",
-	    test_round_complete_graph_two_dropouts },
-	{ "the auto graph survives dropouts at 5 and 40 workers",
-	    test_round_auto_graph_two_dropouts },
-	{ "a sparse graph of 24 workers unmasks the survivors' sum",
-	    test_round_sparse_graph },
-	{ "below threshold the round refuses to unmask",
-	    test_round_below_threshold_refuses },
-	{ "a masked input looks uniform and differs from the encoded input",
-	    test_masked_input_looks_uniform },
-	{ "steps refuse the wrong order and bad adverts",
-	    test_steps_refuse_wrong_order_and_bad_input },
-	{ "the accumulator reads an unmasked secure sum as the weighted mean",
-	    test_accum_reads_secure_sum },
-	{ NULL, NULL },
+    {"shamir shares and secrets match the independent reference",
+        test_shamir_vectors},
+    {"any t shares reconstruct and t - 1 are refused", test_shamir_threshold},
+    {"duplicate, out-of-range, non-canonical and extra corrupt shares "
+     "are rejected",
+        test_shamir_bad_indices},
+    {"encoding picks a safe scale and refuses configs that could "
+     "overflow",
+        test_encoding_scale_and_overflow_check},
+    {"encoding edge values decode within the quantisation bound",
+        test_encoding_edges},
+    {"masked sums wrap around the ring and still decode",
+        test_encoding_ring_wraparound},
+    {"stochastic rounding is unbiased and independent of chunking",
+        test_encoding_stochastic_rounding_unbiased},
+    {"masks are the ChaCha20 keystream, streamable chunk by chunk",
+        test_mask_matches_chacha20_and_streams},
+    {"both ends of a pair derive the same seed", test_pair_seeds_agree},
+    {"the neighbour graph is symmetric, regular and deterministic",
+        test_graph_symmetric_regular_deterministic},
+    {"five workers on the complete graph survive two dropouts",
+        test_round_complete_graph_two_dropouts},
+    {"the auto graph survives dropouts at 5 and 40 workers",
+        test_round_auto_graph_two_dropouts},
+    {"a sparse graph of 24 workers unmasks the survivors' sum",
+        test_round_sparse_graph},
+    {"below threshold the round refuses to unmask",
+        test_round_below_threshold_refuses},
+    {"a masked input looks uniform and differs from the encoded input",
+        test_masked_input_looks_uniform},
+    {"steps refuse the wrong order and bad adverts",
+        test_steps_refuse_wrong_order_and_bad_input},
+    {"the accumulator reads an unmasked secure sum as the weighted mean",
+        test_accum_reads_secure_sum},
+    {"one identity key signs for one slot, at the workers and the server",
+        test_one_identity_signs_one_slot},
+    {"conflicting included sets are caught: the workers refuse to reveal",
+        test_conflicting_included_sets_are_caught},
+    {"a confirmation with bad bytes is refused",
+        test_confirmation_refuses_bad_bytes},
+    {NULL, NULL},
 };
 
 FB_TEST_MAIN("secagg")

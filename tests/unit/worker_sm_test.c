@@ -66,6 +66,7 @@ typedef struct fix {
 	size_t mchunk_len[NCHUNK];
 	fb_secagg_worker *peer;
 	fb_secagg_params sap;
+	uint8_t ckey[FB_HS_COOKIE_KEY_LEN]; /* the coordinator's cookies */
 } fix;
 
 /* ---- the fakes ---------------------------------------------------------- */
@@ -188,6 +189,7 @@ fix_new(bool secure)
 		fb_identity_pubkey(wid, &x->wpk);
 		fb_identity_pubkey(x->pid, &x->ppk);
 		assert_int_equal(fb_run_id_random(&x->run), FB_OK);
+		memset(x->ckey, 0x3c, sizeof(x->ckey));
 		x->w.self = wid; /* the worker owns it from here */
 		x->w.coord_pk = x->cpk;
 		x->w.secure = true;
@@ -490,26 +492,60 @@ plain_join(fix *x)
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 }
 
-/* Secure: handshake in clear, then a sealed hello and welcome. */
-static void
-secure_join(fix *x)
+/* The worker's last message is a cookie request (an empty handshake in
+ * clear): the coordinator's cookie goes back, and the signed hello that
+ * answers it is returned. */
+static sent *
+cookie_to_hello(fix *x)
 {
-	fb_allowlist al = {&x->wpk, 1};
+	fb_msg c = {.type = FB_MSG_HANDSHAKE};
+	sent *h = last(x);
+
+	assert_int_equal(h->msg.type, FB_MSG_HANDSHAKE);
+	assert_false(h->sealed);
+	assert_int_equal(h->msg.u.handshake.data.len, 0);
+	fb_hs_cookie_make(x->ckey, x->now, c.u.handshake.data.b);
+	c.u.handshake.data.len = FB_HS_COOKIE_LEN;
+	assert_int_equal(deliver(x, &c, NULL, 0), FB_OK);
+	h = last(x);
+	assert_int_equal(h->msg.type, FB_MSG_HANDSHAKE);
+	assert_false(h->sealed);
+	assert_int_equal(h->msg.u.handshake.data.len, FB_HS_HELLO_LEN);
+	/* it carries the cookie, signed */
+	assert_memory_equal(h->msg.u.handshake.data.b + 68,
+	    c.u.handshake.data.b, FB_HS_COOKIE_LEN);
+	return h;
+}
+
+/* The coordinator's side of a handshake with this fixture. */
+static fb_hs_accept_cfg
+accept_cfg(fix *x, fb_allowlist *al)
+{
 	fb_hs_accept_cfg hc = {
 	    .self = x->cid,
 	    .run = x->run,
 	    .proto_version = FB_PROTOCOL_VERSION,
 	    .lookup = fb_allowlist_lookup_cb,
-	    .lookup_arg = &al,
+	    .lookup_arg = al,
+	    .cookie_key = x->ckey,
+	    .now_ms = x->now,
+	    .cookie_ms = 30000,
 	};
+	return hc;
+}
+
+/* Secure: handshake in clear, then a sealed hello and welcome. */
+static void
+secure_join(fix *x)
+{
+	fb_allowlist al = {&x->wpk, 1};
+	fb_hs_accept_cfg hc = accept_cfg(x, &al);
 	fb_msg r = {.type = FB_MSG_HANDSHAKE}, m = welcome_msg();
 	fb_reject why = FB_REJECT_NONE;
 	sent *h;
 
 	fb_wk_start(&x->w, x->now);
-	h = last(x);
-	assert_int_equal(h->msg.type, FB_MSG_HANDSHAKE);
-	assert_false(h->sealed);
+	h = cookie_to_hello(x);
 	fb_session_free(x->cs);
 	x->cs = NULL;
 	assert_int_equal(fb_handshake_accept(&hc, h->msg.u.handshake.data.b,
@@ -1167,16 +1203,13 @@ test_refusal_before_authentication(void **state)
 	x = fix_new(true);
 	{
 		fb_allowlist al = {&x->wpk, 1};
-		fb_hs_accept_cfg hc = {.self = x->cid,
-		    .run = x->run,
-		    .proto_version = FB_PROTOCOL_VERSION,
-		    .lookup = fb_allowlist_lookup_cb,
-		    .lookup_arg = &al};
+		fb_hs_accept_cfg hc = accept_cfg(x, &al);
 		fb_msg rep = {.type = FB_MSG_HANDSHAKE};
 		fb_reject why;
 		fb_wk_start(&x->w, x->now);
 		assert_int_equal(
-		    fb_handshake_accept(&hc, last(x)->msg.u.handshake.data.b,
+		    fb_handshake_accept(&hc,
+		        cookie_to_hello(x)->msg.u.handshake.data.b,
 		        FB_HS_HELLO_LEN, rep.u.handshake.data.b, &x->cs, &why),
 		    FB_OK);
 		rep.u.handshake.data.len = FB_HS_REPLY_LEN;
@@ -1246,15 +1279,11 @@ test_rehandshake_takes_only_its_reply(void **state)
 	assert_int_equal(x->w.phase, FB_WK_JOINING);
 	/* the reply to this handshake is taken, then the sealed welcome */
 	al = (fb_allowlist){&x->wpk, 1};
-	hc = (fb_hs_accept_cfg){.self = x->cid,
-	    .run = x->run,
-	    .proto_version = FB_PROTOCOL_VERSION,
-	    .lookup = fb_allowlist_lookup_cb,
-	    .lookup_arg = &al};
+	hc = accept_cfg(x, &al);
 	fb_session_free(x->cs);
 	x->cs = NULL;
 	assert_int_equal(
-	    fb_handshake_accept(&hc, last(x)->msg.u.handshake.data.b,
+	    fb_handshake_accept(&hc, cookie_to_hello(x)->msg.u.handshake.data.b,
 	        FB_HS_HELLO_LEN, rep.u.handshake.data.b, &x->cs, &why),
 	    FB_OK);
 	rep.u.handshake.data.len = FB_HS_REPLY_LEN;
@@ -1271,6 +1300,58 @@ test_rehandshake_takes_only_its_reply(void **state)
 	m.u.welcome.run_id = 43;
 	assert_int_equal(deliver_sealed(x, &m, NULL, 0), FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
+/*
+ * The handshake's cookie: a secure worker first asks for one (an empty
+ * handshake), signs it into its hello, and takes only a cookie it asked
+ * for; a retry asks again, and a hello whose cookie another coordinator
+ * process made (one recorded before a restart) is refused by the
+ * coordinator's side, which answers nothing.
+ */
+static void
+test_handshake_cookie(void **state)
+{
+	fix *x = fix_new(true);
+	fb_allowlist al = {&x->wpk, 1};
+	fb_hs_accept_cfg hc;
+	fb_msg c = {.type = FB_MSG_HANDSHAKE};
+	uint8_t reply[FB_HS_REPLY_LEN], old[FB_HS_HELLO_LEN];
+	fb_session *s = NULL;
+	fb_reject why;
+	size_t at;
+
+	fb_wk_start(&x->w, x->now);
+	assert_true(x->w.cookie_wait);
+	memcpy(old, cookie_to_hello(x)->msg.u.handshake.data.b, sizeof(old));
+	assert_false(x->w.cookie_wait);
+	/* a second cookie, unasked: no second hello */
+	at = x->nlog;
+	fb_hs_cookie_make(x->ckey, x->now, c.u.handshake.data.b);
+	c.u.handshake.data.len = FB_HS_COOKIE_LEN;
+	assert_int_equal(deliver(x, &c, NULL, 0), FB_OK);
+	assert_int_equal(x->nlog, at);
+	/* no answer for 5 s: the worker asks for a new cookie */
+	x->now += FB_WK_HANDSHAKE_RETRY_MS;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	assert_int_equal(last(x)->msg.u.handshake.data.len, 0);
+	assert_true(x->w.cookie_wait);
+	/* the coordinator restarted meanwhile (a new cookie key): the hello
+	 * recorded before is refused, silently */
+	x->ckey[0] ^= 1;
+	hc = accept_cfg(x, &al);
+	assert_int_equal(
+	    fb_handshake_accept(&hc, old, sizeof(old), reply, &s, &why),
+	    FB_ESTALE);
+	assert_int_equal(why, FB_REJECT_REPLAY);
+	assert_null(s);
+	/* and the worker's new hello, with the new process's cookie, joins */
+	assert_int_equal(
+	    fb_handshake_accept(&hc, cookie_to_hello(x)->msg.u.handshake.data.b,
+	        FB_HS_HELLO_LEN, reply, &s, &why),
+	    FB_OK);
+	fb_session_free(s);
 	fix_free(x);
 }
 
@@ -1305,17 +1386,18 @@ test_sealed_garbage_dropped(void **state)
 
 /* ---- secure aggregation ------------------------------------------------- */
 
-/* A SecAgg round start: slot 0 of 2 (the other is x->peer). */
+/* A SecAgg round start: slot 0 of n on the complete graph, threshold t
+ * (slot 1 is x->peer). */
 static fb_msg
-sa_round_msg(fix *x, uint32_t round)
+sa_round_msg_n(fix *x, uint32_t round, uint32_t n, uint32_t t)
 {
 	fb_msg rs = round_msg(round, 0);
 
 	rs.u.round_start.secagg = true;
 	rs.u.round_start.sa_slot = 0;
-	rs.u.round_start.sa_n = 2;
-	rs.u.round_start.sa_degree = 1;
-	rs.u.round_start.sa_threshold = 2;
+	rs.u.round_start.sa_n = n;
+	rs.u.round_start.sa_degree = n - 1;
+	rs.u.round_start.sa_threshold = t;
 	rs.u.round_start.sa_graph_seed.len = 32;
 	memset(rs.u.round_start.sa_graph_seed.b, 0x77, 32);
 	rs.u.round_start.sa_ring_bits = 32;
@@ -1325,15 +1407,22 @@ sa_round_msg(fix *x, uint32_t round)
 	memset(&x->sap, 0, sizeof(x->sap));
 	x->sap.run = x->run;
 	x->sap.round = round;
-	x->sap.n = 2;
-	x->sap.degree = 1;
-	x->sap.threshold = 2;
+	x->sap.n = n;
+	x->sap.degree = n - 1;
+	x->sap.threshold = t;
 	memset(x->sap.graph_seed, 0x77, 32);
 	fb_secagg_worker_free(x->peer);
 	x->peer = NULL;
 	assert_int_equal(fb_secagg_worker_alloc(&x->sap, 1, &x->peer), FB_OK);
 	model_stream(x, &rs);
 	return rs;
+}
+
+/* Slot 0 of 2 (the other is x->peer). */
+static fb_msg
+sa_round_msg(fix *x, uint32_t round)
+{
+	return sa_round_msg_n(x, round, 2, 2);
 }
 
 static fb_msg
@@ -1410,8 +1499,10 @@ static void
 test_secagg_round(void **state)
 {
 	fix *x = fix_new(true);
-	fb_msg rs, um = sa_msg(5, FB_SA_UNMASK, 2);
+	fb_msg rs, um = sa_msg(5, FB_SA_INCLUDED, 2);
+	fb_msg cm = sa_msg(5, FB_SA_CONFIRMS, 1);
 	uint8_t included[2] = {1, 1};
+	uint8_t pconf[FB_SECAGG_CONFIRM_LEN];
 	size_t at;
 	sent *b;
 
@@ -1442,15 +1533,268 @@ test_secagg_round(void **state)
 	assert_int_equal(b->msg.u.update_begin.num_samples, 0);
 	assert_int_equal(b->msg.u.update_begin.steps, 0);
 	assert_true(b->msg.u.update_begin.train_loss == 0.0);
+	assert_true(b->msg.u.update_begin.steps_per_second == 0.0);
+	assert_true(b->msg.u.update_begin.train_seconds == 0.0);
 	assert_int_equal(
 	    x->log[at + 1 + NCHUNK].msg.u.update_chunk.chunk, NCHUNK);
 	assert_int_equal(last(x)->msg.type, FB_MSG_UPDATE_END);
-	/* the unmasking request: our reveal goes back */
+	/* the included set: our signature of it goes back, and it checks
+	 * out at the peer */
 	at = x->nlog;
 	assert_int_equal(deliver_sealed(x, &um, included, 2), FB_OK);
 	assert_int_equal(x->nlog - at, 1);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_CONFIRM);
+	assert_int_equal(last(x)->len, FB_SECAGG_CONFIRM_LEN);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_CONFIRMED);
+	assert_int_equal(fb_secagg_worker_mask_begin(x->peer), FB_OK);
+	assert_int_equal(
+	    fb_secagg_worker_confirm(x->peer, x->pid, included, 2, pconf),
+	    FB_OK);
+	assert_int_equal(fb_secagg_worker_add_confirm(
+	                     x->peer, last(x)->payload, last(x)->len),
+	    FB_OK);
+	/* the peer's confirmation: our reveal goes back */
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &cm, pconf, sizeof(pconf)), FB_OK);
+	assert_int_equal(x->nlog - at, 1);
 	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_REVEAL);
 	assert_true(last(x)->len > FB_SECAGG_REVEAL_HEADER_LEN);
+	fix_free(x);
+}
+
+/*
+ * A secure round with three slots up to the upload: the worker (slot 0)
+ * and x->peer (slot 1) exchange adverts and shares; slot 2 never shares.
+ * With `twin`, the PEERS message also carries an advert for slot 2
+ * signed by the peer's identity key. Returns false if the worker left
+ * the round before its shares went.
+ */
+static bool
+sa_three_to_upload(fix *x, uint32_t round, uint32_t t, bool twin)
+{
+	uint8_t entry[2][FB_SECAGG_PEER_ENTRY_LEN];
+	fb_msg rs = sa_round_msg_n(x, round, 3, t), pm;
+	fb_secagg_worker *twin_w = NULL;
+	sent *adv;
+
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_ADVERTISED);
+	adv = find_sa(x, round, FB_SA_ADVERT);
+	assert_non_null(adv);
+	assert_int_equal(fb_secagg_worker_add_advert(
+	                     x->peer, &x->wpk, adv->payload, adv->len),
+	    FB_OK);
+	memset(entry, 0, sizeof(entry));
+	entry[0][0] = 1;
+	memcpy(entry[0] + 4, x->ppk.b, FB_PUBKEY_LEN);
+	assert_int_equal(fb_secagg_worker_advertise(
+	                     x->peer, x->pid, entry[0] + 4 + FB_PUBKEY_LEN),
+	    FB_OK);
+	if (twin) {
+		/* slot 2's advert, signed by the peer's identity too: one
+		 * key standing in for two neighbours */
+		entry[1][0] = 2;
+		memcpy(entry[1] + 4, x->ppk.b, FB_PUBKEY_LEN);
+		assert_int_equal(
+		    fb_secagg_worker_alloc(&x->sap, 2, &twin_w), FB_OK);
+		assert_int_equal(fb_secagg_worker_advertise(twin_w, x->pid,
+		                     entry[1] + 4 + FB_PUBKEY_LEN),
+		    FB_OK);
+		fb_secagg_worker_free(twin_w);
+	}
+	pm = sa_msg(round, FB_SA_PEERS, twin ? 2 : 1);
+	assert_int_equal(deliver_sealed(x, &pm, entry,
+	                     (twin ? 2 : 1) * FB_SECAGG_PEER_ENTRY_LEN),
+	    FB_OK);
+	if (x->w.sa == NULL) {
+		return false;
+	}
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_SHARED);
+	serve_model(x);
+	train_done(x, FB_OK);
+	sa_exchange_shares(x, round);
+	assert_int_equal(fb_secagg_worker_mask_begin(x->peer), FB_OK);
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(last(x)->msg.type, FB_MSG_UPDATE_END);
+	return true;
+}
+
+/*
+ * The coordinator tells the worker that slots 0 and 1 are in, and the
+ * peer that all three are (so that slot 2's shares could be asked as if
+ * it were in and, of others, as if it were out): the peer's signature is
+ * over another set and does not count, so the worker holds one
+ * confirmation of its set (its own) of the two needed, and refuses to
+ * reveal -- it says so, and sends no shares. It also never signs a
+ * second set.
+ */
+static void
+test_secagg_conflicting_sets_refused(void **state)
+{
+	fix *x = fix_new(true);
+	const uint8_t mine[3] = {1, 1, 0}, theirs[3] = {1, 1, 1};
+	fb_msg um = sa_msg(11, FB_SA_INCLUDED, 3);
+	fb_msg cm = sa_msg(11, FB_SA_CONFIRMS, 1);
+	uint8_t pconf[FB_SECAGG_CONFIRM_LEN];
+	size_t at;
+
+	secure_join(x);
+	assert_true(sa_three_to_upload(x, 11, 2, false));
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &um, mine, 3), FB_OK);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_CONFIRM);
+	assert_int_equal(
+	    fb_secagg_worker_confirm(x->peer, x->pid, theirs, 3, pconf), FB_OK);
+	/* at the peer, ours does not count either */
+	assert_int_equal(fb_secagg_worker_add_confirm(
+	                     x->peer, last(x)->payload, last(x)->len),
+	    FB_EAUTH);
+	assert_int_equal(deliver_sealed(x, &cm, pconf, sizeof(pconf)), FB_OK);
+	assert_null(find_sa(x, 11, FB_SA_REVEAL));
+	assert_non_null(find_sa(x, 11, FB_SA_REFUSE));
+	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), 2);
+	assert_null(x->w.sa); /* its secrets are gone with the round */
+	fix_free(x);
+
+	/* asked to sign a second set: it refuses, says so, and leaves */
+	x = fix_new(true);
+	secure_join(x);
+	assert_true(sa_three_to_upload(x, 12, 2, false));
+	um = sa_msg(12, FB_SA_INCLUDED, 3);
+	assert_int_equal(deliver_sealed(x, &um, mine, 3), FB_OK);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_CONFIRM);
+	assert_int_equal(deliver_sealed(x, &um, theirs, 3), FB_OK);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_REFUSE);
+	assert_null(x->w.sa);
+	assert_null(find_sa(x, 12, FB_SA_REVEAL));
+	fix_free(x);
+}
+
+/*
+ * The coordinator relays two adverts signed by one identity key (the
+ * peer's) for slots 1 and 2: the worker takes the first and refuses the
+ * second. With threshold 2 it goes on with one neighbour; with 3 it has
+ * too few and leaves the round before sending any share.
+ */
+static void
+test_secagg_one_identity_one_slot(void **state)
+{
+	fix *x = fix_new(true);
+
+	secure_join(x);
+	assert_true(sa_three_to_upload(x, 13, 2, true));
+	assert_int_equal(find_sa(x, 13, FB_SA_SHARES)->msg.u.secagg.count, 1);
+	fix_free(x);
+
+	x = fix_new(true);
+	secure_join(x);
+	assert_false(sa_three_to_upload(x, 14, 3, true));
+	assert_null(find_sa(x, 14, FB_SA_SHARES));
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
+/*
+ * The threshold floor: on 5 workers (4 neighbours each) a majority of a
+ * neighbourhood is 3, so a round asking 2 is skipped before anything is
+ * made or sent; security.secagg_min_threshold lowers or raises the floor.
+ */
+static void
+test_secagg_threshold_floor(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs;
+	size_t at;
+
+	secure_join(x);
+	rs = sa_round_msg_n(x, 15, 5, 2);
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->nlog, at); /* no advert, no model request */
+	assert_null(x->w.sa);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	/* a majority is taken */
+	rs = sa_round_msg_n(x, 16, 5, 3);
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_non_null(find_sa(x, 16, FB_SA_ADVERT));
+	/* an explicit floor of 2 takes 2; one of 4 refuses 3 */
+	x->cfg.secagg_min_threshold = 2;
+	rs = sa_round_msg_n(x, 17, 5, 2);
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_non_null(find_sa(x, 17, FB_SA_ADVERT));
+	x->cfg.secagg_min_threshold = 4;
+	rs = sa_round_msg_n(x, 18, 5, 3);
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_null(find_sa(x, 18, FB_SA_ADVERT));
+	assert_null(x->w.sa);
+	fix_free(x);
+}
+
+/*
+ * A secure time budget: the first round does the fixed work (no speed
+ * yet); from then on the worker fits its steps to the budget at its own
+ * measured speed (the fake trainer: 5 steps in 0.25 s), clamped to
+ * min/max_steps. Nothing of it leaves: no speed, steps, time, sample
+ * count or loss in its hello or updates.
+ */
+static void
+test_secagg_private_time_budget(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs;
+	sent *b;
+
+	secure_join(x);
+	assert_int_equal(find(x, FB_MSG_HELLO, 0)->msg.u.hello.num_samples, 0);
+	for (uint32_t r = 21; r <= 23; r++) {
+		fb_msg pm;
+		uint8_t entry[FB_SECAGG_PEER_ENTRY_LEN];
+		sent *adv;
+		rs = sa_round_msg(x, r);
+		rs.u.round_start.time_budget_ms = r == 23 ? 60000 : 1000;
+		rs.u.round_start.min_steps = 2;
+		rs.u.round_start.max_steps = 100;
+		x->served = x->nlog;
+		assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+		/* 21: fixed work; 22: 20 steps/s x 1 s; 23: 1200, clamped */
+		assert_int_equal(x->w.steps, r == 21 ? 5 : r == 22 ? 20 : 100);
+		adv = find_sa(x, r, FB_SA_ADVERT);
+		assert_int_equal(fb_secagg_worker_add_advert(x->peer, &x->wpk,
+		                     adv->payload, adv->len),
+		    FB_OK);
+		memset(entry, 0, sizeof(entry));
+		entry[0] = 1;
+		memcpy(entry + 4, x->ppk.b, FB_PUBKEY_LEN);
+		assert_int_equal(fb_secagg_worker_advertise(x->peer, x->pid,
+		                     entry + 4 + FB_PUBKEY_LEN),
+		    FB_OK);
+		pm = sa_msg(r, FB_SA_PEERS, 1);
+		assert_int_equal(deliver_sealed(x, &pm, entry, sizeof(entry)),
+		    FB_OK);
+		serve_model(x);
+		train_done(x, FB_OK);
+		sa_exchange_shares(x, r);
+		fb_wk_on_writable(&x->w, x->now);
+		b = find(x, FB_MSG_UPDATE_BEGIN, x->served);
+		assert_non_null(b);
+		assert_true(b->msg.u.update_begin.steps_per_second == 0.0);
+		assert_int_equal(b->msg.u.update_begin.steps, 0);
+		assert_int_equal(b->msg.u.update_begin.num_samples, 0);
+		assert_true(b->msg.u.update_begin.train_seconds == 0.0);
+		assert_true(b->msg.u.update_begin.train_loss == 0.0);
+		assert_true(b->msg.u.update_begin.a_norm == 0.0);
+	}
+	/* a budget with min above max, or without secure aggregation, is
+	 * malformed: no round */
+	rs = sa_round_msg(x, 24);
+	rs.u.round_start.time_budget_ms = 1000;
+	rs.u.round_start.min_steps = 9;
+	rs.u.round_start.max_steps = 3;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_null(find_sa(x, 24, FB_SA_ADVERT));
 	fix_free(x);
 }
 
@@ -1458,7 +1802,7 @@ static void
 test_secagg_outbox_keeps_order(void **state)
 {
 	fix *x = fix_new(true);
-	fb_msg rs, um = sa_msg(6, FB_SA_UNMASK, 2);
+	fb_msg rs, um = sa_msg(6, FB_SA_INCLUDED, 2);
 	uint8_t included[2] = {1, 1};
 	size_t at, first_fetch;
 
@@ -1506,8 +1850,9 @@ test_secagg_outbox_keeps_order(void **state)
 	fb_wk_on_writable(&x->w, x->now);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	assert_non_null(find(x, FB_MSG_UPDATE_END, at));
-	/* 17 unmasking requests while the link takes nothing: 16 reveals
-	 * wait in the outbox, the last is dropped, none is reordered */
+	/* 17 included sets (the same) while the link takes nothing: 16
+	 * confirmations wait in the outbox, the last is dropped, none is
+	 * reordered */
 	x->room = 0;
 	for (int i = 0; i < FB_WK_OUTBOX_MAX + 1; i++) {
 		assert_int_equal(deliver_sealed(x, &um, included, 2), FB_OK);
@@ -1518,7 +1863,7 @@ test_secagg_outbox_keeps_order(void **state)
 	fb_wk_on_writable(&x->w, x->now);
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX - 1);
 	/* round 7 starts meanwhile: its advert queues behind round 6's
-	 * reveals, which are still sealed for round 6 when they go */
+	 * confirmations, which are still sealed for round 6 when they go */
 	rs = sa_round_msg(x, 7);
 	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
@@ -1527,7 +1872,7 @@ test_secagg_outbox_keeps_order(void **state)
 	assert_int_equal(x->w.out_count, 0);
 	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), FB_WK_OUTBOX_MAX + 1);
 	for (size_t i = at; i < at + FB_WK_OUTBOX_MAX; i++) {
-		assert_int_equal(x->log[i].msg.u.secagg.phase, FB_SA_REVEAL);
+		assert_int_equal(x->log[i].msg.u.secagg.phase, FB_SA_CONFIRM);
 		assert_int_equal(x->log[i].seal_round, 6);
 	}
 	assert_int_equal(
@@ -1648,6 +1993,8 @@ FB_TESTS = {
         test_refusal_in_clear_after_admission},
     {"a new handshake takes only its own reply in clear",
         test_rehandshake_takes_only_its_reply},
+    {"the hello carries the coordinator's cookie, asked for each time",
+        test_handshake_cookie},
     {"a sealed frame that does not open is dropped",
         test_sealed_garbage_dropped},
     {"a secure-aggregation round: advert, shares, masked update, reveal",
@@ -1656,6 +2003,14 @@ FB_TESTS = {
         test_secagg_outbox_keeps_order},
     {"a cancel while waiting for masks, or bad adverts, end the round",
         test_secagg_cancel_and_malformed},
+    {"conflicting included sets are caught: the worker refuses to reveal",
+        test_secagg_conflicting_sets_refused},
+    {"adverts where one identity signs two neighbour slots are refused",
+        test_secagg_one_identity_one_slot},
+    {"a threshold below the worker's floor is refused",
+        test_secagg_threshold_floor},
+    {"a secure time budget is fitted to the worker's own speed, never sent",
+        test_secagg_private_time_budget},
     {"a plug-in model is loaded only from train.plugin",
         test_plugin_only_from_own_config},
     {NULL, NULL},

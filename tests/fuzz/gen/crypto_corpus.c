@@ -56,12 +56,26 @@ gen_handshake(const fz_fixture *f)
 	reply[4] = 0xff; /* changed worker id: bad signature */
 	put("crypto_hs_reply", "badsig", reply, sizeof(reply));
 	/* A hello of a key not on the allowlist. */
-	if (fb_handshake_start(f->coord, &f->coord_pk, FZ_PROTO, hello2, &hs) !=
-	    FB_OK) {
+	if (fb_handshake_start(f->coord, &f->coord_pk, FZ_PROTO, f->cookie,
+	        hello2, &hs) != FB_OK) {
 		fz_die("hello2");
 	}
 	put("crypto_hs_hello", "unknown", hello2, sizeof(hello2));
 	fb_handshake_free(hs);
+	hs = NULL;
+	/* A hello whose cookie another coordinator process issued: it is
+	 * signed, and refused as stale. */
+	{
+		uint8_t other[FB_HS_COOKIE_KEY_LEN], cookie[FB_HS_COOKIE_LEN];
+		memset(other, 0x67, sizeof(other));
+		fb_hs_cookie_make(other, FZ_NOW_MS, cookie);
+		if (fb_handshake_start(f->worker, &f->coord_pk, FZ_PROTO,
+		        cookie, hello2, &hs) != FB_OK) {
+			fz_die("hello3");
+		}
+		put("crypto_hs_hello", "stale", hello2, sizeof(hello2));
+		fb_handshake_free(hs);
+	}
 	fb_session_free(cs);
 	fb_session_free(ws);
 }

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * crypto_hs_hello.c -- libFuzzer target: the coordinator parsing and
- * verifying a worker hello (fb_handshake_accept). Input: the hello bytes.
- * A valid hello must yield a session and a reply the worker accepts.
+ * verifying a worker hello (fb_handshake_accept), its cookie included.
+ * Input: the hello bytes. A valid hello must yield a session, and a
+ * refusal must say why.
  */
 #include "tests/fuzz/fuzz_common.h"
 
