@@ -111,6 +111,7 @@ worker_security() { # INDEX
 	else
 		printf '  secure_aggregation: optional\n'
 	fi
+	printf '%s' "${WK_SECURITY:-}" # more security keys, e.g. a floor
 }
 
 # coord_yaml PORT OUT [ROUND-YAML-LINES]: a coordinator config for tests.

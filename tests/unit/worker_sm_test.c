@@ -1712,7 +1712,9 @@ test_secagg_threshold_floor(void **state)
 	rs = sa_round_msg_n(x, 15, 5, 2);
 	at = x->nlog;
 	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
-	assert_int_equal(x->nlog, at); /* no advert, no model request */
+	/* no advert, no model request: only the refusal, with its reason */
+	assert_int_equal(x->nlog, at + 1);
+	assert_failed(x, 15, "floor");
 	assert_null(x->w.sa);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	/* a majority is taken */
