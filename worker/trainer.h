@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "crypto/crypto.h"
 #include "data/data.h"
 #include "model/model.h"
 
@@ -80,6 +81,18 @@ typedef struct fb_trainer_backend {
 	fb_err (*get_params)(void *state, float *params);
 	/* describe writes e.g. "cuda: 2 x NVIDIA H200 (fp32)". */
 	void (*describe)(void *state, char *buf, size_t len);
+	/* mask_apply (optional: NULL when the backend has no device of its
+	 * own; the cpu backend) is fb_mask_apply computed on the backend's
+	 * first device: the same result bit for bit, the same checks in the
+	 * same order (FB_ERANGE, then FB_EINVAL; v untouched on those), plus
+	 * FB_ECUDA (logged), after which v[0..count) may hold some elements
+	 * masked and others not: make them again. The keystream never
+	 * reaches host memory; the seeds are wiped from the device and host
+	 * copies before it returns. Blocks until v is written. One call at a
+	 * time per state; it may run while train() runs on another thread. */
+	fb_err (*mask_apply)(void *state, uint32_t *v, uint64_t offset,
+	    uint64_t count, const fb_mask_term *terms, uint32_t nterms,
+	    uint32_t round);
 } fb_trainer_backend;
 
 typedef struct fb_trainer fb_trainer;
