@@ -7,7 +7,8 @@
 # fb_model_tensor_info, fb_model_task, fb_train_batch_order, fb_model_mlp_ops,
 # fb_model_logreg_ops.
 ifeq ($(CUDA),1)
-GPU_PROGS = $(B)/tests/gpu/cuda_check $(B)/bench/gpu/fedbox_bench
+GPU_PROGS = $(B)/tests/gpu/cuda_check $(B)/bench/gpu/fedbox_bench \
+    $(B)/tests/gpu/mask_check
 BINS += $(GPU_PROGS)
 
 .PHONY: gpu
@@ -19,6 +20,13 @@ $(B)/tests/gpu/cuda_check: $(B)/tests/gpu/cuda_check.o \
 	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
 
 $(B)/bench/gpu/fedbox_bench: $(B)/bench/gpu/fedbox_bench.o \
+    $(B)/libfedbox-cuda.so $(call libs_of,worker)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $< -L$(B) -lfedbox-cuda \
+	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
+
+# The mask check compares the GPU with crypto/'s fb_mask_apply
+# (libsodium), which the worker's archives already hold.
+$(B)/tests/gpu/mask_check: $(B)/tests/gpu/mask_check.o \
     $(B)/libfedbox-cuda.so $(call libs_of,worker)
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $< -L$(B) -lfedbox-cuda \
 	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
