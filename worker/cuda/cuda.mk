@@ -8,7 +8,7 @@
 # fb_model_logreg_ops.
 ifeq ($(CUDA),1)
 GPU_PROGS = $(B)/tests/gpu/cuda_check $(B)/bench/gpu/fedbox_bench \
-    $(B)/tests/gpu/mask_check
+    $(B)/tests/gpu/mask_check $(B)/bench/gpu/mask_bench
 BINS += $(GPU_PROGS)
 
 .PHONY: gpu
@@ -24,9 +24,14 @@ $(B)/bench/gpu/fedbox_bench: $(B)/bench/gpu/fedbox_bench.o \
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $< -L$(B) -lfedbox-cuda \
 	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
 
-# The mask check compares the GPU with crypto/'s fb_mask_apply
+# The mask check and bench compare the GPU with crypto/'s fb_mask_apply
 # (libsodium), which the worker's archives already hold.
 $(B)/tests/gpu/mask_check: $(B)/tests/gpu/mask_check.o \
+    $(B)/libfedbox-cuda.so $(call libs_of,worker)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $< -L$(B) -lfedbox-cuda \
+	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
+
+$(B)/bench/gpu/mask_bench: $(B)/bench/gpu/mask_bench.o \
     $(B)/libfedbox-cuda.so $(call libs_of,worker)
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $< -L$(B) -lfedbox-cuda \
 	    $(call libs_of,worker) $(LDLIBS) -Wl,-rpath,'$$ORIGIN/../..'
