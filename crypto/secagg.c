@@ -739,6 +739,23 @@ fb_secagg_worker_mask_chunk(const fb_secagg_worker *w, uint32_t *v,
 }
 
 fb_err
+fb_secagg_worker_mask_chunk_on(const fb_secagg_worker *w, uint32_t *v,
+    uint64_t offset, uint64_t count, fb_mask_engine engine, void *ctx)
+{
+	fb_err rc;
+
+	/* mask_chunk's checks (stage, range, terms) on an empty range, so
+	 * that both refuse the same calls */
+	if ((rc = fb_secagg_worker_mask_chunk(w, v, offset, 0)) != FB_OK) {
+		return rc;
+	}
+	if (count > FB_MASK_MAX_ELEMS - offset) {
+		return FB_ERANGE;
+	}
+	return engine(ctx, v, offset, count, w->terms, w->nterms, w->p.round);
+}
+
+fb_err
 fb_secagg_worker_reveal(fb_secagg_worker *w, const uint8_t *included,
     uint32_t n, uint8_t *out, size_t out_cap, size_t *out_len)
 {
