@@ -167,6 +167,7 @@ typedef struct cuda_trainer {
 	float key_prox;
 	int anchor_valid;  /* rep[].anchor holds the last set params */
 	fb_cuda_mask *mask; /* SecAgg masks on rep[0]'s GPU; at first use */
+	pthread_mutex_t mask_mu; /* one mask_apply at a time; guards mask */
 } cuda_trainer;
 
 typedef struct step_args {
@@ -787,6 +788,7 @@ cuda_close(void *state)
 		}
 	}
 	fb_cuda_mask_free(t->mask);
+	pthread_mutex_destroy(&t->mask_mu);
 	cudaFreeHost(t->hidx);
 	free(t->order);
 	free(t);
@@ -1043,6 +1045,7 @@ cuda_open(const fb_model *m, const fb_dataset *shard,
 		rc = FB_ENOMEM;
 		goto out;
 	}
+	pthread_mutex_init(&t->mask_mu, NULL);
 	t->model = m;
 	t->shard = shard;
 	t->p = fb_model_param_count(m);
@@ -1374,6 +1377,10 @@ cuda_mask_state(cuda_trainer *t, fb_cuda_mask **out)
 
 	if (t->mask == NULL) {
 		rc = fb_cuda_mask_alloc(t->rep[0].dev, &t->mask);
+		if (rc == FB_OK) {
+			fb_log_info("cuda: secure-aggregation masks on GPU %d",
+			    t->rep[0].dev);
+		}
 	}
 	*out = t->mask;
 	return rc;
@@ -1383,6 +1390,7 @@ static fb_err
 cuda_mask_apply(void *state, uint32_t *v, uint64_t offset, uint64_t count,
     const fb_mask_term *terms, uint32_t nterms, uint32_t round)
 {
+	cuda_trainer *t = state;
 	fb_err rc;
 	fb_cuda_mask *m = NULL;
 
@@ -1392,10 +1400,15 @@ cuda_mask_apply(void *state, uint32_t *v, uint64_t offset, uint64_t count,
 	    count == 0 || nterms == 0) {
 		return rc;
 	}
-	if ((rc = cuda_mask_state(state, &m)) != FB_OK) {
-		return rc;
+	/* Callers may be several threads (the worker masks a batch of chunks
+	 * on its pool): their calls take the GPU in turn. */
+	pthread_mutex_lock(&t->mask_mu);
+	if ((rc = cuda_mask_state(t, &m)) == FB_OK) {
+		rc = fb_cuda_mask_apply(m, v, offset, count, terms, nterms,
+		    round);
 	}
-	return fb_cuda_mask_apply(m, v, offset, count, terms, nterms, round);
+	pthread_mutex_unlock(&t->mask_mu);
+	return rc;
 }
 
 static const fb_trainer_backend cuda_backend = {
