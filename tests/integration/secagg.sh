@@ -68,7 +68,7 @@ if [ "${SECAGG_DEVICE:-}" = cuda ] && [ -z "${SECAGG_SKIP_EQUIV:-}" ]; then
 		for i in 0 1 2 3; do
 			grep -q "cuda: secure-aggregation masks on GPU" \
 				"$T/secure$r/worker-$i.log" ||
-				fail "round $r: worker-$i did not mask on its GPU"
+				fail "round $r: worker-$i masked off its GPU"
 		done
 	done
 	echo "every secure run's workers masked on their GPU"

@@ -39,9 +39,10 @@ host_engine(void *ctx, uint32_t *v, uint64_t offset, uint64_t count,
 	l->round = round;
 	l->self = l->plus = l->minus = 0;
 	for (uint32_t i = 0; i < nterms; i++) {
+		int pair = terms[i].role == FB_MASK_PAIR;
 		l->self += terms[i].role == FB_MASK_SELF;
-		l->plus += terms[i].role == FB_MASK_PAIR && terms[i].sign == 1;
-		l->minus += terms[i].role == FB_MASK_PAIR && terms[i].sign == -1;
+		l->plus += pair && terms[i].sign == 1;
+		l->minus += pair && terms[i].sign == -1;
 	}
 	if (l->fail != FB_OK) {
 		return l->fail;
