@@ -728,17 +728,6 @@ out:
 }
 
 fb_err
-fb_secagg_worker_mask_chunk(const fb_secagg_worker *w, uint32_t *v,
-    uint64_t offset, uint64_t count)
-{
-	if (w->stage != W_MASKING) {
-		return FB_EINVAL;
-	}
-	return fb_mask_apply(v, offset, count, w->terms, w->nterms,
-	    w->p.round);
-}
-
-fb_err
 fb_secagg_worker_mask_chunk_on(const fb_secagg_worker *w, uint32_t *v,
     uint64_t offset, uint64_t count, fb_mask_engine engine, void *ctx)
 {
@@ -753,6 +742,17 @@ fb_secagg_worker_mask_chunk_on(const fb_secagg_worker *w, uint32_t *v,
 		return FB_ERANGE;
 	}
 	return engine(ctx, v, offset, count, w->terms, w->nterms, w->p.round);
+}
+
+fb_err
+fb_secagg_worker_mask_chunk(const fb_secagg_worker *w, uint32_t *v,
+    uint64_t offset, uint64_t count)
+{
+	if (w->stage != W_MASKING) {
+		return FB_EINVAL;
+	}
+	return fb_mask_apply(v, offset, count, w->terms, w->nterms,
+	    w->p.round);
 }
 
 fb_err
