@@ -163,6 +163,21 @@ json_str(char *out, size_t *pos, const char *s, size_t n)
 	*pos = p;
 }
 
+/* The last error this thread logged (fb_log_last_error). */
+static _Thread_local char last_error[FB_LOG_LAST_MAX];
+
+const char *
+fb_log_last_error(void)
+{
+	return last_error;
+}
+
+void
+fb_log_clear_error(void)
+{
+	last_error[0] = '\0';
+}
+
 void
 fb_log(fb_log_level level, const char *fmt, ...)
 {
@@ -176,7 +191,7 @@ fb_log(fb_log_level level, const char *fmt, ...)
 	va_list ap;
 	int k;
 
-	if (level < log_min) {
+	if (level < log_min && level < FB_LOG_ERROR) {
 		return;
 	}
 	gettimeofday(&tv, NULL);
@@ -190,6 +205,12 @@ fb_log(fb_log_level level, const char *fmt, ...)
 	mlen = k < 0                     ? 0
 	    : (size_t)k < sizeof(msg) ? (size_t)k
 	                              : sizeof(msg) - 1;
+	if (level >= FB_LOG_ERROR) {
+		snprintf(last_error, sizeof(last_error), "%.*s", (int)mlen, msg);
+	}
+	if (level < log_min) {
+		return;
+	}
 	if (log_format == FB_LOG_JSON) {
 		n = (size_t)snprintf(line, sizeof(line),
 		    "{\"time\": \"%s\", \"level\": \"%s\", \"program\": ",

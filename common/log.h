@@ -52,6 +52,18 @@ FB_MUST_CHECK fb_err fb_log_output(const char *path, fb_log_format format);
 void fb_log(fb_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/*
+ * fb_log_last_error returns the message (without time, program or level,
+ * cut at FB_LOG_LAST_MAX - 1 bytes) of the last error-level line the
+ * calling thread logged since it last called fb_log_clear_error, or ""
+ * if none; errors are kept even when the level set hides them. The text
+ * is the thread's own, valid until its next fb_log call. So a thread
+ * whose work failed can say why to someone else.
+ */
+#define FB_LOG_LAST_MAX 256
+const char *fb_log_last_error(void);
+void fb_log_clear_error(void);
+
 #define fb_log_debug(...) fb_log(FB_LOG_DEBUG, __VA_ARGS__)
 #define fb_log_info(...) fb_log(FB_LOG_INFO, __VA_ARGS__)
 #define fb_log_warn(...) fb_log(FB_LOG_WARN, __VA_ARGS__)

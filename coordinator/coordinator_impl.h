@@ -134,7 +134,8 @@ typedef struct worker {
 	fb_session *pending;     /* secure: newer handshake, taken on use */
 	/* this round */
 	worker_state state;
-	const char *fail_reason; /* static text */
+	const char *fail_reason; /* static text, or fail_text */
+	char fail_text[FB_TEXT_MAX + 32]; /* a reason the worker sent */
 	double weight;           /* plain FedAvg weight */
 	uint64_t assigned_steps;
 	uint32_t first_chunk;    /* where its upload starts (RoundStart) */
@@ -437,6 +438,9 @@ drop_reason guard_reason_of_reject(int why);
 /* ---- round.c ---- */
 void round_step(coord *c, int64_t now);
 void round_worker_failed(coord *c, worker *w, const char *why);
+/* round_on_failed takes a worker's RoundFailed: out of the round at once,
+ * its reason (prefixed "failed on the worker: ") in the round's record. */
+void round_on_failed(coord *c, worker *w, const fb_msg *m);
 void round_job_done(coord *c, job_kind kind, int64_t now);
 void round_cancel(coord *c, worker *w, const char *why);
 bool round_open_for(const coord *c, uint32_t round);

@@ -42,6 +42,9 @@ coord_dispatch(coord *c, worker *w, const fb_frame *f, fb_buf *buf)
 	case FB_MSG_SECAGG:
 		sa_on_message(c, w, f);
 		break;
+	case FB_MSG_ROUND_FAILED:
+		round_on_failed(c, w, &f->msg);
+		break;
 	default:
 		guard_drop(c, DROP_UNEXPECTED, "%s from worker %s",
 		    fb_msg_type_name(f->msg.type), w->name);

@@ -71,6 +71,25 @@ round_worker_failed(coord *c, worker *w, const char *why)
 	w->fail_reason = why;
 }
 
+void
+round_on_failed(coord *c, worker *w, const fb_msg *m)
+{
+	if (!round_open_for(c, m->u.round_failed.round)) {
+		guard_drop(c, DROP_STALE_ROUND, "round_failed for round %u from "
+		    "%s (round %u is open)", m->u.round_failed.round, w->name,
+		    c->rd.number);
+		return;
+	}
+	if (w->state != W_TRAINING && w->state != W_UPLOADING) {
+		guard_drop(c, DROP_UNEXPECTED, "round_failed from %s, which is "
+		    "%s", w->name, worker_state_names[w->state]);
+		return;
+	}
+	snprintf(w->fail_text, sizeof(w->fail_text), "failed on the worker: %s",
+	    m->u.round_failed.reason);
+	round_worker_failed(c, w, w->fail_text);
+}
+
 /* Takes worker w out of the round, telling it why. */
 void
 round_cancel(coord *c, worker *w, const char *why)

@@ -60,6 +60,7 @@ typedef enum fb_msg_type {
 	FB_MSG_UPDATE_END,
 	FB_MSG_SECAGG,
 	FB_MSG_REDIRECT,
+	FB_MSG_ROUND_FAILED,
 	FB_MSG_TYPE_COUNT_
 } fb_msg_type;
 
@@ -189,6 +190,10 @@ typedef struct fb_msg {
 			uint32_t round;
 			char reason[FB_TEXT_MAX];
 		} round_cancel;
+		struct {
+			uint32_t round;
+			char reason[FB_TEXT_MAX];
+		} round_failed;
 		struct {
 			char reason[FB_TEXT_MAX];
 		} shutdown;

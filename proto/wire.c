@@ -19,7 +19,7 @@ static const char *const type_names[FB_MSG_TYPE_COUNT_] = {
 	"none", "hello", "welcome", "reject", "round_start", "model_fetch",
 	"model_chunk", "update_begin", "update_chunk", "heartbeat",
 	"round_cancel", "shutdown", "handshake", "update_end", "secagg",
-	"redirect",
+	"redirect", "round_failed",
 };
 
 const char *
@@ -109,6 +109,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 	Fedbox__UpdateChunk uc;
 	Fedbox__Heartbeat hb;
 	Fedbox__RoundCancel rc;
+	Fedbox__RoundFailed rf;
 	Fedbox__Shutdown sd;
 	Fedbox__Handshake hs;
 	Fedbox__UpdateEnd ue;
@@ -245,6 +246,13 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		rc.reason = (char *)(uintptr_t)m->u.round_cancel.reason;
 		env.body_case = FEDBOX__ENVELOPE__BODY_ROUND_CANCEL;
 		env.round_cancel = &rc;
+		break;
+	case FB_MSG_ROUND_FAILED:
+		fedbox__round_failed__init(&rf);
+		rf.round = m->u.round_failed.round;
+		rf.reason = (char *)(uintptr_t)m->u.round_failed.reason;
+		env.body_case = FEDBOX__ENVELOPE__BODY_ROUND_FAILED;
+		env.round_failed = &rf;
 		break;
 	case FB_MSG_SHUTDOWN:
 		fedbox__shutdown__init(&sd);
@@ -523,6 +531,16 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		        sizeof(m->u.round_cancel.reason),
 		        env->round_cancel->reason)) {
 			reason = "round_cancel: bad reason text";
+			goto out;
+		}
+		break;
+	case FEDBOX__ENVELOPE__BODY_ROUND_FAILED:
+		m->type = FB_MSG_ROUND_FAILED;
+		m->u.round_failed.round = env->round_failed->round;
+		if (!copy_text(m->u.round_failed.reason,
+		        sizeof(m->u.round_failed.reason),
+		        env->round_failed->reason)) {
+			reason = "round_failed: bad reason text";
 			goto out;
 		}
 		break;

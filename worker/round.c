@@ -49,8 +49,17 @@ synthetic_fill(fb_wk *w)
 fb_err
 fb_wk_update_form(fb_wk *w)
 {
+	float nan_probe = 0.0f; /* x * 0 is 0 unless x is NaN or infinite */
+
 	for (uint64_t j = 0; j < w->param_count; j++) {
 		w->local[j] = w->global[j] - w->local[j];
+		nan_probe += w->local[j] * 0.0f;
+	}
+	if (nan_probe != 0.0f) {
+		fb_log_error("round %u: the update holds NaN or infinity (did "
+		             "the training diverge? try a lower lr)",
+		    w->round);
+		return FB_ERANGE;
 	}
 	w->a_norm = 0;
 	/* FedNova: send d_i = update / ||a_i||_1; the coordinator scales the
@@ -85,6 +94,8 @@ train_main(void *arg)
 	fb_err rc;
 
 	memset(&st, 0, sizeof(st));
+	fb_log_clear_error();
+	w->train_why[0] = '\0';
 	if (w->synthetic) {
 		synthetic_fill(w);
 		w->a_norm = 0;
@@ -102,6 +113,10 @@ train_main(void *arg)
 			rc = fb_wk_update_form(w);
 		}
 		w->train_rc = rc;
+		if (rc != FB_OK) {
+			snprintf(w->train_why, sizeof(w->train_why), "%s",
+			    fb_log_last_error());
+		}
 	}
 	if (write(w->efd, &one, sizeof(one)) != sizeof(one)) {
 		fb_log_error("eventfd write: %s", strerror(errno));
@@ -270,6 +285,29 @@ fb_wk_round_leave(fb_wk *w)
 	}
 }
 
+void
+fb_wk_round_fail(fb_wk *w, uint32_t round, const char *why)
+{
+	fb_msg m = {.type = FB_MSG_ROUND_FAILED};
+	size_t i;
+
+	fb_wk_round_leave(w);
+	m.u.round_failed.round = round;
+	snprintf(m.u.round_failed.reason, sizeof(m.u.round_failed.reason),
+	    "%s", why != NULL && why[0] != '\0' ? why : "failed on the worker");
+	for (i = 0; m.u.round_failed.reason[i] != '\0'; i++) {
+		unsigned char ch = (unsigned char)m.u.round_failed.reason[i];
+		if (ch < 0x20 || ch == 0x7f) {
+			m.u.round_failed.reason[i] = ' ';
+		}
+	}
+	if (fb_wk_send_ctl(w, &m, NULL, 0) != FB_OK) {
+		fb_log_warn("round %u: could not tell the coordinator that the "
+		            "round failed here",
+		    round);
+	}
+}
+
 /* The public checks of a RoundStart: sizes that match the welcome's, and
  * work to do. */
 static bool
@@ -382,15 +420,22 @@ fb_wk_on_round_start(fb_wk *w, const fb_msg *m)
 		    m->u.round_start.round);
 		return;
 	}
+	fb_log_clear_error();
 	if (!round_start_wanted(w, m)) {
+		fb_wk_round_fail(w, m->u.round_start.round, fb_log_last_error());
 		return;
 	}
 	round_settings(w, m);
 	if (w->secure && model_stream_open(w, m) != FB_OK) {
+		fb_wk_round_fail(w, w->round, "the round's model stream is not "
+		                              "usable here");
 		return;
 	}
 	if (m->u.round_start.secagg && fb_wk_sa_start(w, m) != FB_OK) {
 		fb_wk_sa_end(w);
+		fb_wk_round_fail(w, w->round, fb_log_last_error()[0] != '\0'
+		        ? fb_log_last_error()
+		        : "cannot take part in secure aggregation");
 		return;
 	}
 	w->phase = FB_WK_FETCHING;
@@ -452,9 +497,10 @@ local_writable(fb_wk *w)
 static void
 start_training(fb_wk *w)
 {
+	fb_log_clear_error();
 	if (local_writable(w) != FB_OK ||
 	    w->io->train_start(w->io->arg, w) != FB_OK) {
-		fb_wk_round_leave(w);
+		fb_wk_round_fail(w, w->round, fb_log_last_error());
 		return;
 	}
 	w->phase = FB_WK_TRAINING;
@@ -511,7 +557,7 @@ fb_wk_on_model_chunk(fb_wk *w, const fb_frame *f)
 		fb_log_warn("round %u: model chunk %u out of order (wanted %u);"
 		            " abandoning the round",
 		    w->round, m->u.model_chunk.chunk, w->next_chunk);
-		fb_wk_round_leave(w);
+		fb_wk_round_fail(w, w->round, "a model chunk came out of order");
 		return;
 	}
 	off = (uint64_t)w->next_chunk * w->chunk_bytes;
@@ -521,11 +567,11 @@ fb_wk_on_model_chunk(fb_wk *w, const fb_frame *f)
 		fb_log_warn("round %u: model chunk %u has %zu bytes, expected "
 		            "%" PRIu64 "; abandoning the round",
 		    w->round, w->next_chunk, f->payload_len, len);
-		fb_wk_round_leave(w);
+		fb_wk_round_fail(w, w->round, "a model chunk had the wrong size");
 		return;
 	}
 	if (!model_chunk_take(w, f, off, len)) {
-		fb_wk_round_leave(w);
+		fb_wk_round_fail(w, w->round, "a model chunk failed its check");
 		return;
 	}
 	w->next_chunk++;
@@ -554,8 +600,11 @@ fb_wk_on_trained(fb_wk *w, int64_t now)
 		return;
 	}
 	if (rc != FB_OK) {
-		fb_log_error(
-		    "round %u: training failed: %s", w->round, fb_strerror(rc));
+		char why[FB_TEXT_MAX + 32];
+		snprintf(why, sizeof(why), "training failed: %s",
+		    w->train_why[0] != '\0' ? w->train_why : fb_strerror(rc));
+		fb_log_error("round %u: %s", w->round, why);
+		fb_wk_round_fail(w, w->round, why);
 		return;
 	}
 	if (w->synthetic) {
@@ -574,10 +623,11 @@ fb_wk_on_trained(fb_wk *w, int64_t now)
 	            "sending %supdate",
 	    w->round, w->stats.steps, w->stats.seconds, w->stats.loss_mean,
 	    w->sa != NULL ? "masked " : "");
+	fb_log_clear_error();
 	if (fb_wk_upload_start(w, w->stats.seconds, w->stats.loss_mean,
 	        w->stats.steps) != FB_OK) {
 		fb_log_warn("round %u: update not delivered", w->round);
-		fb_wk_round_leave(w);
+		fb_wk_round_fail(w, w->round, fb_log_last_error());
 	}
 }
 

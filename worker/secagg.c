@@ -46,7 +46,7 @@ static void
 sa_abandon(fb_wk *w, const char *why)
 {
 	fb_log_warn("round %u: %s; leaving the round", w->round, why);
-	fb_wk_round_leave(w);
+	fb_wk_round_fail(w, w->round, why);
 }
 
 /* The round's public parameters, as this worker can use them. */
@@ -222,11 +222,12 @@ on_relay(fb_wk *w, const fb_frame *f, uint32_t cnt)
 		return;
 	}
 	w->sa_phase = FB_WK_SA_MASKING;
+	fb_log_clear_error();
 	if (w->phase == FB_WK_WAITING &&
 	    fb_wk_upload_start(w, w->stats.seconds, w->stats.loss_mean,
 	        w->stats.steps) != FB_OK) {
 		fb_log_warn("round %u: update not delivered", w->round);
-		fb_wk_round_leave(w);
+		fb_wk_round_fail(w, w->round, fb_log_last_error());
 	}
 }
 

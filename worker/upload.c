@@ -349,8 +349,10 @@ fb_wk_upload_pump(fb_wk *w, uint32_t budget)
 	fb_wk_upload_drop(w);
 out:
 	if (rc != FB_OK && rc != FB_EAGAIN) {
-		fb_log_warn("round %u: update not delivered: %s", w->round,
+		char why[128];
+		snprintf(why, sizeof(why), "update not delivered: %s",
 		    fb_strerror(rc));
-		fb_wk_upload_drop(w);
+		fb_log_warn("round %u: %s", w->round, why);
+		fb_wk_round_fail(w, w->round, why);
 	}
 }

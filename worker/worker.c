@@ -181,6 +181,8 @@ fb_wk_msg_round(const fb_wk *w, const fb_msg *m)
 		return m->u.update_end.round;
 	case FB_MSG_SECAGG:
 		return m->u.secagg.round;
+	case FB_MSG_ROUND_FAILED:
+		return m->u.round_failed.round;
 	default:
 		return w->round;
 	}

@@ -187,6 +187,7 @@ struct fb_wk {
 	int efd;              /* the trainer thread's "done" eventfd */
 	atomic_int cancel;    /* set by the loop, read by the trainer */
 	fb_err train_rc;      /* written by the trainer thread */
+	char train_why[FB_TEXT_MAX]; /* its last error, when train_rc fails */
 	fb_train_stats stats; /* written by the trainer thread */
 	/* the current round */
 	uint32_t round;
@@ -350,6 +351,16 @@ void fb_wk_on_trained(fb_wk *w, int64_t now);
 /* fb_wk_round_leave ends w's part in the current round: the trainer is
  * stopped, the upload and secure aggregation dropped; phase idle. */
 void fb_wk_round_leave(fb_wk *w);
+
+/*
+ * fb_wk_round_fail leaves the round (fb_wk_round_leave) and tells the
+ * coordinator, in a RoundFailed for `round`, that this worker cannot
+ * deliver its update and why (`why`, e.g. the error the failure logged;
+ * control characters become spaces, cut to fit), so that the round goes on
+ * without it at once instead of at its deadline. Best effort: a message
+ * that cannot go out is logged and dropped.
+ */
+void fb_wk_round_fail(fb_wk *w, uint32_t round, const char *why);
 
 /* fb_wk_fetch_more requests model chunks while the window and the link
  * allow. Errors: the link's but FB_EAGAIN (retried on room). */

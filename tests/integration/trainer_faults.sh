@@ -72,6 +72,9 @@ done
 grep -q 'in misbehave' "$T/w4.log" ||
 	fail "the hung trainer's stack (faulthandler on SIGTERM) is not in w4's log"
 
+# Each failed worker told the coordinator, which took it out of round 1
+# at once with the worker's reason: the round did not wait for its 15 s
+# deadline (the slowest failure, the hang, takes task_timeout, 3 s).
 "$PY" - "$OUT/metrics.jsonl" <<'PYEOF' || fail "rounds are wrong"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -79,6 +82,39 @@ assert [r["status"] for r in rows] == ["ok"] * 3, rows
 assert [r["participants"] for r in rows] == [3, 10, 10], \
     [r["participants"] for r in rows]
 print("participants per round:", [r["participants"] for r in rows])
+want = {"w3": "was killed by signal 11", "w4": "did not answer within 3s",
+        "w5": "the wrong layout", "w6": "the wrong size",
+        "w7": "hold NaN at fc2.bias", "w8": "LayoutError",
+        "w9": "not usable: 0 steps"}
+got = {w["name"]: w for w in rows[0]["workers"]}
+for name, text in want.items():
+    r = got[name].get("reason", "")
+    assert got[name]["status"] == "failed", (name, got[name])
+    assert r.startswith("failed on the worker: training failed: "), (name, r)
+    assert text in r, (name, text, r)
+assert rows[0]["seconds"] < 10, "round 1 took %.1f s" % rows[0]["seconds"]
+print("round 1: %.1f s, each failure in the record, e.g. w3: %s"
+      % (rows[0]["seconds"], got["w3"]["reason"]))
+PYEOF
+
+# How long the coordinator took to act on each failure: from the worker's
+# "training failed" line to the coordinator's "leaves the round" line.
+"$PY" - "$T" <<'PYEOF' || fail "a failure reached the coordinator late"
+import datetime, re, sys
+t = sys.argv[1]
+def stamp(line):
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f")
+coord = open(t + "/coord.log").read().splitlines()
+worst = 0.0
+for i in range(3, 10):
+    w = [l for l in open("%s/w%d.log" % (t, i))
+         if "round 1: training failed" in l][0]
+    c = [l for l in coord
+         if "round 1: w%d leaves the round: failed on the worker" % i in l][0]
+    lag = (stamp(c) - stamp(w)).total_seconds()
+    worst = max(worst, lag)
+    assert lag <= 2.0, ("w%d" % i, lag)
+print("failures acted on within %.3f s of the worker's own line" % worst)
 PYEOF
 
 # Every trainer any worker started has ended.

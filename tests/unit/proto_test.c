@@ -169,6 +169,11 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		fill_text(m->u.round_cancel.reason, FB_TEXT_MAX,
 		    "deadline passed");
 		break;
+	case FB_MSG_ROUND_FAILED:
+		m->u.round_failed.round = 10;
+		fill_text(m->u.round_failed.reason, FB_TEXT_MAX,
+		    "the trainer exited with status 1");
+		break;
 	case FB_MSG_SHUTDOWN:
 		fill_text(m->u.shutdown.reason, FB_TEXT_MAX, "run complete");
 		break;
@@ -547,7 +552,7 @@ test_bad_strings(void **state)
 	assert_int_equal(hello_named(s, 5), FB_EPROTO);
 
 	/* the other text fields: reject, round_cancel, shutdown,
-	 * update_begin, model spec arch and plugin */
+	 * update_begin, round_failed, model spec arch and plugin */
 	struct {
 		unsigned body_field, str_field;
 		size_t cap;
@@ -556,6 +561,7 @@ test_bad_strings(void **state)
 	    {10, 2, FB_TEXT_MAX},
 	    {11, 1, FB_TEXT_MAX},
 	    {7, 8, FB_TEXT_MAX},
+	    {17, 2, FB_TEXT_MAX},
 	};
 	for (size_t i = 0; i < FB_ARRAY_LEN(fields); i++) {
 		pbuf body = {0}, f;

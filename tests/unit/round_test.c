@@ -811,6 +811,50 @@ test_worker_lost_in_training(void **state)
 	bench_stop();
 }
 
+/* A worker that cannot train says so (RoundFailed): it leaves the round
+ * at once, with its reason in the record, and stays connected; the round
+ * commits with the others without waiting. One for another round changes
+ * nothing. */
+static void
+test_worker_round_failed_plain(void **state)
+{
+	char line[16384];
+	fb_msg f = {.type = FB_MSG_ROUND_FAILED};
+	uint64_t stale;
+
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	stale = t.c->g.drops[DROP_STALE_ROUND];
+	f.u.round_failed.round = t.c->rd.number + 1;
+	snprintf(f.u.round_failed.reason, sizeof(f.u.round_failed.reason),
+	    "not this round");
+	deliver(2, &f, NULL, 0);
+	assert_int_equal(t.c->g.drops[DROP_STALE_ROUND], stale + 1);
+	assert_int_equal(t.c->reg.workers[2].state, W_TRAINING);
+	f.u.round_failed.round = t.c->rd.number;
+	snprintf(f.u.round_failed.reason, sizeof(f.u.round_failed.reason),
+	    "training failed: the trainer exited with status 1");
+	deliver(2, &f, NULL, 0);
+	assert_int_equal(t.c->reg.workers[2].state, W_FAILED);
+	assert_true(t.c->reg.workers[2].used);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1); /* no clock advanced */
+	assert_true(fedavg_error(3, 1.0) < 1e-6);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"reason\": \"failed on the worker: "
+	                             "training failed: the trainer exited "
+	                             "with status 1\""));
+	/* the next round has it again */
+	turn();
+	assert_int_equal(t.c->rd.number, 2);
+	assert_int_equal(t.c->reg.workers[2].state, W_TRAINING);
+	bench_stop();
+}
+
 /* A worker cut off mid-upload in plain mode (the deadline passes during
  * its upload): its chunks stay in (per coordinate averaging), it is
  * "partial", the round commits with the others. */
@@ -1156,6 +1200,33 @@ test_secure_worker_lost_after_input(void **state)
 	bench_stop();
 }
 
+/* Secure: a worker that fails after the setup (its shares are out) is a
+ * dropout the others' shares recover: the round commits with the other
+ * two, at once. */
+static void
+test_secure_worker_round_failed(void **state)
+{
+	fb_msg f = {.type = FB_MSG_ROUND_FAILED};
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n"});
+	admit_all();
+	sa_setup(7);
+	f.u.round_failed.round = t.c->rd.number;
+	snprintf(f.u.round_failed.reason, sizeof(f.u.round_failed.reason),
+	    "training failed: NaN");
+	deliver(2, &f, NULL, 0);
+	assert_int_equal(t.c->reg.workers[2].state, W_FAILED);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_phase(PHASE_UNMASK);
+	sa_reveal(0);
+	sa_reveal(1);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-3);
+	bench_stop();
+}
+
 /* Secure: a worker cut off mid-upload leaves part of a masked input in
  * the sum: the round is aborted with the reason, the model unchanged,
  * and the next round starts. */
@@ -1469,6 +1540,8 @@ FB_TESTS = {
         test_idle_waits_then_times_out},
     {"a worker lost in training leaves and the round commits",
         test_worker_lost_in_training},
+    {"a worker's RoundFailed takes it out at once, with its reason",
+        test_worker_round_failed_plain},
     {"a worker cut off mid-upload in plain mode counts as partial",
         test_worker_cut_mid_upload_plain},
     {"a worker lost mid-upload in plain mode leaves the round",
@@ -1491,6 +1564,8 @@ FB_TESTS = {
         test_secure_worker_lost_in_setup},
     {"secure: a worker lost after its input stays included",
         test_secure_worker_lost_after_input},
+    {"secure: a worker's RoundFailed after the setup is a dropout",
+        test_secure_worker_round_failed},
     {"secure: a worker cut off mid-upload aborts the round",
         test_secure_worker_cut_mid_upload},
     {"secure: too few reveals by unmask_timeout abort the round",

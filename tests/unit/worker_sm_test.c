@@ -13,6 +13,7 @@
  * malformed input, refusals in clear before and after the coordinator
  * authenticated itself, and the plug-in path a welcome names.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -464,6 +465,19 @@ train_done(fix *x, fb_err rc)
 	fb_wk_on_trained(&x->w, x->now);
 }
 
+/* The last message sent is a RoundFailed for round, whose reason holds
+ * want. */
+static void
+assert_failed(fix *x, uint32_t round, const char *want)
+{
+	const fb_msg *m = &last(x)->msg;
+
+	assert_int_equal(m->type, FB_MSG_ROUND_FAILED);
+	assert_int_equal(m->u.round_failed.round, round);
+	assert_true(m->u.round_failed.reason[0] != '\0');
+	assert_non_null(strstr(m->u.round_failed.reason, want));
+}
+
 /* Plain: admitted by the welcome. */
 static void
 plain_join(fix *x)
@@ -794,14 +808,43 @@ test_trainer_failures(void **state)
 	at = x->nlog;
 	train_done(x, FB_EINVAL);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
-	assert_int_equal(x->nlog, at);
-	/* a trainer that does not start: the round is left */
+	/* the coordinator is told at once, with the reason; no update */
+	assert_int_equal(x->nlog, at + 1);
+	assert_failed(x, 1, "training failed: ");
+	/* a trainer that does not start: the round is left, and said so */
 	x->start_rc = FB_ENOTSUP;
 	x->served = x->nlog;
 	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
 	serve_model(x);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	assert_int_equal(x->starts, 2);
+	assert_failed(x, 2, "");
+	fix_free(x);
+}
+
+/* An update that holds NaN is never sent: the round fails, by name. */
+static void
+test_nan_update_fails_round(void **state)
+{
+	fix *x = fix_new(false);
+	size_t at;
+
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	at = x->nlog;
+	for (int j = 0; j < P; j++) {
+		x->w.local[j] = x->global[j];
+	}
+	x->w.local[P / 2] = NAN;
+	memset(&x->w.stats, 0, sizeof(x->w.stats));
+	x->w.stats.steps = 5;
+	x->w.stats.samples = 40;
+	x->w.train_rc = fb_wk_update_form(&x->w);
+	assert_int_equal(x->w.train_rc, FB_ERANGE);
+	fb_wk_on_trained(&x->w, x->now);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->nlog, at + 1);
+	assert_failed(x, 1, "training failed: ");
 	fix_free(x);
 }
 
@@ -948,11 +991,16 @@ test_malformed_inputs(void **state)
 	rs = round_msg(1, 0);
 	rs.u.round_start.batch_size = 0;
 	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->nlog, at);
+	/* a well-formed one this worker cannot run: the coordinator is told
+	 * why, in a RoundFailed */
 	rs = round_msg(1, 0);
 	rs.u.round_start.synthetic = true; /* we have data */
 	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
-	assert_int_equal(x->nlog, at);
+	assert_int_equal(x->nlog, at + 1);
+	assert_failed(x, 1, "synthetic");
+	at = x->nlog;
 	/* odd messages: no change */
 	fb_wk_on_bad_frame(&x->w, "bad prefix", x->now);
 	assert_int_equal(deliver(x, &odd, NULL, 0), FB_OK);
@@ -1527,7 +1575,8 @@ test_secagg_cancel_and_malformed(void **state)
 	at = x->nlog;
 	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
-	assert_int_equal(x->nlog, at);
+	assert_int_equal(x->nlog, at + 1);
+	assert_failed(x, 9, "");
 	fix_free(x);
 }
 
@@ -1573,8 +1622,10 @@ FB_TESTS = {
         test_cancel_in_each_phase},
     {"a round start while a round runs abandons the old round",
         test_round_start_while_running},
-    {"a trainer that fails or does not start leaves the round",
+    {"a trainer that fails or does not start leaves the round, and says so",
         test_trainer_failures},
+    {"an update holding NaN fails the round instead of going up",
+        test_nan_update_fails_round},
     {"a silent coordinator is left after its liveness timeout",
         test_silent_coordinator},
     {"a queue full past transport.send_timeout makes the worker rejoin",

@@ -151,6 +151,10 @@ example(fb_msg_type t, const fz_fixture *f, fb_msg *m)
 		m->u.round_cancel.round = FZ_ROUND;
 		strcpy(m->u.round_cancel.reason, "deadline passed");
 		break;
+	case FB_MSG_ROUND_FAILED:
+		m->u.round_failed.round = FZ_ROUND;
+		strcpy(m->u.round_failed.reason, "training failed");
+		break;
 	case FB_MSG_SHUTDOWN:
 		strcpy(m->u.shutdown.reason, "run complete");
 		break;

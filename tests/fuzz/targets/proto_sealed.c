@@ -56,6 +56,8 @@ round_of(const fb_msg *m)
 		return m->u.update_end.round;
 	case FB_MSG_ROUND_CANCEL:
 		return m->u.round_cancel.round;
+	case FB_MSG_ROUND_FAILED:
+		return m->u.round_failed.round;
 	case FB_MSG_SECAGG:
 		return m->u.secagg.round;
 	default:
