@@ -89,6 +89,7 @@ DEPS_rules       = aggregation common
 DEPS_metrics_http = coordinator common
 DEPS_worker_proc = $(DEPS_worker)
 DEPS_secagg = crypto aggregation common
+DEPS_secagg_engine = crypto common
 DEPS_round  = coordinator model data aggregation proto crypto common
 
 libs_of = $(foreach d,$(DEPS_$(1)),$(B)/lib/libfb_$(d).a)

@@ -925,6 +925,22 @@ FB_MUST_CHECK fb_err fb_secagg_worker_mask_begin(fb_secagg_worker *w);
 FB_MUST_CHECK fb_err fb_secagg_worker_mask_chunk(const fb_secagg_worker *w,
     uint32_t *v, uint64_t offset, uint64_t count);
 
+/* A mask engine: fb_mask_apply's contract computed elsewhere (a GPU). */
+typedef fb_err (*fb_mask_engine)(void *ctx, uint32_t *v, uint64_t offset,
+    uint64_t count, const fb_mask_term *terms, uint32_t nterms,
+    uint32_t round);
+
+/*
+ * fb_secagg_worker_mask_chunk_on is fb_secagg_worker_mask_chunk with the
+ * masks made by `engine` (with `ctx`) instead of fb_mask_apply: after
+ * mask_chunk's checks (FB_EINVAL before mask_begin, FB_ERANGE), engine gets
+ * the worker's terms and round for this one call; it must not keep them.
+ * Errors: those checks', then engine's.
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_mask_chunk_on(
+    const fb_secagg_worker *w, uint32_t *v, uint64_t offset, uint64_t count,
+    fb_mask_engine engine, void *ctx);
+
 /*
  * fb_secagg_worker_confirm signs the included set the coordinator sent:
  * included[0..n) (nonzero = that worker's masked input is in the sum, U3).

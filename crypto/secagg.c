@@ -829,6 +829,23 @@ out:
 }
 
 fb_err
+fb_secagg_worker_mask_chunk_on(const fb_secagg_worker *w, uint32_t *v,
+    uint64_t offset, uint64_t count, fb_mask_engine engine, void *ctx)
+{
+	fb_err rc;
+
+	/* mask_chunk's checks (stage, range, terms) on an empty range, so
+	 * that both refuse the same calls */
+	if ((rc = fb_secagg_worker_mask_chunk(w, v, offset, 0)) != FB_OK) {
+		return rc;
+	}
+	if (count > FB_MASK_MAX_ELEMS - offset) {
+		return FB_ERANGE;
+	}
+	return engine(ctx, v, offset, count, w->terms, w->nterms, w->p.round);
+}
+
+fb_err
 fb_secagg_worker_mask_chunk(const fb_secagg_worker *w, uint32_t *v,
     uint64_t offset, uint64_t count)
 {

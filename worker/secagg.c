@@ -424,9 +424,19 @@ fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
 	}
 }
 
+/* The masks on the trainer's device (the CUDA backend's mask_apply). */
+static fb_err
+trainer_masks(void *ctx, uint32_t *v, uint64_t offset, uint64_t count,
+    const fb_mask_term *terms, uint32_t nterms, uint32_t round)
+{
+	return fb_trainer_mask_apply(ctx, v, offset, count, terms, nterms,
+	    round);
+}
+
 /*
  * The stochastic rounding is seeded from the round, not secret: the masks
- * are what hides the input.
+ * are what hides the input. They are made on the trainer's GPU when its
+ * backend offers it (the same words as fb_mask_apply's), else on the host.
  */
 fb_err
 fb_wk_sa_encode_chunk(fb_wk *w, const float *x, uint64_t off, uint64_t count,
@@ -450,7 +460,10 @@ fb_wk_sa_encode_chunk(fb_wk *w, const float *x, uint64_t off, uint64_t count,
 	    fseeko(enc_dump, (off_t)(off * 4), SEEK_SET) == 0) {
 		fwrite(out, 4, count, enc_dump);
 	}
-	rc = fb_secagg_worker_mask_chunk(w->sa, out, off, count);
+	rc = w->trainer != NULL && fb_trainer_has_mask(w->trainer)
+	         ? fb_secagg_worker_mask_chunk_on(w->sa, out, off, count,
+	               trainer_masks, w->trainer)
+	         : fb_secagg_worker_mask_chunk(w->sa, out, off, count);
 	if (rc == FB_OK && mask_dump != NULL &&
 	    fseeko(mask_dump, (off_t)(off * 4), SEEK_SET) == 0) {
 		fwrite(out, 4, count, mask_dump);

@@ -289,6 +289,24 @@ fb_trainer_describe(const fb_trainer *t, char *buf, size_t len)
 	}
 }
 
+fb_err
+fb_trainer_mask_apply(fb_trainer *t, uint32_t *v, uint64_t offset,
+    uint64_t count, const fb_mask_term *terms, uint32_t nterms,
+    uint32_t round)
+{
+	if (t->be->mask_apply == NULL) {
+		return FB_ENOTSUP;
+	}
+	return t->be->mask_apply(
+	    t->state, v, offset, count, terms, nterms, round);
+}
+
+bool
+fb_trainer_has_mask(const fb_trainer *t)
+{
+	return t->be->mask_apply != NULL;
+}
+
 /* mix64 is splitmix64's finaliser: a bijection that spreads bits. */
 static uint64_t
 mix64(uint64_t z)

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "crypto/crypto.h"
 #include "data/data.h"
 #include "model/model.h"
 
@@ -115,6 +116,19 @@ typedef struct fb_trainer_backend {
 	fb_err (*get_params)(void *state, float *params);
 	/* describe writes e.g. "cuda: 2 x NVIDIA H200 (fp32)". */
 	void (*describe)(void *state, char *buf, size_t len);
+	/* mask_apply (optional: NULL when the backend has no device of its
+	 * own; the cpu backend) is fb_mask_apply computed on the backend's
+	 * first device: the same result bit for bit, the same checks in the
+	 * same order (FB_ERANGE, then FB_EINVAL; v untouched on those), plus
+	 * FB_ECUDA (logged), after which v[0..count) may hold some elements
+	 * masked and others not: make them again. The keystream never
+	 * reaches host memory; the seeds are wiped from the device and host
+	 * copies before it returns. Blocks until v is written. Thread-safe:
+	 * calls on one state from several threads take the device in turn;
+	 * it may run while train() runs on another thread. */
+	fb_err (*mask_apply)(void *state, uint32_t *v, uint64_t offset,
+	    uint64_t count, const fb_mask_term *terms, uint32_t nterms,
+	    uint32_t round);
 } fb_trainer_backend;
 
 typedef struct fb_trainer fb_trainer;
@@ -139,6 +153,16 @@ FB_MUST_CHECK fb_err fb_trainer_train(fb_trainer *t, const fb_train_opts *opts,
 FB_MUST_CHECK fb_err fb_trainer_get_params(fb_trainer *t, float *params);
 const char *fb_trainer_backend_name(const fb_trainer *t);
 void fb_trainer_describe(const fb_trainer *t, char *buf, size_t len);
+/*
+ * fb_trainer_mask_apply is fb_mask_apply (crypto.h) on the backend's device
+ * through its mask_apply op (contract above: same result bit for bit,
+ * thread-safe). FB_ENOTSUP, v untouched, when the backend has none (cpu):
+ * the caller masks on the host. fb_trainer_has_mask says which it is.
+ */
+FB_MUST_CHECK fb_err fb_trainer_mask_apply(fb_trainer *t, uint32_t *v,
+    uint64_t offset, uint64_t count, const fb_mask_term *terms,
+    uint32_t nterms, uint32_t round);
+bool fb_trainer_has_mask(const fb_trainer *t);
 
 /* The built-in CPU backend (also used directly by tests). */
 extern const fb_trainer_backend fb_trainer_cpu_backend;

@@ -13,11 +13,17 @@
 #     average of the included updates; then a round with fewer survivors
 #     than the threshold is aborted with a clear message, the model
 #     unchanged, and the next round is fine.
+# SECAGG_DEVICE=cuda (tests/gpu/run-mask, on a GPU host): the workers of
+# part 1 train and mask on their GPU, and say so in their logs;
+# SECAGG_DATA: their Fashion-MNIST folder (default: Debian's).
 source tests/integration/lib.sh
+DEV=(${SECAGG_DEVICE:+--device "$SECAGG_DEVICE"}
+	${SECAGG_DATA:+--data "$SECAGG_DATA"})
 CHECK=("$PY" "$ROOT/tests/tools/secagg_check.py")
 RULE=${SECAGG_RULE:-fedavg}
 FL=("$ROOT/scripts/fedbox-local" --workers 4 --steps 25 --batch 32 --lr 0.05
-	--hidden 32 --keys "$T/lkeys" --partition iid --rule "$RULE" --chunk 16KiB)
+	--hidden 32 --keys "$T/lkeys" --partition iid --rule "$RULE" --chunk 16KiB
+	"${DEV[@]}")
 ABOUND=()
 # FedNova: twice the largest ||a||_1 of 25 momentum-0.9 steps, a safe
 # upper bound on the coordinator's public bound (a looser bound only
@@ -57,6 +63,16 @@ for r in ${SECAGG_SKIP_EQUIV:+none} 1 2 3; do
 		--dump "$(printf "$T/plain$r/dump/worker-%d," 0 1 2 | sed 's/,$//'),$T/plain$r/dump/worker-3" ||
 		fail "round $r: secure and plain disagree"
 done
+if [ "${SECAGG_DEVICE:-}" = cuda ] && [ -z "${SECAGG_SKIP_EQUIV:-}" ]; then
+	for r in 1 2 3; do
+		for i in 0 1 2 3; do
+			grep -q "cuda: secure-aggregation masks on GPU" \
+				"$T/secure$r/worker-$i.log" ||
+				fail "round $r: worker-$i masked off its GPU"
+		done
+	done
+	echo "every secure run's workers masked on their GPU"
+fi
 [ -n "${SECAGG_SKIP_EQUIV:-}" ] ||
 	"${CHECK[@]}" privacy "$T/secure1/dump/worker-0" --round 1 ||
 	fail "the masked input is not private"

@@ -58,6 +58,7 @@
 #include "model/model.h"
 #include "worker/cuda/cuda.h"
 #include "worker/cuda/cuda_impl.h"
+#include "worker/cuda/mask_impl.h"
 #include "worker/trainer.h"
 
 /* The built-in ops tables (model/model_impl.h, exported by the host
@@ -165,6 +166,8 @@ typedef struct cuda_trainer {
 	float key_wd;
 	float key_prox;
 	int anchor_valid;  /* rep[].anchor holds the last set params */
+	fb_cuda_mask *mask; /* SecAgg masks on rep[0]'s GPU; at first use */
+	pthread_mutex_t mask_mu; /* one mask_apply at a time; guards mask */
 } cuda_trainer;
 
 typedef struct step_args {
@@ -784,6 +787,8 @@ cuda_close(void *state)
 			cudaStreamDestroy(r->stream);
 		}
 	}
+	fb_cuda_mask_free(t->mask);
+	pthread_mutex_destroy(&t->mask_mu);
 	cudaFreeHost(t->hidx);
 	free(t->order);
 	free(t);
@@ -1040,6 +1045,7 @@ cuda_open(const fb_model *m, const fb_dataset *shard,
 		rc = FB_ENOMEM;
 		goto out;
 	}
+	pthread_mutex_init(&t->mask_mu, NULL);
 	t->model = m;
 	t->shard = shard;
 	t->p = fb_model_param_count(m);
@@ -1363,6 +1369,48 @@ cuda_describe(void *state, char *buf, size_t len)
 	    math_names[t->math]);
 }
 
+/* The mask state comes at the first call, on the first GPU. */
+static fb_err
+cuda_mask_state(cuda_trainer *t, fb_cuda_mask **out)
+{
+	fb_err rc = FB_OK;
+
+	if (t->mask == NULL) {
+		rc = fb_cuda_mask_alloc(t->rep[0].dev, &t->mask);
+		if (rc == FB_OK) {
+			fb_log_info("cuda: secure-aggregation masks on GPU %d",
+			    t->rep[0].dev);
+		}
+	}
+	*out = t->mask;
+	return rc;
+}
+
+static fb_err
+cuda_mask_apply(void *state, uint32_t *v, uint64_t offset, uint64_t count,
+    const fb_mask_term *terms, uint32_t nterms, uint32_t round)
+{
+	cuda_trainer *t = state;
+	fb_err rc;
+	fb_cuda_mask *m = NULL;
+
+	/* A bad call fails as fb_mask_apply does, before any CUDA state is
+	 * made; so does a call with nothing to do. */
+	if ((rc = fb_cuda_mask_check(offset, count, terms, nterms)) != FB_OK ||
+	    count == 0 || nterms == 0) {
+		return rc;
+	}
+	/* Callers may be several threads (the worker masks a batch of chunks
+	 * on its pool): their calls take the GPU in turn. */
+	pthread_mutex_lock(&t->mask_mu);
+	if ((rc = cuda_mask_state(t, &m)) == FB_OK) {
+		rc = fb_cuda_mask_apply(m, v, offset, count, terms, nterms,
+		    round);
+	}
+	pthread_mutex_unlock(&t->mask_mu);
+	return rc;
+}
+
 static const fb_trainer_backend cuda_backend = {
 	.name = "cuda",
 	.open = cuda_open,
@@ -1371,6 +1419,7 @@ static const fb_trainer_backend cuda_backend = {
 	.train = cuda_train,
 	.get_params = cuda_get_params,
 	.describe = cuda_describe,
+	.mask_apply = cuda_mask_apply,
 };
 
 const fb_trainer_backend *
@@ -1526,4 +1575,48 @@ fb_cuda_trainer_bare_allreduce(void *state, uint64_t count, uint32_t iters,
 	*busbw_gbs = busbw(n, count * sizeof(float), *ms);
 out:
 	return rc;
+}
+
+void
+fb_cuda_trainer_mask_stats(void *state, fb_cuda_mask_stats *out)
+{
+	cuda_trainer *t = state;
+
+	fb_cuda_mask_get_stats(t->mask, out);
+}
+
+fb_err
+fb_cuda_trainer_mask_kernel(void *state, uint64_t count, uint32_t nterms,
+    uint32_t iters, double *seconds)
+{
+	fb_err rc;
+	fb_cuda_mask *m = NULL;
+
+	*seconds = 0.0;
+	if ((rc = cuda_mask_state(state, &m)) != FB_OK) {
+		return rc;
+	}
+	return fb_cuda_mask_time_kernel(m, count, nterms, iters, seconds);
+}
+
+fb_err
+fb_cuda_host_register(void *p, size_t len)
+{
+	fb_err rc = FB_OK;
+
+	FB_CUDA_TRY(cudaHostRegister(p, len, cudaHostRegisterPortable), rc,
+	    out);
+out:
+	return rc;
+}
+
+void
+fb_cuda_host_unregister(void *p)
+{
+	cudaError_t e = cudaHostUnregister(p);
+
+	if (e != cudaSuccess) {
+		fb_log_warn("cuda: cudaHostUnregister: %s",
+		    cudaGetErrorString(e));
+	}
 }

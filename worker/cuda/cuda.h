@@ -5,7 +5,8 @@
  * The worker finds the backend with dlsym(FB_TRAINER_CUDA_SYMBOL) and uses
  * only the fb_trainer_backend table. The other functions here are for the
  * GPU tests and benchmarks (tests/gpu, bench/gpu), which link the library
- * directly; each takes the `state` that the backend's open() returned.
+ * directly; those named fb_cuda_trainer_* take the `state` that the
+ * backend's open() returned.
  *
  * Plain C; no CUDA, cuBLAS or NCCL type appears here (L3).
  */
@@ -83,6 +84,39 @@ void fb_cuda_trainer_get_profile(void *state, fb_cuda_profile *out);
  */
 FB_MUST_CHECK fb_err fb_cuda_trainer_bare_allreduce(void *state,
     uint64_t count, uint32_t iters, double *ms, double *busbw_gbs);
+
+/* ---- secure-aggregation masks (the backend's mask_apply) -------------- */
+
+/* Slices of the vector the mask op has moved since open, by the host
+ * memory they came from. */
+typedef struct fb_cuda_mask_stats {
+	uint64_t direct_slices; /* page-locked v: DMA to and from v itself */
+	uint64_t staged_slices; /* pageable v: through pinned stage buffers */
+} fb_cuda_mask_stats;
+
+/* fb_cuda_trainer_mask_stats copies the mask op's counters (zeros before
+ * its first call). */
+void fb_cuda_trainer_mask_stats(void *state, fb_cuda_mask_stats *out);
+
+/*
+ * fb_cuda_trainer_mask_kernel times the mask kernel alone, no copies:
+ * `count` elements in device memory allocated for the call, `nterms`
+ * made-up terms, one warm-up launch then `iters` launches timed by CUDA
+ * events; *seconds gets the mean time of one launch (nterms * count * 4
+ * bytes of keystream). Blocks. Errors: FB_EINVAL (count 0 or above
+ * FB_MASK_MAX_ELEMS, nterms or iters 0), FB_ENOMEM, FB_ECUDA.
+ */
+FB_MUST_CHECK fb_err fb_cuda_trainer_mask_kernel(void *state, uint64_t count,
+    uint32_t nterms, uint32_t iters, double *seconds);
+
+/*
+ * fb_cuda_host_register page-locks [p, p + len) for the CUDA runtime
+ * (cudaHostRegister), after which the mask op copies such a vector to and
+ * from the GPU directly; fb_cuda_host_unregister(p) undoes it, and must
+ * come before the memory is freed. Errors: FB_ECUDA (logged).
+ */
+FB_MUST_CHECK fb_err fb_cuda_host_register(void *p, size_t len);
+void fb_cuda_host_unregister(void *p);
 
 #ifdef __cplusplus
 }

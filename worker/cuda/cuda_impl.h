@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * cuda_impl.h -- private to worker/cuda: the error-translation macros and
- * the launchers of our own kernels (kernels.cu), behind a plain C interface
- * so that the backend (backend.c) stays C11.
+ * cuda_impl.h -- private to worker/cuda: the error-translation macros, the
+ * launchers of our own kernels (kernels.cu, mask.cu), behind a plain C
+ * interface so that the backend (backend.c) stays C11. C++-safe: the .cu
+ * files include it.
  *
  * Every launcher enqueues on `s` and returns cudaGetLastError() of the
  * launch; none blocks. Pointers are device pointers of the current device.
@@ -14,6 +15,7 @@
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
+
 
 #ifdef __cplusplus
 extern "C" {
@@ -122,6 +124,29 @@ cudaError_t fb_cuda_stamp(unsigned long long *stamps, const uint32_t *step,
 
 /* fb_cuda_fill sets p[0..count) to v. */
 cudaError_t fb_cuda_fill(float *p, size_t count, float v, cudaStream_t s);
+
+/* ---- secure-aggregation masks (mask.cu; the state is mask_impl.h) ----- */
+
+/* One mask term as the kernel reads it: ChaCha20's key and nonce words
+ * (little-endian loads of the seed and of crypto.h's nonce bytes) and the
+ * sign. Secret: wiped on the host and the device after each call. */
+typedef struct fb_cuda_mask_key {
+	uint32_t key[8];
+	uint32_t nonce[3];
+	uint32_t neg; /* 1: subtract the keystream, 0: add it */
+} fb_cuda_mask_key;
+
+/*
+ * fb_cuda_mask_expand adds (or subtracts) the ChaCha20 keystream of each of
+ * the nkeys terms at `keys` (device memory) into d[head .. head + count),
+ * where d[head + i] is mask element 16 * block0 + head + i: ChaCha20 block
+ * block0 + j covers d[16 j .. 16 j + 16). d is 16-byte aligned; head < 16;
+ * block0 + (head + count - 1) / 16 < 2^32. Words of d outside the range are
+ * neither read nor written. One pass over d whatever nkeys.
+ */
+cudaError_t fb_cuda_mask_expand(uint32_t *d, uint32_t head, uint64_t count,
+    uint32_t block0, const fb_cuda_mask_key *keys, uint32_t nkeys,
+    cudaStream_t s);
 
 #ifdef __cplusplus
 }
