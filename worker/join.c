@@ -303,22 +303,31 @@ static fb_err
 welcome_model(fb_wk *w, const fb_frame *f, bool *refused)
 {
 	const fb_msg *m = &f->msg;
-	fb_model_spec spec;
+	fb_model_spec spec, spec_none = {.arch = "init"};
 	fb_model *theirs = NULL, *built = NULL;
-	char why[FB_TEXT_MAX];
+	char why[FB_TEXT_MAX] = "";
 	bool differs = false;
-	fb_err rc;
+	fb_err rc = FB_OK;
 
 	*refused = false;
 	if (w->model != NULL) {
-		if (fb_model_param_count(w->model) !=
-		    m->u.welcome.param_count) {
+		/* A new run: its model must be the one we hold. */
+		if ((rc = fb_model_open_layout(f->payload, f->payload_len,
+		         &spec_none, &theirs)) != FB_OK) {
+			return rc == FB_ENOMEM ? rc : FB_EPROTO;
+		}
+		if (fb_model_param_count(theirs) != m->u.welcome.param_count ||
+		    fb_model_layout_diff(theirs, "the new run's model",
+		        w->model, "the one this worker holds", why,
+		        sizeof(why))) {
 			fb_log_error(
 			    "the coordinator's new run has a different "
-			    "model; restart this worker");
-			return FB_EPROTO;
+			    "model (%s); restart this worker",
+			    why[0] ? why : "another parameter count");
+			rc = FB_EPROTO;
 		}
-		return FB_OK;
+		fb_model_close(theirs);
+		return rc;
 	}
 	if ((rc = welcome_spec(w, &m->u.welcome.model, &spec)) != FB_OK) {
 		return rc;

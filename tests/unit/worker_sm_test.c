@@ -1727,6 +1727,20 @@ test_layout_differs_refused(void **state)
 		assert_int_equal(fb_wk_tick(&x->w, x->now + 600), FB_ECONFIG);
 		fix_free(x);
 	}
+	/* a new run (a restarted coordinator) with another layout of the same
+	 * size: refused too; with the same one, taken */
+	{
+		fix *x = fix_new(false);
+		fb_wk_start(&x->w, x->now);
+		assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+		assert_true(x->w.welcomed);
+		m.u.welcome.run_id = 43;
+		n = mlp_layout_bent(lay, sizeof(lay), 0);
+		assert_int_equal(deliver(x, &m, lay, n), FB_EPROTO);
+		assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+		assert_int_equal(x->w.run_id, 43);
+		fix_free(x);
+	}
 }
 
 static void
