@@ -371,8 +371,8 @@ cross_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
 		    at_fault(pos, "evaluation.every", "model.arch"),
 		    "the coordinator cannot evaluate a model known only by "
 		    "its layout (model.arch: init has no code here): set "
-		    "evaluation.every: 0 (evaluate the exported model.safetensors "
-		    "with the model's own code)");
+		    "evaluation.every: 0 (evaluate the exported "
+		    "model.safetensors with the model's own code)");
 	} else if (strcmp(cfg->model_arch, "synthetic") == 0 &&
 	    cfg->synthetic_params == 0) {
 		rc = fb_cfg_error(path, sch, pos, "model.synthetic_params",

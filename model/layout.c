@@ -229,14 +229,16 @@ unpack_layout(const uint8_t *buf, size_t len, layout_model *s,
 		t->ndim = *p++;
 		if (t->ndim < 1 || t->ndim > 4 ||
 		    end - p < (ptrdiff_t)(8 * t->ndim)) {
-			*why = "a tensor's rank is not 1..4, or its shape is cut";
+			*why = "a tensor's rank is not 1..4, or its shape "
+			       "is cut";
 			goto out;
 		}
 		t->count = 1;
 		for (uint32_t d = 0; d < t->ndim; d++) {
 			t->shape[d] = fb_load_le64(p);
 			p += 8;
-			if (t->shape[d] == 0 || t->shape[d] >= FB_MODEL_MAX_PARAMS ||
+			if (t->shape[d] == 0 ||
+			    t->shape[d] >= FB_MODEL_MAX_PARAMS ||
 			    t->count * t->shape[d] >= FB_MODEL_MAX_PARAMS) {
 				*why = "a tensor's shape is empty or too large";
 				goto out;

@@ -14,7 +14,8 @@
  * for either task, "synthetic" (a flat vector for benchmarks; it cannot
  * train), and "init": a model known only by its layout and initial values,
  * read from a safetensors file (e.g. `python -m fedbox init` wrote it); it
- * has no code, so it cannot train or evaluate here: trainer processes do. A user model is a shared library exporting FB_MODEL_PLUGIN_SYMBOL,
+ * has no code, so it cannot train or evaluate here: trainer processes do.
+ * A user model is a shared library exporting FB_MODEL_PLUGIN_SYMBOL,
  * returning its ops.
  *
  * This header is the ABI for plug-ins: it depends only on common/err.h and

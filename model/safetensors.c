@@ -972,12 +972,13 @@ fb_safetensors_read_init(const char *path, bool with_values,
 		goto out;
 	}
 	hlen = fb_load_le64(len8);
-	if (hlen > (uint64_t)st.st_size - 8 || hlen > FB_MODEL_INIT_HEADER_MAX ||
-	    hlen < 2) {
+	if (hlen > (uint64_t)st.st_size - 8 ||
+	    hlen > FB_MODEL_INIT_HEADER_MAX || hlen < 2) {
 		fb_log_error("%s: not a safetensors file: header length "
 		             "%" PRIu64 " (the file holds %lld bytes; at most "
 		             "%u accepted)",
-		    path, hlen, (long long)st.st_size, FB_MODEL_INIT_HEADER_MAX);
+		    path, hlen, (long long)st.st_size,
+		    FB_MODEL_INIT_HEADER_MAX);
 		rc = FB_EFORMAT;
 		goto out;
 	}
@@ -1013,7 +1014,8 @@ fb_safetensors_read_init(const char *path, bool with_values,
 	qsort(order, ic.n, sizeof(*order), cmp_entry_name);
 	for (uint32_t i = 1; i < ic.n; i++) {
 		if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
-			rc = bad(&ps, "tensor %s appears twice", order[i]->name);
+			rc = bad(&ps, "tensor %s appears twice",
+			    order[i]->name);
 			goto out;
 		}
 	}

@@ -241,8 +241,9 @@ our_layout(const fb_wk *w, const fb_model_spec *spec, const fb_model *theirs,
 
 	*differs = false;
 	if (built != NULL) {
-		*differs = fb_model_layout_diff(theirs, "the coordinator's model",
-		    built, "this worker's", why, why_len);
+		*differs = fb_model_layout_diff(theirs,
+		    "the coordinator's model", built, "this worker's", why,
+		    why_len);
 		if (*differs) {
 			goto out;
 		}

@@ -1019,8 +1019,8 @@ test_init_file_rejects(void **state)
 	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[4],"
 	     "\"data_offsets\":[16,0]}}",
 	        "tensor t has bad data_offsets"},
-	    {"{\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-	     "\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
+	    {"{\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
 	        "is longer than 63 bytes"},
 	};
 	float nan4[4] = {1, 2, NAN, 4};
@@ -1125,8 +1125,8 @@ test_layout_wire(void **state)
 	other = open_ok(&s2);
 	assert_true(fb_model_layout_diff(m, "a", other, "b", why,
 	    sizeof(why)));
-	assert_non_null(strstr(why, "tensor 2 is \"fc2.weight\" [3, 5] F32 in a "
-	                            "but \"fc2.weight\" [2, 5] F32 in b"));
+	assert_non_null(strstr(why, "tensor 2 is \"fc2.weight\" [3, 5] F32 "
+	                            "in a but \"fc2.weight\" [2, 5] F32 in b"));
 	fb_model_close(other);
 	free(bent);
 	fb_free(b);
