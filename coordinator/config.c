@@ -34,7 +34,8 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"log_level", FB_CFG_ENUM, F(log_level), "info", NOB, log_levels,
         "least severe log level printed"},
     {"model.arch", FB_CFG_STRING, F(model_arch), "mlp", NOB, MB,
-        "mlp, logreg, synthetic (benchmarks) or plugin"},
+        "mlp, logreg, synthetic (benchmarks), plugin, or init (a model "
+        "known by its layout alone: model.init)"},
     {"model.input_dim", FB_CFG_INT, F(input_dim), "784", 1, 1e8, MB,
         "features per example"},
     {"model.classes", FB_CFG_INT, F(classes), "10", 1, 65536, MB,
@@ -48,6 +49,10 @@ const fb_cfg_field fb_coord_config_schema[] = {
         4e9, MB, "synthetic: number of float32 parameters"},
     {"model.plugin", FB_CFG_PATH, F(plugin), "", NOB, MB,
         "plugin: path of the model's shared library"},
+    {"model.init", FB_CFG_PATH, F(init), "", NOB, MB,
+        "init: safetensors file of the model's tensors and initial values "
+        "(python -m fedbox init); its F32/F16/BF16/F64 tensors are "
+        "federated as float32, integer ones skipped"},
     {"round.rounds", FB_CFG_INT, F(rounds), "20", 1, 1e6, MB,
         "rounds to run"},
     {"round.workers_per_round", FB_CFG_INT, F(workers_per_round), "0", 0,
@@ -352,6 +357,25 @@ cross_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
 		rc = fb_cfg_error(path, sch, pos, "transport.lanes",
 		    "%lld needs a tcp:// listen endpoint, not %s",
 		    (long long)cfg->lanes, cfg->listen);
+	} else if (strcmp(cfg->model_arch, "init") == 0 &&
+	    cfg->init[0] == '\0') {
+		rc = fb_cfg_error(path, sch, pos, "model.arch",
+		    "init needs model.init: the safetensors file of the "
+		    "model's tensors (python -m fedbox init MODEL -o FILE "
+		    "writes one)");
+	} else if (strcmp(cfg->model_arch, "init") != 0 &&
+	    cfg->init[0] != '\0') {
+		rc = fb_cfg_error(path, sch, pos, "model.init",
+		    "is read only with model.arch: init (the arch is %s)",
+		    cfg->model_arch);
+	} else if (strcmp(cfg->model_arch, "init") == 0 &&
+	    cfg->eval_every > 0) {
+		rc = fb_cfg_error(path, sch, pos,
+		    at_fault(pos, "evaluation.every", "model.arch"),
+		    "the coordinator cannot evaluate a model known only by "
+		    "its layout (model.arch: init has no code here): set "
+		    "evaluation.every: 0 (evaluate the exported "
+		    "model.safetensors with the model's own code)");
 	} else if (strcmp(cfg->model_arch, "synthetic") == 0 &&
 	    cfg->synthetic_params == 0) {
 		rc = fb_cfg_error(path, sch, pos, "model.synthetic_params",

@@ -112,11 +112,30 @@ open_model(coord *c)
 	}
 	spec.synthetic_params = (uint64_t)cfg->synthetic_params;
 	snprintf(spec.plugin, sizeof(spec.plugin), "%s", cfg->plugin);
+	if (strlen(cfg->init) >= sizeof(spec.init)) {
+		fb_log_error("model.init: the path is longer than %zu bytes",
+		    sizeof(spec.init) - 1);
+		return FB_ECONFIG;
+	}
+	snprintf(spec.init, sizeof(spec.init), "%s", cfg->init);
 	if ((rc = fb_model_open(&spec, &c->model)) != FB_OK) {
 		fb_log_error("cannot create the model: %s", fb_strerror(rc));
 		return rc == FB_EINVAL ? FB_ECONFIG : rc;
 	}
 	fb_model_describe(c->model, c->model_desc, sizeof(c->model_desc));
+	if ((rc = fb_model_layout_pack(c->model, &c->layout,
+	         &c->layout_len)) != FB_OK) {
+		return rc;
+	}
+	if (c->layout_len + FB_MSG_OVERHEAD > (uint64_t)cfg->chunk_size) {
+		/* The welcome carries it in one payload frame. */
+		fb_log_error("the model's layout (%u tensors) takes %zu bytes "
+		             "on the wire, more than transport.chunk_size "
+		             "(%lld): raise transport.chunk_size",
+		    fb_model_tensor_count(c->model), c->layout_len,
+		    (long long)cfg->chunk_size);
+		return FB_ECONFIG;
+	}
 	c->param_count = fb_model_param_count(c->model);
 	c->chunk_elems = (uint32_t)(cfg->chunk_size / 4);
 	if (fb_lent_new(c->param_count * 4, &c->params_lent) != FB_OK) {
@@ -289,6 +308,7 @@ coord_fini(coord *c)
 	fb_server_opt_free(c->opt);
 	fb_lent_free(c->params_lent); /* after fb_link_close: none in flight */
 	fb_model_close(c->model);
+	fb_free(c->layout);
 	fb_dataset_fini(&c->test);
 	fb_free(c->preprocessing);
 	free(c->stream_arg);

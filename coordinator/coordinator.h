@@ -41,6 +41,7 @@ typedef struct fb_coord_config {
 	fb_cfg_int_list hidden;
 	int64_t synthetic_params;
 	char *plugin;
+	char *init;               /* arch init: the safetensors file */
 	/* round policy */
 	int64_t rounds;
 	int64_t workers_per_round; /* 0 = every live worker */

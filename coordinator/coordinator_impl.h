@@ -388,6 +388,9 @@ struct coord {
 	float *params;           /* fb_lent_data(params_lent) */
 	fb_lent *params_lent;    /* plain chunks are sent from it */
 	char model_desc[128];
+	uint8_t *layout;         /* the model's layout, wire form: the
+	                          * welcome's payload (fb_model_layout_pack) */
+	size_t layout_len;
 	char *preprocessing;     /* fb_dataset_describe of the test set */
 	fb_accum *accum;
 	fb_server_opt *opt;
@@ -451,7 +454,9 @@ drop_reason guard_reason_of_reject(int why);
 void round_step(coord *c, int64_t now);
 void round_worker_failed(coord *c, worker *w, const char *why);
 /* round_on_failed takes a worker's RoundFailed: out of the round at once,
- * its reason (prefixed "failed on the worker: ") in the round's record. */
+ * its reason (prefixed "failed on the worker: ") in the round's record.
+ * Round 0 is a refusal of the whole run (at the welcome: the worker's
+ * model differs): logged with its reason, and the worker forgotten. */
 void round_on_failed(coord *c, worker *w, const fb_msg *m);
 void round_job_done(coord *c, job_kind kind, int64_t now);
 void round_cancel(coord *c, worker *w, const char *why);

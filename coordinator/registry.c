@@ -465,7 +465,7 @@ welcome(coord *c, worker *w)
 	out.u.welcome.model.synthetic_params = (uint64_t)cfg->synthetic_params;
 	snprintf(out.u.welcome.model.plugin,
 	    sizeof(out.u.welcome.model.plugin), "%s", cfg->plugin);
-	if (coord_send(c, w, &out, NULL, 0, NULL) != FB_OK) {
+	if (coord_send(c, w, &out, c->layout, c->layout_len, NULL) != FB_OK) {
 		return;
 	}
 	coord_trust(c, &w->peer);

@@ -75,6 +75,17 @@ round_worker_failed(coord *c, worker *w, const char *why)
 void
 round_on_failed(coord *c, worker *w, const fb_msg *m)
 {
+	if (m->u.round_failed.round == 0) {
+		/* Round 0 is none: the worker refuses the run at its welcome
+		 * (its model's layout differs) and is leaving. */
+		char why[FB_TEXT_MAX + 32];
+		fb_log_error("worker %s refuses this run: %s", w->name,
+		    m->u.round_failed.reason);
+		snprintf(why, sizeof(why), "refused the run: %s",
+		    m->u.round_failed.reason);
+		registry_forget(c, w, why);
+		return;
+	}
 	if (!round_open_for(c, m->u.round_failed.round)) {
 		guard_drop(c, DROP_STALE_ROUND, "round_failed for round %u from "
 		    "%s (round %u is open)", m->u.round_failed.round, w->name,

@@ -35,6 +35,7 @@ static const fb_model_ops *const builtins[] = {
     &fb_model_mlp_ops,
     &fb_model_logreg_ops,
     &fb_model_synthetic_ops,
+    &fb_model_init_ops,
 };
 
 static fb_err
@@ -188,7 +189,7 @@ fb_model_open(const fb_model_spec *spec, fb_model **out)
 		}
 		if (ops == NULL) {
 			fb_log_error("model: unknown arch \"%s\" (mlp, logreg, "
-			             "synthetic or plugin)",
+			             "synthetic, plugin or init)",
 			    spec->arch);
 			rc = FB_EINVAL;
 			goto out;
@@ -221,6 +222,35 @@ out:
 	if (dl != NULL) {
 		dlclose(dl);
 	}
+	return rc;
+}
+
+fb_err
+fb_model_open_state(const fb_model_ops *ops, void *state,
+    const fb_model_spec *spec, fb_model **out)
+{
+	fb_err rc = FB_OK;
+	fb_model *m = NULL;
+
+	*out = NULL;
+	if ((m = fb_calloc(1, sizeof(*m))) == NULL) {
+		ops->destroy(state);
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	m->ops = ops;
+	m->state = state;
+	m->params = ops->param_count(state);
+	m->input_dim = spec->input_dim;
+	m->classes = spec->classes;
+	m->task = (fb_task)spec->task;
+	if ((rc = check_layout(m, ops->name)) != FB_OK) {
+		goto out;
+	}
+	*out = m;
+	m = NULL;
+out:
+	fb_model_close(m);
 	return rc;
 }
 

@@ -11,8 +11,11 @@
  * regression (one float target per example, one output, mean squared error).
  * Built-ins: "mlp" (hidden layers with ReLU), "logreg" (no hidden layer:
  * softmax regression, or linear regression for the regression task), both
- * for either task, and "synthetic" (a flat vector for benchmarks; it cannot
- * train). A user model is a shared library exporting FB_MODEL_PLUGIN_SYMBOL,
+ * for either task, "synthetic" (a flat vector for benchmarks; it cannot
+ * train), and "init": a model known only by its layout and initial values,
+ * read from a safetensors file (e.g. `python -m fedbox init` wrote it); it
+ * has no code, so it cannot train or evaluate here: trainer processes do.
+ * A user model is a shared library exporting FB_MODEL_PLUGIN_SYMBOL,
  * returning its ops.
  *
  * This header is the ABI for plug-ins: it depends only on common/err.h and
@@ -21,6 +24,7 @@
 #ifndef FB_MODEL_MODEL_H
 #define FB_MODEL_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,7 +55,8 @@ typedef union fb_label {
 } fb_label;
 
 typedef struct fb_model_spec {
-	char arch[32];          /* "mlp", "logreg", "synthetic", "plugin" */
+	char arch[32];          /* "mlp", "logreg", "synthetic", "plugin",
+	                         * "init" */
 	uint32_t input_dim;     /* features per example, e.g. 784 */
 	uint32_t classes;       /* classification: classes >= 2, e.g. 10;
 	                         * regression: outputs, exactly 1 */
@@ -60,6 +65,8 @@ typedef struct fb_model_spec {
 	uint32_t hidden_count;  /* mlp: >= 1 */
 	uint64_t synthetic_params; /* synthetic: vector length >= 1 */
 	char plugin[256];       /* plugin: path of the shared library */
+	char init[256];         /* init: path of the safetensors file (last,
+	                         * so older plug-ins read the same fields) */
 } fb_model_spec;
 
 typedef struct fb_tensor_info {
@@ -170,5 +177,35 @@ FB_MUST_CHECK fb_err fb_model_save_safetensors(const fb_model *m,
  */
 FB_MUST_CHECK fb_err fb_model_load_safetensors(const fb_model *m,
     const char *path, float *params, uint32_t *round);
+
+/*
+ * fb_model_layout_pack writes m's layout (names and shapes, in order; every
+ * tensor float32) in its wire form into *out (fb_alloc'd, the caller frees
+ * it with fb_free), *len bytes: about 10 + name length + 8 x rank bytes a
+ * tensor. Errors: FB_ENOMEM.
+ */
+FB_MUST_CHECK fb_err fb_model_layout_pack(const fb_model *m, uint8_t **out,
+    size_t *len);
+
+/*
+ * fb_model_open_layout makes an "init" model from a layout in wire form
+ * (from a peer: every field is checked, at most 65536 tensors, names
+ * unique, and nothing is allocated beyond what `len` bytes can describe),
+ * with spec's input_dim, classes and task. It has no initial values
+ * (fb_model_init_params writes zeros). Errors: FB_EPROTO (malformed,
+ * logged), FB_EINVAL, FB_ENOMEM. The caller owns *out on FB_OK.
+ */
+FB_MUST_CHECK fb_err fb_model_open_layout(const uint8_t *buf, size_t len,
+    const fb_model_spec *spec, fb_model **out);
+
+/*
+ * fb_model_layout_diff compares the layouts of a and b (names, ranks,
+ * shapes, in order) and returns whether they differ; if so `why` gets one
+ * sentence naming the first tensor that differs, with its name and shape
+ * on each side (or the first one only one side has), each side called by
+ * a_name / b_name (e.g. "the coordinator's model"). Never fails.
+ */
+bool fb_model_layout_diff(const fb_model *a, const char *a_name,
+    const fb_model *b, const char *b_name, char *why, size_t why_len);
 
 #endif

@@ -12,10 +12,19 @@
  * against the model's layout; tensors may appear in any order in the
  * header and the data (as files written by other tools do) but must tile
  * the data region exactly.
+ *
+ * fb_safetensors_read_init reads an initial model (model.arch: init) with
+ * no model to check against: the file itself is the layout. It reads the
+ * whole header (at most FB_MODEL_INIT_HEADER_MAX bytes) before it trusts
+ * any of it, checks each entry's dtype, shape and bytes, that the entries
+ * tile the data region, then reads the values; on any error it hands back
+ * nothing.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,7 +176,19 @@ out:
 typedef struct parser {
 	const char *p, *start, *end;
 	const char *path;
+	const char *what; /* what the file is not, for errors */
 } parser;
+
+/* One tensor entry of a header, as written. */
+typedef struct st_entry {
+	char name[FB_TENSOR_NAME_MAX];
+	int long_name; /* the name did not fit: cut */
+	char dtype[16];
+	int long_dtype;
+	uint32_t ndim; /* 0..8 */
+	uint64_t shape[8];
+	uint64_t begin, end; /* byte offsets in the data region */
+} st_entry;
 
 /* Per model tensor: what the header said about it. */
 typedef struct seen {
@@ -185,12 +206,10 @@ bad(const parser *ps, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	fb_log_error("%s: not a safetensors file for this model: %s "
-	             "(header byte %zu)",
-	    ps->path, msg, (size_t)(ps->p - ps->start));
+	fb_log_error("%s: %s: %s (header byte %zu)", ps->path, ps->what, msg,
+	    (size_t)(ps->p - ps->start));
 	return FB_EFORMAT;
 }
-
 static void
 skip_ws(parser *ps)
 {
@@ -439,15 +458,19 @@ format_shape(char *buf, size_t len, const uint64_t *shape, uint32_t ndim)
 	}
 }
 
-/* parse_tensor reads one tensor entry and checks it against `ti`. */
+/*
+ * parse_entry reads one tensor entry's object: its dtype, shape (at most 8
+ * dimensions) and data_offsets, each exactly once; nothing is checked
+ * against a model here.
+ */
 static fb_err
-parse_tensor(parser *ps, const fb_tensor_info *ti, seen *sn)
+parse_entry(parser *ps, st_entry *e)
 {
 	fb_err rc;
-	char key[32], dtype[16];
-	int long_key, long_dtype;
-	uint64_t shape[8], offs[2];
-	uint32_t ndim = 0, noffs = 0;
+	char key[32];
+	int long_key;
+	uint64_t offs[2];
+	uint32_t noffs = 0;
 	int have_dtype = 0, have_shape = 0, have_offs = 0;
 
 	if ((rc = expect(ps, '{')) != FB_OK) {
@@ -460,21 +483,15 @@ parse_tensor(parser *ps, const fb_tensor_info *ti, seen *sn)
 			return rc;
 		}
 		if (!long_key && strcmp(key, "dtype") == 0 && !have_dtype) {
-			rc =
-			    parse_string(ps, dtype, sizeof(dtype), &long_dtype);
+			rc = parse_string(
+			    ps, e->dtype, sizeof(e->dtype), &e->long_dtype);
 			if (rc != FB_OK) {
 				return rc;
-			}
-			if (long_dtype || strcmp(dtype, "F32") != 0) {
-				return bad(ps,
-				    "tensor %s has dtype %s, "
-				    "expected F32",
-				    ti->name, dtype);
 			}
 			have_dtype = 1;
 		} else if (!long_key && strcmp(key, "shape") == 0 &&
 		           !have_shape) {
-			rc = parse_u64_array(ps, shape, 8, &ndim);
+			rc = parse_u64_array(ps, e->shape, 8, &e->ndim);
 			if (rc != FB_OK) {
 				return rc;
 			}
@@ -489,14 +506,14 @@ parse_tensor(parser *ps, const fb_tensor_info *ti, seen *sn)
 				return bad(ps,
 				    "tensor %s has bad "
 				    "data_offsets",
-				    ti->name);
+				    e->name);
 			}
 			have_offs = 1;
 		} else {
 			return bad(ps,
 			    "tensor %s: unexpected or repeated "
 			    "key \"%s\"",
-			    ti->name, key);
+			    e->name, key);
 		}
 	} while (accept(ps, ','));
 	if ((rc = expect(ps, '}')) != FB_OK) {
@@ -504,25 +521,109 @@ parse_tensor(parser *ps, const fb_tensor_info *ti, seen *sn)
 	}
 	if (!have_dtype || !have_shape || !have_offs) {
 		return bad(ps, "tensor %s lacks dtype, shape or data_offsets",
-		    ti->name);
+		    e->name);
 	}
-	if (ndim != ti->ndim ||
-	    memcmp(shape, ti->shape, ndim * sizeof(uint64_t)) != 0) {
+	e->begin = offs[0];
+	e->end = offs[1];
+	return FB_OK;
+}
+
+/*
+ * parse_entries parses the whole header: the metadata (its fedbox.round
+ * into *round) and each tensor entry, handed to `cb` as it is read.
+ */
+static fb_err
+parse_entries(parser *ps, fb_err (*cb)(parser *, void *, const st_entry *),
+    void *ctx, uint32_t *round)
+{
+	fb_err rc;
+	int have_meta = 0;
+	st_entry e;
+
+	if ((rc = expect(ps, '{')) != FB_OK) {
+		return rc;
+	}
+	if (!accept(ps, '}')) {
+		do {
+			memset(&e, 0, sizeof(e));
+			rc = parse_string(
+			    ps, e.name, sizeof(e.name), &e.long_name);
+			if (rc != FB_OK || (rc = expect(ps, ':')) != FB_OK) {
+				return rc;
+			}
+			if (!e.long_name &&
+			    strcmp(e.name, "__metadata__") == 0 &&
+			    !have_meta) {
+				have_meta = 1;
+				if ((rc = parse_metadata(ps, round)) != FB_OK) {
+					return rc;
+				}
+				continue;
+			}
+			if ((rc = parse_entry(ps, &e)) != FB_OK ||
+			    (rc = cb(ps, ctx, &e)) != FB_OK) {
+				return rc;
+			}
+		} while (accept(ps, ','));
+		if ((rc = expect(ps, '}')) != FB_OK) {
+			return rc;
+		}
+	}
+	skip_ws(ps);
+	if (ps->p != ps->end) {
+		return bad(ps, "trailing bytes after the header object");
+	}
+	return FB_OK;
+}
+
+/* What a model file's tensors are checked against: the model's layout. */
+typedef struct match_ctx {
+	const fb_model *m;
+	seen *sn; /* one per model tensor */
+} match_ctx;
+
+/* match_entry checks one entry against the model tensor of its name. */
+static fb_err
+match_entry(parser *ps, void *ctx, const st_entry *e)
+{
+	match_ctx *mc = ctx;
+	uint32_t n = fb_model_tensor_count(mc->m), i;
+	fb_tensor_info ti;
+
+	for (i = 0; i < n; i++) {
+		fb_model_tensor_info(mc->m, i, &ti);
+		if (!e->long_name && strcmp(ti.name, e->name) == 0) {
+			break;
+		}
+	}
+	if (i == n) {
+		return bad(ps, "unexpected tensor \"%s%s\"", e->name,
+		    e->long_name ? "..." : "");
+	}
+	if (mc->sn[i].found) {
+		return bad(ps, "tensor %s appears twice", e->name);
+	}
+	if (e->long_dtype || strcmp(e->dtype, "F32") != 0) {
+		return bad(ps, "tensor %s has dtype %s, expected F32", e->name,
+		    e->dtype);
+	}
+	if (e->ndim != ti.ndim ||
+	    memcmp(e->shape, ti.shape, e->ndim * sizeof(uint64_t)) != 0) {
 		char got[128], want[128];
-		format_shape(got, sizeof(got), shape, ndim);
-		format_shape(want, sizeof(want), ti->shape, ti->ndim);
+		format_shape(got, sizeof(got), e->shape, e->ndim);
+		format_shape(want, sizeof(want), ti.shape, ti.ndim);
 		return bad(ps, "tensor %s has shape [%s], expected [%s]",
-		    ti->name, got, want);
+		    e->name, got, want);
 	}
-	if (offs[1] - offs[0] != ti->count * 4) {
+	if (e->end - e->begin != ti.count * 4) {
 		return bad(ps,
 		    "tensor %s holds %" PRIu64 " bytes, expected "
 		    "%" PRIu64,
-		    ti->name, offs[1] - offs[0], ti->count * 4);
+		    e->name, e->end - e->begin, ti.count * 4);
 	}
-	sn->found = 1;
-	sn->begin = offs[0];
-	sn->len = offs[1] - offs[0];
+	mc->sn[i].found = 1;
+	mc->sn[i].begin = e->begin;
+	mc->sn[i].len = e->end - e->begin;
 	return FB_OK;
 }
 
@@ -539,52 +640,11 @@ parse_header(parser *ps, const fb_model *m, seen *sn, uint32_t *round)
 {
 	fb_err rc;
 	uint32_t n = fb_model_tensor_count(m);
-	char name[FB_TENSOR_NAME_MAX];
-	int long_name, have_meta = 0;
+	match_ctx mc = {m, sn};
 	fb_tensor_info ti;
 
-	if ((rc = expect(ps, '{')) != FB_OK) {
+	if ((rc = parse_entries(ps, match_entry, &mc, round)) != FB_OK) {
 		return rc;
-	}
-	if (!accept(ps, '}')) {
-		do {
-			uint32_t i;
-			rc = parse_string(ps, name, sizeof(name), &long_name);
-			if (rc != FB_OK || (rc = expect(ps, ':')) != FB_OK) {
-				return rc;
-			}
-			if (!long_name && strcmp(name, "__metadata__") == 0 &&
-			    !have_meta) {
-				have_meta = 1;
-				if ((rc = parse_metadata(ps, round)) != FB_OK) {
-					return rc;
-				}
-				continue;
-			}
-			for (i = 0; i < n; i++) {
-				fb_model_tensor_info(m, i, &ti);
-				if (!long_name && strcmp(ti.name, name) == 0) {
-					break;
-				}
-			}
-			if (i == n) {
-				return bad(ps, "unexpected tensor \"%s%s\"",
-				    name, long_name ? "..." : "");
-			}
-			if (sn[i].found) {
-				return bad(ps, "tensor %s appears twice", name);
-			}
-			if ((rc = parse_tensor(ps, &ti, &sn[i])) != FB_OK) {
-				return rc;
-			}
-		} while (accept(ps, ','));
-		if ((rc = expect(ps, '}')) != FB_OK) {
-			return rc;
-		}
-	}
-	skip_ws(ps);
-	if (ps->p != ps->end) {
-		return bad(ps, "trailing bytes after the header object");
 	}
 	for (uint32_t i = 0; i < n; i++) {
 		if (!sn[i].found) {
@@ -645,7 +705,8 @@ fb_model_load_safetensors(
 		rc = FB_EIO;
 		goto out;
 	}
-	ps = (parser){hdr, hdr, hdr + hlen, path};
+	ps = (parser){hdr, hdr, hdr + hlen, path,
+	    "not a safetensors file for this model"};
 	if ((rc = parse_header(&ps, m, sn, &found_round)) != FB_OK) {
 		goto out;
 	}
@@ -698,5 +759,413 @@ out:
 	fb_free(hdr);
 	fb_free(sn);
 	fb_free(sorted);
+	return rc;
+}
+
+/* ---- initial models: the layout and values from the file alone ---------- */
+
+/* What the init reader keeps of the entries: all of them, in header order,
+ * up to FB_MODEL_INIT_TENSORS_MAX. */
+typedef struct init_ctx {
+	st_entry *e;
+	uint32_t n, cap;
+} init_ctx;
+
+static fb_err
+collect_entry(parser *ps, void *ctx, const st_entry *e)
+{
+	init_ctx *ic = ctx;
+
+	if (e->long_name) {
+		return bad(ps, "tensor name \"%s...\" is longer than %d bytes",
+		    e->name, FB_TENSOR_NAME_MAX - 1);
+	}
+	if (e->name[0] == '\0') {
+		return bad(ps, "a tensor has an empty name");
+	}
+	if (ic->n == FB_MODEL_INIT_TENSORS_MAX) {
+		return bad(ps, "more than %d tensors",
+		    FB_MODEL_INIT_TENSORS_MAX);
+	}
+	if (ic->n == ic->cap) {
+		uint32_t cap = ic->cap ? ic->cap * 2 : 64;
+		st_entry *grown;
+		if (cap > FB_MODEL_INIT_TENSORS_MAX) {
+			cap = FB_MODEL_INIT_TENSORS_MAX;
+		}
+		if ((grown = realloc(ic->e, cap * sizeof(*grown))) == NULL) {
+			return FB_ENOMEM;
+		}
+		ic->e = grown;
+		ic->cap = cap;
+	}
+	ic->e[ic->n++] = *e;
+	return FB_OK;
+}
+
+/* The dtypes an initial model may hold, and what becomes of them. */
+typedef enum init_kind {
+	KIND_FLOAT, /* federated: read as float32 */
+	KIND_LOCAL, /* integer or bool: not federated, skipped */
+} init_kind;
+
+static const struct {
+	const char *name;
+	uint32_t size;
+	init_kind kind;
+} init_dtypes[] = {
+    {"F32", 4, KIND_FLOAT},
+    {"F16", 2, KIND_FLOAT},
+    {"BF16", 2, KIND_FLOAT},
+    {"F64", 8, KIND_FLOAT},
+    {"BOOL", 1, KIND_LOCAL},
+    {"U8", 1, KIND_LOCAL},
+    {"I8", 1, KIND_LOCAL},
+    {"U16", 2, KIND_LOCAL},
+    {"I16", 2, KIND_LOCAL},
+    {"U32", 4, KIND_LOCAL},
+    {"I32", 4, KIND_LOCAL},
+    {"U64", 8, KIND_LOCAL},
+    {"I64", 8, KIND_LOCAL},
+};
+
+static int
+cmp_entry_begin(const void *a, const void *b)
+{
+	const st_entry *x = *(const st_entry *const *)a;
+	const st_entry *y = *(const st_entry *const *)b;
+	if (x->begin != y->begin) {
+		return x->begin < y->begin ? -1 : 1;
+	}
+	return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int
+cmp_entry_name(const void *a, const void *b)
+{
+	return strcmp((*(const st_entry *const *)a)->name,
+	    (*(const st_entry *const *)b)->name);
+}
+
+/* half_to_float widens an IEEE binary16 value exactly. */
+static float
+half_to_float(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h >> 15) << 31;
+	uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+	float f;
+
+	if (exp == 0x1f) {
+		bits = sign | 0x7f800000u | (man << 13);
+	} else if (exp != 0) {
+		bits = sign | ((exp + 112) << 23) | (man << 13);
+	} else if (man == 0) {
+		bits = sign;
+	} else {
+		/* subnormal: man * 2^-24, exact in float */
+		f = (float)man * 0x1p-24f;
+		memcpy(&bits, &f, 4);
+		bits |= sign;
+	}
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+/* read_values reads tensor `e` (dtype index `dt`) into dst as float32,
+ * checking that every value is finite. */
+static fb_err
+read_values(FILE *f, const char *path, uint64_t data_at, const st_entry *e,
+    uint32_t dt, float *dst, uint64_t count)
+{
+	uint8_t buf[8192];
+	uint32_t size = init_dtypes[dt].size;
+	uint64_t done = 0;
+
+	if (fseeko(f, (off_t)(data_at + e->begin), SEEK_SET) != 0) {
+		fb_log_error("%s: cannot seek to tensor %s: %s", path, e->name,
+		    strerror(errno));
+		return FB_EIO;
+	}
+	while (done < count) {
+		uint64_t k = count - done;
+		if (k > sizeof(buf) / size) {
+			k = sizeof(buf) / size;
+		}
+		if (fread(buf, size, (size_t)k, f) != k) {
+			fb_log_error("%s: cannot read tensor %s: %s", path,
+			    e->name,
+			    ferror(f) ? strerror(errno) : "file shrank");
+			return FB_EIO;
+		}
+		for (uint64_t i = 0; i < k; i++) {
+			const uint8_t *p = buf + i * size;
+			float v;
+			if (size == 4) {
+				memcpy(&v, p, 4);
+			} else if (size == 8) {
+				double d;
+				memcpy(&d, p, 8);
+				v = (float)d;
+			} else if (strcmp(init_dtypes[dt].name, "F16") == 0) {
+				v = half_to_float(
+				    (uint16_t)(p[0] | (uint16_t)p[1] << 8));
+			} else { /* BF16: the high half of a float32 */
+				uint32_t bits = (uint32_t)p[0] << 16 |
+				    (uint32_t)p[1] << 24;
+				memcpy(&v, &bits, 4);
+			}
+			if (!isfinite(v)) {
+				fb_log_error("%s: tensor %s: element %" PRIu64
+				             " is not finite as float32 "
+				             "(NaN, infinite, or an F64 beyond "
+				             "float32's range)",
+				    path, e->name, done + i);
+				return FB_EFORMAT;
+			}
+			dst[done + i] = v;
+		}
+		done += k;
+	}
+	return FB_OK;
+}
+
+fb_err
+fb_safetensors_read_init(const char *path, bool with_values,
+    fb_tensor_info **tensors, uint32_t *count, float **values)
+{
+	fb_err rc = FB_OK;
+	FILE *f = NULL;
+	char *hdr = NULL;
+	init_ctx ic = {0};
+	st_entry **order = NULL;
+	fb_tensor_info *ti = NULL;
+	float *vals = NULL;
+	uint8_t len8[8];
+	uint64_t hlen, data_len, at = 0, params = 0;
+	uint32_t kept = 0, skipped = 0, k = 0;
+	uint32_t *dts = NULL;
+	struct stat st;
+	parser ps = {0};
+	const char *first_local = NULL;
+
+	*tensors = NULL;
+	*count = 0;
+	if (values != NULL) {
+		*values = NULL;
+	}
+	if ((f = fopen(path, "rb")) == NULL || fstat(fileno(f), &st) != 0) {
+		fb_log_error("model.init: cannot open %s: %s", path,
+		    strerror(errno));
+		rc = FB_EIO;
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		fb_log_error("model.init: %s is not a regular file", path);
+		rc = FB_EFORMAT;
+		goto out;
+	}
+	if (st.st_size < 8 || fread(len8, 1, 8, f) != 8) {
+		fb_log_error("%s: not a safetensors file: shorter than its "
+		             "8-byte header length",
+		    path);
+		rc = FB_EFORMAT;
+		goto out;
+	}
+	hlen = fb_load_le64(len8);
+	if (hlen > (uint64_t)st.st_size - 8 ||
+	    hlen > FB_MODEL_INIT_HEADER_MAX || hlen < 2) {
+		fb_log_error("%s: not a safetensors file: header length "
+		             "%" PRIu64 " (the file holds %lld bytes; at most "
+		             "%u accepted)",
+		    path, hlen, (long long)st.st_size,
+		    FB_MODEL_INIT_HEADER_MAX);
+		rc = FB_EFORMAT;
+		goto out;
+	}
+	if ((hdr = fb_alloc((size_t)hlen)) == NULL) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	if (fread(hdr, 1, (size_t)hlen, f) != hlen) {
+		fb_log_error("%s: cannot read the header: %s", path,
+		    ferror(f) ? strerror(errno) : "file shrank");
+		rc = FB_EIO;
+		goto out;
+	}
+	ps = (parser){hdr, hdr, hdr + hlen, path,
+	    "not a usable initial model"};
+	if ((rc = parse_entries(&ps, collect_entry, &ic, NULL)) != FB_OK) {
+		goto out;
+	}
+	ps.p = ps.start; /* later errors are about the whole header */
+	if (ic.n == 0) {
+		rc = bad(&ps, "it holds no tensors");
+		goto out;
+	}
+	order = fb_calloc(ic.n, sizeof(*order));
+	dts = fb_calloc(ic.n, sizeof(*dts));
+	if (order == NULL || dts == NULL) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < ic.n; i++) {
+		order[i] = &ic.e[i];
+	}
+	qsort(order, ic.n, sizeof(*order), cmp_entry_name);
+	for (uint32_t i = 1; i < ic.n; i++) {
+		if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
+			rc = bad(&ps, "tensor %s appears twice",
+			    order[i]->name);
+			goto out;
+		}
+	}
+	/* Each entry: a dtype we know, a shape that fits its bytes. */
+	for (uint32_t i = 0; i < ic.n; i++) {
+		const st_entry *e = &ic.e[i];
+		uint64_t n = 1;
+		uint32_t d;
+		for (d = 0; d < FB_ARRAY_LEN(init_dtypes); d++) {
+			if (!e->long_dtype &&
+			    strcmp(e->dtype, init_dtypes[d].name) == 0) {
+				break;
+			}
+		}
+		if (d == FB_ARRAY_LEN(init_dtypes)) {
+			rc = bad(&ps,
+			    "tensor %s has dtype %s%s; fedbox federates F32, "
+			    "F16, BF16 and F64 tensors (as float32) and skips "
+			    "integer and BOOL ones",
+			    e->name, e->dtype, e->long_dtype ? "..." : "");
+			goto out;
+		}
+		dts[i] = d;
+		for (uint32_t j = 0; j < e->ndim; j++) {
+			if (e->shape[j] != 0 &&
+			    n > (FB_MODEL_MAX_PARAMS - 1) / e->shape[j]) {
+				rc = bad(&ps, "tensor %s has a shape too large",
+				    e->name);
+				goto out;
+			}
+			n *= e->shape[j];
+		}
+		if (e->end - e->begin != n * init_dtypes[d].size) {
+			char sh[128];
+			format_shape(sh, sizeof(sh), e->shape, e->ndim);
+			rc = bad(&ps,
+			    "tensor %s: data_offsets [%" PRIu64 ", %" PRIu64
+			    "] hold %" PRIu64 " bytes; shape [%s] of %s needs "
+			    "%" PRIu64,
+			    e->name, e->begin, e->end, e->end - e->begin, sh,
+			    e->dtype, n * init_dtypes[d].size);
+			goto out;
+		}
+		if (init_dtypes[d].kind == KIND_LOCAL) {
+			skipped++;
+			first_local = first_local ? first_local : e->name;
+			continue;
+		}
+		if (e->ndim < 1 || e->ndim > 4) {
+			rc = bad(&ps,
+			    "tensor %s has rank %u; fedbox federates tensors "
+			    "of rank 1 to 4",
+			    e->name, e->ndim);
+			goto out;
+		}
+		if (n == 0) {
+			rc = bad(&ps, "tensor %s has no elements (a zero in "
+			              "its shape)",
+			    e->name);
+			goto out;
+		}
+		if (params + n >= FB_MODEL_MAX_PARAMS) {
+			rc = bad(&ps, "more than 2^40 parameters");
+			goto out;
+		}
+		params += n;
+		kept++;
+	}
+	if (kept == 0) {
+		rc = bad(&ps, "it holds no floating-point tensor (only "
+		              "integer or BOOL ones, which are not federated)");
+		goto out;
+	}
+	/* The tensors tile the data region exactly, and the file ends there. */
+	data_len = (uint64_t)st.st_size - 8 - hlen;
+	for (uint32_t i = 0; i < ic.n; i++) {
+		order[i] = &ic.e[i];
+	}
+	qsort(order, ic.n, sizeof(*order), cmp_entry_begin);
+	for (uint32_t i = 0; i < ic.n; i++) {
+		if (order[i]->begin != at) {
+			rc = bad(&ps,
+			    "tensor %s's data begin at byte %" PRIu64
+			    " of the data, where %" PRIu64 " was expected "
+			    "(data_offsets overlap or leave a gap)",
+			    order[i]->name, order[i]->begin, at);
+			goto out;
+		}
+		at = order[i]->end;
+	}
+	if (at != data_len) {
+		rc = bad(&ps,
+		    "the tensors cover %" PRIu64 " bytes of data; the file "
+		    "holds %" PRIu64,
+		    at, data_len);
+		goto out;
+	}
+	/* The layout: the floating tensors in the order of their data. */
+	if ((ti = fb_calloc(kept, sizeof(*ti))) == NULL) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	if (with_values && (vals = fb_alloc((size_t)params * 4)) == NULL) {
+		rc = FB_ENOMEM;
+		goto out;
+	}
+	at = 0;
+	for (uint32_t i = 0; i < ic.n; i++) {
+		const st_entry *e = order[i];
+		uint32_t d = dts[e - ic.e];
+		if (init_dtypes[d].kind != KIND_FLOAT) {
+			continue;
+		}
+		snprintf(ti[k].name, sizeof(ti[k].name), "%s", e->name);
+		ti[k].ndim = e->ndim;
+		ti[k].count = 1;
+		for (uint32_t j = 0; j < e->ndim; j++) {
+			ti[k].shape[j] = e->shape[j];
+			ti[k].count *= e->shape[j];
+		}
+		ti[k].offset = at;
+		if (vals != NULL &&
+		    (rc = read_values(f, path, 8 + hlen, e, d, vals + at,
+		         ti[k].count)) != FB_OK) {
+			goto out;
+		}
+		at += ti[k].count;
+		k++;
+	}
+	if (skipped > 0) {
+		fb_log_info("%s: %u integer or BOOL tensor%s (e.g. %s) not "
+		            "federated: each trainer keeps its own",
+		    path, skipped, skipped == 1 ? "" : "s", first_local);
+	}
+	*tensors = ti;
+	*count = kept;
+	ti = NULL;
+	if (values != NULL) {
+		*values = vals;
+		vals = NULL;
+	}
+out:
+	if (f != NULL) {
+		fclose(f);
+	}
+	fb_free(hdr);
+	free(ic.e);
+	fb_free(order);
+	fb_free(dts);
+	fb_free(ti);
+	fb_free(vals);
 	return rc;
 }

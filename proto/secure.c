@@ -11,7 +11,8 @@
  * secure-aggregation message (key adverts, relayed shares, reveals) is
  * sealed as a second message of the same session right after the envelope
  * (type | PAYLOAD_TYPE_BIT, the same round, the next sequence number), so
- * it is secret, authentic, and bound to its envelope.
+ * it is secret, authentic, and bound to its envelope. A welcome's payload,
+ * the model's layout, is sealed the same way.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,7 @@
 static bool
 payload_sealed(fb_msg_type t)
 {
-	return t == FB_MSG_SECAGG;
+	return t == FB_MSG_SECAGG || t == FB_MSG_WELCOME;
 }
 
 /* The round a message is about, or FB_ROUND_ANY for session messages. */

@@ -35,7 +35,7 @@ bool
 fb_msg_has_payload(fb_msg_type t)
 {
 	return t == FB_MSG_MODEL_CHUNK || t == FB_MSG_UPDATE_CHUNK ||
-	    t == FB_MSG_SECAGG;
+	    t == FB_MSG_SECAGG || t == FB_MSG_WELCOME;
 }
 
 /* Text from a peer: bounded, printable or UTF-8 bytes, no control bytes. */

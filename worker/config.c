@@ -81,6 +81,11 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "local path of the plug-in model library (plugin models); the only "
         "code this worker loads: a path the coordinator names is never "
         "used"},
+    {"train.init", FB_CFG_PATH, F(init_file), "", NOB, MB,
+        "optional: this box's own initial-model file (python -m fedbox "
+        "init with the box's model code); a coordinator whose model's "
+        "layout differs is refused at the welcome, naming the first "
+        "tensor that differs"},
     {"train.command", FB_CFG_STR_LIST, F(command), "[]", NOB, MB,
         "a trainer process instead of the built-in trainer: the program "
         "and its arguments, e.g. [torchrun, --nproc-per-node, \"8\", "

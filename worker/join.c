@@ -5,9 +5,11 @@
  * to a lane's port, rejoining when the coordinator is gone, and the keys
  * this worker trusts (its own, the pinned coordinator's, security.peers).
  *
- * The welcome names the model; a plug-in model is loaded only from the
- * path in this worker's own train.plugin, never from a path the network
- * sent.
+ * The welcome names the model and carries its layout; a plug-in model is
+ * loaded only from the path in this worker's own train.plugin, never from
+ * a path the network sent. A worker whose own model (native, or
+ * train.init's file) has another layout refuses the run, naming the first
+ * tensor that differs, and tells the coordinator so.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -228,7 +230,8 @@ fb_wk_rejoin(fb_wk *w, const char *why)
 /*
  * The model the welcome names, as this worker will build it. A plug-in is
  * code: it comes only from train.plugin, whatever path the coordinator
- * names (its own, on its host). Errors: FB_ECONFIG (logged).
+ * names (its own, on its host). An "init" model is its layout alone, from
+ * the welcome. Errors: FB_ECONFIG (logged).
  */
 static fb_err
 welcome_spec(const fb_wk *w, const fb_wire_model_spec *ws, fb_model_spec *spec)
@@ -255,39 +258,148 @@ welcome_spec(const fb_wk *w, const fb_wire_model_spec *ws, fb_model_spec *spec)
 	return FB_OK;
 }
 
-/* The first welcome builds the model and its buffers; a later one (a new
- * run) must name a model of the same size. */
+/*
+ * our_layout compares the coordinator's layout with the model this box
+ * has of its own: train.init's file, else (a native model) the one built
+ * from the spec. *differs says whether they differ, `why` how. A
+ * malformed train.init file is FB_ECONFIG (logged).
+ */
 static fb_err
-welcome_model(fb_wk *w, const fb_msg *m)
+our_layout(const fb_wk *w, const fb_model_spec *spec, const fb_model *theirs,
+    const fb_model *built, bool *differs, char *why, size_t why_len)
 {
-	fb_model_spec spec;
-	fb_err rc;
+	fb_model_spec own = *spec;
+	fb_model *mine = NULL;
+	fb_err rc = FB_OK;
 
+	*differs = false;
+	if (built != NULL) {
+		*differs = fb_model_layout_diff(theirs,
+		    "the coordinator's model", built, "this worker's", why,
+		    why_len);
+		if (*differs) {
+			goto out;
+		}
+	}
+	if (w->cfg->init_file[0] == '\0') {
+		goto out;
+	}
+	snprintf(own.arch, sizeof(own.arch), "init");
+	if (strlen(w->cfg->init_file) >= sizeof(own.init)) {
+		fb_log_error("train.init: the path is longer than %zu bytes",
+		    sizeof(own.init) - 1);
+		rc = FB_ECONFIG;
+		goto out;
+	}
+	snprintf(own.init, sizeof(own.init), "%s", w->cfg->init_file);
+	if ((rc = fb_model_open(&own, &mine)) != FB_OK) {
+		fb_log_error("train.init: %s is not a usable initial model",
+		    w->cfg->init_file);
+		rc = rc == FB_ENOMEM ? rc : FB_ECONFIG;
+		goto out;
+	}
+	*differs = fb_model_layout_diff(theirs, "the coordinator's model",
+	    mine, "this worker's", why, why_len);
+	if (*differs) {
+		fb_log_error("train.init %s describes another model than the "
+		             "coordinator's",
+		    w->cfg->init_file);
+	}
+out:
+	fb_model_close(mine);
+	return rc;
+}
+
+/*
+ * refuse tells the coordinator (a RoundFailed of round 0) that this worker
+ * refuses the run, and stops the worker once that had time to leave.
+ */
+static void
+refuse(fb_wk *w, const char *why)
+{
+	fb_msg m = {.type = FB_MSG_ROUND_FAILED};
+
+	fb_log_error("refusing the coordinator's run: %s", why);
+	m.u.round_failed.round = 0;
+	snprintf(m.u.round_failed.reason, sizeof(m.u.round_failed.reason),
+	    "its model's layout differs: %.200s", why);
+	if (fb_wk_send_now(w, &m, NULL, 0, NULL) != FB_OK) {
+		fb_log_warn("the refusal could not be sent");
+	}
+	w->phase = FB_WK_DONE;
+	w->refused_ms = w->now > 0 ? w->now : 1;
+}
+
+/* The first welcome builds the model and its buffers; a later one (a new
+ * run) must name a model of the same size. *refused is set when the
+ * layouts differ (the coordinator is told; the worker stops). */
+static fb_err
+welcome_model(fb_wk *w, const fb_frame *f, bool *refused)
+{
+	const fb_msg *m = &f->msg;
+	fb_model_spec spec, spec_none = {.arch = "init"};
+	fb_model *theirs = NULL, *built = NULL;
+	char why[FB_TEXT_MAX] = "";
+	bool differs = false;
+	fb_err rc = FB_OK;
+
+	*refused = false;
 	if (w->model != NULL) {
-		if (fb_model_param_count(w->model) !=
-		    m->u.welcome.param_count) {
+		/* A new run: its model must be the one we hold. */
+		if ((rc = fb_model_open_layout(f->payload, f->payload_len,
+		         &spec_none, &theirs)) != FB_OK) {
+			return rc == FB_ENOMEM ? rc : FB_EPROTO;
+		}
+		if (fb_model_param_count(theirs) != m->u.welcome.param_count ||
+		    fb_model_layout_diff(theirs, "the new run's model",
+		        w->model, "the one this worker holds", why,
+		        sizeof(why))) {
 			fb_log_error(
 			    "the coordinator's new run has a different "
-			    "model; restart this worker");
-			return FB_EPROTO;
+			    "model (%s); restart this worker",
+			    why[0] ? why : "another parameter count");
+			rc = FB_EPROTO;
 		}
-		return FB_OK;
+		fb_model_close(theirs);
+		return rc;
 	}
 	if ((rc = welcome_spec(w, &m->u.welcome.model, &spec)) != FB_OK) {
 		return rc;
 	}
-	if ((rc = fb_model_open(&spec, &w->model)) != FB_OK) {
-		fb_log_error("cannot create the coordinator's model (%s): %s",
-		    spec.arch, fb_strerror(rc));
-		return rc;
+	if ((rc = fb_model_open_layout(f->payload, f->payload_len, &spec,
+	         &theirs)) != FB_OK) {
+		return rc == FB_ENOMEM ? rc : FB_EPROTO;
 	}
-	if (fb_model_param_count(w->model) != m->u.welcome.param_count) {
-		fb_log_error("model has %" PRIu64 " parameters here but "
-		             "%" PRIu64 " at the coordinator",
-		    fb_model_param_count(w->model), m->u.welcome.param_count);
-		fb_model_close(w->model);
-		w->model = NULL;
-		return FB_EPROTO;
+	if (fb_model_param_count(theirs) != m->u.welcome.param_count) {
+		fb_log_error("the coordinator's layout holds %" PRIu64
+		             " parameters, its welcome says %" PRIu64,
+		    fb_model_param_count(theirs), m->u.welcome.param_count);
+		rc = FB_EPROTO;
+		goto out;
+	}
+	if (strcmp(spec.arch, "init") != 0) {
+		if ((rc = fb_model_open(&spec, &built)) != FB_OK) {
+			fb_log_error("cannot create the coordinator's model "
+			             "(%s): %s",
+			    spec.arch, fb_strerror(rc));
+			goto out;
+		}
+	}
+	rc = our_layout(w, &spec, theirs, built, &differs, why, sizeof(why));
+	if (rc != FB_OK) {
+		goto out;
+	}
+	if (differs) {
+		refuse(w, why);
+		*refused = true;
+		goto out;
+	}
+	if (built != NULL) {
+		w->model = built;
+		built = NULL;
+	} else {
+		w->model = theirs;
+		theirs = NULL;
 	}
 	if ((fb_model_input_dim(w->model) == 0) != (w->cfg->dataset == 1)) {
 		/* "synthetic" reads no data, and only it may go without. */
@@ -297,9 +409,8 @@ welcome_model(fb_wk *w, const fb_msg *m)
 		        ? "has no data (data.dataset: none)"
 		        : "loads data: a synthetic model reads none; set "
 		          "data.dataset: none in this worker's config");
-		fb_model_close(w->model);
-		w->model = NULL;
-		return FB_EINVAL;
+		rc = FB_EINVAL;
+		goto out;
 	}
 	if (w->cfg->dataset != 1 &&
 	    (rc = fb_dataset_check_fit(&w->shard, fb_model_input_dim(w->model),
@@ -307,24 +418,32 @@ welcome_model(fb_wk *w, const fb_msg *m)
 	        FB_OK) {
 		fb_log_error("this box's data does not fit the coordinator's "
 		             "model");
-		fb_model_close(w->model);
-		w->model = NULL;
-		return rc;
+		goto out;
 	}
 	w->param_count = m->u.welcome.param_count;
 	w->global = fb_alloc(w->param_count * 4);
 	if (w->global == NULL ||
 	    fb_lent_new(w->param_count * 4, &w->local_lent) != FB_OK) {
-		return FB_ENOMEM;
+		rc = FB_ENOMEM;
+		goto out;
 	}
 	w->local = fb_lent_data(w->local_lent);
-	return FB_OK;
+out:
+	if (rc != FB_OK && rc != FB_ENOMEM && w->model != NULL) {
+		fb_model_close(w->model);
+		w->model = NULL;
+	}
+	fb_model_close(theirs);
+	fb_model_close(built);
+	return rc;
 }
 
 fb_err
-fb_wk_on_welcome(fb_wk *w, const fb_msg *m)
+fb_wk_on_welcome(fb_wk *w, const fb_frame *f)
 {
+	const fb_msg *m = &f->msg;
 	char desc[128];
+	bool refused = false;
 	fb_err rc;
 
 	if (w->welcomed && m->u.welcome.run_id == w->run_id) {
@@ -347,7 +466,7 @@ fb_wk_on_welcome(fb_wk *w, const fb_msg *m)
 		    "restart this worker");
 		return FB_EPROTO;
 	}
-	if ((rc = welcome_model(w, m)) != FB_OK) {
+	if ((rc = welcome_model(w, f, &refused)) != FB_OK || refused) {
 		return rc;
 	}
 	fb_wk_round_leave(w); /* a new run: nothing of the old one goes on */

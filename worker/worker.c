@@ -366,7 +366,7 @@ dispatch(fb_wk *w, fb_frame *f)
 	w->last_rx_ms = w->now; /* any message taken: the coordinator lives */
 	switch (m->type) {
 	case FB_MSG_WELCOME:
-		return fb_wk_on_welcome(w, m);
+		return fb_wk_on_welcome(w, f);
 	case FB_MSG_REJECT:
 		fb_log_error("the coordinator refused this worker: %s",
 		    m->u.reject.reason);
@@ -465,7 +465,10 @@ fb_wk_tick(fb_wk *w, int64_t now)
 
 	w->now = now;
 	if (w->phase == FB_WK_DONE) {
-		return FB_OK;
+		/* A refusal (join.c) goes out before we stop: the link drops
+		 * what is still queued when it closes. */
+		return w->refused_ms != 0 && now - w->refused_ms >= 500
+		    ? FB_ECONFIG : FB_OK;
 	}
 	if (!w->welcomed) {
 		return tick_joining(w);

@@ -40,6 +40,8 @@ typedef struct fb_worker_config {
 	int math;                 /* fb_trainer_math */
 	double throttle;
 	char *plugin;             /* local path of a plug-in model */
+	char *init_file;          /* train.init: this box's copy of the
+	                           * model's initial safetensors file */
 	/* training in a trainer process (worker/proc/) */
 	fb_cfg_str_list command;  /* program and arguments; empty: built in */
 	fb_cfg_str_list train_env; /* NAME=VALUE for the trainer */

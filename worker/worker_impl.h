@@ -175,6 +175,8 @@ struct fb_wk {
 	float *local;         /* fb_lent_data(local_lent) */
 	fb_lent *local_lent;  /* plain updates go from it without a copy */
 	bool synthetic_ready; /* data.dataset none: the fixed update is made */
+	int64_t refused_ms;   /* we refused the run then (a layout differs):
+	                       * stop once the refusal had time to leave */
 	/* the trainer (round.c) */
 	fb_trainer *trainer;
 	/* train.command: every trainer this worker opens is that process */
@@ -343,8 +345,9 @@ void fb_wk_rejoin(fb_wk *w, const char *why);
 void fb_wk_on_handshake_reply(fb_wk *w, const fb_msg *m);
 void fb_wk_on_redirect(fb_wk *w, const fb_msg *m);
 
-/* fb_wk_on_welcome admits us (errors as fb_wk_on_frame). */
-FB_MUST_CHECK fb_err fb_wk_on_welcome(fb_wk *w, const fb_msg *m);
+/* fb_wk_on_welcome admits us, or refuses the run when our model's layout
+ * differs from the one in f's payload (errors as fb_wk_on_frame). */
+FB_MUST_CHECK fb_err fb_wk_on_welcome(fb_wk *w, const fb_frame *f);
 
 /* ---- round.c ----------------------------------------------------------- */
 

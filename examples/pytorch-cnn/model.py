@@ -7,8 +7,9 @@ dropout - linear 3136 -> 256 - ReLU - dropout - linear 256 -> 10.
 857,738 parameters in 8 tensors. Its inputs are the worker's preprocessed
 rows of 784 floats, (pixel / 255 - 0.2860) / 0.3530, row-major.
 
-plugin.c declares the same tensors (names, shapes, order) for the
-coordinator; fedbox checks the two against each other every round.
+The coordinator knows it by its layout and initial values alone, from
+`python -m fedbox init examples/pytorch-cnn/model.py:Net -o FILE`; fedbox
+checks the trainer's tensors against that layout every round.
 """
 import torch
 import torch.nn as nn

@@ -15,8 +15,11 @@ takes each round's local training from this package::
         task.finish(model.state_dict(), samples=n, steps=s, loss=l)
 
 See fedbox.client (connect, Client, Task) for the whole loop, torchrun and
-the rules for layouts; ``python -m fedbox init`` writes a model's initial
-parameters and layout as a safetensors file.
+the rules for layouts (fedbox.layout_of: float tensors, buffers included,
+are federated; integer buffers stay with each box); ``python -m fedbox
+init`` writes a model's initial parameters and layout as a safetensors
+file, from which the coordinator knows the model without its code
+(``model: {arch: init, init: FILE}``).
 
 fedbox.safetensors reads and writes safetensors files (the exported
 model.safetensors, initial models) without the safetensors package, which

@@ -4,12 +4,17 @@
   python -m fedbox init MODEL -o FILE [--seed S]
       builds the model MODEL names and writes its initial parameters, with
       their names, shapes and dtypes, as a safetensors file: the layout of
-      the federation's model (fedbox.layout_of says which tensors: the
-      floating-point entries of state_dict()).
+      the federation's model, which the coordinator reads with
+      `model: {arch: init, init: FILE}` (fedbox.layout_of says which
+      tensors: the floating-point entries of state_dict(), parameters and
+      floating buffers alike, in state_dict() order, which is also the
+      order of their data in the file; integer buffers such as
+      num_batches_tracked are left out: each trainer keeps its own).
       MODEL is FILE.py:NAME or MODULE:NAME, NAME a class or function that
       takes no arguments and returns an nn.Module.
   python -m fedbox layout FILE
-      prints a safetensors file's tensors: name, dtype, shape.
+      prints a safetensors file's tensors in the order of their data (the
+      layout's order): name, dtype, shape.
 """
 import argparse
 import importlib
@@ -54,10 +59,8 @@ def _init(args):
     if not names:
         raise SystemExit("fedbox init: the model has no floating-point "
                          "tensors")
-    tensors = {n: sd[n] for n in names}
-    order = ",".join(names)
+    tensors = {n: sd[n] for n in names}  # data in this order: the layout's
     safetensors.save_file(tensors, args.output, {
-        "fedbox.layout_order": order,
         "fedbox.seed": str(args.seed),
         "fedbox.model": args.model,
     })
@@ -67,15 +70,13 @@ def _init(args):
 
 
 def _layout(args):
-    meta = safetensors.metadata(args.file)
-    arrays = safetensors.load_numpy(args.file)
-    order = meta.get("fedbox.layout_order")
-    names = order.split(",") if order else sorted(arrays)
+    safetensors.metadata(args.file)  # the whole file's checks first
     with open(args.file, "rb") as f:
         import json
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
-    for name in names:
+    header.pop("__metadata__", None)
+    for name in sorted(header, key=lambda k: header[k]["data_offsets"]):
         h = header[name]
         print("%-40s %-5s %s" % (name, h["dtype"], h["shape"]))
 

@@ -83,10 +83,21 @@ def _dist_ready():
 
 def layout_of(model_or_state_dict):
     """The tensors fedbox federates for a model: ``[(name, shape, dtype)]``
-    in ``state_dict()`` order, for every floating-point entry (parameters
-    and floating buffers, such as BatchNorm's running mean and variance,
-    which are averaged like parameters). Integer buffers (BatchNorm's
-    ``num_batches_tracked``) are not federated: they stay with each box.
+    in ``state_dict()`` order.
+
+    The rule for what is federated, the same on every side (this function,
+    ``python -m fedbox init``, the coordinator reading the init file, and
+    :meth:`Task.load_into` / :meth:`Task.finish`):
+
+    * every floating-point entry of ``state_dict()`` is in the layout:
+      parameters, and floating buffers such as BatchNorm's
+      ``running_mean`` and ``running_var``, which are averaged across
+      boxes like parameters (weighted by samples, as FedAvg does);
+    * integer and bool entries (BatchNorm's ``num_batches_tracked``) are
+      not: each box's trainer keeps its own, ``load_into`` leaves them as
+      they are and ``finish`` ignores them;
+    * every federated tensor travels as float32, whatever its dtype in
+      your model (float16, bfloat16 and float64 are converted both ways).
 
     ``python -m fedbox init`` writes this layout, with the initial values,
     as a safetensors file."""

@@ -50,6 +50,11 @@ FUZZ_SRCS_worker = worker/proc/wire.c $(wildcard model/*.c model/cpu/*.c) \
 FUZZ_LIBS_worker = -lm -ldl -lpthread
 FUZZ_HDRS_worker = $(wildcard model/*.h worker/proc/*.h)
 
+# model/: the layouts a welcome carries (model/layout.c), with the rest of
+# model/ they are built into.
+FUZZ_SRCS_model = $(wildcard model/*.c model/cpu/*.c) $(FUZZ_SRCS_common)
+FUZZ_LIBS_model = -lm -ldl -lpthread
+
 FUZZ_NAMES := $(patsubst tests/fuzz/targets/%.c,%,\
                 $(wildcard tests/fuzz/targets/*.c))
 FUZZ_GENS  := $(patsubst tests/fuzz/gen/%.c,%,$(wildcard tests/fuzz/gen/*.c))

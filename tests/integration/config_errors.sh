@@ -221,4 +221,45 @@ timeout 20 "$B/fedbox-coordinator" --config "$T/ok.yaml" >"$T/out.txt" 2>&1 || s
 grep -q "cannot listen on tcp://192.0.2.1:5555" "$T/out.txt" ||
 	{ cat "$T/out.txt"; fail "the bind error does not name the address"; }
 echo "ok: min_workers 1 without secure aggregation passes the load"
+# A model known by its layout alone (model.arch: init): the file is
+# required, the coordinator cannot evaluate it, and a bad file is named.
+cat >"$T/i1.yaml" <<'YAML'
+model:
+  arch: init
+evaluation:
+  every: 0
+YAML
+expect2 "init without model.init" "i1.yaml:2:9: model.arch: init needs model.init" \
+	"$B/fedbox-coordinator" --config "$T/i1.yaml"
+printf 'x' >"$T/tiny.safetensors"
+cat >"$T/i2.yaml" <<'YAML'
+model:
+  arch: init
+  init: tiny.safetensors
+YAML
+expect2 "init with central evaluation" "evaluation.every: 0" \
+	"$B/fedbox-coordinator" --config "$T/i2.yaml"
+cat >"$T/i3.yaml" <<'YAML'
+model:
+  init: tiny.safetensors
+evaluation:
+  every: 0
+YAML
+expect2 "model.init without arch init" "i3.yaml:2:9: model.init: is read only with model.arch: init" \
+	"$B/fedbox-coordinator" --config "$T/i3.yaml"
+cat >"$T/i4.yaml" <<YAML
+listen: tcp://192.0.2.1:5555
+model:
+  arch: init
+  init: tiny.safetensors
+evaluation:
+  every: 0
+security:
+  enabled: false
+secure_aggregation:
+  enabled: false
+YAML
+expect2 "init with a file that is not safetensors" \
+	"$T/tiny.safetensors: not a safetensors file: shorter than its 8-byte header" \
+	"$B/fedbox-coordinator" --config "$T/i4.yaml"
 echo PASS

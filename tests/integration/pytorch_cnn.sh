@@ -2,7 +2,9 @@
 # The pytorch-cnn example, short, as a user runs it (scripts/fedbox-local
 # --example pytorch-cnn): 4 workers on Dirichlet(0.5) shards of
 # Fashion-MNIST, secure aggregation on, each worker's training done by a
-# PyTorch trainer process (examples/pytorch-cnn/train.py, python/fedbox).
+# PyTorch trainer process (examples/pytorch-cnn/train.py, python/fedbox);
+# the coordinator knows the CNN only by the file `python -m fedbox init`
+# wrote (model.arch: init).
 # Two rounds of a few steps: every worker's update is in every round, the
 # exported model loads strictly into the example's nn.Module and, in an
 # independent PyTorch evaluation on the test set, is well above chance
@@ -46,6 +48,13 @@ scripts/fedbox-local --example pytorch-cnn --python "$PY" --workers 4 \
 	>"$T/cnn.txt" 2>&1 || { st=$?; cat "$T/cnn.txt"; fail "fedbox-local exited with $st"; }
 cat "$T/cnn.txt"
 check_run "$T/cnn" 4 2 1
+# The coordinator knew the model from the file the run wrote with the
+# model's own code (no plug-in), and each worker checked its own copy.
+grep -q '^  arch: init$' "$T/cnn/configs/coordinator.yaml" ||
+	fail "the coordinator's model is not read from an init file"
+[ -f "$T/cnn/model.init.safetensors" ] || fail "no model.init.safetensors"
+grep -q 'model init (857738 params)\|model init .*857738 params' "$T/cnn/coordinator.log" ||
+	fail "the coordinator did not read the 857,738-parameter CNN from the file"
 echo "4 workers: $(( $(date +%s) - start ))s"
 
 start=$(date +%s)

@@ -80,8 +80,10 @@ class InitAndLayout(unittest.TestCase):
         subprocess.run([sys.executable, "-m", "fedbox", "init",
                         model + ":Net", "-o", out, "--seed", "3"],
                        check=True, env=env, capture_output=True)
-        meta = safetensors.metadata(out)
-        names = meta["fedbox.layout_order"].split(",")
+        with open(out, "rb") as f:  # the layout: the tensors' data order
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        header.pop("__metadata__", None)
+        names = sorted(header, key=lambda k: header[k]["data_offsets"])
         self.assertEqual(names, [
             "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
             "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"])
@@ -106,6 +108,23 @@ class InitAndLayout(unittest.TestCase):
         names = [n for n, _, _ in fedbox.layout_of(m)]
         self.assertEqual(names, ["0.weight", "0.bias", "1.weight", "1.bias",
                                  "1.running_mean", "1.running_var"])
+
+    def test_init_leaves_integer_buffers_out(self):
+        d = tempfile.mkdtemp()
+        with open(os.path.join(d, "bn.py"), "w") as f:
+            f.write("import torch\n"
+                    "def Net():\n"
+                    "    return torch.nn.Sequential(torch.nn.Linear(3, 4),"
+                    " torch.nn.BatchNorm1d(4))\n")
+        out = os.path.join(d, "bn.init")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        subprocess.run([sys.executable, "-m", "fedbox", "init",
+                        os.path.join(d, "bn.py") + ":Net", "-o", out],
+                       check=True, env=env, capture_output=True)
+        sd = safetensors.load_file(out)
+        self.assertEqual(sorted(sd), ["0.bias", "0.weight", "1.bias",
+                                      "1.running_mean", "1.running_var",
+                                      "1.weight"])
 
 
 class FakeClient(fedbox.Client):

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/util.h"
 #include "model/model.h"
 #include "tests/unit/harness.h"
@@ -841,6 +842,297 @@ test_gemm_speed(void **state)
 	fb_model_close(m);
 }
 
+/* ---- initial models (model.arch: init) --------------------------------- */
+
+/* write_st writes a safetensors file of header `hdr` (as is) and `data`. */
+static void
+write_st(const char *path, const char *hdr, const void *data, size_t len)
+{
+	size_t hl = strlen(hdr);
+	uint8_t *buf = malloc(8 + hl + len + 1);
+
+	assert_non_null(buf);
+	fb_store_le64(buf, hl);
+	memcpy(buf + 8, hdr, hl);
+	if (len > 0) {
+		memcpy(buf + 8 + hl, data, len);
+	}
+	spit(path, buf, 8 + hl + len);
+	free(buf);
+}
+
+static fb_model_spec
+spec_init(const char *path)
+{
+	fb_model_spec s;
+	memset(&s, 0, sizeof(s));
+	strcpy(s.arch, "init");
+	snprintf(s.init, sizeof(s.init), "%s", path);
+	s.input_dim = 784;
+	s.classes = 10;
+	return s;
+}
+
+/* open_init_bad: the file at `path` is refused, with nothing returned,
+ * and the error names `want`. */
+static void
+open_init_bad(const char *path, fb_err want_rc, const char *want)
+{
+	fb_model_spec s = spec_init(path);
+	fb_model *m = (fb_model *)&s; /* must come back NULL */
+
+	fb_log_clear_error();
+	assert_int_equal(fb_model_open(&s, &m), want_rc);
+	assert_null(m);
+	if (strstr(fb_log_last_error(), want) == NULL) {
+		fprintf(stderr, "error \"%s\" lacks \"%s\"\n",
+		    fb_log_last_error(), want);
+		fail();
+	}
+}
+
+static void
+test_init_file_good(void **state)
+{
+	/* Header order differs from data order; the layout follows the data:
+	 * b.weight (F16), b.bias (BF16), n.running_mean (F64), then a.x
+	 * (F32); n.num_batches_tracked (I64) is skipped. */
+	const char hdr[] =
+	    "{\"__metadata__\":{\"fedbox.model\":\"m.py:Net\"},"
+	    "\"a.x\":{\"dtype\":\"F32\",\"shape\":[2,1,1,1],"
+	    "\"data_offsets\":[32,40]},"
+	    "\"b.weight\":{\"dtype\":\"F16\",\"shape\":[2,2],"
+	    "\"data_offsets\":[0,8]},"
+	    "\"n.num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],"
+	    "\"data_offsets\":[40,48]},"
+	    "\"b.bias\":{\"dtype\":\"BF16\",\"shape\":[2],"
+	    "\"data_offsets\":[8,12]},"
+	    "\"n.running_mean\":{\"dtype\":\"F64\",\"shape\":[2],"
+	    "\"data_offsets\":[12,28]},"
+	    "\"pad\":{\"dtype\":\"U8\",\"shape\":[4],"
+	    "\"data_offsets\":[28,32]}}";
+	uint8_t data[48];
+	/* F16 1.0, -2.0, 0.5, 65504; BF16 3.0, -0.25 */
+	const uint16_t f16[4] = {0x3c00, 0xc000, 0x3800, 0x7bff};
+	const uint16_t bf16[2] = {0x4040, 0xbe80};
+	const double f64[2] = {0.125, -1e30};
+	const float f32[2] = {7.5f, -8.0f};
+	const int64_t nbt = 12345;
+	const char *path = tmp_path("init-good.safetensors");
+	fb_model_spec s = spec_init(path);
+	fb_model *m;
+	fb_tensor_info ti;
+	float p[10];
+	char desc[128];
+
+	memcpy(data, f16, 8);
+	memcpy(data + 8, bf16, 4);
+	memcpy(data + 12, f64, 16);
+	memset(data + 28, 7, 4);
+	memcpy(data + 32, f32, 8);
+	memcpy(data + 40, &nbt, 8);
+	write_st(path, hdr, data, sizeof(data));
+	m = open_ok(&s);
+	assert_int_equal(fb_model_param_count(m), 10);
+	assert_int_equal(fb_model_tensor_count(m), 4);
+	fb_model_tensor_info(m, 0, &ti);
+	assert_string_equal(ti.name, "b.weight");
+	assert_int_equal(ti.ndim, 2);
+	assert_int_equal(ti.offset, 0);
+	fb_model_tensor_info(m, 1, &ti);
+	assert_string_equal(ti.name, "b.bias");
+	assert_int_equal(ti.offset, 4);
+	fb_model_tensor_info(m, 2, &ti);
+	assert_string_equal(ti.name, "n.running_mean");
+	assert_int_equal(ti.offset, 6);
+	fb_model_tensor_info(m, 3, &ti);
+	assert_string_equal(ti.name, "a.x");
+	assert_int_equal(ti.ndim, 4);
+	assert_int_equal(ti.offset, 8);
+	/* the values, whatever the seed */
+	fb_model_init_params(m, p, 99);
+	assert_true(p[0] == 1.0f && p[1] == -2.0f && p[2] == 0.5f &&
+	            p[3] == 65504.0f);
+	assert_true(p[4] == 3.0f && p[5] == -0.25f);
+	assert_true(p[6] == 0.125f && p[7] == (float)-1e30);
+	assert_true(p[8] == 7.5f && p[9] == -8.0f);
+	/* no code: it neither trains nor evaluates */
+	assert_null(fb_model_get_ops(m)->forward_backward);
+	assert_null(fb_model_get_ops(m)->evaluate);
+	fb_model_describe(m, desc, sizeof(desc));
+	assert_non_null(strstr(desc, "init"));
+	assert_non_null(strstr(desc, "10 params"));
+	fb_model_close(m);
+}
+
+static void
+test_init_file_rejects(void **state)
+{
+	const char *path = tmp_path("init-bad.safetensors");
+	float four[4] = {1, 2, 3, 4};
+	uint8_t buf[64];
+	char hdr[512];
+	static const struct {
+		const char *hdr;  /* a tensor or two; data: four floats */
+		const char *want; /* in the error */
+	} cases[] = {
+	    {"{\"t\":{\"dtype\":\"C64\",\"shape\":[2],"
+	     "\"data_offsets\":[0,16]}}",
+	        "tensor t has dtype C64"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[3],"
+	     "\"data_offsets\":[0,16]}}",
+	        "tensor t: data_offsets [0, 16] hold 16 bytes; shape [3]"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[2],"
+	     "\"data_offsets\":[0,8]},\"u\":{\"dtype\":\"F32\","
+	     "\"shape\":[2],\"data_offsets\":[4,12]}}",
+	        "tensor u's data begin at byte 4"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[2],"
+	     "\"data_offsets\":[0,8]},\"u\":{\"dtype\":\"F32\","
+	     "\"shape\":[1],\"data_offsets\":[12,16]}}",
+	        "tensor u's data begin at byte 12"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[3],"
+	     "\"data_offsets\":[0,12]}}",
+	        "the tensors cover 12 bytes of data; the file holds 16"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[],"
+	     "\"data_offsets\":[0,4]},\"u\":{\"dtype\":\"F32\","
+	     "\"shape\":[3],\"data_offsets\":[4,16]}}",
+	        "tensor t has rank 0"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,4],"
+	     "\"data_offsets\":[0,16]}}",
+	        "tensor t has rank 5"},
+	    {"{\"z\":{\"dtype\":\"F32\",\"shape\":[0,2],"
+	     "\"data_offsets\":[0,0]},\"t\":{\"dtype\":\"F32\","
+	     "\"shape\":[4],\"data_offsets\":[0,16]}}",
+	        "tensor z has no elements"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[2],"
+	     "\"data_offsets\":[0,8]},\"t\":{\"dtype\":\"F32\","
+	     "\"shape\":[2],\"data_offsets\":[8,16]}}",
+	        "tensor t appears twice"},
+	    {"{\"t\":{\"dtype\":\"I32\",\"shape\":[4],"
+	     "\"data_offsets\":[0,16]}}",
+	        "no floating-point tensor"},
+	    {"{\"__metadata__\":{}}", "it holds no tensors"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[4],"
+	     "\"data_offsets\":[0,16]}", "expected '}'"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[4]}}",
+	        "tensor t lacks dtype, shape or data_offsets"},
+	    {"{\"t\":{\"dtype\":\"F32\",\"shape\":[4],"
+	     "\"data_offsets\":[16,0]}}",
+	        "tensor t has bad data_offsets"},
+	    {"{\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
+	        "is longer than 63 bytes"},
+	};
+	float nan4[4] = {1, 2, NAN, 4};
+	const double big[2] = {1.0, 1e300};
+
+	for (size_t i = 0; i < FB_ARRAY_LEN(cases); i++) {
+		write_st(path, cases[i].hdr, four, sizeof(four));
+		open_init_bad(path, FB_EINVAL, cases[i].want);
+		/* each error names the file too */
+		assert_non_null(strstr(fb_log_last_error(), path));
+	}
+	/* a NaN, and an F64 beyond float32: named with the element */
+	snprintf(hdr, sizeof(hdr), "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],"
+	                           "\"data_offsets\":[0,16]}}");
+	write_st(path, hdr, nan4, sizeof(nan4));
+	open_init_bad(path, FB_EINVAL, "tensor w: element 2 is not finite");
+	snprintf(hdr, sizeof(hdr), "{\"d\":{\"dtype\":\"F64\",\"shape\":[2],"
+	                           "\"data_offsets\":[0,16]}}");
+	write_st(path, hdr, big, sizeof(big));
+	open_init_bad(path, FB_EINVAL, "tensor d: element 1 is not finite");
+	/* header lengths: past the file, over the limit, too short a file */
+	fb_store_le64(buf, 1000);
+	memcpy(buf + 8, "{}", 2);
+	spit(path, buf, 10);
+	open_init_bad(path, FB_EINVAL, "header length 1000");
+	fb_store_le64(buf, (uint64_t)1 << 40);
+	spit(path, buf, 10);
+	open_init_bad(path, FB_EINVAL, "header length 1099511627776");
+	spit(path, buf, 5);
+	open_init_bad(path, FB_EINVAL, "shorter than its 8-byte header");
+	/* absent, and not a file */
+	open_init_bad(tmp_path("init-absent.safetensors"), FB_EIO,
+	    "cannot open");
+	open_init_bad(fb_test_tmpdir(), FB_EINVAL, "not a regular file");
+	{
+		fb_model_spec s = spec_init("");
+		fb_model *m = NULL;
+		assert_int_equal(fb_model_open(&s, &m), FB_EINVAL);
+		assert_null(m);
+	}
+}
+
+/* The wire form of a layout: it round-trips, and every way of bending it
+ * is refused without a model. */
+static void
+test_layout_wire(void **state)
+{
+	static const uint32_t h[] = {5};
+	fb_model_spec s = spec_mlp(6, h, 1, 3);
+	fb_model *m = open_ok(&s), *back = NULL, *other;
+	uint8_t *b = NULL, *bent;
+	size_t n = 0;
+	char why[512];
+	fb_model_spec s2 = spec_mlp(6, (const uint32_t[]){4}, 1, 3);
+
+	assert_int_equal(fb_model_layout_pack(m, &b, &n), FB_OK);
+	assert_int_equal(fb_model_open_layout(b, n, &s, &back), FB_OK);
+	assert_false(fb_model_layout_diff(m, "a", back, "b", why,
+	    sizeof(why)));
+	assert_int_equal(fb_model_param_count(back), fb_model_param_count(m));
+	fb_model_close(back);
+	bent = malloc(n + 8);
+	/* truncated anywhere, or one byte more: refused */
+	for (size_t k = 0; k < n; k++) {
+		back = (fb_model *)&s;
+		assert_int_equal(fb_model_open_layout(b, k, &s, &back),
+		    FB_EPROTO);
+		assert_null(back);
+	}
+	memcpy(bent, b, n);
+	bent[n] = 0;
+	assert_int_equal(fb_model_open_layout(bent, n + 1, &s, &back),
+	    FB_EPROTO);
+	/* a count beyond its bytes (nothing allocated for it) */
+	memcpy(bent, b, n);
+	fb_store_le32(bent + 4, 1000000);
+	assert_int_equal(fb_model_open_layout(bent, n, &s, &back), FB_EPROTO);
+	/* a duplicate name: fc2.bias renamed fc1.bias */
+	memcpy(bent, b, n);
+	assert_non_null(memmem(bent, n, "fc2.bias", 8));
+	memcpy((uint8_t *)memmem(bent, n, "fc2.bias", 8) + 2, "1", 1);
+	assert_int_equal(fb_model_open_layout(bent, n, &s, &back), FB_EPROTO);
+	/* a zero dimension, a rank of 5, a dtype that is not F32 */
+	memcpy(bent, b, n);
+	fb_store_le64(bent + 21, 0);
+	assert_int_equal(fb_model_open_layout(bent, n, &s, &back), FB_EPROTO);
+	memcpy(bent, b, n);
+	bent[20] = 5;
+	assert_int_equal(fb_model_open_layout(bent, n, &s, &back), FB_EPROTO);
+	memcpy(bent, b, n);
+	bent[19] = 2;
+	assert_int_equal(fb_model_open_layout(bent, n, &s, &back), FB_EPROTO);
+	/* the first difference is named, with the shape on each side */
+	other = open_ok(&s2);
+	assert_true(fb_model_layout_diff(m, "the coordinator's model", other,
+	    "this worker's", why, sizeof(why)));
+	assert_string_equal(why,
+	    "tensor 0 is \"fc1.weight\" [5, 6] F32 in the coordinator's model "
+	    "but \"fc1.weight\" [4, 6] F32 in this worker's");
+	fb_model_close(other);
+	s2 = spec_mlp(6, (const uint32_t[]){5, 2}, 2, 3);
+	other = open_ok(&s2);
+	assert_true(fb_model_layout_diff(m, "a", other, "b", why,
+	    sizeof(why)));
+	assert_non_null(strstr(why, "tensor 2 is \"fc2.weight\" [3, 5] F32 "
+	                            "in a but \"fc2.weight\" [2, 5] F32 in b"));
+	fb_model_close(other);
+	free(bent);
+	fb_free(b);
+	fb_model_close(m);
+}
+
 FB_TESTS = {
     {"mlp gradient matches finite differences", test_mlp_gradient},
     {"logreg gradient matches finite differences", test_logreg_gradient},
@@ -866,6 +1158,12 @@ FB_TESTS = {
         test_safetensors_foreign_order},
     {"damaged or mismatched safetensors are rejected",
         test_safetensors_rejects},
+    {"an init file gives the layout in data order and its values",
+        test_init_file_good},
+    {"each kind of bad init file is refused, naming the file and fault",
+        test_init_file_rejects},
+    {"layouts survive the wire, bent ones are refused, diffs are named",
+        test_layout_wire},
     {"plug-in loads and its gradient is right", test_plugin_loads},
     {"bad plug-in paths fail cleanly", test_bad_plugin},
     {"gemm speed is reported", test_gemm_speed},

@@ -590,7 +590,7 @@ test_bad_strings(void **state)
 		s[cap - 1] = '\0';
 		pb_str(&spec, sf, s);
 		pb_bytes(&body, 7, spec.b, spec.n);
-		frame(&f, 0, 2, &body);
+		frame(&f, FB_WIRE_PAYLOAD, 2, &body);
 		assert_int_equal(unpack_pbuf(&f, &m), FB_OK);
 		s[cap - 1] = 'a';
 		s[cap] = '\0';
@@ -598,13 +598,13 @@ test_bad_strings(void **state)
 		body.n = 0;
 		pb_str(&spec, sf, s);
 		pb_bytes(&body, 7, spec.b, spec.n);
-		frame(&f, 0, 2, &body);
+		frame(&f, FB_WIRE_PAYLOAD, 2, &body);
 		assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
 		spec.n = 0;
 		body.n = 0;
 		pb_str(&spec, sf, "x\ny");
 		pb_bytes(&body, 7, spec.b, spec.n);
-		frame(&f, 0, 2, &body);
+		frame(&f, FB_WIRE_PAYLOAD, 2, &body);
 		assert_int_equal(unpack_pbuf(&f, &m), FB_EPROTO);
 	}
 }
@@ -627,7 +627,7 @@ welcome_hidden(uint32_t count, bool packed, fb_msg *m)
 	}
 	pb_uint(&body, 1, 1);
 	pb_bytes(&body, 7, spec.b, spec.n);
-	frame(&f, 0, 2, &body);
+	frame(&f, FB_WIRE_PAYLOAD, 2, &body);
 	return unpack_pbuf(&f, m);
 }
 
@@ -660,7 +660,7 @@ test_unknown_model_task(void **state)
 		pb_uint(&spec, 7, task);
 		pb_uint(&body, 1, 1);
 		pb_bytes(&body, 7, spec.b, spec.n);
-		frame(&f, 0, 2, &body);
+		frame(&f, FB_WIRE_PAYLOAD, 2, &body);
 		if (task < 2) {
 			assert_int_equal(unpack_pbuf(&f, &m), FB_OK);
 			assert_int_equal(m.u.welcome.model.task, task);

@@ -57,6 +57,7 @@ typedef struct fix {
 	float global[P];
 	uint8_t head[FB_MAX_CONTROL_LEN + 256];
 	uint8_t pbuf[16384];
+	uint8_t lay[4096]; /* a welcome's layout (welcome_layout) */
 	fb_identity *cid; /* coordinator */
 	fb_identity *pid; /* the other SecAgg participant */
 	fb_pubkey cpk, wpk, ppk;
@@ -143,6 +144,7 @@ fix_new(bool secure)
 	x->cfg.none_samples = 1000;
 	x->cfg.throttle = 1.0;
 	x->cfg.plugin = (char *)"";
+	x->cfg.init_file = (char *)"";
 	x->cfg.connect_timeout_ms = 120000;
 	x->cfg.send_timeout_ms = 30000;
 	x->cfg.fetch_window = 2;
@@ -263,12 +265,53 @@ msg_round(const fix *x, const fb_msg *m)
 	}
 }
 
-/* In clear, as the link hands it over. */
+/*
+ * welcome_layout: the layout a coordinator sends with welcome `m`, that of
+ * the model it names (a plug-in: this worker's train.plugin; one that
+ * cannot be built: the 8-4-3 MLP's), into x->lay.
+ */
+static void
+welcome_layout(fix *x, const fb_msg *m, const void **payload, size_t *len)
+{
+	fb_model_spec spec;
+	fb_model *mod = NULL;
+	uint8_t *b = NULL;
+	size_t n = 0;
+
+	memset(&spec, 0, sizeof(spec));
+	snprintf(spec.arch, sizeof(spec.arch), "%s", m->u.welcome.model.arch);
+	spec.input_dim = m->u.welcome.model.input_dim;
+	spec.classes = m->u.welcome.model.classes;
+	spec.hidden_count = m->u.welcome.model.hidden_count;
+	memcpy(spec.hidden, m->u.welcome.model.hidden, sizeof(spec.hidden));
+	snprintf(spec.plugin, sizeof(spec.plugin), "%s", x->cfg.plugin);
+	if (fb_model_open(&spec, &mod) != FB_OK) {
+		snprintf(spec.arch, sizeof(spec.arch), "mlp");
+		spec.input_dim = 8;
+		spec.classes = 3;
+		spec.hidden[0] = 4;
+		spec.hidden_count = 1;
+		assert_int_equal(fb_model_open(&spec, &mod), FB_OK);
+	}
+	assert_int_equal(fb_model_layout_pack(mod, &b, &n), FB_OK);
+	assert_true(n <= sizeof(x->lay));
+	memcpy(x->lay, b, n);
+	fb_free(b);
+	fb_model_close(mod);
+	*payload = x->lay;
+	*len = n;
+}
+
+/* In clear, as the link hands it over. A welcome without a payload gets
+ * its model's layout. */
 static fb_err
 deliver(fix *x, const fb_msg *m, const void *payload, size_t len)
 {
 	fb_frame f;
 
+	if (m->type == FB_MSG_WELCOME && payload == NULL) {
+		welcome_layout(x, m, &payload, &len);
+	}
 	memset(&f, 0, sizeof(f));
 	f.msg = *m;
 	if (fb_msg_has_payload(m->type)) {
@@ -292,6 +335,9 @@ deliver_sealed(fix *x, const fb_msg *m, const void *payload, size_t len)
 	bool with_payload = fb_msg_has_payload(m->type);
 	fb_frame f;
 
+	if (m->type == FB_MSG_WELCOME && payload == NULL) {
+		welcome_layout(x, m, &payload, &len);
+	}
 	memset(&f, 0, sizeof(f));
 	assert_non_null(x->cs);
 	assert_int_equal(
@@ -306,7 +352,8 @@ deliver_sealed(fix *x, const fb_msg *m, const void *payload, size_t len)
 	f.sealed = true;
 	f.sealed_data = x->head + 4;
 	f.sealed_len = sl;
-	if (with_payload && m->type == FB_MSG_SECAGG) {
+	if (with_payload &&
+	    (m->type == FB_MSG_SECAGG || m->type == FB_MSG_WELCOME)) {
 		assert_int_equal(
 		    fb_msg_seal(x->cs, (uint8_t)(m->type | PAYLOAD_BIT), round,
 		        payload != NULL ? payload : (const void *)"", len,
@@ -1955,6 +2002,121 @@ test_plugin_only_from_own_config(void **state)
 	fix_free(x);
 }
 
+/* A layout of the 8-4-3 MLP's tensors with tensor `which` renamed or
+ * reshaped (its first dimension and the next tensor's traded), into buf. */
+static size_t
+mlp_layout_bent(uint8_t *buf, size_t cap, int rename)
+{
+	fb_model_spec spec;
+	fb_model *mod = NULL;
+	uint8_t *b = NULL;
+	size_t n = 0;
+
+	memset(&spec, 0, sizeof(spec));
+	snprintf(spec.arch, sizeof(spec.arch), "mlp");
+	spec.input_dim = 8;
+	spec.classes = 3;
+	spec.hidden[0] = 4;
+	spec.hidden_count = 1;
+	assert_int_equal(fb_model_open(&spec, &mod), FB_OK);
+	assert_int_equal(fb_model_layout_pack(mod, &b, &n), FB_OK);
+	assert_true(n <= cap);
+	memcpy(buf, b, n);
+	fb_free(b);
+	fb_model_close(mod);
+	/* the first tensor: 4-byte magic, count, then its name length and
+	 * name ("fc1.weight", 10 bytes), dtype, rank, shape */
+	assert_int_equal(buf[8], 10);
+	assert_memory_equal(buf + 9, "fc1.weight", 10);
+	if (rename) {
+		buf[9 + 2] = '9'; /* "fc9.weight" */
+	} else {
+		/* [4, 8] becomes [8, 4]: same count, another shape */
+		fb_store_le64(buf + 21, 8);
+		fb_store_le64(buf + 29, 4);
+	}
+	return n;
+}
+
+static void
+test_layout_differs_refused(void **state)
+{
+	uint8_t lay[4096];
+	fb_msg m = welcome_msg();
+	const fb_msg *out;
+	size_t n;
+
+	for (int rename = 0; rename <= 1; rename++) {
+		fix *x = fix_new(false);
+		fb_wk_start(&x->w, x->now);
+		n = mlp_layout_bent(lay, sizeof(lay), rename);
+		assert_int_equal(deliver(x, &m, lay, n), FB_OK);
+		/* the coordinator is told, naming the tensor on each side */
+		out = &last(x)->msg;
+		assert_int_equal(out->type, FB_MSG_ROUND_FAILED);
+		assert_int_equal(out->u.round_failed.round, 0);
+		assert_non_null(
+		    strstr(out->u.round_failed.reason, "layout differs"));
+		if (rename) {
+			assert_non_null(strstr(out->u.round_failed.reason,
+			    "\"fc9.weight\" [4, 8] F32 in the coordinator's"));
+		} else {
+			assert_non_null(strstr(out->u.round_failed.reason,
+			    "\"fc1.weight\" [8, 4] F32 in the coordinator's"));
+		}
+		assert_non_null(strstr(out->u.round_failed.reason,
+		    "\"fc1.weight\" [4, 8] F32 in this worker's"));
+		assert_false(x->w.welcomed);
+		assert_null(x->w.model);
+		assert_int_equal(x->w.phase, FB_WK_DONE);
+		/* it stops once the refusal had time to leave, not before */
+		assert_int_equal(fb_wk_tick(&x->w, x->now + 100), FB_OK);
+		assert_int_equal(fb_wk_tick(&x->w, x->now + 600), FB_ECONFIG);
+		fix_free(x);
+	}
+	/* a new run (a restarted coordinator) with another layout of the same
+	 * size: refused too; with the same one, taken */
+	{
+		fix *x = fix_new(false);
+		fb_wk_start(&x->w, x->now);
+		assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+		assert_true(x->w.welcomed);
+		m.u.welcome.run_id = 43;
+		n = mlp_layout_bent(lay, sizeof(lay), 0);
+		assert_int_equal(deliver(x, &m, lay, n), FB_EPROTO);
+		assert_int_equal(deliver(x, &m, NULL, 0), FB_OK);
+		assert_int_equal(x->w.run_id, 43);
+		fix_free(x);
+	}
+}
+
+static void
+test_init_model_from_welcome(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg m = welcome_msg();
+	const void *lay;
+	size_t n;
+	fb_tensor_info ti;
+
+	welcome_layout(x, &m, &lay, &n);
+	strcpy(m.u.welcome.model.arch, "init");
+	fb_wk_start(&x->w, x->now);
+	/* a malformed layout is the coordinator's fault: refused */
+	assert_int_equal(deliver(x, &m, lay, n - 1), FB_EPROTO);
+	assert_null(x->w.model);
+	assert_int_equal(deliver(x, &m, lay, n), FB_OK);
+	assert_true(x->w.welcomed);
+	assert_non_null(x->w.model);
+	assert_int_equal(x->w.param_count, P);
+	assert_int_equal(fb_model_tensor_count(x->w.model), 4);
+	fb_model_tensor_info(x->w.model, 2, &ti);
+	assert_string_equal(ti.name, "fc2.weight");
+	assert_int_equal(ti.shape[0], 3);
+	assert_int_equal(ti.shape[1], 4);
+	fix_free(x);
+}
+
 FB_TESTS = {
     {"a plain worker says hello and the welcome admits it",
         test_hello_and_welcome},
@@ -2013,6 +2175,10 @@ FB_TESTS = {
         test_secagg_threshold_floor},
     {"a secure time budget is fitted to the worker's own speed, never sent",
         test_secagg_private_time_budget},
+    {"a welcome whose layout differs in one tensor is refused, naming it",
+        test_layout_differs_refused},
+    {"an init model is built from the welcome's layout alone",
+        test_init_model_from_welcome},
     {"a plug-in model is loaded only from train.plugin",
         test_plugin_only_from_own_config},
     {NULL, NULL},
