@@ -125,6 +125,7 @@ typedef struct worker {
 	fb_peer peer;
 	uint32_t id;             /* secure: allowlist index; plain: a count */
 	char name[FB_NAME_MAX];
+	char hello_name[FB_NAME_MAX]; /* the name in its last hello */
 	uint32_t index;          /* its data.index */
 	uint32_t partitions;     /* the index's data.workers; 0: own data */
 	uint64_t num_samples;    /* plain mode only; 0 under SecAgg */
@@ -134,6 +135,12 @@ typedef struct worker {
 	int64_t full_since_ms;   /* its send queue was found full; 0: not */
 	fb_session *sess;        /* secure: current session, NULL until one */
 	fb_session *pending;     /* secure: newer handshake, taken on use */
+	fb_session *prev;        /* secure: the session a newer one took over
+	                          * from, kept a liveness timeout: still used
+	                          * from its connection, two processes share
+	                          * the key (loop.c) */
+	fb_peer prev_peer;
+	int64_t prev_until_ms;
 	/* this round */
 	worker_state state;
 	const char *fail_reason; /* static text, or fail_text */

@@ -86,6 +86,41 @@ dispatch_taken(coord *c, worker *w, const fb_frame *f)
 
 /* Secure mode: opens a sealed frame with its sender's session, or with a
  * newer handshake's (the worker restarted), and hands it on. */
+/*
+ * The session a newer handshake took over is still in use from its own
+ * connection: two live processes hold one worker's key. The first keeps
+ * its place; the newer is refused, sealed, with both named, and each
+ * side's log says so (a worker heeds a sealed refusal and stops).
+ */
+static void
+duplicate_identity(coord *c, worker *w)
+{
+	fb_msg m = {.type = FB_MSG_REJECT};
+	char first[FB_NAME_MAX];
+
+	snprintf(first, sizeof(first), "%s", w->name[0] ? w->name : "?");
+	snprintf(m.u.reject.reason, sizeof(m.u.reject.reason),
+	    "another process holds the key of worker '%s' (id %u) and is "
+	    "connected with it: two workers share one key; give each its own "
+	    "(fedbox-keygen)",
+	    first, w->id);
+	m.u.reject.protocol_version = FB_PROTOCOL_VERSION;
+	fb_log_error("two processes use the key of worker '%s' (id %u): the "
+	             "one connected first stays, the other ('%s') is refused; "
+	             "give each worker its own key (fedbox-keygen)",
+	    first, w->id, w->hello_name[0] ? w->hello_name : first);
+	guard_drop(c, DROP_IDENTITY, "worker %u: a second process with its "
+	    "key", w->id);
+	(void)coord_send(c, w, &m, NULL, 0, NULL); /* to the newer one */
+	if (w->used) {
+		round_worker_failed(c, w, "two processes share its key");
+	}
+	fb_session_free(w->sess);
+	w->sess = w->prev;
+	w->prev = NULL;
+	w->peer = w->prev_peer;
+}
+
 static void
 on_sealed(coord *c, fb_frame *f)
 {
@@ -108,24 +143,42 @@ on_sealed(coord *c, fb_frame *f)
 		return;
 	}
 	w = &c->reg.workers[id];
-	if (w->pending != NULL && f->sealed_len <= sizeof(copy)) {
+	if (w->prev != NULL && c->now > w->prev_until_ms) {
+		fb_session_free(w->prev); /* the old process is gone */
+		w->prev = NULL;
+	}
+	if ((w->pending != NULL || w->prev != NULL) &&
+	    f->sealed_len <= sizeof(copy)) {
 		memcpy(copy, f->sealed_data, f->sealed_len);
 		have_copy = true;
 	}
 	rc = w->sess != NULL ? fb_secure_open(w->sess, f, &reject, &why)
 	                     : FB_EAUTH;
-	if (rc != FB_OK && have_copy) {
+	if (rc != FB_OK && have_copy && w->pending != NULL) {
 		memcpy(f->sealed_data, copy, f->sealed_len);
 		if (fb_secure_open(w->pending, f, &reject, &why) == FB_OK) {
-			/* The worker restarted: its new session takes over. */
+			/* The worker restarted: its new session takes over. The
+			 * old one is kept a while, to tell a restart from a second
+			 * process with the same key. */
 			if (w->used) {
 				round_worker_failed(c, w, "worker restarted its "
 				                          "session");
 			}
-			fb_session_free(w->sess);
+			fb_session_free(w->prev);
+			w->prev = w->sess;
+			w->prev_peer = w->peer;
+			w->prev_until_ms = c->now + c->cfg->liveness_ms;
 			w->sess = w->pending;
 			w->pending = NULL;
 			w->peer = f->peer;
+			rc = FB_OK;
+		}
+	}
+	if (rc != FB_OK && have_copy && w->prev != NULL &&
+	    fb_peer_equal(&f->peer, &w->prev_peer)) {
+		memcpy(f->sealed_data, copy, f->sealed_len);
+		if (fb_secure_open(w->prev, f, &reject, &why) == FB_OK) {
+			duplicate_identity(c, w);
 			rc = FB_OK;
 		}
 	}

@@ -118,6 +118,7 @@ registry_forget(coord *c, worker *w, const char *why)
 	fb_log_info("worker %s removed: %s", w->name, why);
 	fb_session_free(w->sess);
 	fb_session_free(w->pending);
+	fb_session_free(w->prev);
 	memset(w, 0, sizeof(*w));
 }
 
@@ -253,6 +254,7 @@ registry_fini(coord *c)
 	for (uint32_t i = 0; r->workers != NULL && i < r->cap; i++) {
 		fb_session_free(r->workers[i].sess);
 		fb_session_free(r->workers[i].pending);
+		fb_session_free(r->workers[i].prev);
 	}
 	free(r->workers);
 	free(r->allow);
@@ -510,6 +512,10 @@ registry_on_hello(coord *c, worker *w, const fb_frame *f)
 {
 	const fb_msg *m = &f->msg;
 
+	if (c->secure && w != NULL) {
+		snprintf(w->hello_name, sizeof(w->hello_name), "%s",
+		    m->u.hello.name);
+	}
 	if (!hello_acceptable(c, c->secure ? w : NULL, f)) {
 		return;
 	}
