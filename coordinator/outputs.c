@@ -359,6 +359,7 @@ json_round(coord *c, FILE *f)
 	fprintf(f, "\"rule\": \"%s\", ", fb_rule_names[c->cfg->rule]);
 	json_num(f, "tau_eff", rd->tau_eff, 6, false);
 	json_num(f, "train_loss", r->train_loss, 6, true);
+	fedeval_json(c, f);
 	if (r->status != ROUND_OK && rd->why[0] != '\0') {
 		fprintf(f, "\"reason\": ");
 		json_str(f, rd->why);
@@ -434,6 +435,7 @@ outputs_round_line(coord *c)
 {
 	const round_state *rd = &c->rd;
 	const round_result *r = &rd->r;
+	char fed[48];
 
 	printf("round %3u/%lld  workers %u/%u%s  ", rd->number,
 	    (long long)c->cfg->rounds, r->participants, r->selected,
@@ -447,6 +449,8 @@ outputs_round_line(coord *c)
 	} else {
 		printf("acc    -     loss   -     ");
 	}
+	fedeval_round_text(c, fed, sizeof(fed));
+	fputs(fed, stdout);
 	printf("%6.1fs  up %.1f MB  down %.1f MB", r->seconds,
 	    (double)rd->up_bytes / 1e6, (double)rd->down_bytes / 1e6);
 	if (r->backend[0] != '\0') {

@@ -206,6 +206,7 @@ select_workers(coord *c)
 		w->steps = 0;
 		w->train_loss = 0;
 		w->train_seconds = 0;
+		fedeval_clear(w);
 		/* Uploads start evenly spread over the model, so that the
 		 * ingest threads add different streams to different chunks of
 		 * the sum instead of queueing on the same one. */
@@ -400,6 +401,7 @@ tally(coord *c)
 		}
 	}
 	r->train_loss = wsum > 0 ? wloss / wsum : NAN;
+	fedeval_tally(c);
 }
 
 /* Plain FedNova: tau_eff = sum p_i ||a_i||_1 / sum p_i over the updates
@@ -585,6 +587,7 @@ aggregate_done(coord *c, int64_t now)
 	if (j->secure_sum) {
 		rd->r.train_loss = j->loss;
 		rd->r.sa_a = j->a;
+		rd->r.fed_eval = j->fed_eval;
 		/* included inputs, also of workers lost since */
 		rd->r.participants = sa_count(&c->sa, SA_F_INCLUDED);
 	}

@@ -145,6 +145,7 @@ begin_record(coord *c, worker *w, const fb_msg *m)
 	w->steps = m->u.update_begin.steps;
 	w->train_loss = m->u.update_begin.train_loss;
 	w->train_seconds = m->u.update_begin.train_seconds;
+	fedeval_record(w, m);
 	if (m->u.update_begin.backend[0] != '\0') {
 		snprintf(w->backend, sizeof(w->backend), "%s",
 		    m->u.update_begin.backend);

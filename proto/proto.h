@@ -32,6 +32,8 @@
 #define FB_PROTO_MAX_HIDDEN 16
 #define FB_MAX_CONTROL_LEN 4096 /* frame 0 longer than this is malformed */
 #define FB_BLOB_MAX 256         /* handshake blobs, keys, stream headers */
+#define FB_WIRE_METRICS_MAX 8   /* named evaluation metrics in an update */
+#define FB_WIRE_METRIC_NAME 32  /* bytes of a metric's name, incl. NUL */
 
 /* Frame 0 flags (byte 3 of the prefix). */
 #define FB_WIRE_PAYLOAD 0x01 /* a payload frame follows */
@@ -165,6 +167,15 @@ typedef struct fb_msg {
 			fb_blob stream_header;
 			double a_norm;
 			double steps_per_second;
+			/* federated evaluation (plain rounds; 0 examples:
+			 * none) */
+			uint64_t eval_examples;
+			double eval_loss;
+			double eval_accuracy; /* NaN: none */
+			uint32_t eval_metric_count; /* <= FB_WIRE_METRICS_MAX */
+			char eval_name[FB_WIRE_METRICS_MAX]
+			              [FB_WIRE_METRIC_NAME];
+			double eval_metric[FB_WIRE_METRICS_MAX];
 		} update_begin;
 		struct {
 			uint32_t round;

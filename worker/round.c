@@ -96,6 +96,8 @@ train_main(void *arg)
 	memset(&st, 0, sizeof(st));
 	fb_log_clear_error();
 	w->train_why[0] = '\0';
+	/* the global model as received, before training changes it */
+	fb_wk_evaluate(w);
 	if (w->synthetic) {
 		synthetic_fill(w);
 		w->a_norm = 0;
@@ -108,6 +110,9 @@ train_main(void *arg)
 			rc = fb_trainer_get_params(w->trainer, w->local);
 		}
 		w->stats = st;
+		if (w->has_proc && st.eval.examples > 0) {
+			w->eval = st.eval; /* the script evaluated */
+		}
 		/* the update (global - local), a pass over the model, here too */
 		if (rc == FB_OK) {
 			rc = fb_wk_update_form(w);
