@@ -306,6 +306,8 @@ typedef struct round_state {
 	uint32_t committed;      /* rounds committed, resumed runs included */
 	uint32_t ran;            /* rounds recorded by this process */
 	uint32_t model_round;    /* the last committed round (its model) */
+	bool final;              /* this round only evaluates (the run's
+	                          * last, evaluation.federated_final) */
 	double seconds_sum;      /* of the rounds this process recorded */
 	uint64_t rejected[DROP_REASON_COUNT_]; /* in the last metrics line */
 	char *resume_line;       /* --resume: the checkpoint's metrics line */
@@ -335,6 +337,7 @@ typedef struct job {
 	bool secure_sum;         /* unmask first */
 	double scale;            /* plain: tau_eff (FedNova) or 1 */
 	bool evaluate;
+	bool eval_only;          /* the final round: unmask, no step */
 	/* AGGREGATE outputs */
 	double W, loss, a;       /* SecAgg: decoded sums */
 	fb_eval_mean fed_eval;   /* SecAgg: the decoded evaluation sums */

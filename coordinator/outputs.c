@@ -349,6 +349,10 @@ json_round(coord *c, FILE *f)
 	const round_result *r = &rd->r;
 
 	fprintf(f, "{\"round\": %u, ", rd->number);
+	if (rd->final) {
+		/* the run's final evaluation: no training, model unchanged */
+		fprintf(f, "\"final\": true, ");
+	}
 	json_time(f);
 	fprintf(f, "\"status\": \"%s\", \"selected\": %u, "
 	           "\"participants\": %u, \"partial\": %u, ",
@@ -437,9 +441,14 @@ outputs_round_line(coord *c)
 	const round_result *r = &rd->r;
 	char fed[48];
 
-	printf("round %3u/%lld  workers %u/%u%s  ", rd->number,
-	    (long long)c->cfg->rounds, r->participants, r->selected,
-	    r->partial ? " (+partial)" : "");
+	if (rd->final) {
+		printf("final      workers %u/%u%s  ", r->participants,
+		    r->selected, r->partial ? " (+partial)" : "");
+	} else {
+		printf("round %3u/%lld  workers %u/%u%s  ", rd->number,
+		    (long long)c->cfg->rounds, r->participants, r->selected,
+		    r->partial ? " (+partial)" : "");
+	}
 	if (!isnan(r->test_accuracy)) {
 		printf("acc %6.2f%%  loss %.4f  ", 100.0 * r->test_accuracy,
 		    r->test_loss);

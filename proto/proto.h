@@ -139,6 +139,7 @@ typedef struct fb_msg {
 			bool fednova;
 			float local_epochs;
 			uint32_t first_chunk;
+			bool evaluate_only; /* no training: a zero update */
 			bool secagg; /* the fields below are set */
 			uint32_t sa_slot;
 			uint32_t sa_n;

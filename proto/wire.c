@@ -182,6 +182,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		rs.fednova = m->u.round_start.fednova;
 		rs.local_epochs = m->u.round_start.local_epochs;
 		rs.first_chunk = m->u.round_start.first_chunk;
+		rs.evaluate_only = m->u.round_start.evaluate_only;
 		if (m->u.round_start.secagg) {
 			fedbox__sec_agg_round__init(&sar);
 			sar.slot = m->u.round_start.sa_slot;
@@ -471,6 +472,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.round_start.fednova = p->fednova;
 		m->u.round_start.local_epochs = p->local_epochs;
 		m->u.round_start.first_chunk = p->first_chunk;
+		m->u.round_start.evaluate_only = p->evaluate_only != 0;
 		if (p->secagg != NULL) {
 			const Fedbox__SecAggRound *q = p->secagg;
 			m->u.round_start.secagg = true;

@@ -41,6 +41,9 @@ typedef struct fb_train_opts {
 	uint64_t seed;      /* batch-order seed (federation seed) */
 	uint32_t round;     /* mixes into the batch order */
 	uint32_t worker_index;
+	bool evaluate_only; /* trainer processes: only the evaluation (the
+	                     * run's final one); no training, no parameters
+	                     * back. Native backends are not asked. */
 } fb_train_opts;
 
 /*

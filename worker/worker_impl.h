@@ -201,6 +201,7 @@ struct fb_wk {
 	double a_norm;
 	uint64_t seed;
 	bool synthetic;
+	bool eval_only; /* this round evaluates only: a zero update */
 	uint32_t chunk_count;
 	uint32_t first_chunk; /* the update goes up from this chunk on */
 	uint32_t next_chunk;  /* next model chunk expected */

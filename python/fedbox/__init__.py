@@ -12,6 +12,8 @@ takes each round's local training from this package::
     for task in client.tasks():
         task.load_into(model)
         task.report_eval(**fedbox.evaluate(model, val_x, val_y))  # optional
+        if task.evaluate_only:  # the run's final evaluation: no training
+            continue
         ...  # train task.steps steps with task.lr, task.momentum, ...
         task.finish(model.state_dict(), samples=n, steps=s, loss=l)
 

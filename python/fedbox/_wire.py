@@ -22,7 +22,7 @@ TOKEN_LEN = 32
 
 HELLO, WELCOME, TASK, RESULT, FAIL, BYE, EVAL = 1, 2, 3, 4, 5, 6, 7
 F32, U8, I32 = 1, 2, 3
-TRAIN = 1
+TRAIN, EVALUATE = 1, 2  # task kinds
 
 DTYPE_NAMES = {F32: "float32", U8: "uint8", I32: "int32"}
 

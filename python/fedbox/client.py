@@ -12,6 +12,8 @@ the program uses to take the work::
     for task in client.tasks():             # one per round; blocks between
         task.load_into(model)               # the global model, into yours
         task.report_eval(**fedbox.evaluate(model, val_x, val_y))  # optional
+        if task.evaluate_only:              # the run's final evaluation
+            continue
         opt = torch.optim.SGD(model.parameters(), lr=task.lr,
                               momentum=task.momentum)
         ... train task.steps steps of task.batch_size examples ...
@@ -184,6 +186,12 @@ class Task:
             ``prox_mu / 2 * ||w - w_global||^2`` to your loss when > 0.
         seed: the federation's seed, for a reproducible batch order.
         worker_index: this box's data index (``data.index``).
+        evaluate_only: True for the run's final evaluation (the
+            coordinator's ``evaluation.federated_final``): load the model,
+            call :meth:`report_eval` and go on; do not train. Reporting
+            ends such a task (no :meth:`finish`); a script that ignores the
+            flag and trains and finishes is accepted too (its parameters
+            are not used).
         hparams: all of the above as a dict.
 
     Under torchrun every rank gets the task; only rank 0 holds the
@@ -203,6 +211,7 @@ class Task:
         self.prox_mu = meta["prox_mu"]
         self.seed = meta["seed"]
         self.worker_index = meta["worker_index"]
+        self.evaluate_only = meta["kind"] == _wire.EVALUATE
         self.hparams = {k: meta[k] for k in (
             "steps", "batch_size", "lr", "momentum", "weight_decay",
             "prox_mu", "seed", "worker_index")}
@@ -326,6 +335,8 @@ class Task:
                                  (name, value))
             items.append((name, value))
         self.evaluated = True
+        if self.evaluate_only:
+            self.done = True  # the task was only this
         if self._client.rank == 0:
             self._client._send(_wire.evaluation(self.id, int(examples), loss,
                                                 accuracy, items))
@@ -550,7 +561,8 @@ class Client:
         """Yields one :class:`Task` per round, blocking until the worker
         hands over the next, and ends when the worker says it is done or
         goes away. Call ``task.finish(...)`` (or ``task.fail(...)``) before
-        asking for the next one.
+        asking for the next one; a task with ``evaluate_only`` set ends
+        with ``task.report_eval(...)`` instead.
 
         Under torchrun every rank iterates: rank 0 receives the task from
         the worker and broadcasts it (torch.distributed must be
@@ -586,7 +598,7 @@ class Client:
                 return None
             if t == _wire.TASK:
                 meta = _wire.parse_task(body)
-                if meta["kind"] != _wire.TRAIN:
+                if meta["kind"] not in (_wire.TRAIN, _wire.EVALUATE):
                     self._send(_wire.fail(meta["id"], False,
                                           "task kind %d is not known to "
                                           "this fedbox package" %

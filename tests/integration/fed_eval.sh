@@ -9,17 +9,25 @@
 #     within 1e-4 (float rounding; the files print 6 decimals);
 #  2. secure rounds: the same from the masked sums alone, and no worker's
 #     own count appears in metrics.jsonl;
-#  3. the round line shows "fed NN.NN%".
+#  3. the round line shows "fed NN.NN%";
+#  4. the final evaluation-only round (evaluation.federated_final) gives
+#     the final model's federated evaluation, equal to the last round's
+#     central one and to the independent numpy evaluation (evaluate.py) of
+#     the exported model, which the final round did not change.
 source tests/integration/lib.sh
 RUN=("$ROOT/examples/tabular/run")
 export FB_BUILD=$ROOT/$B
 
 check() { # DIR MODE
-	"$PY" - "$1/metrics.jsonl" "$2" <<'PY'
+	"$PY" - "$1/metrics.jsonl" "$2" "$(tail -n 1 "$1.txt")" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 mode = sys.argv[2]
-assert len(lines) == 4, "%d metrics lines" % len(lines)
+ind = json.loads(sys.argv[3])
+assert len(lines) == 5, "%d metrics lines" % len(lines)
+assert [l.get("final", False) for l in lines] == [False] * 4 + [True]
+assert lines[4]["round"] == 5 and lines[4]["status"] == "ok", lines[4]
+assert lines[4]["test_accuracy"] is None and lines[4]["train_loss"] is None
 for prev, cur in zip(lines, lines[1:]):
     fe = cur.get("fed_eval")
     assert fe is not None, "round %d has no fed_eval" % cur["round"]
@@ -32,6 +40,11 @@ for prev, cur in zip(lines, lines[1:]):
           prev["test_loss"]))
     assert da < 1e-4, "accuracy differs by %g" % da
     assert dl < 1e-4, "loss differs by %g" % dl
+fin = lines[4]["fed_eval"]["accuracy"]
+print("%s final: federated %.6f, numpy evaluation of the exported model "
+      "%.6f on %d" % (mode, fin, ind["test_accuracy"], ind["examples"]))
+assert ind["examples"] == 113
+assert abs(fin - ind["test_accuracy"]) < 1e-4
 if mode == "secure":
     for l in lines:
         for w in l["workers"]:
@@ -50,4 +63,4 @@ grep -qE "^round +2/4 .* fed +[0-9]+\.[0-9]{2}%" "$T/plain/rounds.txt" ||
 	--valid-test >"$T/secure.txt" 2>&1 ||
 	{ cat "$T/secure.txt"; fail "the secure run failed"; }
 check "$T/secure" secure || fail "secure: federated and central evaluations differ"
-grep -E "^round +4/4" "$T/secure/rounds.txt"
+grep -E "^round +4/4|^final" "$T/secure/rounds.txt"

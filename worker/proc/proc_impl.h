@@ -16,7 +16,8 @@
  *   worker -> trainer  WELCOME version, param count, layout, parameter
  *                              bytes, device, shard (count, dim, classes,
  *                              label dtype) or none; fds: params[, x, y]
- *   worker -> trainer  TASK    task id, kind, round, steps, batch, lr,
+ *   worker -> trainer  TASK    task id, kind (train, evaluate), round,
+ *                              steps, batch, lr,
  *                              momentum, weight decay, prox mu, seed,
  *                              worker index
  *   trainer -> worker  RESULT  task id, examples, steps, loss, a_norm (NaN:
@@ -84,6 +85,8 @@ typedef enum fb_proc_dtype {
 
 typedef enum fb_proc_kind {
 	FB_PROC_TRAIN = 1,
+	FB_PROC_EVALUATE = 2, /* evaluate the parameters only (EVAL answers;
+	                       * a RESULT is taken too) */
 } fb_proc_kind;
 
 /* A growable message under construction; `oom` sticks once set. */

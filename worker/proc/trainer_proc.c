@@ -576,7 +576,7 @@ send_task(proc_state *s, const fb_train_opts *opts)
 
 	memset(&t, 0, sizeof(t));
 	t.id = ++s->task_id;
-	t.kind = FB_PROC_TRAIN;
+	t.kind = opts->evaluate_only ? FB_PROC_EVALUATE : FB_PROC_TRAIN;
 	t.round = opts->round;
 	t.steps = opts->steps;
 	t.batch = opts->batch;
@@ -741,13 +741,19 @@ proc_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 		goto out;
 	}
 	sent_ms = fb_now_ms();
-	/* an evaluation may come first: then the result, same deadline */
+	/* an evaluation may come first: then the result, same deadline
+	 * (an evaluation-only task ends with the evaluation) */
 	do {
 		if ((rc = await_answer(s, sent_ms, cancel, &len)) != FB_OK) {
 			goto out;
 		}
 		rc = take_answer(s, len, stats, &keep, &ending);
-	} while (rc == FB_EAGAIN);
+	} while (rc == FB_EAGAIN && !opts->evaluate_only);
+	if (rc == FB_EAGAIN) {
+		stats->seconds = (double)(fb_now_ms() - sent_ms) / 1000.0;
+		rc = FB_OK;
+		goto out; /* evaluated; no parameters come back */
+	}
 	if (rc != FB_OK) {
 		goto out;
 	}
