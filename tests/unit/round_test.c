@@ -866,6 +866,52 @@ test_secure_round_federated_evaluation(void **state)
 	bench_stop();
 }
 
+/* evaluation.federated_final: after the last round, one round that only
+ * evaluates (secure here): RoundStart says so, the zero updates are summed
+ * for the evaluation but the model is not stepped, and the last metrics
+ * line is marked final. */
+static void
+test_final_round_only_evaluates(void **state)
+{
+	static float after1[PARAMS], zero[PARAMS];
+	char line[16384];
+	double acc = (90.0 + 301.0) / 500.0, got = 0;
+	const char *p;
+
+	bench_start(&(setup){.workers = 3, .secure = true});
+	t.cfg.rounds = 1;
+	t.cfg.fed_final = true;
+	fedeval_give();
+	fedeval_run_round();
+	assert_int_equal(t.c->rd.number, 2);
+	assert_true(t.c->rd.final);
+	memcpy(after1, t.c->params, sizeof(after1));
+	for (uint32_t i = 0; i < 3; i++) {
+		const fb_msg *rs = take_round_start(i);
+		assert_non_null(rs);
+		assert_int_equal(rs->u.round_start.round, 2);
+		assert_true(rs->u.round_start.evaluate_only);
+	}
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, zero, UINT32_MAX);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_phase(PHASE_DONE);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_memory_equal(t.c->params, after1, sizeof(after1));
+	assert_int_equal(metrics_lines(), 2);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "{\"round\": 2, \"final\": true, "));
+	p = strstr(line, "\"accuracy\": ");
+	assert_non_null(p);
+	assert_int_equal(sscanf(p, "\"accuracy\": %lf", &got), 1);
+	assert_true(fabs(got - acc) < 1e-6);
+	bench_stop();
+}
+
 /* A report with an accuracy above 1 (a hostile or broken worker) is left
  * out; the others' still count. */
 static void
@@ -1649,6 +1695,8 @@ test_plain_malicious_worker_bounded(void **state)
 }
 
 FB_TESTS = {
+	{"the final round only evaluates: no step, a final line",
+	    test_final_round_only_evaluates},
 	{"a plain round writes the federated evaluation's weighted means",
 	    test_plain_round_federated_evaluation},
 	{"a secure round sums the federated evaluation under the masks",
