@@ -272,7 +272,8 @@ class Task:
 
     # ---- the federated evaluation ----
 
-    def report_eval(self, examples, loss, accuracy=None, **metrics):
+    def report_eval(self, examples=None, loss=None, accuracy=None,
+                    **metrics):
         """Reports how the round's *global* model does on this box's own
         validation data: call it after :meth:`load_into` and before you
         train (at most once per task, before :meth:`finish`). Optional: a
@@ -298,14 +299,24 @@ class Task:
         :func:`fedbox.evaluate` computes ``examples``, ``loss`` and
         ``accuracy`` of a classifier: ``task.report_eval(**fedbox.evaluate(
         model, x, y))``. Raises ValueError for a value out of range.
-        Under torchrun, rank 0's call counts (the others return at once):
-        evaluate on rank 0, or all-reduce the sums across ranks first."""
+
+        Under torchrun call it on every rank, like :meth:`finish`: rank 0's
+        values are sent; the other ranks may call it without arguments
+        (``task.report_eval()``), so evaluate on rank 0 alone, or
+        all-reduce the sums across ranks first."""
         if self.done:
             raise TrainerError("task of round %d is already finished" %
                                self.round)
         if self.evaluated:
             raise TrainerError("task of round %d already has its "
                                "evaluation" % self.round)
+        if self._client.rank != 0:
+            self.evaluated = True
+            self.done = self.done or self.evaluate_only
+            return
+        if examples is None or loss is None:
+            raise ValueError("report_eval: examples and loss are needed "
+                             "(on rank 0)")
         if isinstance(examples, bool) or int(examples) != examples or \
                 examples < 1:
             raise ValueError("report_eval: examples must be a whole number "
@@ -569,6 +580,11 @@ class Client:
         initialised)."""
         self._need_shared()
         while True:
+            if self._task is not None and not self._task.done and \
+                    self._task.evaluate_only:
+                # a script that has no evaluation to give
+                self._task.fail("the trainer reported no evaluation "
+                                "(task.report_eval)")
             if self._task is not None and not self._task.done:
                 raise TrainerError(
                     "the task of round %d was neither finished nor failed: "
