@@ -35,15 +35,16 @@ report_check(const fb_eval_tally *t, double loss, double accuracy,
 {
 	uint32_t fresh = 0;
 
-	if (!isfinite(loss) || (!isnan(accuracy) &&
-	                           !(accuracy >= 0 && accuracy <= 1)) ||
+	if (!isfinite(loss) ||
+	    (!isnan(accuracy) && !(accuracy >= 0 && accuracy <= 1)) ||
 	    metric_count > FB_EVAL_METRICS_MAX ||
 	    (metric_count > 0 && (names == NULL || values == NULL))) {
 		return FB_EINVAL;
 	}
 	for (uint32_t k = 0; k < metric_count; k++) {
 		size_t len = strnlen(names[k], FB_EVAL_NAME_MAX);
-		if (len == 0 || len == FB_EVAL_NAME_MAX || !isfinite(values[k])) {
+		if (len == 0 || len == FB_EVAL_NAME_MAX ||
+		    !isfinite(values[k])) {
 			return FB_EINVAL;
 		}
 		for (uint32_t j = 0; j < k; j++) {
@@ -53,7 +54,8 @@ report_check(const fb_eval_tally *t, double loss, double accuracy,
 		}
 		fresh += metric_find(t, names[k]) < 0;
 	}
-	return t->metric_count + fresh > FB_EVAL_METRICS_MAX ? FB_ERANGE : FB_OK;
+	return t->metric_count + fresh > FB_EVAL_METRICS_MAX ? FB_ERANGE
+	                                                     : FB_OK;
 }
 
 fb_err
@@ -67,8 +69,8 @@ fb_eval_tally_add(fb_eval_tally *t, uint64_t examples, double loss,
 	if (examples == 0) {
 		return FB_OK;
 	}
-	if ((rc = report_check(t, loss, accuracy, metric_count, names,
-	         values)) != FB_OK) {
+	if ((rc = report_check(
+	         t, loss, accuracy, metric_count, names, values)) != FB_OK) {
 		return rc;
 	}
 	t->reports++;

@@ -39,8 +39,7 @@ fedeval_record(worker *w, const fb_msg *m)
 	w->eval_loss = m->u.update_begin.eval_loss;
 	w->eval_accuracy = m->u.update_begin.eval_accuracy;
 	w->eval_metric_count = n;
-	memcpy(w->eval_name, m->u.update_begin.eval_name,
-	    sizeof(w->eval_name));
+	memcpy(w->eval_name, m->u.update_begin.eval_name, sizeof(w->eval_name));
 	memcpy(w->eval_metric, m->u.update_begin.eval_metric,
 	    sizeof(w->eval_metric));
 }
@@ -63,7 +62,8 @@ fedeval_tally(coord *c)
 		    w->eval_metric);
 		if (rc != FB_OK) {
 			fb_log_warn("round %u: the evaluation %s reported is "
-			            "left out: %s", c->rd.number, w->name,
+			            "left out: %s",
+			    c->rd.number, w->name,
 			    rc == FB_ERANGE ? "more metric names than the "
 			                      "round can hold (8)"
 			                    : "a value out of range");

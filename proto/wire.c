@@ -532,8 +532,9 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.update_begin.eval_metric_count =
 		    (uint32_t)p->n_eval_metrics;
 		for (size_t k = 0; k < p->n_eval_metrics; k++) {
+			const char *nm = p->eval_metrics[k]->name;
 			if (!copy_text(m->u.update_begin.eval_name[k],
-			        FB_WIRE_METRIC_NAME, p->eval_metrics[k]->name)) {
+			        FB_WIRE_METRIC_NAME, nm)) {
 				reason = "update_begin: bad metric name";
 				goto out;
 			}

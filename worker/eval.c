@@ -38,8 +38,9 @@ fb_wk_evaluate(fb_wk *w)
 			fb_log_warn("round %u: cannot evaluate the model on "
 			            "the validation data (%s); no federated "
 			            "evaluation from this worker",
-			    w->round, rc != FB_OK ? fb_strerror(rc)
-			                          : "the loss is not finite");
+			    w->round,
+			    rc != FB_OK ? fb_strerror(rc)
+			                : "the loss is not finite");
 			w->eval_warned = true;
 		}
 		return;

@@ -1436,7 +1436,8 @@ test_eval_tally_is_the_unions_mean(void **state)
 		}
 		assert_int_equal(fb_eval_tally_add(&t, ev_sizes[w],
 		                     ls / ev_sizes[w], rs / ev_sizes[w],
-		                     w == 2 ? 0 : 2, (const char(*)[32])names, v),
+		                     w == 2 ? 0 : 2,
+		                     (const char(*)[FB_EVAL_NAME_MAX])names, v),
 		    FB_OK);
 	}
 	/* a worker without validation data adds nothing */
@@ -1576,8 +1577,8 @@ test_eval_secure_sums_decode_to_the_union(void **state)
 	/* v above 1 (more examples than max_samples) cannot be encoded */
 	{
 		fb_secagg_eval big = {.v = 1.5, .loss = 1, .accuracy = 1};
-		assert_int_equal(fb_secagg_encode_extras(&e, 0.1, 1.0, 1.0, &big,
-		                     1000, 1, out),
+		assert_int_equal(fb_secagg_encode_extras(&e, 0.1, 1.0, 1.0,
+		                     &big, 1000, 1, out),
 		    FB_ERANGE);
 	}
 }

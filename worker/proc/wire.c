@@ -318,9 +318,9 @@ fb_proc_eval_unpack(fb_proc_rd *r, uint64_t *task_id, fb_train_eval *ev,
 	if (ev->examples == 0 || !isfinite(ev->loss) ||
 	    !(isnan(ev->accuracy) ||
 	        (ev->accuracy >= 0 && ev->accuracy <= 1))) {
-		snprintf(why, why_len, "%" PRIu64 " examples, loss %g, accuracy "
-		                       "%g (examples >= 1, the loss finite, the "
-		                       "accuracy in [0, 1] or none)",
+		snprintf(why, why_len,
+		    "%" PRIu64 " examples, loss %g, accuracy %g (examples "
+		    ">= 1, the loss finite, the accuracy in [0, 1] or none)",
 		    ev->examples, ev->loss, ev->accuracy);
 		memset(ev, 0, sizeof(*ev));
 		return FB_EINVAL;
@@ -335,10 +335,10 @@ fb_proc_eval_unpack(fb_proc_rd *r, uint64_t *task_id, fb_train_eval *ev,
 			ok = strcmp(ev->name[j], ev->name[k]) != 0;
 		}
 		if (!ok) {
-			snprintf(why, why_len, "metric %u (\"%s\" = %g): a name "
-			                       "must be printable, without quotes "
-			                       "or backslashes, and unique; a "
-			                       "value finite",
+			snprintf(why, why_len,
+			    "metric %u (\"%s\" = %g): a name must be "
+			    "printable, without quotes or backslashes, and "
+			    "unique; a value finite",
 			    k, ev->name[k], ev->value[k]);
 			memset(ev, 0, sizeof(*ev));
 			return FB_EINVAL;
