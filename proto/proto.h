@@ -25,7 +25,10 @@
 /* 2: RoundStart.first_chunk (updates go up in a rotated chunk order). */
 /* 4: the broadcast's FULL stream seals each chunk on its own
  * (crypto/stream.c), so the model encrypts on every core. */
-#define FB_PROTOCOL_VERSION 4
+/* 5: a masked input has 6 extra coordinates (the federated evaluation's
+ * three after the weight, loss and FedNova's); UpdateBegin.eval_*,
+ * RoundStart.evaluate_only. */
+#define FB_PROTOCOL_VERSION 5
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
