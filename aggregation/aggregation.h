@@ -364,8 +364,13 @@ bool fb_rule_is_fednova(fb_rule rule);
 /* Extra coordinates of a masked input after the model's P coordinates:
  * P + 0 the weight w (x = 1, clip 1), P + 1 w * train loss (clip
  * FB_SECAGG_LOSS_BOUND), P + 2 w * FedNova ||a||_1 (clip: the round's
- * public bound). */
-#define FB_SECAGG_EXTRA 3
+ * public bound); then the federated evaluation of the round's global model,
+ * weighted by v = validation examples / max_samples: P + 3 v (x = 1, clip
+ * 1), P + 4 v * validation loss (clip FB_SECAGG_LOSS_BOUND), P + 5 v *
+ * validation accuracy (clip 1). A worker without validation data sends
+ * v = 0 there. */
+#define FB_SECAGG_EXTRA 6
+#define FB_SECAGG_EVAL_FIRST 3 /* index of v among the extras */
 #define FB_SECAGG_LOSS_BOUND 1000.0
 
 #define FB_ENCODE_BITS_MIN 16
@@ -438,18 +443,30 @@ void fb_decode_chunk(const fb_encoding *e, const uint32_t *sum,
  */
 typedef struct fb_secagg_encodings {
 	fb_encoding x, w, loss, a;
+	fb_encoding ev_w, ev_loss, ev_acc; /* the evaluation's (P + 3..5) */
 } fb_secagg_encodings;
 
 FB_MUST_CHECK fb_err fb_secagg_encodings_init(fb_secagg_encodings *e,
     uint32_t bits, uint32_t n, double clip, double a_bound);
 
+/* What a worker's federated evaluation puts into the extra coordinates:
+ * v = its validation examples / max_samples in [0, 1] (0: no evaluation),
+ * the mean validation loss and the accuracy (NaN for regression: sent as
+ * 0). */
+typedef struct fb_secagg_eval {
+	double v;
+	double loss;
+	double accuracy;
+} fb_secagg_eval;
+
 /* fb_secagg_encode_extras writes the extra coordinates of a worker with
- * weight w, train loss `loss` (a non-finite loss counts as the bound) and
- * normaliser a_norm, at indices first.. of the rounding stream (first = the
- * model's parameter count). Errors as fb_encode_scalar. */
+ * weight w, train loss `loss` (a non-finite loss counts as the bound),
+ * normaliser a_norm and evaluation `ev` (NULL: none, v = 0), at indices
+ * first.. of the rounding stream (first = the model's parameter count).
+ * Errors as fb_encode_scalar (FB_ERANGE: ev->v outside [0, 1]). */
 FB_MUST_CHECK fb_err fb_secagg_encode_extras(const fb_secagg_encodings *e,
-    double w, double loss, double a_norm, uint64_t first, uint64_t seed,
-    uint32_t out[FB_SECAGG_EXTRA]);
+    double w, double loss, double a_norm, const fb_secagg_eval *ev,
+    uint64_t first, uint64_t seed, uint32_t out[FB_SECAGG_EXTRA]);
 
 /* fb_secagg_decode_extras reads the unmasked sums of the extra coordinates:
  * *W = sum of weights, *loss and *a_norm the weighted means. Errors:
@@ -457,5 +474,74 @@ FB_MUST_CHECK fb_err fb_secagg_encode_extras(const fb_secagg_encodings *e,
 FB_MUST_CHECK fb_err fb_secagg_decode_extras(const fb_secagg_encodings *e,
     const uint32_t sum[FB_SECAGG_EXTRA], double *W, double *loss,
     double *a_norm);
+
+/* ---- Federated evaluation ------------------------------------------------
+ *
+ * Each worker evaluates the round's global model on its own validation data
+ * and reports n_i examples, the mean loss l_i, the accuracy a_i (NaN for
+ * regression) and named scalar metrics m_ik. The round's federated
+ * evaluation is the sample-weighted mean over the reports,
+ *     loss = sum n_i l_i / sum n_i,  accuracy = sum n_i a_i / sum n_i,
+ * which is the loss and accuracy over the union of the validation sets. A
+ * metric is averaged over the reports that carry it (weights n_i of those).
+ * Under secure aggregation the coordinator sees only the sums, through the
+ * extra coordinates above (fb_secagg_decode_eval), and no named metric.
+ */
+#define FB_EVAL_METRICS_MAX 8 /* named metrics per report and per round */
+#define FB_EVAL_NAME_MAX 32   /* bytes of a metric's name, NUL included */
+
+typedef struct fb_eval_tally {
+	uint32_t reports;     /* reports added */
+	double examples;      /* sum n_i */
+	double loss;          /* sum n_i l_i */
+	double acc_examples;  /* sum n_i over the reports with an accuracy */
+	double correct;       /* sum n_i a_i over those */
+	uint32_t metric_count;
+	char name[FB_EVAL_METRICS_MAX][FB_EVAL_NAME_MAX];
+	double metric[FB_EVAL_METRICS_MAX];          /* sum n_i m_ik */
+	double metric_examples[FB_EVAL_METRICS_MAX]; /* sum n_i */
+} fb_eval_tally;
+
+/* The weighted means; NaN where no report carried a value. */
+typedef struct fb_eval_mean {
+	uint32_t reports; /* 0: no federated evaluation this round */
+	double examples;  /* sum n_i (an estimate under secure aggregation) */
+	double loss;
+	double accuracy;
+	uint32_t metric_count;
+	char name[FB_EVAL_METRICS_MAX][FB_EVAL_NAME_MAX];
+	double metric[FB_EVAL_METRICS_MAX];
+} fb_eval_mean;
+
+/* fb_eval_tally_init empties t. */
+void fb_eval_tally_init(fb_eval_tally *t);
+
+/*
+ * fb_eval_tally_add adds one worker's report: `examples` > 0, a finite
+ * `loss`, `accuracy` in [0, 1] or NaN (none), and `metric_count` named
+ * metrics (names non-empty, shorter than FB_EVAL_NAME_MAX, no two alike;
+ * values finite). A report with 0 examples adds nothing and is FB_OK.
+ * Errors (t unchanged): FB_EINVAL (a value or name out of range),
+ * FB_ERANGE (the round would hold more than FB_EVAL_METRICS_MAX names).
+ */
+FB_MUST_CHECK fb_err fb_eval_tally_add(fb_eval_tally *t, uint64_t examples,
+    double loss, double accuracy, uint32_t metric_count,
+    const char (*names)[FB_EVAL_NAME_MAX], const double *values);
+
+/* fb_eval_tally_mean writes t's weighted means to *out (out->reports 0 and
+ * NaNs when t is empty). */
+void fb_eval_tally_mean(const fb_eval_tally *t, fb_eval_mean *out);
+
+/*
+ * fb_secagg_decode_eval reads the evaluation's unmasked sums (the extras
+ * from FB_SECAGG_EVAL_FIRST) into *out: examples = max_samples * sum v
+ * (rounded), loss and accuracy = sum v x / sum v, reports = `included`
+ * (the inputs summed), no metric. When sum v is below half an example,
+ * *out says no evaluation (reports 0). Errors: FB_ERANGE (sum v negative
+ * or a mean outside what honest inputs give; *out emptied).
+ */
+FB_MUST_CHECK fb_err fb_secagg_decode_eval(const fb_secagg_encodings *e,
+    const uint32_t sum[FB_SECAGG_EXTRA], uint64_t max_samples,
+    uint32_t included, fb_eval_mean *out);
 
 #endif

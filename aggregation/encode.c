@@ -214,26 +214,45 @@ fb_secagg_encodings_init(fb_secagg_encodings *e, uint32_t bits, uint32_t n,
 	         1.0)) != FB_OK) {
 		return rc;
 	}
-	return fb_encoding_init(&e->a, bits, n, a_bound, 1.0);
+	if ((rc = fb_encoding_init(&e->a, bits, n, a_bound, 1.0)) != FB_OK ||
+	    (rc = fb_encoding_init(&e->ev_w, bits, n, 1.0, 1.0)) != FB_OK ||
+	    (rc = fb_encoding_init(&e->ev_loss, bits, n,
+	         FB_SECAGG_LOSS_BOUND, 1.0)) != FB_OK) {
+		return rc;
+	}
+	return fb_encoding_init(&e->ev_acc, bits, n, 1.0, 1.0);
 }
 
 fb_err
 fb_secagg_encode_extras(const fb_secagg_encodings *e, double w, double loss,
-    double a_norm, uint64_t first, uint64_t seed,
+    double a_norm, const fb_secagg_eval *ev, uint64_t first, uint64_t seed,
     uint32_t out[FB_SECAGG_EXTRA])
 {
+	double v = 0, vloss = 0, vacc = 0;
 	fb_err rc;
 
 	if (!isfinite(loss)) {
 		loss = FB_SECAGG_LOSS_BOUND;
 	}
+	if (ev != NULL && ev->v != 0) {
+		v = ev->v;
+		/* an unknown loss counts as the bound, as the train loss */
+		vloss = isfinite(ev->loss) ? ev->loss : FB_SECAGG_LOSS_BOUND;
+		vacc = isfinite(ev->accuracy) ? ev->accuracy : 0;
+	}
 	if ((rc = fb_encode_scalar(&e->w, 1.0, w, first, seed, &out[0])) !=
 	        FB_OK ||
 	    (rc = fb_encode_scalar(&e->loss, loss, w, first + 1, seed,
-	         &out[1])) != FB_OK) {
+	         &out[1])) != FB_OK ||
+	    (rc = fb_encode_scalar(&e->a, a_norm, w, first + 2, seed,
+	         &out[2])) != FB_OK ||
+	    (rc = fb_encode_scalar(&e->ev_w, 1.0, v, first + 3, seed,
+	         &out[3])) != FB_OK ||
+	    (rc = fb_encode_scalar(&e->ev_loss, vloss, v, first + 4, seed,
+	         &out[4])) != FB_OK) {
 		return rc;
 	}
-	return fb_encode_scalar(&e->a, a_norm, w, first + 2, seed, &out[2]);
+	return fb_encode_scalar(&e->ev_acc, vacc, v, first + 5, seed, &out[5]);
 }
 
 fb_err
@@ -248,5 +267,39 @@ fb_secagg_decode_extras(const fb_secagg_encodings *e,
 	}
 	*loss = fb_decode_value(&e->loss, sum[1]) / *W;
 	*a_norm = fb_decode_value(&e->a, sum[2]) / *W;
+	return FB_OK;
+}
+
+fb_err
+fb_secagg_decode_eval(const fb_secagg_encodings *e,
+    const uint32_t sum[FB_SECAGG_EXTRA], uint64_t max_samples,
+    uint32_t included, fb_eval_mean *out)
+{
+	const uint32_t *ev = sum + FB_SECAGG_EVAL_FIRST;
+	double V = fb_decode_value(&e->ev_w, ev[0]);
+	double n = V * (double)max_samples;
+	/* slack: each input's three values are within one unit each */
+	double slack = (double)included * (1 + 0x1p-20);
+
+	memset(out, 0, sizeof(*out));
+	out->loss = out->accuracy = NAN;
+	if (!(V >= -slack / e->ev_w.scale) || max_samples == 0) {
+		return FB_ERANGE;
+	}
+	if (!(n >= 0.5)) {
+		return FB_OK; /* no worker had validation data */
+	}
+	out->reports = included;
+	out->examples = round(n);
+	out->loss = fb_decode_value(&e->ev_loss, ev[1]) / V;
+	out->accuracy = fb_decode_value(&e->ev_acc, ev[2]) / V;
+	if (!isfinite(out->loss) || !isfinite(out->accuracy) ||
+	    out->accuracy < -0.01 || out->accuracy > 1.01) {
+		memset(out, 0, sizeof(*out));
+		out->loss = out->accuracy = NAN;
+		return FB_ERANGE;
+	}
+	out->accuracy = out->accuracy < 0 ? 0
+	              : out->accuracy > 1 ? 1 : out->accuracy;
 	return FB_OK;
 }

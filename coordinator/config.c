@@ -116,6 +116,11 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "loop"},
     {"evaluation.every", FB_CFG_INT, F(eval_every), "1", 0, 1e6, MB,
         "evaluate on the test set every N rounds (and the last); 0 = never"},
+    {"evaluation.federated_final", FB_CFG_BOOL, F(fed_final), "false", NOB,
+        MB, "after the last round, one evaluation-only round: the workers "
+        "evaluate the final model on their validation data (no training; "
+        "the model is not changed), written as a last metrics line with "
+        "\"final\": true"},
     {"evaluation.data_dir", FB_CFG_PATH, F(data_dir),
         "/usr/share/datasets/fashion-mnist", NOB, MB,
         "folder with the Fashion-MNIST t10k IDX files"},

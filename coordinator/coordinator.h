@@ -72,6 +72,7 @@ typedef struct fb_coord_config {
 	int64_t ingest_threads;    /* -1 = auto; 0 = on the event loop */
 	/* evaluation */
 	int64_t eval_every;        /* 0 = never */
+	bool fed_final;            /* one evaluation-only round at the end */
 	char *data_dir;
 	int eval_dataset;          /* 0 fashion-mnist (data_dir), 1 files */
 	fb_data_spec eval;         /* files: the central evaluation set */

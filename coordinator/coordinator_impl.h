@@ -157,6 +157,12 @@ typedef struct worker {
 	bool final_seen;         /* the update's trailer was queued */
 	int64_t done_ms;         /* when its update completed */
 	double a_norm;           /* plain FedNova ||a_i||_1 */
+	/* plain rounds: its federated evaluation, from UpdateBegin */
+	uint64_t eval_examples;  /* 0: none */
+	double eval_loss, eval_accuracy;
+	uint32_t eval_metric_count;
+	char eval_name[FB_WIRE_METRICS_MAX][FB_WIRE_METRIC_NAME];
+	double eval_metric[FB_WIRE_METRICS_MAX];
 	uint32_t sa_slot;        /* SecAgg: its slot in the round */
 	/* heterogeneity */
 	double speed;            /* smoothed local steps per second */
@@ -286,6 +292,8 @@ typedef struct round_result {
 	double test_loss;
 	double train_loss;    /* NaN when unknown */
 	double sa_a;          /* SecAgg: sum p_i a_i / sum p_i (FedNova) */
+	fb_eval_mean fed_eval; /* the federated evaluation of the model the
+	                        * round started from; reports 0: none */
 	double seconds;
 	char backend[FB_TEXT_MAX];
 	bool mixed;           /* workers on different backends */
@@ -316,6 +324,8 @@ typedef struct round_state {
 	uint32_t committed;      /* rounds committed, resumed runs included */
 	uint32_t ran;            /* rounds recorded by this process */
 	uint32_t model_round;    /* the last committed round (its model) */
+	bool final;              /* this round only evaluates (the run's
+	                          * last, evaluation.federated_final) */
 	double seconds_sum;      /* of the rounds this process recorded */
 	uint64_t rejected[DROP_REASON_COUNT_]; /* in the last metrics line */
 	char *resume_line;       /* --resume: the checkpoint's metrics line */
@@ -345,8 +355,10 @@ typedef struct job {
 	bool secure_sum;         /* unmask first */
 	double scale;            /* plain: tau_eff (FedNova) or 1 */
 	bool evaluate;
+	bool eval_only;          /* the final round: unmask, no step */
 	/* AGGREGATE outputs */
 	double W, loss, a;       /* SecAgg: decoded sums */
+	fb_eval_mean fed_eval;   /* SecAgg: the decoded evaluation sums */
 	double test_loss, test_accuracy;
 	double seconds[3];       /* unmask, step, evaluate */
 	/* RECORD input */
@@ -515,6 +527,20 @@ void jobs_stop(coord *c);
 void jobs_submit(coord *c, job_kind kind);
 job_kind jobs_take_done(coord *c);
 bool jobs_busy(coord *c);
+
+/* ---- fedeval.c: the federated evaluation of a round ---- */
+/* fedeval_record keeps what a plain UpdateBegin says of w's evaluation. */
+void fedeval_record(worker *w, const fb_msg *m);
+/* fedeval_clear forgets w's evaluation (at selection). */
+void fedeval_clear(worker *w);
+/* fedeval_tally sets rd.r.fed_eval from the plain reports of the round's
+ * included updates (a malformed report is left out, logged). */
+void fedeval_tally(coord *c);
+/* fedeval_json writes `"fed_eval": {...}, ` for the metrics line, or
+ * nothing when the round had no federated evaluation. */
+void fedeval_json(const coord *c, FILE *f);
+/* fedeval_round_text writes e.g. "fed 91.20%  " into buf ("" when none). */
+void fedeval_round_text(const coord *c, char *buf, size_t len);
 
 /* ---- outputs.c ---- */
 FB_MUST_CHECK fb_err outputs_lock(coord *c, fb_coord_start how);

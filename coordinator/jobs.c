@@ -87,6 +87,9 @@ job_aggregate(coord *c, job *j)
 		j->scale = fb_rule_is_fednova(c->cfg->rule) ? j->a : 1.0;
 	}
 	j->seconds[0] = fb_now_s() - t;
+	if (j->eval_only) {
+		return; /* the final evaluation: the model stays */
+	}
 	t = fb_now_s();
 	if ((j->rc = server_step(c, j)) != FB_OK) {
 		return;
@@ -112,8 +115,11 @@ job_record(coord *c, job *j)
 {
 	double t = fb_now_s();
 
-	j->rc = checkpoint_write(c, c->rd.r.status == ROUND_OK, j->line,
-	    j->line_len);
+	/* The final evaluation changed no model: no checkpoint, no export,
+	 * only its line. */
+	j->rc = c->rd.final ? FB_OK
+	                    : checkpoint_write(c, c->rd.r.status == ROUND_OK,
+	                          j->line, j->line_len);
 	if (j->rc != FB_OK) {
 		snprintf(j->why, sizeof(j->why), "cannot write the checkpoint: %s",
 		    fb_strerror(j->rc));

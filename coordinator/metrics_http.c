@@ -378,14 +378,15 @@ render(text *t, const values *v, const worker_slot *slots, uint32_t nslots)
 		put_sample(t, "fedbox_test_loss", NULL, NULL, v->test_loss);
 	}
 	put_head(t, "fedbox_federated_accuracy", "gauge",
-	    "Workers' sample-weighted accuracy on their own data in the last "
-	    "round (0 to 1).");
+	    "Workers' sample-weighted accuracy on their own validation data "
+	    "(federated evaluation) in the last round that had one (0 to 1).");
 	if (!isnan(v->fed_acc)) {
 		put_sample(
 		    t, "fedbox_federated_accuracy", NULL, NULL, v->fed_acc);
 	}
 	put_head(t, "fedbox_federated_loss", "gauge",
-	    "Workers' sample-weighted training loss in the last round.");
+	    "Workers' sample-weighted validation loss (federated evaluation) "
+	    "in the last round that had one.");
 	if (!isnan(v->fed_loss)) {
 		put_sample(t, "fedbox_federated_loss", NULL, NULL, v->fed_loss);
 	}

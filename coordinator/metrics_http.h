@@ -89,7 +89,8 @@ fb_err fb_metrics_round_done(fb_metrics *m, const char *status, double seconds);
 void fb_metrics_set_test(fb_metrics *m, double accuracy, double loss);
 
 /* fb_metrics_set_federated sets the workers' sample-weighted accuracy (0
- * to 1) and loss of the last round; NaN removes a series (not known). */
+ * to 1) and loss on their validation data (federated evaluation) of the
+ * last round; NaN removes a series (not known). */
 void fb_metrics_set_federated(fb_metrics *m, double accuracy, double loss);
 
 /* fb_metrics_add_bytes adds to the byte counters: `up` received from the

@@ -351,6 +351,10 @@ json_round(coord *c, FILE *f)
 	const round_result *r = &rd->r;
 
 	fprintf(f, "{\"round\": %u, ", rd->number);
+	if (rd->final) {
+		/* the run's final evaluation: no training, model unchanged */
+		fprintf(f, "\"final\": true, ");
+	}
 	json_time(f);
 	fprintf(f, "\"status\": \"%s\", \"selected\": %u, "
 	           "\"participants\": %u, \"partial\": %u, ",
@@ -361,6 +365,7 @@ json_round(coord *c, FILE *f)
 	fprintf(f, "\"rule\": \"%s\", ", fb_rule_names[c->cfg->rule]);
 	json_num(f, "tau_eff", rd->tau_eff, 6, false);
 	json_num(f, "train_loss", r->train_loss, 6, true);
+	fedeval_json(c, f);
 	if (r->status != ROUND_OK && rd->why[0] != '\0') {
 		fprintf(f, "\"reason\": ");
 		json_str(f, rd->why);
@@ -439,10 +444,16 @@ outputs_round_line(coord *c)
 {
 	const round_state *rd = &c->rd;
 	const round_result *r = &rd->r;
+	char fed[48];
 
-	printf("round %3u/%lld  workers %u/%u%s  ", rd->number,
-	    (long long)c->cfg->rounds, r->participants, r->selected,
-	    r->partial ? " (+partial)" : "");
+	if (rd->final) {
+		printf("final      workers %u/%u%s  ", r->participants,
+		    r->selected, r->partial ? " (+partial)" : "");
+	} else {
+		printf("round %3u/%lld  workers %u/%u%s  ", rd->number,
+		    (long long)c->cfg->rounds, r->participants, r->selected,
+		    r->partial ? " (+partial)" : "");
+	}
 	if (!isnan(r->test_accuracy)) {
 		printf("acc %6.2f%%  loss %.4f  ", 100.0 * r->test_accuracy,
 		    r->test_loss);
@@ -452,6 +463,8 @@ outputs_round_line(coord *c)
 	} else {
 		printf("acc    -     loss   -     ");
 	}
+	fedeval_round_text(c, fed, sizeof(fed));
+	fputs(fed, stdout);
 	printf("%6.1fs  up %.1f MB  down %.1f MB", r->seconds,
 	    (double)rd->up_bytes / 1e6, (double)rd->down_bytes / 1e6);
 	if (r->backend[0] != '\0') {

@@ -97,6 +97,11 @@ progress_round_done(coord *c, const uint64_t *rejected)
 	if (rd->r.status == ROUND_OK) {
 		fb_metrics_set_test(c->prom, rd->r.test_accuracy, rd->r.test_loss);
 	}
+	if (rd->r.fed_eval.reports > 0) {
+		/* the federated evaluation of the round's starting model */
+		fb_metrics_set_federated(c->prom, rd->r.fed_eval.accuracy,
+		    rd->r.fed_eval.loss);
+	}
 	fb_metrics_add_bytes(c->prom, rd->up_bytes, rd->down_bytes);
 	for (int i = 0; i < DROP_REASON_COUNT_; i++) {
 		(void)fb_metrics_add_rejected(c->prom, drop_names[i], rejected[i]);

@@ -221,6 +221,7 @@ select_workers(coord *c)
 		w->steps = 0;
 		w->train_loss = 0;
 		w->train_seconds = 0;
+		fedeval_clear(w);
 		/* Uploads start evenly spread over the model, so that the
 		 * ingest threads add different streams to different chunks of
 		 * the sum instead of queueing on the same one. */
@@ -314,6 +315,11 @@ send_round_starts(coord *c, int64_t now)
 		m.u.round_start.synthetic =
 		    strcmp(cfg->model_arch, "synthetic") == 0;
 		m.u.round_start.first_chunk = w->first_chunk;
+		if (rd->final) {
+			m.u.round_start.evaluate_only = true;
+			m.u.round_start.local_steps = 1; /* (none done) */
+			m.u.round_start.local_epochs = 0;
+		}
 		if (c->sa.phase != SA_OFF) {
 			sa_round_start(c, w, &m);
 		}
@@ -424,6 +430,7 @@ tally(coord *c)
 		}
 	}
 	r->train_loss = wsum > 0 ? wloss / wsum : NAN;
+	fedeval_tally(c);
 }
 
 /* Plain FedNova: tau_eff = sum p_i ||a_i||_1 / sum p_i over the updates
@@ -458,6 +465,16 @@ start_aggregate(coord *c, int64_t now)
 	job *j = &c->job;
 	double scale = 1.0;
 
+	j->eval_only = c->rd.final;
+	if (c->rd.final) {
+		/* the final evaluation: the sums, and no step */
+		j->secure_sum = c->sa.phase != SA_OFF;
+		j->scale = 1.0;
+		j->evaluate = false;
+		jobs_submit(c, JOB_AGGREGATE);
+		enter(c, PHASE_AGGREGATE, now);
+		return;
+	}
 	if (c->sa.phase == SA_OFF && fb_rule_is_fednova(c->cfg->rule) &&
 	    plain_tau_eff(c, &scale) != FB_OK) {
 		round_fail(c, ROUND_FAILED, now, "FedNova normalisers unusable");
@@ -609,8 +626,14 @@ aggregate_done(coord *c, int64_t now)
 	if (j->secure_sum) {
 		rd->r.train_loss = j->loss;
 		rd->r.sa_a = j->a;
+		rd->r.fed_eval = j->fed_eval;
 		/* included inputs, also of workers lost since */
 		rd->r.participants = sa_count(&c->sa, SA_F_INCLUDED);
+	}
+	if (rd->final) {
+		rd->r.train_loss = NAN; /* nobody trained */
+		record_round(c, now);
+		return;
 	}
 	rd->tau_eff = j->secure_sum && fb_rule_is_fednova(c->cfg->rule)
 	    ? j->a : j->scale;
@@ -637,10 +660,16 @@ record_done(coord *c, int64_t now)
 	progress_round_done(c, rd->rejected);
 	outputs_round_line(c);
 	sa_free(&c->sa);
-	if (rd->number >= (uint32_t)c->cfg->rounds) {
+	if (rd->final || (rd->number >= (uint32_t)c->cfg->rounds &&
+	                     !c->cfg->fed_final)) {
 		rd->exit_rc = FB_OK;
 		enter(c, PHASE_DONE, now);
 		return;
+	}
+	if (rd->number >= (uint32_t)c->cfg->rounds) {
+		/* evaluation.federated_final: the workers evaluate the final
+		 * model in one more round that does not train */
+		rd->final = true;
 	}
 	rd->number++;
 	rd->idle_since_ms = now;

@@ -198,6 +198,12 @@ sa_unmask(coord *c, job *j)
 		    "worker sends");
 		return FB_ERANGE;
 	}
+	if (fb_secagg_decode_eval(&sa->enc, sa->extra,
+	        (uint64_t)c->cfg->sa_max_samples, included, &j->fed_eval) !=
+	    FB_OK) {
+		fb_log_warn("round %u: the federated evaluation's sums are out "
+		            "of range; none this round", c->rd.number);
+	}
 	if ((rc = sa_check_sums(c, j, included)) != FB_OK) {
 		return rc;
 	}

@@ -148,6 +148,11 @@ begin_record(coord *c, worker *w, const fb_msg *m)
 	w->steps = plain ? m->u.update_begin.steps : 0;
 	w->train_loss = plain ? m->u.update_begin.train_loss : 0;
 	w->train_seconds = plain ? m->u.update_begin.train_seconds : 0;
+	if (plain) {
+		fedeval_record(w, m);
+	} else {
+		fedeval_clear(w); /* under SecAgg it is in the masked sum */
+	}
 	if (m->u.update_begin.backend[0] != '\0') {
 		snprintf(w->backend, sizeof(w->backend), "%s",
 		    m->u.update_begin.backend);

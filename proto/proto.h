@@ -28,7 +28,9 @@
 /* 5: SecAgg's consistency check (the included set signed and its
  * confirmations relayed before any reveal), RoundStart's private time
  * budget, and the handshake's coordinator cookie (an empty Handshake asks
- * for it; the signed hello carries it). */
+ * for it; the signed hello carries it); a masked input has 6 extra
+ * coordinates (the federated evaluation's three after the weight, loss
+ * and FedNova's); UpdateBegin.eval_*, RoundStart.evaluate_only. */
 #define FB_PROTOCOL_VERSION 5
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
@@ -36,6 +38,8 @@
 #define FB_PROTO_MAX_HIDDEN 16
 #define FB_MAX_CONTROL_LEN 4096 /* frame 0 longer than this is malformed */
 #define FB_BLOB_MAX 256         /* handshake blobs, keys, stream headers */
+#define FB_WIRE_METRICS_MAX 8   /* named evaluation metrics in an update */
+#define FB_WIRE_METRIC_NAME 32  /* bytes of a metric's name, incl. NUL */
 
 /* Frame 0 flags (byte 3 of the prefix). */
 #define FB_WIRE_PAYLOAD 0x01 /* a payload frame follows */
@@ -149,6 +153,7 @@ typedef struct fb_msg {
 			uint32_t time_budget_ms; /* secure: > 0, the worker
 			                          * schedules its own steps */
 			uint64_t min_steps, max_steps; /* with time_budget_ms */
+			bool evaluate_only; /* no training: a zero update */
 			bool secagg; /* the fields below are set */
 			uint32_t sa_slot;
 			uint32_t sa_n;
@@ -177,6 +182,15 @@ typedef struct fb_msg {
 			fb_blob stream_header;
 			double a_norm;
 			double steps_per_second;
+			/* federated evaluation (plain rounds; 0 examples:
+			 * none) */
+			uint64_t eval_examples;
+			double eval_loss;
+			double eval_accuracy; /* NaN: none */
+			uint32_t eval_metric_count; /* <= FB_WIRE_METRICS_MAX */
+			char eval_name[FB_WIRE_METRICS_MAX]
+			              [FB_WIRE_METRIC_NAME];
+			double eval_metric[FB_WIRE_METRICS_MAX];
 		} update_begin;
 		struct {
 			uint32_t round;

@@ -116,6 +116,8 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 	Fedbox__SecAgg sa;
 	Fedbox__SecAggRound sar;
 	Fedbox__Redirect rd;
+	Fedbox__Metric met[FB_WIRE_METRICS_MAX];
+	Fedbox__Metric *metp[FB_WIRE_METRICS_MAX];
 	size_t need;
 
 	*len = 0;
@@ -183,6 +185,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		rs.time_budget_ms = m->u.round_start.time_budget_ms;
 		rs.min_steps = m->u.round_start.min_steps;
 		rs.max_steps = m->u.round_start.max_steps;
+		rs.evaluate_only = m->u.round_start.evaluate_only;
 		if (m->u.round_start.secagg) {
 			fedbox__sec_agg_round__init(&sar);
 			sar.slot = m->u.round_start.sa_slot;
@@ -227,6 +230,22 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		ub.stream_header = blob_to_pb(&m->u.update_begin.stream_header);
 		ub.a_norm = m->u.update_begin.a_norm;
 		ub.steps_per_second = m->u.update_begin.steps_per_second;
+		ub.eval_examples = m->u.update_begin.eval_examples;
+		ub.eval_loss = m->u.update_begin.eval_loss;
+		ub.eval_accuracy = m->u.update_begin.eval_accuracy;
+		if (m->u.update_begin.eval_metric_count > FB_WIRE_METRICS_MAX) {
+			return FB_EINVAL;
+		}
+		for (uint32_t k = 0; k < m->u.update_begin.eval_metric_count;
+		     k++) {
+			fedbox__metric__init(&met[k]);
+			met[k].name =
+			    (char *)(uintptr_t)m->u.update_begin.eval_name[k];
+			met[k].value = m->u.update_begin.eval_metric[k];
+			metp[k] = &met[k];
+		}
+		ub.n_eval_metrics = m->u.update_begin.eval_metric_count;
+		ub.eval_metrics = metp;
 		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_BEGIN;
 		env.update_begin = &ub;
 		break;
@@ -459,6 +478,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.round_start.time_budget_ms = p->time_budget_ms;
 		m->u.round_start.min_steps = p->min_steps;
 		m->u.round_start.max_steps = p->max_steps;
+		m->u.round_start.evaluate_only = p->evaluate_only != 0;
 		if (p->secagg != NULL) {
 			const Fedbox__SecAggRound *q = p->secagg;
 			m->u.round_start.secagg = true;
@@ -508,6 +528,25 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.update_begin.train_seconds = p->train_seconds;
 		m->u.update_begin.a_norm = p->a_norm;
 		m->u.update_begin.steps_per_second = p->steps_per_second;
+		m->u.update_begin.eval_examples = p->eval_examples;
+		m->u.update_begin.eval_loss = p->eval_loss;
+		m->u.update_begin.eval_accuracy = p->eval_accuracy;
+		if (p->n_eval_metrics > FB_WIRE_METRICS_MAX) {
+			reason = "update_begin: too many evaluation metrics";
+			goto out;
+		}
+		m->u.update_begin.eval_metric_count =
+		    (uint32_t)p->n_eval_metrics;
+		for (size_t k = 0; k < p->n_eval_metrics; k++) {
+			const char *nm = p->eval_metrics[k]->name;
+			if (!copy_text(m->u.update_begin.eval_name[k],
+			        FB_WIRE_METRIC_NAME, nm)) {
+				reason = "update_begin: bad metric name";
+				goto out;
+			}
+			m->u.update_begin.eval_metric[k] =
+			    p->eval_metrics[k]->value;
+		}
 		if (!copy_text(m->u.update_begin.backend,
 		        sizeof(m->u.update_begin.backend), p->backend)) {
 			reason = "update_begin: bad backend text";

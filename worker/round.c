@@ -88,6 +88,7 @@ train_main(void *arg)
 	    .seed = w->seed,
 	    .round = w->round,
 	    .worker_index = (uint32_t)w->cfg->index,
+	    .evaluate_only = w->eval_only,
 	};
 	fb_train_stats st;
 	uint64_t one = 1;
@@ -96,7 +97,30 @@ train_main(void *arg)
 	memset(&st, 0, sizeof(st));
 	fb_log_clear_error();
 	w->train_why[0] = '\0';
-	if (w->synthetic) {
+	/* the global model as received, before training changes it */
+	fb_wk_evaluate(w);
+	if (w->eval_only && !w->synthetic) {
+		/* the final evaluation: no training, a zero update */
+		rc = FB_OK;
+		if (w->has_proc) {
+			rc = fb_trainer_set_params(w->trainer, w->global);
+			if (rc == FB_OK) {
+				rc = fb_trainer_train(w->trainer, &o, &st,
+				    &w->cancel);
+			}
+			if (rc == FB_OK && st.eval.examples > 0) {
+				w->eval = st.eval;
+			}
+		}
+		memset(&w->stats, 0, sizeof(w->stats));
+		memset(w->local, 0, w->param_count * 4);
+		w->a_norm = 0;
+		w->train_rc = rc;
+		if (rc != FB_OK) {
+			snprintf(w->train_why, sizeof(w->train_why), "%s",
+			    fb_log_last_error());
+		}
+	} else if (w->synthetic) {
 		synthetic_fill(w);
 		w->a_norm = 0;
 		w->train_rc = FB_OK;
@@ -108,6 +132,9 @@ train_main(void *arg)
 			rc = fb_trainer_get_params(w->trainer, w->local);
 		}
 		w->stats = st;
+		if (w->has_proc && st.eval.examples > 0) {
+			w->eval = st.eval; /* the script evaluated */
+		}
 		/* the update (global - local), a pass over the model, here too */
 		if (rc == FB_OK) {
 			rc = fb_wk_update_form(w);
@@ -392,6 +419,7 @@ round_settings(fb_wk *w, const fb_msg *m)
 	w->fednova = m->u.round_start.fednova;
 	w->seed = m->u.round_start.seed;
 	w->synthetic = m->u.round_start.synthetic;
+	w->eval_only = m->u.round_start.evaluate_only;
 	w->chunk_count = m->u.round_start.chunk_count;
 	w->first_chunk = m->u.round_start.first_chunk;
 	w->next_chunk = 0;

@@ -167,6 +167,7 @@ fb_wk_sa_start(fb_wk *w, const fb_msg *m)
 	w->sa_t = p.threshold;
 	w->sa_weight =
 	    (double)fb_wk_samples(w) / (double)m->u.round_start.sa_max_samples;
+	w->sa_max_samples = m->u.round_start.sa_max_samples;
 	w->sa_phase = FB_WK_SA_ADVERTISED;
 	return sa_send(w, FB_SA_ADVERT, 1, adv, sizeof(adv));
 }
@@ -445,13 +446,15 @@ fb_wk_sa_encode_chunk(fb_wk *w, const float *x, uint64_t off, uint64_t count,
 {
 	uint64_t seed = w->seed ^ ((uint64_t)w->round * 0x9e3779b97f4a7c15ULL) ^
 	                (((uint64_t)w->cfg->index + 1) * 0xc2b2ae3d27d4eb4fULL);
+	fb_secagg_eval ev;
 	fb_err rc;
 
+	fb_wk_sa_eval(w, &ev);
 	rc = off < w->param_count
 	         ? fb_encode_chunk(&w->enc.x, x + off, count, w->sa_weight, off,
 	               seed, out, clipped)
 	         : fb_secagg_encode_extras(&w->enc, w->sa_weight, loss,
-	               w->a_norm, off, seed, out);
+	               w->a_norm, &ev, off, seed, out);
 	if (rc != FB_OK) {
 		return rc;
 	}

@@ -42,7 +42,28 @@ typedef struct fb_train_opts {
 	uint64_t seed;      /* batch-order seed (federation seed) */
 	uint32_t round;     /* mixes into the batch order */
 	uint32_t worker_index;
+	bool evaluate_only; /* trainer processes: only the evaluation (the
+	                     * run's final one); no training, no parameters
+	                     * back. Native backends are not asked. */
 } fb_train_opts;
+
+/*
+ * The federated evaluation of the round's global model on the box's own
+ * validation data, made before training. Trainer processes report it (the
+ * script evaluates); for the native backends the worker evaluates
+ * data.valid itself.
+ */
+#define FB_TRAIN_METRICS_MAX 8  /* = FB_WIRE_METRICS_MAX */
+#define FB_TRAIN_METRIC_NAME 32 /* bytes incl. NUL, = FB_WIRE_METRIC_NAME */
+
+typedef struct fb_train_eval {
+	uint64_t examples; /* validation examples; 0: no evaluation */
+	double loss;       /* their mean loss (regression: squared error) */
+	double accuracy;   /* their accuracy in [0, 1]; NaN: none */
+	uint32_t metric_count; /* <= FB_TRAIN_METRICS_MAX */
+	char name[FB_TRAIN_METRICS_MAX][FB_TRAIN_METRIC_NAME];
+	double value[FB_TRAIN_METRICS_MAX]; /* finite */
+} fb_train_eval;
 
 typedef struct fb_train_stats {
 	uint64_t steps;   /* steps done */
@@ -54,6 +75,8 @@ typedef struct fb_train_stats {
 	                    * FedAvg weight as the trainer counts it */
 	double a_norm;     /* FedNova's ||a||_1 of the trainer's optimizer;
 	                    * 0: not reported (SGD with momentum assumed) */
+	fb_train_eval eval; /* trainer processes: the global model's
+	                     * evaluation; native backends leave it 0 */
 } fb_train_stats;
 
 /*

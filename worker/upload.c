@@ -126,6 +126,7 @@ fb_wk_upload_start(fb_wk *w, double seconds, double loss, uint64_t steps)
 		m->u.update_begin.train_loss = loss;
 		m->u.update_begin.train_seconds = seconds;
 		m->u.update_begin.a_norm = w->a_norm;
+		fb_wk_eval_to_begin(w, m);
 	}
 	snprintf(m->u.update_begin.backend, sizeof(m->u.update_begin.backend),
 	    "%s", w->backend);

@@ -196,6 +196,9 @@ struct fb_wk {
 	 * secure time budget, and is never sent (secure aggregation) */
 	double speed; /* smoothed local steps per second; has_speed */
 	bool has_speed;
+	fb_train_eval eval;   /* the global model's federated evaluation;
+	                       * written by the trainer thread */
+	bool eval_warned;     /* the model cannot evaluate: said once */
 	/* the current round */
 	uint32_t round;
 	uint64_t steps;
@@ -206,6 +209,7 @@ struct fb_wk {
 	double a_norm;
 	uint64_t seed;
 	bool synthetic;
+	bool eval_only; /* this round evaluates only: a zero update */
 	uint32_t chunk_count;
 	uint32_t first_chunk; /* the update goes up from this chunk on */
 	uint32_t next_chunk;  /* next model chunk expected */
@@ -226,6 +230,7 @@ struct fb_wk {
 	uint32_t sa_n;
 	uint32_t sa_t;    /* the round's threshold */
 	double sa_weight; /* samples / max_samples */
+	uint64_t sa_max_samples; /* the round's max_samples (> 0) */
 	fb_secagg_encodings enc;
 	uint32_t *encbuf; /* one encoded (then masked) chunk */
 	struct fb_pool *pool; /* the box's cores, for the masks (may be NULL) */
@@ -423,6 +428,23 @@ FB_MUST_CHECK fb_err fb_wk_sa_start(fb_wk *w, const fb_msg *m);
 void fb_wk_sa_end(fb_wk *w);
 
 void fb_wk_on_secagg(fb_wk *w, const fb_frame *f);
+
+/*
+ * fb_wk_evaluate evaluates the round's global model (w->global) on the
+ * box's validation data (data.valid) into w->eval, for the native
+ * trainers; a worker without validation data, or whose model cannot
+ * evaluate (said once), gets w->eval.examples = 0. Runs on the trainer
+ * thread; never fails the round.
+ */
+void fb_wk_evaluate(fb_wk *w);
+
+/* fb_wk_eval_to_begin writes w->eval into a plain UpdateBegin `m`. */
+void fb_wk_eval_to_begin(const fb_wk *w, fb_msg *m);
+
+/* fb_wk_sa_eval gives w->eval as the masked input's evaluation
+ * coordinates (v = examples / max_samples; v = 0 when there is none, or
+ * when the count is above max_samples, said in the log). */
+void fb_wk_sa_eval(const fb_wk *w, fb_secagg_eval *ev);
 
 /*
  * fb_wk_sa_encode_chunk turns elements off..off+count of `x` (or at off =

@@ -5,6 +5,10 @@ Fashion-MNIST's test set (10,000 images). Prints one JSON line:
 {"accuracy": ..., "loss": ..., "count": ...}.
 
     python3 evaluate.py runs/pytorch-cnn/model.safetensors [--data DIR]
+                        [--count K]
+
+--count K evaluates the first K test images only (what train.py's
+--valid-count K splits among the workers).
 """
 import argparse
 import json
@@ -27,11 +31,17 @@ def main():
     p.add_argument("model", help="model.safetensors")
     p.add_argument("--data", default=fmnist.DEFAULT_DIR,
                    help="Fashion-MNIST folder (default: Debian's)")
+    p.add_argument("--count", type=int, default=10000,
+                   help="evaluate the first COUNT test images (default "
+                   "all 10,000)")
     args = p.parse_args()
+    if not 0 < args.count <= 10000:
+        p.error("--count must be in 1..10000, not %d" % args.count)
     net = Net()
     net.load_state_dict(load_file(args.model))  # strict: every tensor
     net.eval()
     x, y = fmnist.load(args.data, "t10k")
+    x, y = x[:args.count], y[:args.count]
     x, y = torch.from_numpy(x), torch.from_numpy(y.astype("int64"))
     correct, loss = 0, 0.0
     with torch.no_grad():

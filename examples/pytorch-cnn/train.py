@@ -2,7 +2,7 @@
 """train.py -- the pytorch-cnn example's trainer: a fedbox worker runs it
 (train.command) and it does the worker's local training, round by round.
 
-    python3 train.py [--data DIR]
+    python3 train.py [--data DIR] [--valid-of N [--valid-count K]]
 
 In a simulation (scripts/fedbox-local --example pytorch-cnn) the worker
 lends it its Dirichlet shard of Fashion-MNIST (client.shard). On a real
@@ -10,6 +10,14 @@ box it trains on the box's own copy instead: --data names a folder with
 Fashion-MNIST's IDX files. Under torchrun (train.command: [torchrun,
 --nproc-per-node, "N", train.py]) the box's GPUs train it together with
 DistributedDataParallel; rank 0 talks to the worker.
+
+Federated evaluation: with --valid-of N, the box with data index i (of N)
+holds part i of the first K test images (K = --valid-count, all 10,000 by
+default) as its validation set, and reports each round's global model on
+it (task.report_eval) before training; the coordinator's sample-weighted
+mean over the boxes is then the accuracy on those K images, which
+evaluate.py can check independently. On a real box, evaluate on your own
+validation data instead.
 """
 import argparse
 import os
@@ -41,13 +49,33 @@ def batches(n, task, rank, world):
         yield batch[rank * per_rank:(rank + 1) * per_rank]
 
 
+def validation_part(args, index):
+    """Part `index` of args.valid_of of the first args.valid_count test
+    images, as (x, y) tensors."""
+    x, y = fmnist.load(args.data or fmnist.DEFAULT_DIR, "t10k")
+    k, n = args.valid_count, args.valid_of
+    if not 0 <= index < n:
+        raise SystemExit("train.py: data.index %d is not below --valid-of "
+                         "%d" % (index, n))
+    lo, hi = index * k // n, (index + 1) * k // n
+    return (torch.from_numpy(x[lo:hi].copy()),
+            torch.from_numpy(y[lo:hi].astype(np.int64)))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", help="this box's Fashion-MNIST folder (when "
                    "the worker lends no shard)")
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads for torch (default 1)")
+    p.add_argument("--valid-of", type=int, default=0, metavar="N",
+                   help="validate on part data.index of N of the test "
+                   "images (0: no federated evaluation)")
+    p.add_argument("--valid-count", type=int, default=10000, metavar="K",
+                   help="the first K test images are split (default all)")
     args = p.parse_args()
+    if args.valid_of < 0 or not 0 < args.valid_count <= 10000:
+        p.error("--valid-of must be >= 0 and --valid-count in 1..10000")
     torch.set_num_threads(args.threads)
 
     client = fedbox.connect()
@@ -70,8 +98,18 @@ def main():
         model = torch.nn.parallel.DistributedDataParallel(
             net, device_ids=[device] if device.type == "cuda" else None)
 
+    valid = None
     for task in client.tasks():
         task.load_into(model)
+        if args.valid_of > 0 and client.rank == 0:
+            if valid is None:
+                valid = validation_part(args, task.worker_index)
+            # the global model, as received, on this box's validation part
+            task.report_eval(**fedbox.evaluate(net, *valid))
+        elif args.valid_of > 0:
+            task.report_eval()  # rank 0 evaluates and reports
+        if task.evaluate_only:  # the run's final evaluation: no training
+            continue
         start = [t.detach().clone() for t in net.parameters()] \
             if task.prox_mu > 0 else None
         opt = torch.optim.SGD(model.parameters(), lr=task.lr,

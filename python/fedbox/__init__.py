@@ -11,6 +11,9 @@ takes each round's local training from this package::
     model = Net().to(client.device)
     for task in client.tasks():
         task.load_into(model)
+        task.report_eval(**fedbox.evaluate(model, val_x, val_y))  # optional
+        if task.evaluate_only:  # the run's final evaluation: no training
+            continue
         ...  # train task.steps steps with task.lr, task.momentum, ...
         task.finish(model.state_dict(), samples=n, steps=s, loss=l)
 
@@ -26,7 +29,7 @@ model.safetensors, initial models) without the safetensors package, which
 Debian 12 does not ship.
 """
 from .client import (Client, LayoutError, Shard, Task, TrainerError,
-                     connect, layout_of)
+                     connect, evaluate, layout_of)
 
 __all__ = ["connect", "Client", "Task", "Shard", "LayoutError",
-           "TrainerError", "layout_of"]
+           "TrainerError", "layout_of", "evaluate"]

@@ -16,13 +16,13 @@ import socket
 import struct
 
 MAGIC = 0x50544246  # "FBTP"
-VERSION = 1
+VERSION = 2  # 2: EVAL
 MSG_MAX = 16 << 20
 TOKEN_LEN = 32
 
-HELLO, WELCOME, TASK, RESULT, FAIL, BYE = 1, 2, 3, 4, 5, 6
+HELLO, WELCOME, TASK, RESULT, FAIL, BYE, EVAL = 1, 2, 3, 4, 5, 6, 7
 F32, U8, I32 = 1, 2, 3
-TRAIN = 1
+TRAIN, EVALUATE = 1, 2  # task kinds
 
 DTYPE_NAMES = {F32: "float32", U8: "uint8", I32: "int32"}
 
@@ -107,6 +107,16 @@ def result(task_id, examples, steps, loss, a_norm, seconds, param_count,
     return frame(RESULT, struct.pack("<QQQdddQ", task_id, examples, steps,
                                      loss, a, seconds, param_count) +
                  pack_layout(layout))
+
+
+def evaluation(task_id, examples, loss, accuracy, metrics):
+    """EVAL: the task's global model on the trainer's validation data;
+    metrics is [(name, value)]."""
+    a = float("nan") if accuracy is None else float(accuracy)
+    out = [struct.pack("<QQddI", task_id, examples, loss, a, len(metrics))]
+    for name, value in metrics:
+        out.append(_str(name) + struct.pack("<d", value))
+    return frame(EVAL, b"".join(out))
 
 
 def fail(task_id, fatal, reason):

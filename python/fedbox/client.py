@@ -11,6 +11,9 @@ the program uses to take the work::
     model = Net().to(client.device)
     for task in client.tasks():             # one per round; blocks between
         task.load_into(model)               # the global model, into yours
+        task.report_eval(**fedbox.evaluate(model, val_x, val_y))  # optional
+        if task.evaluate_only:              # the run's final evaluation
+            continue
         opt = torch.optim.SGD(model.parameters(), lr=task.lr,
                               momentum=task.momentum)
         ... train task.steps steps of task.batch_size examples ...
@@ -22,6 +25,12 @@ encryption, clipping, secure-aggregation masks): the trainer gets the
 global parameters and the task, and returns its parameters. The worker
 forms the update (global minus yours), so return the parameters after
 training, not a difference.
+
+Federated evaluation: before training, evaluate the global model you just
+loaded on this box's own validation data and hand the result to
+``task.report_eval`` (examples, loss, accuracy, and any scalar metrics of
+yours as keywords). The coordinator writes the sample-weighted means of
+all workers' reports into each round's metrics line (``fed_eval``).
 
 The parameters live in shared memory that the worker maps too: the task's
 tensors are views of it (no copy, no pickle), and ``finish`` writes your
@@ -48,7 +57,10 @@ import numpy as np
 from . import _wire
 
 __all__ = ["connect", "Client", "Task", "Shard", "LayoutError",
-           "TrainerError", "layout_of"]
+           "TrainerError", "layout_of", "evaluate"]
+
+METRICS_MAX = 8       # named metrics in one report
+METRIC_NAME_MAX = 31  # bytes of a metric's name (UTF-8)
 
 
 class TrainerError(RuntimeError):
@@ -185,6 +197,12 @@ class Task:
             ``prox_mu / 2 * ||w - w_global||^2`` to your loss when > 0.
         seed: the federation's seed, for a reproducible batch order.
         worker_index: this box's data index (``data.index``).
+        evaluate_only: True for the run's final evaluation (the
+            coordinator's ``evaluation.federated_final``): load the model,
+            call :meth:`report_eval` and go on; do not train. Reporting
+            ends such a task (no :meth:`finish`); a script that ignores the
+            flag and trains and finishes is accepted too (its parameters
+            are not used).
         hparams: all of the above as a dict.
 
     Under torchrun every rank gets the task; only rank 0 holds the
@@ -204,10 +222,12 @@ class Task:
         self.prox_mu = meta["prox_mu"]
         self.seed = meta["seed"]
         self.worker_index = meta["worker_index"]
+        self.evaluate_only = meta["kind"] == _wire.EVALUATE
         self.hparams = {k: meta[k] for k in (
             "steps", "batch_size", "lr", "momentum", "weight_decay",
             "prox_mu", "seed", "worker_index")}
         self.done = False
+        self.evaluated = False
         self._t0 = time.monotonic()
 
     def __repr__(self):
@@ -260,6 +280,88 @@ class Task:
                 for name, _, _ in c.layout:
                     torch.distributed.broadcast(sd[name], 0)
         return model
+
+    # ---- the federated evaluation ----
+
+    def report_eval(self, examples=None, loss=None, accuracy=None,
+                    **metrics):
+        """Reports how the round's *global* model does on this box's own
+        validation data: call it after :meth:`load_into` and before you
+        train (at most once per task, before :meth:`finish`). Optional: a
+        task without it sends no evaluation.
+
+        Args:
+            examples: validation examples evaluated (a whole number >= 1):
+                the report's weight in the federation's mean.
+            loss: their mean loss (finite).
+            accuracy: the fraction right, in [0, 1]; None for a task
+                without one (regression).
+            **metrics: up to 8 more scalars of yours, by name (1 to 31
+                bytes, no quotes or backslashes), e.g. ``f1=0.91``. Each
+                is averaged over the workers that report it, weighted by
+                their examples, so report per-example means.
+
+        The coordinator writes the sample-weighted means of all workers'
+        reports into the round's metrics line as ``"fed_eval"``. Under
+        secure aggregation it learns only the sums of examples, loss and
+        accuracy (they travel in the masked update), and the named metrics
+        are not sent at all.
+
+        :func:`fedbox.evaluate` computes ``examples``, ``loss`` and
+        ``accuracy`` of a classifier: ``task.report_eval(**fedbox.evaluate(
+        model, x, y))``. Raises ValueError for a value out of range.
+
+        Under torchrun call it on every rank, like :meth:`finish`: rank 0's
+        values are sent; the other ranks may call it without arguments
+        (``task.report_eval()``), so evaluate on rank 0 alone, or
+        all-reduce the sums across ranks first."""
+        if self.done:
+            raise TrainerError("task of round %d is already finished" %
+                               self.round)
+        if self.evaluated:
+            raise TrainerError("task of round %d already has its "
+                               "evaluation" % self.round)
+        if self._client.rank != 0:
+            self.evaluated = True
+            self.done = self.done or self.evaluate_only
+            return
+        if examples is None or loss is None:
+            raise ValueError("report_eval: examples and loss are needed "
+                             "(on rank 0)")
+        if isinstance(examples, bool) or int(examples) != examples or \
+                examples < 1:
+            raise ValueError("report_eval: examples must be a whole number "
+                             ">= 1, not %r" % (examples,))
+        loss = float(loss)
+        if not math.isfinite(loss):
+            raise ValueError("report_eval: the loss is %r" % loss)
+        if accuracy is not None:
+            accuracy = float(accuracy)
+            if not 0.0 <= accuracy <= 1.0:
+                raise ValueError("report_eval: accuracy must lie in [0, 1], "
+                                 "not %r" % accuracy)
+        if len(metrics) > METRICS_MAX:
+            raise ValueError("report_eval: %d metrics, at most %d" %
+                             (len(metrics), METRICS_MAX))
+        items = []
+        for name, value in metrics.items():
+            raw = name.encode("utf-8")
+            if not 1 <= len(raw) <= METRIC_NAME_MAX or '"' in name or \
+                    "\\" in name or any(ord(ch) < 0x20 for ch in name):
+                raise ValueError("report_eval: metric name %r: 1 to %d "
+                                 "bytes, printable, no quotes or "
+                                 "backslashes" % (name, METRIC_NAME_MAX))
+            value = float(value)
+            if not math.isfinite(value):
+                raise ValueError("report_eval: metric %s is %r" %
+                                 (name, value))
+            items.append((name, value))
+        self.evaluated = True
+        if self.evaluate_only:
+            self.done = True  # the task was only this
+        if self._client.rank == 0:
+            self._client._send(_wire.evaluation(self.id, int(examples), loss,
+                                                accuracy, items))
 
     # ---- the answer ----
 
@@ -481,13 +583,19 @@ class Client:
         """Yields one :class:`Task` per round, blocking until the worker
         hands over the next, and ends when the worker says it is done or
         goes away. Call ``task.finish(...)`` (or ``task.fail(...)``) before
-        asking for the next one.
+        asking for the next one; a task with ``evaluate_only`` set ends
+        with ``task.report_eval(...)`` instead.
 
         Under torchrun every rank iterates: rank 0 receives the task from
         the worker and broadcasts it (torch.distributed must be
         initialised)."""
         self._need_shared()
         while True:
+            if self._task is not None and not self._task.done and \
+                    self._task.evaluate_only:
+                # a script that has no evaluation to give
+                self._task.fail("the trainer reported no evaluation "
+                                "(task.report_eval)")
             if self._task is not None and not self._task.done:
                 raise TrainerError(
                     "the task of round %d was neither finished nor failed: "
@@ -517,7 +625,7 @@ class Client:
                 return None
             if t == _wire.TASK:
                 meta = _wire.parse_task(body)
-                if meta["kind"] != _wire.TRAIN:
+                if meta["kind"] not in (_wire.TRAIN, _wire.EVALUATE):
                     self._send(_wire.fail(meta["id"], False,
                                           "task kind %d is not known to "
                                           "this fedbox package" %
@@ -643,6 +751,41 @@ def _report_crashes(client):
         previous(kind, value, tb)
 
     sys.excepthook = hook
+
+
+def evaluate(model, x, y, batch_size=1000, device=None):
+    """Evaluates a classifier on ``x`` (features, a tensor or numpy array)
+    and ``y`` (class labels) with cross-entropy, in batches, without
+    gradients and in eval mode (restored after), and returns
+    ``{"examples": n, "loss": mean loss, "accuracy": fraction right}``:
+    what :meth:`Task.report_eval` takes. ``device`` defaults to the
+    model's."""
+    torch = _torch()
+    import torch.nn.functional as F
+    inner = _unwrap(model)
+    if device is None:
+        p = next(inner.parameters(), None)
+        device = p.device if p is not None else torch.device("cpu")
+    x = torch.as_tensor(x)
+    y = torch.as_tensor(y).long()
+    n = int(y.shape[0])
+    if n < 1 or int(x.shape[0]) != n:
+        raise ValueError("evaluate: %d examples and %d labels" %
+                         (int(x.shape[0]), n))
+    was = inner.training
+    inner.eval()
+    loss_sum, right = 0.0, 0
+    try:
+        with torch.no_grad():
+            for i in range(0, n, batch_size):
+                xb = x[i:i + batch_size].to(device)
+                yb = y[i:i + batch_size].to(device)
+                out = inner(xb)
+                loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+                right += int((out.argmax(1) == yb).sum())
+    finally:
+        inner.train(was)
+    return {"examples": n, "loss": loss_sum / n, "accuracy": right / n}
 
 
 def connect(examples=0):

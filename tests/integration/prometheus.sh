@@ -149,14 +149,14 @@ for q, want in checks:
         tol.get(q, 1e-12)
     assert math.isclose(got, want, rel_tol=1e-12, abs_tol=t), (q, got, want)
     print("ok: %s = %s (metrics.jsonl: %s)" % (q, got, want))
-# federated evaluation (workers on their own validation data) is not
-# reported yet: its gauges have no series rather than a made-up value
+# federated evaluation (workers on their own validation data): no worker
+# here has any, so its gauges have no series rather than a made-up value
 assert query("fedbox_federated_accuracy") == [], "unset gauge has a series"
 assert query("fedbox_federated_loss") == [], "unset gauge has a series"
 
 # Every query of the Grafana dashboard runs, with its variables filled in,
 # and gives a series once rates have two scrapes to work with; only the
-# series never set stay empty (no federated evaluation yet; no steps under
+# series never set stay empty (no federated evaluation here; no steps under
 # secure aggregation).
 while value("count_over_time(fedbox_round[1m])") < 3:
     assert time.time() - t0 < 60, "fewer than 3 scrapes within 60 s"

@@ -182,6 +182,87 @@ class Wire(unittest.TestCase):
         self.assertLess(len(f), 4100)
 
 
+class SentClient(FakeClient):
+    """A FakeClient that keeps what it would send."""
+
+    def __init__(self):  # noqa: D107
+        super().__init__([])
+        self.sent = []
+
+    def _send(self, data):
+        self.sent.append(data)
+
+
+def _task(client, kind=1):
+    return fedbox.Task(client, dict(
+        id=5, kind=kind, round=3, steps=10, batch_size=8, lr=0.1,
+        momentum=0.0, weight_decay=0.0, prox_mu=0.0, seed=1,
+        worker_index=0))
+
+
+class ReportEval(unittest.TestCase):
+    def test_report_goes_out_as_the_worker_reads_it(self):
+        import struct
+        c = SentClient()
+        t = _task(c)
+        t.report_eval(examples=250, loss=0.5, accuracy=0.75, f1=0.6)
+        self.assertEqual(len(c.sent), 1)
+        body = c.sent[0][4:]
+        self.assertEqual(_wire.msg_type(body), _wire.EVAL)
+        r = _wire._Reader(body, 4)
+        self.assertEqual(r.take("<QQddI"), (5, 250, 0.5, 0.75, 1))
+        self.assertEqual((r.string(), r.take("<d")), ("f1", 0.6))
+        r.done()
+        self.assertFalse(t.done)  # a training task: finish still due
+        with self.assertRaises(fedbox.TrainerError):
+            t.report_eval(examples=1, loss=0.5)  # once per task
+        # no accuracy (regression) travels as NaN
+        c2 = SentClient()
+        _task(c2).report_eval(examples=3, loss=1.0)
+        v = struct.unpack_from("<QQddI", c2.sent[0], 8)
+        self.assertTrue(v[3] != v[3])
+
+    def test_bad_reports_are_refused_before_sending(self):
+        bad = [dict(examples=0, loss=1.0), dict(examples=2.5, loss=1.0),
+               dict(examples=True, loss=1.0),
+               dict(examples=3, loss=float("nan")),
+               dict(examples=3, loss=1.0, accuracy=1.5),
+               dict(examples=3, loss=1.0, **{"a" * 32: 1.0}),
+               dict(examples=3, loss=1.0, **{'q"': 1.0}),
+               dict(examples=3, loss=1.0, m=float("inf")),
+               dict(examples=3, loss=1.0,
+                    **{"m%d" % i: 0.0 for i in range(9)}),
+               dict(loss=1.0)]
+        for kw in bad:
+            c = SentClient()
+            with self.assertRaises(ValueError, msg=str(kw)):
+                _task(c).report_eval(**kw)
+            self.assertEqual(c.sent, [])
+
+    def test_an_evaluate_only_task_ends_with_its_report(self):
+        c = SentClient()
+        t = _task(c, kind=_wire.EVALUATE)
+        self.assertTrue(t.evaluate_only)
+        t.report_eval(examples=10, loss=0.1, accuracy=0.9)
+        self.assertTrue(t.done)
+
+    @unittest.skipIf(torch is None, "no torch")
+    def test_evaluate_is_the_plain_computation(self):
+        import torch.nn.functional as F
+        torch.manual_seed(0)
+        net = torch.nn.Linear(6, 3)
+        x, y = torch.randn(2500, 6), torch.randint(0, 3, (2500,))
+        got = fedbox.evaluate(net, x, y, batch_size=700)
+        with torch.no_grad():
+            out = net(x)
+        self.assertEqual(got["examples"], 2500)
+        self.assertAlmostEqual(got["loss"], float(F.cross_entropy(out, y)),
+                               places=5)
+        self.assertEqual(got["accuracy"],
+                         int((out.argmax(1) == y).sum()) / 2500)
+        self.assertTrue(net.training)  # left as it was
+
+
 @unittest.skipIf(torch is None, "no torch")
 class Torchrun(unittest.TestCase):
     def test_redirects_parse(self):

@@ -1389,7 +1389,207 @@ test_ring_add_checks_size(void **state)
 	fb_accum_free(a);
 }
 
+/* ---- federated evaluation ---------------------------------------------- */
+
+/* Four workers' validation sets as individual examples (loss, right or
+ * not): the union's mean loss and accuracy straight from the examples,
+ * against the tally of the four per-worker means. */
+#define EV_W 4
+static const uint32_t ev_sizes[EV_W] = {7, 130, 1, 862};
+
+static void
+ev_examples(uint32_t w, uint32_t k, double *loss, int *right)
+{
+	uint64_t h = (uint64_t)(w + 1) * 0x9e3779b97f4a7c15ULL ^
+	             (uint64_t)(k + 1) * 0xc2b2ae3d27d4eb4fULL;
+	h ^= h >> 29;
+	*loss = (double)(h % 100000) / 25000.0;
+	*right = (h >> 20) % 10 < 3 + w;
+}
+
+static void
+test_eval_tally_is_the_unions_mean(void **state)
+{
+	fb_eval_tally t;
+	fb_eval_mean m;
+	double all_loss = 0, all_right = 0, n_all = 0, f1 = 0, n_f1 = 0;
+	char names[2][FB_EVAL_NAME_MAX] = {"f1", "auc"};
+
+	fb_eval_tally_init(&t);
+	for (uint32_t w = 0; w < EV_W; w++) {
+		double ls = 0, rs = 0, v[2];
+		for (uint32_t k = 0; k < ev_sizes[w]; k++) {
+			double l;
+			int r;
+			ev_examples(w, k, &l, &r);
+			ls += l;
+			rs += r;
+			all_loss += l;
+			all_right += r;
+		}
+		n_all += ev_sizes[w];
+		v[0] = 0.1 * (w + 1);
+		v[1] = 0.5;
+		if (w != 2) { /* worker 2 reports no f1 */
+			f1 += ev_sizes[w] * v[0];
+			n_f1 += ev_sizes[w];
+		}
+		assert_int_equal(fb_eval_tally_add(&t, ev_sizes[w],
+		                     ls / ev_sizes[w], rs / ev_sizes[w],
+		                     w == 2 ? 0 : 2,
+		                     (const char(*)[FB_EVAL_NAME_MAX])names, v),
+		    FB_OK);
+	}
+	/* a worker without validation data adds nothing */
+	assert_int_equal(fb_eval_tally_add(&t, 0, NAN, NAN, 0, NULL, NULL),
+	    FB_OK);
+	fb_eval_tally_mean(&t, &m);
+	assert_int_equal(m.reports, EV_W);
+	assert_true(m.examples == n_all);
+	assert_true(fabs(m.loss - all_loss / n_all) < 1e-12);
+	assert_true(fabs(m.accuracy - all_right / n_all) < 1e-12);
+	assert_int_equal(m.metric_count, 2);
+	assert_string_equal(m.name[0], "f1");
+	assert_true(fabs(m.metric[0] - f1 / n_f1) < 1e-12);
+	assert_true(fabs(m.metric[1] - 0.5) < 1e-12);
+	/* and not the unweighted mean of the workers' accuracies */
+	{
+		double u = 0;
+		for (uint32_t w = 0; w < EV_W; w++) {
+			double rs = 0, l;
+			int r;
+			for (uint32_t k = 0; k < ev_sizes[w]; k++) {
+				ev_examples(w, k, &l, &r);
+				rs += r;
+			}
+			u += rs / ev_sizes[w] / EV_W;
+		}
+		assert_true(fabs(m.accuracy - u) > 1e-3);
+	}
+}
+
+static void
+test_eval_tally_refuses_bad_reports(void **state)
+{
+	fb_eval_tally t, before;
+	char names[FB_EVAL_METRICS_MAX + 1][FB_EVAL_NAME_MAX];
+	double v[FB_EVAL_METRICS_MAX + 1] = {0};
+	char dup[2][FB_EVAL_NAME_MAX] = {"a", "a"};
+	char empty[1][FB_EVAL_NAME_MAX] = {""};
+
+	fb_eval_tally_init(&t);
+	for (uint32_t k = 0; k <= FB_EVAL_METRICS_MAX; k++) {
+		snprintf(names[k], sizeof(names[k]), "m%u", k);
+	}
+	assert_int_equal(fb_eval_tally_add(&t, 10, 1.0, 0.5, 3,
+	                     (const char(*)[32])names, v),
+	    FB_OK);
+	before = t;
+	assert_int_equal(fb_eval_tally_add(&t, 10, NAN, 0.5, 0, NULL, NULL),
+	    FB_EINVAL);
+	assert_int_equal(fb_eval_tally_add(&t, 10, 1.0, 1.5, 0, NULL, NULL),
+	    FB_EINVAL);
+	assert_int_equal(fb_eval_tally_add(&t, 10, 1.0, -0.1, 0, NULL, NULL),
+	    FB_EINVAL);
+	assert_int_equal(fb_eval_tally_add(&t, 10, INFINITY, 0.5, 0, NULL,
+	                     NULL),
+	    FB_EINVAL);
+	assert_int_equal(fb_eval_tally_add(&t, 10, 1.0, 0.5, 2,
+	                     (const char(*)[32])dup, v),
+	    FB_EINVAL);
+	assert_int_equal(fb_eval_tally_add(&t, 10, 1.0, 0.5, 1,
+	                     (const char(*)[32])empty, v),
+	    FB_EINVAL);
+	v[0] = NAN;
+	assert_int_equal(fb_eval_tally_add(&t, 10, 1.0, 0.5, 1,
+	                     (const char(*)[32])names, v),
+	    FB_EINVAL);
+	v[0] = 0;
+	assert_int_equal(fb_eval_tally_add(&t, 10, 1.0, 0.5,
+	                     FB_EVAL_METRICS_MAX + 1, (const char(*)[32])names,
+	                     v),
+	    FB_EINVAL);
+	/* 3 names held, 6 new ones: more than the round can hold */
+	assert_int_equal(fb_eval_tally_add(&t, 10, 1.0, 0.5, 6,
+	                     (const char(*)[32])(names + 3), v),
+	    FB_ERANGE);
+	assert_memory_equal(&t, &before, sizeof(t));
+}
+
+/* The secure path: the four workers' extra coordinates summed in the ring
+ * (the masks cancel in the sum) decode to the union's means. */
+static void
+test_eval_secure_sums_decode_to_the_union(void **state)
+{
+	fb_secagg_encodings e;
+	uint32_t sum[FB_SECAGG_EXTRA] = {0}, out[FB_SECAGG_EXTRA];
+	fb_eval_mean m;
+	double all_loss = 0, all_right = 0, n_all = 0;
+	const uint64_t max_samples = 5000;
+
+	assert_int_equal(fb_secagg_encodings_init(&e, 32, EV_W, 4.0, 100.0),
+	    FB_OK);
+	for (uint32_t w = 0; w < EV_W; w++) {
+		double ls = 0, rs = 0;
+		fb_secagg_eval ev;
+		for (uint32_t k = 0; k < ev_sizes[w]; k++) {
+			double l;
+			int r;
+			ev_examples(w, k, &l, &r);
+			ls += l;
+			rs += r;
+		}
+		all_loss += ls;
+		all_right += rs;
+		n_all += ev_sizes[w];
+		ev.v = (double)ev_sizes[w] / (double)max_samples;
+		ev.loss = ls / ev_sizes[w];
+		ev.accuracy = rs / ev_sizes[w];
+		assert_int_equal(fb_secagg_encode_extras(&e, 0.1, 1.0, 1.0, &ev,
+		                     1000, 99 + w, out),
+		    FB_OK);
+		for (uint32_t k = 0; k < FB_SECAGG_EXTRA; k++) {
+			sum[k] += out[k];
+		}
+	}
+	assert_int_equal(fb_secagg_decode_eval(&e, sum, max_samples, EV_W, &m),
+	    FB_OK);
+	assert_int_equal(m.reports, EV_W);
+	assert_true(m.examples == n_all);
+	/* bounds: EV_W units of 1/S over V = n_all / max_samples */
+	assert_true(fabs(m.accuracy - all_right / n_all) <
+	            EV_W * 1.01 / e.ev_acc.scale / (n_all / max_samples));
+	assert_true(fabs(m.loss - all_loss / n_all) <
+	            EV_W * 1.01 / e.ev_loss.scale / (n_all / max_samples));
+	assert_int_equal(m.metric_count, 0);
+	/* nobody with validation data: no evaluation, not an error */
+	memset(sum, 0, sizeof(sum));
+	assert_int_equal(fb_secagg_decode_eval(&e, sum, max_samples, EV_W, &m),
+	    FB_OK);
+	assert_int_equal(m.reports, 0);
+	/* an accuracy sum no honest inputs give is refused */
+	assert_int_equal(fb_encode_scalar(&e.ev_w, 1.0, 0.1, 0, 1, &sum[3]),
+	    FB_OK);
+	assert_int_equal(fb_encode_scalar(&e.ev_acc, 1.0, 0.9, 0, 1, &sum[5]),
+	    FB_OK);
+	assert_int_equal(fb_secagg_decode_eval(&e, sum, max_samples, EV_W, &m),
+	    FB_ERANGE);
+	/* v above 1 (more examples than max_samples) cannot be encoded */
+	{
+		fb_secagg_eval big = {.v = 1.5, .loss = 1, .accuracy = 1};
+		assert_int_equal(fb_secagg_encode_extras(&e, 0.1, 1.0, 1.0,
+		                     &big, 1000, 1, out),
+		    FB_ERANGE);
+	}
+}
+
 FB_TESTS = {
+	{"federated evaluation: the tally is the union's mean",
+	    test_eval_tally_is_the_unions_mean},
+	{"federated evaluation: bad reports are refused, nothing added",
+	    test_eval_tally_refuses_bad_reports},
+	{"federated evaluation: secure sums decode to the union's means",
+	    test_eval_secure_sums_decode_to_the_union},
     {"known answers from the numpy reference are within the header's bound",
         test_vectors_within_bound},
     {"adversarial tiny weights stay within the header's bound",

@@ -81,6 +81,7 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		break;
 	case FB_MSG_ROUND_START:
 		m->u.round_start.round = 41;
+		m->u.round_start.evaluate_only = true;
 		m->u.round_start.param_count = 5000000000ULL;
 		m->u.round_start.chunk_count = 4769;
 		m->u.round_start.chunk_bytes = 1 << 20;
@@ -140,6 +141,16 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		m->u.update_begin.stream_key.len = 32;
 		memset(m->u.update_begin.stream_header.b, 0x78, 32);
 		m->u.update_begin.stream_header.len = 32;
+		m->u.update_begin.eval_examples = 2500;
+		m->u.update_begin.eval_loss = 0.25;
+		m->u.update_begin.eval_accuracy = 0.875;
+		m->u.update_begin.eval_metric_count = FB_WIRE_METRICS_MAX;
+		for (int k = 0; k < FB_WIRE_METRICS_MAX; k++) {
+			snprintf(m->u.update_begin.eval_name[k],
+			    FB_WIRE_METRIC_NAME, "metric_%d_%.*s", k, 20,
+			    "abcdefghijklmnopqrstuvwxyz");
+			m->u.update_begin.eval_metric[k] = 0.5 + k;
+		}
 		break;
 	case FB_MSG_UPDATE_END:
 		m->u.update_end.round = 5;
@@ -288,6 +299,44 @@ hello_named(const char *field_value, unsigned field)
 	pb_str(&body, field, field_value);
 	frame(&f, 0, 1, &body);
 	return unpack_pbuf(&f, &m);
+}
+
+/* An UpdateBegin with `n` evaluation metrics, the first named `name0`. */
+static fb_err
+update_begin_metrics(uint32_t n, const char *name0)
+{
+	pbuf body = {0}, met, f;
+	fb_msg m;
+
+	pb_uint(&body, 1, 3);
+	for (uint32_t k = 0; k < n; k++) {
+		char name[64];
+		snprintf(name, sizeof(name), "m%u", k);
+		met.n = 0;
+		pb_str(&met, 1, k == 0 ? name0 : name);
+		pb_bytes(&body, 33, met.b, met.n);
+	}
+	frame(&f, 0, 7, &body);
+	return unpack_pbuf(&f, &m);
+}
+
+/* A peer's evaluation metrics: at most 8, with names that fit and hold
+ * no control bytes. */
+static void
+test_update_begin_metrics_bounded(void **state)
+{
+	char longname[FB_WIRE_METRIC_NAME + 1];
+
+	memset(longname, 'x', FB_WIRE_METRIC_NAME);
+	longname[FB_WIRE_METRIC_NAME] = '\0';
+	assert_int_equal(update_begin_metrics(FB_WIRE_METRICS_MAX, "ok"),
+	    FB_OK);
+	assert_int_equal(update_begin_metrics(FB_WIRE_METRICS_MAX + 1, "ok"),
+	    FB_EPROTO);
+	assert_int_equal(update_begin_metrics(1, longname), FB_EPROTO);
+	longname[FB_WIRE_METRIC_NAME - 1] = '\0'; /* 31 bytes: fits */
+	assert_int_equal(update_begin_metrics(1, longname), FB_OK);
+	assert_int_equal(update_begin_metrics(1, "a\nb"), FB_EPROTO);
 }
 
 /* ---- message tests ------------------------------------------------------ */
@@ -1890,6 +1939,8 @@ test_secagg_payload_sealed(void **state)
 }
 
 FB_TESTS = {
+	{"an update's evaluation metrics are bounded in count and name",
+	    test_update_begin_metrics_bounded},
     {"every message type survives pack and unpack with all fields",
         test_roundtrip_every_type},
     {"messages with default fields survive pack and unpack",

@@ -157,6 +157,8 @@ typedef struct fake_worker {
 	uint32_t sa_n;
 	double a_norm;         /* FedNova */
 	double loss;
+	uint64_t ev_n;         /* its validation examples; 0: no evaluation */
+	double ev_loss, ev_acc;
 	const fb_msg *rs;      /* its last RoundStart */
 	/* a malicious worker: added to each ring element of its input */
 	uint32_t evil_add;     /* model coordinates */
@@ -578,8 +580,10 @@ upload_chunk(uint32_t i, uint32_t pos, uint32_t *buf, size_t *len,
 
 	if (k == chunks) { /* SecAgg extras */
 		double w = (double)fw->samples / 1000.0;
+		fb_secagg_eval ev = {.v = (double)fw->ev_n / 1000.0,
+		    .loss = fw->ev_loss, .accuracy = fw->ev_acc};
 		assert_int_equal(fb_secagg_encode_extras(&fw->enc, w, fw->loss,
-		                     fw->a_norm, PARAMS, 7 + i, buf),
+		                     fw->a_norm, &ev, PARAMS, 7 + i, buf),
 		    FB_OK);
 		buf[0] += fw->evil_w;
 		assert_int_equal(fb_secagg_worker_mask_chunk(fw->sa, buf, PARAMS,
@@ -633,6 +637,9 @@ upload(uint32_t i, const float *x, uint32_t stop_after)
 		b.u.update_begin.steps = 5;
 		b.u.update_begin.train_loss = fw->loss;
 		b.u.update_begin.a_norm = fw->a_norm;
+		b.u.update_begin.eval_examples = fw->ev_n;
+		b.u.update_begin.eval_loss = fw->ev_loss;
+		b.u.update_begin.eval_accuracy = fw->ev_acc;
 	}
 	if (t.secure) {
 		fb_stream_ctx ctx = {.run = t.c->run, .round = fw->round,
@@ -833,6 +840,160 @@ test_plain_round_phases_and_fedavg(void **state)
 	assert_non_null(strstr(line, "\"status\": \"ok\""));
 	assert_non_null(strstr(line, "\"participants\": 3"));
 	assert_non_null(strstr(line, "\"time\": \""));
+	bench_stop();
+}
+
+/* Each worker's validation set, as counts: n_i examples, c_i of them
+ * right, loss sum s_i. The union's accuracy and loss, computed from the
+ * integer counts (not through the code under test's weighting). */
+static const uint64_t ev_n[3] = {120, 380, 0};
+static const uint64_t ev_correct[3] = {90, 301, 0};
+static const double ev_loss_sum[3] = {61.5, 140.6, 0};
+
+static void
+fedeval_give(void)
+{
+	for (uint32_t i = 0; i < 3; i++) {
+		t.fw[i].ev_n = ev_n[i];
+		t.fw[i].ev_acc = ev_n[i] ? (double)ev_correct[i] / ev_n[i] : 0;
+		t.fw[i].ev_loss = ev_n[i] ? ev_loss_sum[i] / ev_n[i] : 0;
+	}
+}
+
+static void
+fedeval_run_round(void)
+{
+	hello(0);
+	hello(1);
+	hello(2);
+	if (t.sa) {
+		sa_setup(7);
+	} else {
+		for (uint32_t i = 0; i < 3; i++) {
+			assert_non_null(take_round_start(i));
+		}
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	if (t.sa) {
+		for (uint32_t i = 0; i < 3; i++) {
+			sa_reveal(i);
+		}
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+}
+
+/* A plain round's metrics line holds the federated evaluation: the
+ * sample-weighted means over the reports, which are the union's. */
+static void
+test_plain_round_federated_evaluation(void **state)
+{
+	char line[16384], want[128];
+	double acc = (90.0 + 301.0) / 500.0, loss = (61.5 + 140.6) / 500.0;
+
+	bench_start(&(setup){.workers = 3});
+	fedeval_give();
+	fedeval_run_round();
+	/* the record of round 1 (round 2 has begun and reset rd.r) */
+	last_metrics(line, sizeof(line));
+	snprintf(want, sizeof(want), "\"fed_eval\": {\"workers\": 2, "
+	    "\"examples\": 500, \"loss\": %.6f, \"accuracy\": %.6f}",
+	    loss, acc);
+	assert_non_null(strstr(line, want));
+	bench_stop();
+}
+
+/* Under secure aggregation the evaluation comes only as masked sums; the
+ * decoded means are the union's within the encoding's bound, and no
+ * worker's own count is in the metrics line. */
+static void
+test_secure_round_federated_evaluation(void **state)
+{
+	char line[16384];
+	double acc = (90.0 + 301.0) / 500.0, loss = (61.5 + 140.6) / 500.0;
+	double got_acc = 0, got_loss = 0, got_n = 0;
+	const char *p;
+
+	bench_start(&(setup){.workers = 3, .secure = true});
+	fedeval_give();
+	fedeval_run_round();
+	last_metrics(line, sizeof(line));
+	p = strstr(line, "\"fed_eval\": {\"workers\": 3, ");
+	assert_non_null(p);
+	assert_int_equal(sscanf(p, "\"fed_eval\": {\"workers\": 3, "
+	                     "\"examples\": %lf, \"loss\": %lf, "
+	                     "\"accuracy\": %lf", &got_n, &got_loss, &got_acc),
+	    3);
+	assert_true(got_n == 500);
+	/* v = n / 1000 (max_samples), 3 inputs: bounds 3 / S over V = 0.5 */
+	assert_true(fabs(got_acc - acc) < 1e-6);
+	assert_true(fabs(got_loss - loss) < 1e-3);
+	assert_null(strstr(line, "\"examples\": 120"));
+	assert_null(strstr(line, "\"examples\": 380"));
+	bench_stop();
+}
+
+/* evaluation.federated_final: after the last round, one round that only
+ * evaluates (secure here): RoundStart says so, the zero updates are summed
+ * for the evaluation but the model is not stepped, and the last metrics
+ * line is marked final. */
+static void
+test_final_round_only_evaluates(void **state)
+{
+	static float after1[PARAMS], zero[PARAMS];
+	char line[16384];
+	double acc = (90.0 + 301.0) / 500.0, got = 0;
+	const char *p;
+
+	bench_start(&(setup){.workers = 3, .secure = true});
+	t.cfg.rounds = 1;
+	t.cfg.fed_final = true;
+	fedeval_give();
+	fedeval_run_round();
+	assert_int_equal(t.c->rd.number, 2);
+	assert_true(t.c->rd.final);
+	memcpy(after1, t.c->params, sizeof(after1));
+	for (uint32_t i = 0; i < 3; i++) {
+		const fb_msg *rs = take_round_start(i);
+		assert_non_null(rs);
+		assert_int_equal(rs->u.round_start.round, 2);
+		assert_true(rs->u.round_start.evaluate_only);
+	}
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, zero, UINT32_MAX);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_phase(PHASE_DONE);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_memory_equal(t.c->params, after1, sizeof(after1));
+	assert_int_equal(metrics_lines(), 2);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "{\"round\": 2, \"final\": true, "));
+	p = strstr(line, "\"accuracy\": ");
+	assert_non_null(p);
+	assert_int_equal(sscanf(p, "\"accuracy\": %lf", &got), 1);
+	assert_true(fabs(got - acc) < 1e-6);
+	bench_stop();
+}
+
+/* A report with an accuracy above 1 (a hostile or broken worker) is left
+ * out; the others' still count. */
+static void
+test_plain_bad_evaluation_left_out(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){.workers = 3});
+	fedeval_give();
+	t.fw[1].ev_acc = 3.0;
+	fedeval_run_round();
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"fed_eval\": {\"workers\": 1, "
+	                             "\"examples\": 120, "));
 	bench_stop();
 }
 
@@ -1762,6 +1923,14 @@ test_secure_time_budget_private(void **state)
 }
 
 FB_TESTS = {
+	{"the final round only evaluates: no step, a final line",
+	    test_final_round_only_evaluates},
+	{"a plain round writes the federated evaluation's weighted means",
+	    test_plain_round_federated_evaluation},
+	{"a secure round sums the federated evaluation under the masks",
+	    test_secure_round_federated_evaluation},
+	{"a worker's out-of-range evaluation is left out",
+	    test_plain_bad_evaluation_left_out},
     {"a plain round goes idle, train, aggregate, record with FedAvg weights",
         test_plain_round_phases_and_fedavg},
     {"idle waits for min_workers, then times out the run",

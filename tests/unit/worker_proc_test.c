@@ -279,6 +279,72 @@ test_hostile_table_refused(void **state)
 	fb_model_close(m);
 }
 
+/* An EVAL as python/fedbox/_wire.py writes it; `name1` and `acc` vary. */
+static fb_err
+eval_try(const char *name1, double acc, double v1, bool extra_byte,
+    fb_train_eval *ev)
+{
+	fb_proc_buf b = {0};
+	fb_proc_rd r;
+	uint32_t type;
+	uint64_t id = 0;
+	char why[256];
+	fb_err rc;
+
+	fb_proc_msg_begin(&b, FB_PROC_EVAL);
+	fb_proc_buf_u64(&b, 9);
+	fb_proc_buf_u64(&b, 2500);
+	fb_proc_buf_f64(&b, 0.41);
+	fb_proc_buf_f64(&b, acc);
+	fb_proc_buf_u32(&b, 2);
+	fb_proc_buf_str(&b, "f1");
+	fb_proc_buf_f64(&b, 0.8);
+	fb_proc_buf_str(&b, name1);
+	fb_proc_buf_f64(&b, v1);
+	if (extra_byte) {
+		fb_proc_buf_u8(&b, 0);
+	}
+	assert_int_equal(fb_proc_msg_end(&b), FB_OK);
+	assert_int_equal(
+	    fb_proc_msg_type(b.p + 4, b.len - 4, &r, &type), FB_OK);
+	assert_int_equal(type, FB_PROC_EVAL);
+	rc = fb_proc_eval_unpack(&r, &id, ev, why, sizeof(why));
+	if (rc == FB_OK) {
+		assert_int_equal(id, 9);
+	} else {
+		assert_true(why[0] != '\0');
+		assert_int_equal(ev->examples, 0);
+	}
+	fb_proc_buf_fini(&b);
+	return rc;
+}
+
+static void
+test_eval_reads_back_and_checks(void **state)
+{
+	fb_train_eval ev;
+
+	assert_int_equal(eval_try("auc", 0.9, 0.7, false, &ev), FB_OK);
+	assert_int_equal(ev.examples, 2500);
+	assert_true(ev.loss == 0.41 && ev.accuracy == 0.9);
+	assert_int_equal(ev.metric_count, 2);
+	assert_string_equal(ev.name[1], "auc");
+	assert_true(ev.value[0] == 0.8 && ev.value[1] == 0.7);
+	/* no accuracy (regression) is fine */
+	assert_int_equal(eval_try("auc", NAN, 0.7, false, &ev), FB_OK);
+	assert_true(isnan(ev.accuracy));
+	assert_int_equal(eval_try("auc", 1.5, 0.7, false, &ev), FB_EINVAL);
+	assert_int_equal(eval_try("f1", 0.9, 0.7, false, &ev), FB_EINVAL);
+	assert_int_equal(eval_try("", 0.9, 0.7, false, &ev), FB_EINVAL);
+	assert_int_equal(eval_try("a\"b", 0.9, 0.7, false, &ev), FB_EINVAL);
+	assert_int_equal(eval_try("auc", 0.9, INFINITY, false, &ev),
+	    FB_EINVAL);
+	assert_int_equal(eval_try("a_name_of_more_than_31_bytes_long", 0.9,
+	                     0.7, false, &ev),
+	    FB_EPROTO);
+	assert_int_equal(eval_try("auc", 0.9, 0.7, true, &ev), FB_EPROTO);
+}
+
 static void
 test_hello_is_exact(void **state)
 {
@@ -492,6 +558,8 @@ test_oversized_message_refused(void **state)
 }
 
 FB_TESTS = {
+    {"an evaluation reads back and bad values are refused by name",
+        test_eval_reads_back_and_checks},
     {"a task survives packing and reads back field for field",
         test_task_roundtrip},
     {"the model's own layout passes the layout check",

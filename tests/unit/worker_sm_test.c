@@ -68,6 +68,7 @@ typedef struct fix {
 	fb_secagg_worker *peer;
 	fb_secagg_params sap;
 	uint8_t ckey[FB_HS_COOKIE_KEY_LEN]; /* the coordinator's cookies */
+	fb_train_eval ev; /* the evaluation the trainer thread reports */
 } fix;
 
 /* ---- the fakes ---------------------------------------------------------- */
@@ -510,6 +511,7 @@ train_done(fix *x, fb_err rc)
 	x->w.stats.loss_mean = 0.5;
 	x->w.stats.seconds = 0.25;
 	/* as the trainer thread does after training */
+	x->w.eval = x->ev;
 	x->w.train_rc = rc == FB_OK ? fb_wk_update_form(&x->w) : rc;
 	fb_wk_on_trained(&x->w, x->now);
 }
@@ -696,6 +698,37 @@ test_round_end_to_end(void **state)
 		assert_int_equal(c->len, len);
 		assert_memory_equal(c->payload, want, len);
 	}
+	fix_free(x);
+}
+
+/* The global model's evaluation rides in a plain UpdateBegin, named
+ * metrics included. */
+static void
+test_plain_update_carries_evaluation(void **state)
+{
+	fix *x = fix_new(false);
+	size_t at;
+	sent *b;
+
+	x->ev.examples = 250;
+	x->ev.loss = 0.75;
+	x->ev.accuracy = 0.812;
+	x->ev.metric_count = 1;
+	snprintf(x->ev.name[0], sizeof(x->ev.name[0]), "f1");
+	x->ev.value[0] = 0.66;
+	plain_join(x);
+	run_to_training(x, 1, 2);
+	at = x->nlog;
+	train_done(x, FB_OK);
+	fb_wk_on_writable(&x->w, x->now);
+	b = &x->log[at];
+	assert_int_equal(b->msg.type, FB_MSG_UPDATE_BEGIN);
+	assert_int_equal(b->msg.u.update_begin.eval_examples, 250);
+	assert_true(b->msg.u.update_begin.eval_loss == 0.75);
+	assert_true(b->msg.u.update_begin.eval_accuracy == 0.812);
+	assert_int_equal(b->msg.u.update_begin.eval_metric_count, 1);
+	assert_string_equal(b->msg.u.update_begin.eval_name[0], "f1");
+	assert_true(b->msg.u.update_begin.eval_metric[0] == 0.66);
 	fix_free(x);
 }
 
@@ -1553,6 +1586,11 @@ test_secagg_round(void **state)
 	size_t at;
 	sent *b;
 
+	x->ev.examples = 250; /* an evaluation: only in the masked input */
+	x->ev.loss = 0.75;
+	x->ev.accuracy = 0.812;
+	x->ev.metric_count = 1;
+	snprintf(x->ev.name[0], sizeof(x->ev.name[0]), "f1");
 	secure_join(x);
 	rs = sa_round_msg(x, 5);
 	x->served = x->nlog;
@@ -1582,6 +1620,10 @@ test_secagg_round(void **state)
 	assert_true(b->msg.u.update_begin.train_loss == 0.0);
 	assert_true(b->msg.u.update_begin.steps_per_second == 0.0);
 	assert_true(b->msg.u.update_begin.train_seconds == 0.0);
+	assert_int_equal(b->msg.u.update_begin.eval_examples, 0);
+	assert_true(b->msg.u.update_begin.eval_loss == 0.0);
+	assert_true(b->msg.u.update_begin.eval_accuracy == 0.0);
+	assert_int_equal(b->msg.u.update_begin.eval_metric_count, 0);
 	assert_int_equal(
 	    x->log[at + 1 + NCHUNK].msg.u.update_chunk.chunk, NCHUNK);
 	assert_int_equal(last(x)->msg.type, FB_MSG_UPDATE_END);
@@ -2118,6 +2160,8 @@ test_init_model_from_welcome(void **state)
 }
 
 FB_TESTS = {
+	{"a plain update carries the global model's evaluation",
+	    test_plain_update_carries_evaluation},
     {"a plain worker says hello and the welcome admits it",
         test_hello_and_welcome},
     {"a round goes from its start to an update in rotated chunk order",

@@ -16,11 +16,17 @@
  *   worker -> trainer  WELCOME version, param count, layout, parameter
  *                              bytes, device, shard (count, dim, classes,
  *                              label dtype) or none; fds: params[, x, y]
- *   worker -> trainer  TASK    task id, kind, round, steps, batch, lr,
+ *   worker -> trainer  TASK    task id, kind (train, evaluate), round,
+ *                              steps, batch, lr,
  *                              momentum, weight decay, prox mu, seed,
  *                              worker index
  *   trainer -> worker  RESULT  task id, examples, steps, loss, a_norm (NaN:
  *                              none), seconds, param count, layout
+ *   trainer -> worker  EVAL    task id, examples, loss, accuracy (NaN:
+ *                              none), metric count (<= 8), per metric its
+ *                              name and value: the task's global model on
+ *                              the trainer's validation data; at most one
+ *                              per task, before its RESULT (optional)
  *   trainer -> worker  FAIL    task id, fatal (1 byte: the trainer is
  *                              ending), reason
  *   worker -> trainer  BYE     (the worker is closing)
@@ -43,9 +49,10 @@
 
 #include "common/err.h"
 #include "model/model.h"
+#include "worker/trainer.h"
 
 #define FB_PROC_MAGIC 0x50544246u /* "FBTP" */
-#define FB_PROC_VERSION 1u
+#define FB_PROC_VERSION 2u /* 2: EVAL */
 #define FB_PROC_MSG_MAX (16u << 20) /* bytes of one message body */
 #define FB_PROC_TOKEN_LEN 32
 #define FB_PROC_REASON_MAX 4096     /* bytes of a FAIL reason kept */
@@ -67,6 +74,7 @@ typedef enum fb_proc_type {
 	FB_PROC_RESULT = 4,
 	FB_PROC_FAIL = 5,
 	FB_PROC_BYE = 6,
+	FB_PROC_EVAL = 7,
 } fb_proc_type;
 
 typedef enum fb_proc_dtype {
@@ -77,6 +85,8 @@ typedef enum fb_proc_dtype {
 
 typedef enum fb_proc_kind {
 	FB_PROC_TRAIN = 1,
+	FB_PROC_EVALUATE = 2, /* evaluate the parameters only (EVAL answers;
+	                       * a RESULT is taken too) */
 } fb_proc_kind;
 
 /* A growable message under construction; `oom` sticks once set. */
@@ -162,6 +172,15 @@ FB_MUST_CHECK fb_err fb_proc_msg_type(
 /* fb_proc_hello_unpack reads a HELLO's fields from `r` (after the type),
  * which must hold nothing else. Errors: FB_EPROTO. */
 FB_MUST_CHECK fb_err fb_proc_hello_unpack(fb_proc_rd *r, fb_proc_hello *h);
+
+/* fb_proc_eval_unpack reads an EVAL body (after its type) into *ev and
+ * *task_id, and checks it: examples >= 1, a finite loss, an accuracy in
+ * [0, 1] or NaN, at most FB_TRAIN_METRICS_MAX metrics with names of 1 to
+ * 31 printable bytes, no two alike, and finite values. Errors: FB_EPROTO
+ * (truncated or trailing bytes; *why says), FB_EINVAL (a value out of
+ * range; *why names it). */
+FB_MUST_CHECK fb_err fb_proc_eval_unpack(fb_proc_rd *r, uint64_t *task_id,
+    fb_train_eval *ev, char *why, size_t why_len);
 
 /* fb_proc_result_unpack reads a RESULT's fixed fields from `r` and leaves
  * out->layout on the layout. Errors: FB_EPROTO (truncated). */

@@ -576,7 +576,7 @@ send_task(proc_state *s, const fb_train_opts *opts)
 
 	memset(&t, 0, sizeof(t));
 	t.id = ++s->task_id;
-	t.kind = FB_PROC_TRAIN;
+	t.kind = opts->evaluate_only ? FB_PROC_EVALUATE : FB_PROC_TRAIN;
 	t.round = opts->round;
 	t.steps = opts->steps;
 	t.batch = opts->batch;
@@ -633,6 +633,37 @@ await_answer(
 	return rc;
 }
 
+/* take_eval keeps the task's evaluation (one, before the result): FB_EAGAIN
+ * to wait on for the result. */
+static fb_err
+take_eval(proc_state *s, fb_proc_rd *r, fb_train_stats *stats)
+{
+	char why[256];
+	uint64_t id = 0;
+	fb_train_eval ev;
+
+	if (stats->eval.examples > 0) {
+		fb_log_error("round %u: the trainer sent a second evaluation "
+		             "for the task",
+		    s->round);
+		return FB_EPROTO;
+	}
+	if (fb_proc_eval_unpack(r, &id, &ev, why, sizeof(why)) != FB_OK) {
+		fb_log_error("round %u: the trainer's evaluation is not "
+		             "usable: %s",
+		    s->round, why);
+		return FB_EPROTO;
+	}
+	if (id != s->task_id) {
+		fb_log_error("round %u: the trainer evaluated task %" PRIu64
+		             ", not %" PRIu64,
+		    s->round, id, s->task_id);
+		return FB_EPROTO;
+	}
+	stats->eval = ev;
+	return FB_EAGAIN;
+}
+
 /* take_answer reads the answer in s->in: a result to check, or the
  * trainer's own report of a failure (FB_EIO; *keep says whether the
  * trainer goes on: it failed the task, not itself). */
@@ -655,6 +686,9 @@ take_answer(
 	}
 	if (type == FB_PROC_RESULT) {
 		return check_result(s, &r, stats);
+	}
+	if (type == FB_PROC_EVAL) {
+		return take_eval(s, &r, stats);
 	}
 	if (type != FB_PROC_FAIL) {
 		fb_log_error("round %u: the trainer sent message type %u "
@@ -707,8 +741,20 @@ proc_train(void *state, const fb_train_opts *opts, fb_train_stats *stats,
 		goto out;
 	}
 	sent_ms = fb_now_ms();
-	if ((rc = await_answer(s, sent_ms, cancel, &len)) != FB_OK ||
-	    (rc = take_answer(s, len, stats, &keep, &ending)) != FB_OK) {
+	/* an evaluation may come first: then the result, same deadline
+	 * (an evaluation-only task ends with the evaluation) */
+	do {
+		if ((rc = await_answer(s, sent_ms, cancel, &len)) != FB_OK) {
+			goto out;
+		}
+		rc = take_answer(s, len, stats, &keep, &ending);
+	} while (rc == FB_EAGAIN && !opts->evaluate_only);
+	if (rc == FB_EAGAIN) {
+		stats->seconds = (double)(fb_now_ms() - sent_ms) / 1000.0;
+		rc = FB_OK;
+		goto out; /* evaluated; no parameters come back */
+	}
+	if (rc != FB_OK) {
 		goto out;
 	}
 	/* Our own clock, task sent to answer: the coordinator schedules

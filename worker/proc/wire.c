@@ -285,6 +285,69 @@ fb_proc_result_unpack(fb_proc_rd *r, fb_proc_result *out)
 }
 
 fb_err
+fb_proc_eval_unpack(fb_proc_rd *r, uint64_t *task_id, fb_train_eval *ev,
+    char *why, size_t why_len)
+{
+	uint32_t n;
+
+	memset(ev, 0, sizeof(*ev));
+	why[0] = '\0';
+	*task_id = fb_proc_rd_u64(r);
+	ev->examples = fb_proc_rd_u64(r);
+	ev->loss = fb_proc_rd_f64(r);
+	ev->accuracy = fb_proc_rd_f64(r);
+	n = fb_proc_rd_u32(r);
+	if (!r->bad && n > FB_TRAIN_METRICS_MAX) {
+		snprintf(why, why_len, "%u metrics (at most %d)", n,
+		    FB_TRAIN_METRICS_MAX);
+		memset(ev, 0, sizeof(*ev));
+		return FB_EINVAL;
+	}
+	for (uint32_t k = 0; k < n && !r->bad; k++) {
+		fb_proc_rd_str(r, ev->name[k], FB_TRAIN_METRIC_NAME);
+		ev->value[k] = fb_proc_rd_f64(r);
+	}
+	if (r->bad || r->left != 0) {
+		snprintf(why, why_len, "malformed (truncated, a metric name "
+		                       "over %d bytes, or trailing bytes)",
+		    FB_TRAIN_METRIC_NAME - 1);
+		memset(ev, 0, sizeof(*ev));
+		return FB_EPROTO;
+	}
+	ev->metric_count = n;
+	if (ev->examples == 0 || !isfinite(ev->loss) ||
+	    !(isnan(ev->accuracy) ||
+	        (ev->accuracy >= 0 && ev->accuracy <= 1))) {
+		snprintf(why, why_len,
+		    "%" PRIu64 " examples, loss %g, accuracy %g (examples "
+		    ">= 1, the loss finite, the accuracy in [0, 1] or none)",
+		    ev->examples, ev->loss, ev->accuracy);
+		memset(ev, 0, sizeof(*ev));
+		return FB_EINVAL;
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		bool ok = ev->name[k][0] != '\0' && isfinite(ev->value[k]);
+		for (const char *c = ev->name[k]; ok && *c != '\0'; c++) {
+			ok = (unsigned char)*c >= 0x20 && *c != 0x7f &&
+			     *c != '"' && *c != '\\';
+		}
+		for (uint32_t j = 0; ok && j < k; j++) {
+			ok = strcmp(ev->name[j], ev->name[k]) != 0;
+		}
+		if (!ok) {
+			snprintf(why, why_len,
+			    "metric %u (\"%s\" = %g): a name must be "
+			    "printable, without quotes or backslashes, and "
+			    "unique; a value finite",
+			    k, ev->name[k], ev->value[k]);
+			memset(ev, 0, sizeof(*ev));
+			return FB_EINVAL;
+		}
+	}
+	return FB_OK;
+}
+
+fb_err
 fb_proc_fail_unpack(
     fb_proc_rd *r, uint64_t *task_id, bool *fatal, char *reason, size_t cap)
 {
