@@ -41,7 +41,7 @@ typedef struct fb_worker_config {
 	double throttle;
 	char *plugin;             /* local path of a plug-in model */
 	/* transport */
-	int64_t connect_timeout_ms;
+	int64_t connect_timeout_ms; /* -1: forever */
 	int64_t send_timeout_ms;
 	int64_t fetch_window;
 	/* security */

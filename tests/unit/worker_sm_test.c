@@ -51,6 +51,8 @@ typedef struct fix {
 	size_t room;   /* messages the link takes before it is full */
 	int starts, stops, relinks;
 	char relinked[FB_TEXT_MAX];
+	fb_traffic traffic; /* what the fake connection moved */
+	bool has_traffic;   /* false: the link cannot say */
 	fb_err start_rc;
 	/* the coordinator's side */
 	float global[P];
@@ -128,6 +130,15 @@ fake_relink(void *arg, fb_wk *w, const char *endpoint)
 	return FB_OK;
 }
 
+static fb_err
+fake_traffic(void *arg, fb_wk *w, fb_traffic *t)
+{
+	fix *x = arg;
+
+	*t = x->traffic;
+	return x->has_traffic ? FB_OK : FB_ECLOSED;
+}
+
 static fix *
 fix_new(bool secure)
 {
@@ -141,7 +152,7 @@ fix_new(bool secure)
 	x->cfg.none_samples = 1000;
 	x->cfg.throttle = 1.0;
 	x->cfg.plugin = (char *)"";
-	x->cfg.connect_timeout_ms = 120000;
+	x->cfg.connect_timeout_ms = -1; /* forever, the default */
 	x->cfg.send_timeout_ms = 30000;
 	x->cfg.fetch_window = 2;
 	x->cfg.security = secure;
@@ -156,6 +167,7 @@ fix_new(bool secure)
 	    .train_start = fake_train_start,
 	    .train_stop = fake_train_stop,
 	    .relink = fake_relink,
+	    .traffic = fake_traffic,
 	};
 	x->room = ROOM_ANY;
 	x->now = T0;
@@ -863,20 +875,168 @@ test_full_queue_past_send_timeout(void **state)
 	fix_free(x);
 }
 
+/* The times (ms after T0) the hellos of a 10-minute outage went out. */
+static size_t
+hello_times(fix *x, int64_t *at, size_t cap)
+{
+	size_t n = 0;
+
+	fb_wk_start(&x->w, x->now);
+	at[n++] = 0;
+	while (x->now < T0 + 600000) {
+		size_t before = count_of(x, FB_MSG_HELLO, 0);
+		x->now += 10;
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+		if (count_of(x, FB_MSG_HELLO, 0) > before && n < cap) {
+			at[n++] = x->now - T0;
+		}
+	}
+	return n;
+}
+
 static void
-test_join_retries_and_gives_up(void **state)
+test_join_retries_with_backoff(void **state)
+{
+	fix *x = fix_new(false), *y = fix_new(false);
+	int64_t at[256], bt[256];
+	size_t n, m, same = 0;
+
+	/* no answer for 10 minutes: never given up (forever), the hellos go
+	 * out ever further apart, each gap in the upper half of the
+	 * interval: 1 s, 2 s, 4 s, ... 30 s */
+	n = hello_times(x, at, 256);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	assert_true(n >= 20 && n < 40);
+	for (size_t i = 1; i < n; i++) {
+		int64_t gap = at[i] - at[i - 1];
+		int64_t r = (int64_t)FB_WK_JOIN_RETRY_MS << (i - 1);
+		r = r > FB_WK_JOIN_RETRY_MAX_MS ? FB_WK_JOIN_RETRY_MAX_MS : r;
+		assert_true(gap >= r / 2 && gap <= r + 10);
+	}
+	/* another worker (another session) draws other gaps: not in step */
+	m = hello_times(y, bt, 256);
+	for (size_t i = 1; i < n && i < m; i++) {
+		same += at[i] == bt[i];
+	}
+	assert_true(same < 3);
+	fix_free(x);
+	fix_free(y);
+	/* with a connect timeout set, it gives up after it */
+	x = fix_new(false);
+	x->cfg.connect_timeout_ms = 120000;
+	fb_wk_start(&x->w, x->now);
+	x->now = T0 + 120000;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	x->now += 1;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_ETIMEDOUT);
+	fix_free(x);
+}
+
+static void
+test_link_events_join_and_rejoin(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg wm = welcome_msg();
+	uint64_t old_session;
+	size_t at;
+
+	/* no connection at first: the hello finds no room and waits; the
+	 * connection comes up and it goes at once */
+	x->room = 0;
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(x->nlog, 0);
+	assert_false(fb_wk_wants_out(&x->w));
+	x->room = ROOM_ANY;
+	x->now += 300;
+	fb_wk_on_link(&x->w, true, 1, x->now);
+	assert_int_equal(count_of(x, FB_MSG_HELLO, 0), 1);
+	/* up but the queue full: it goes on the first room */
+	fb_wk_rejoin(&x->w, "test");
+	at = x->nlog;
+	x->room = 0;
+	fb_wk_on_link(&x->w, false, 1, x->now);
+	fb_wk_on_link(&x->w, true, 2, x->now);
+	assert_true(fb_wk_wants_out(&x->w));
+	x->room = ROOM_ANY;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(count_of(x, FB_MSG_HELLO, at), 1);
+	assert_false(fb_wk_wants_out(&x->w));
+	assert_int_equal(deliver(x, &wm, NULL, 0), FB_OK);
+	assert_true(x->w.welcomed);
+	run_to_training(x, 1, 0);
+	/* the connection closes: the round is left and the worker joins
+	 * again, with a new session, as soon as a connection is back */
+	old_session = x->w.session;
+	at = x->nlog;
+	x->now += 50;
+	fb_wk_on_link(&x->w, false, 2, x->now);
+	assert_false(x->w.welcomed);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	assert_int_equal(x->stops, 1);
+	assert_int_not_equal(x->w.session, old_session);
+	fb_wk_on_link(&x->w, true, 3, x->now);
+	assert_true(count_of(x, FB_MSG_HELLO, at) >= 1);
+	assert_int_equal(last(x)->msg.u.hello.session, x->w.session);
+	/* welcomed again; a connection replaced under it (a new one came up
+	 * without our seeing the old go) is a rejoin too */
+	assert_int_equal(deliver(x, &wm, NULL, 0), FB_OK);
+	assert_true(x->w.welcomed);
+	fb_wk_on_link(&x->w, true, 3, x->now); /* the same: nothing */
+	assert_true(x->w.welcomed);
+	fb_wk_on_link(&x->w, true, 4, x->now);
+	assert_false(x->w.welcomed);
+	fix_free(x);
+}
+
+static void
+test_bytes_moving_keep_links_alive(void **state)
 {
 	fix *x = fix_new(false);
 
-	fb_wk_start(&x->w, x->now);
-	x->now += 1999;
+	plain_join(x);
+	x->has_traffic = true;
+	run_to_training(x, 1, 0);
+	/* no whole message from the coordinator for a minute, but bytes
+	 * (a model chunk on a slow link, say) keep coming in: still here */
+	for (int i = 0; i < 600; i++) {
+		x->now += 100;
+		x->traffic.in += 3000;
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	}
+	assert_true(x->w.welcomed);
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	/* the bytes stop: gone after the liveness timeout (3 s) */
+	for (int i = 0; i < 30; i++) {
+		x->now += 100;
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	}
+	assert_true(x->w.welcomed);
+	x->now += 100;
 	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
-	assert_int_equal(count_of(x, FB_MSG_HELLO, 0), 1);
-	x->now += 1;
-	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
-	assert_int_equal(count_of(x, FB_MSG_HELLO, 0), 2);
-	x->now = T0 + 120001;
-	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_ETIMEDOUT);
+	assert_false(x->w.welcomed);
+	fix_free(x);
+	/* the queue full for a minute, but what we sent is acknowledged bit
+	 * by bit (an upload on a slow link): no rejoin; once nothing is
+	 * acknowledged for transport.send_timeout (30 s), rejoin */
+	x = fix_new(false);
+	plain_join(x);
+	x->has_traffic = true;
+	x->room = 0;
+	for (int i = 0; i < 60; i++) {
+		fb_msg hb = simple_msg(FB_MSG_HEARTBEAT, 0);
+		x->now += 1000;
+		x->traffic.acked += 30000;
+		assert_int_equal(deliver(x, &hb, NULL, 0), FB_OK);
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	}
+	assert_true(x->w.welcomed);
+	for (int i = 0; i < 31; i++) {
+		fb_msg hb = simple_msg(FB_MSG_HEARTBEAT, 0);
+		x->now += 1000;
+		assert_int_equal(deliver(x, &hb, NULL, 0), FB_OK);
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	}
+	assert_false(x->w.welcomed);
 	fix_free(x);
 }
 
@@ -1578,8 +1738,12 @@ FB_TESTS = {
         test_silent_coordinator},
     {"a queue full past transport.send_timeout makes the worker rejoin",
         test_full_queue_past_send_timeout},
-    {"joining retries the hello and gives up after the connect timeout",
-        test_join_retries_and_gives_up},
+    {"joining retries with backoff and jitter, forever unless told",
+        test_join_retries_with_backoff},
+    {"the link's connection events start, and restart, the join",
+        test_link_events_join_and_rejoin},
+    {"bytes that move keep the coordinator alive on a slow link",
+        test_bytes_moving_keep_links_alive},
     {"a redirect moves the worker to a lane, and a mute lane sends it back",
         test_redirect_and_lane_giveup},
     {"malformed welcomes, round starts, chunks and frames are refused",
