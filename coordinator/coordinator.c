@@ -53,11 +53,18 @@ link_received(coord *c)
 	return c->link != NULL ? fb_link_bytes_received(c->link) : 0;
 }
 
+static fb_err
+link_traffic(coord *c, worker *w, fb_traffic *t)
+{
+	return fb_link_conn_traffic(&w->conn, t);
+}
+
 static const coord_io link_io = {
     .send_worker = link_send_worker,
     .send_peer = link_send_peer,
     .bytes_sent = link_sent,
     .bytes_received = link_received,
+    .traffic = link_traffic,
 };
 
 /* ---- setup ---- */
@@ -249,7 +256,11 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 	}
 	if ((c->stream_arg = calloc(cap, sizeof(*c->stream_arg))) == NULL ||
 	    (c->rd.sel = calloc(cap, sizeof(*c->rd.sel))) == NULL ||
-	    (c->rd.sel_id = calloc(cap, sizeof(*c->rd.sel_id))) == NULL) {
+	    (c->rd.sel_id = calloc(cap, sizeof(*c->rd.sel_id))) == NULL ||
+	    (c->rd.sel_weight = calloc(cap, sizeof(*c->rd.sel_weight))) ==
+	        NULL ||
+	    (c->rd.upload_round = calloc(cap, sizeof(*c->rd.upload_round))) ==
+	        NULL) {
 		return FB_ENOMEM;
 	}
 	if (c->secure && (rc = broadcast_alloc(c)) != FB_OK) {
@@ -293,6 +304,8 @@ coord_fini(coord *c)
 	free(c->stream_arg);
 	free(c->rd.sel);
 	free(c->rd.sel_id);
+	free(c->rd.sel_weight);
+	free(c->rd.upload_round);
 	free(c->rd.resume_line);
 	registry_fini(c);
 	broadcast_fini(c);
@@ -410,6 +423,15 @@ listen_link(coord *c)
 
 	if ((rc = fb_link_bind(c->cfg->listen, &lo, &c->link)) != FB_OK) {
 		return rc;
+	}
+	if (fb_link_closed_fd(c->link) >= 0) {
+		/* closed connections wake the loop too */
+		struct epoll_event ev = {.events = EPOLLIN,
+		    .data.fd = fb_link_closed_fd(c->link)};
+		if (epoll_ctl(c->wake_fd, EPOLL_CTL_ADD, ev.data.fd, &ev) != 0) {
+			fb_log_error("epoll_ctl: %s", strerror(errno));
+			return FB_EIO;
+		}
 	}
 	c->reg.lanes = fb_link_lanes(c->link);
 	{

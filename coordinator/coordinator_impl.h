@@ -130,6 +130,11 @@ typedef struct worker {
 	char backend[FB_TEXT_MAX];
 	int64_t last_seen_ms;
 	int64_t full_since_ms;   /* its send queue was found full; 0: not */
+	fb_conn conn;            /* the connection its last message came on */
+	fb_traffic seen;         /* that connection's byte counts, last look */
+	int64_t traffic_ms;      /* when they were looked at */
+	int64_t rx_moved_ms;     /* bytes from it last arrived */
+	int64_t tx_moved_ms;     /* bytes to it were last acknowledged */
 	fb_session *sess;        /* secure: current session, NULL until one */
 	fb_session *pending;     /* secure: newer handshake, taken on use */
 	/* this round */
@@ -293,7 +298,10 @@ typedef struct round_state {
 	round_result r;
 	uint32_t *sel;           /* the selected workers' slots ... */
 	uint32_t *sel_id;        /* ... and their ids at selection */
+	double *sel_weight;      /* ... and plain FedAvg weights */
 	uint32_t nsel;
+	uint32_t *upload_round;  /* per slot: the round its last update began
+	                          * in (survives the slot's reuse) */
 	uint32_t committed;      /* rounds committed, resumed runs included */
 	uint32_t ran;            /* rounds recorded by this process */
 	uint32_t model_round;    /* the last committed round (its model) */
@@ -359,6 +367,9 @@ typedef struct coord_io {
 	fb_err (*send_peer)(coord *c, const fb_peer *peer, const fb_msg *m);
 	uint64_t (*bytes_sent)(coord *c);
 	uint64_t (*bytes_received)(coord *c);
+	/* traffic: the bytes w's connection moved (fb_link_conn_traffic);
+	 * an error when it cannot say. May be NULL (whole messages only). */
+	fb_err (*traffic)(coord *c, worker *w, fb_traffic *t);
 	void *arg;
 } coord_io;
 
@@ -422,6 +433,7 @@ void registry_on_hello(coord *c, worker *w, const fb_frame *f);
 void registry_on_handshake(coord *c, const fb_frame *f);
 void registry_forget(coord *c, worker *w, const char *why);
 void registry_tick(coord *c, int64_t now);
+void registry_on_closed(coord *c, uint64_t key);
 fb_err coord_send(coord *c, worker *w, const fb_msg *m,
     const void *payload, size_t len, fb_lent *origin);
 void coord_send_reject(coord *c, const fb_peer *peer, const char *reason);
@@ -440,6 +452,7 @@ void round_worker_failed(coord *c, worker *w, const char *why);
 void round_job_done(coord *c, job_kind kind, int64_t now);
 void round_cancel(coord *c, worker *w, const char *why);
 bool round_open_for(const coord *c, uint32_t round);
+void round_rejoin(coord *c, worker *w, int64_t now);
 int64_t round_next_timer(const coord *c, int64_t now);
 void round_stop(coord *c, int64_t now);
 

@@ -138,6 +138,7 @@ begin_record(coord *c, worker *w, const fb_msg *m)
 	w->state = W_UPLOADING;
 	w->next_chunk = 0;
 	w->final_seen = false;
+	c->rd.upload_round[registry_slot(c, w).v] = c->rd.number;
 	w->begin_s = fb_now_s();
 	if (c->rd.first_begin_s == 0) {
 		c->rd.first_begin_s = w->begin_s;

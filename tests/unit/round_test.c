@@ -42,6 +42,8 @@ static struct {
 	uint32_t n;
 	uint32_t taken[MAXW]; /* per worker: messages read by the fake */
 	bool full[MAXW];      /* that worker's queue refuses sends */
+	fb_traffic traffic[MAXW]; /* what each worker's connection moved */
+	bool has_traffic[MAXW];
 } io;
 
 static fb_err
@@ -90,11 +92,24 @@ fake_bytes(coord *c)
 	return 0;
 }
 
+static fb_err
+fake_traffic(coord *c, worker *w, fb_traffic *tr)
+{
+	uint32_t slot = registry_slot(c, w).v;
+
+	if (slot >= MAXW || !io.has_traffic[slot]) {
+		return FB_ENOTSUP;
+	}
+	*tr = io.traffic[slot];
+	return FB_OK;
+}
+
 static const coord_io fake_io = {
     .send_worker = fake_send_worker,
     .send_peer = fake_send_peer,
     .bytes_sent = fake_bytes,
     .bytes_received = fake_bytes,
+    .traffic = fake_traffic,
 };
 
 static void
@@ -250,8 +265,9 @@ deliver(uint32_t i, const fb_msg *m, const void *payload, size_t len)
 	turn();
 }
 
+/* Worker i's hello with `session`, on connection `conn` (its peer id). */
 static void
-hello(uint32_t i)
+hello_on(uint32_t i, uint64_t session, uint8_t conn)
 {
 	fb_msg m = {.type = FB_MSG_HELLO};
 	fb_frame f;
@@ -260,10 +276,11 @@ hello(uint32_t i)
 	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "w%u", i);
 	m.u.hello.worker_index = i;
 	m.u.hello.num_samples = t.sa ? 0 : t.fw[i].samples;
-	m.u.hello.session = 100 + i;
+	m.u.hello.session = session;
 	m.u.hello.partitions = MAXW; /* shares of one data set */
 	snprintf(m.u.hello.backend, sizeof(m.u.hello.backend), "cpu");
 	f = frame_of(i, &m);
+	f.peer.id[3] = conn;
 	t.c->now = t.now;
 	if (t.secure) {
 		registry_on_hello(t.c, &t.c->reg.workers[i], &f);
@@ -271,6 +288,12 @@ hello(uint32_t i)
 		coord_handle_frame(t.c, &f);
 	}
 	turn();
+}
+
+static void
+hello(uint32_t i)
+{
+	hello_on(i, 100 + i, 1);
 }
 
 static void
@@ -1280,6 +1303,174 @@ test_secure_poisoned_input_refused(void **state)
 
 /* A worker whose queue stays full past transport.send_timeout is dropped
  * (sends never wait for it). */
+/* A worker that reconnects (a new connection, a new session) while the
+ * round trains gets its RoundStart again and is in the commit; one whose
+ * update had begun this round is not sent back into it. */
+static void
+test_reconnected_worker_rejoins_round(void **state)
+{
+	const fb_msg *rs;
+
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	hello_on(2, 900, 2);
+	assert_non_null(next_to(2, FB_MSG_WELCOME));
+	assert_true(t.c->reg.workers[2].used);
+	rs = take_round_start(2);
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 1);
+	assert_int_equal(t.c->reg.workers[2].state, W_TRAINING);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	/* round 2: w0's update begins, then it reconnects: left out */
+	memcpy(t.start, t.c->params, sizeof(t.start));
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, 1);
+	hello_on(0, 901, 3);
+	assert_non_null(next_to(0, FB_MSG_WELCOME));
+	assert_null(take_round_start(0));
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 2);
+	bench_stop();
+}
+
+/* Secure: a worker whose connection closed is dropped at once; back
+ * before its key advert was taken, it rejoins the round and its masked
+ * input is in the sum. Back after its advert was taken (its neighbours
+ * hold its old keys), it is left out and its masks are recovered. */
+static void
+test_secure_reconnect_rejoins_before_advert(void **state)
+{
+	uint32_t before;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n"});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	assert_non_null(take_round_start(2));
+	t.fw[2].rs = NULL;
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
+	assert_false(t.c->reg.workers[2].used);
+	hello(2);
+	assert_non_null(next_to(2, FB_MSG_WELCOME));
+	sa_setup(7); /* w2 takes its second RoundStart */
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_UNMASK);
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-3); /* all three in the mean */
+	/* round 2: w2 advertised and shared, then its connection closed */
+	memcpy(t.start, t.c->params, sizeof(t.start));
+	for (uint32_t i = 0; i < 3; i++) {
+		t.fw[i].rs = NULL;
+		fb_secagg_worker_free(t.fw[i].sa);
+		t.fw[i].sa = NULL;
+	}
+	sa_setup(7);
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
+	before = count_to(2, FB_MSG_ROUND_START);
+	hello(2);
+	assert_int_equal(count_to(2, FB_MSG_ROUND_START), before);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_phase(PHASE_UNMASK);
+	sa_reveal(0);
+	sa_reveal(1);
+	assert_int_equal(t.c->rd.committed, 2);
+	assert_true(fedavg_error(3, 1.0) < 1e-3);
+	bench_stop();
+}
+
+/* A closed connection drops its worker at once (not after the 5 s
+ * liveness), and the round goes on with the others; a key that names no
+ * worker changes nothing. */
+static void
+test_closed_connection_drops_at_once(void **state)
+{
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	registry_on_closed(t.c, 12345);
+	assert_true(t.c->reg.workers[2].used);
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
+	assert_false(t.c->reg.workers[2].used);
+	assert_int_equal(t.c->reg.workers[2].state, W_IDLE); /* forgotten */
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-6);
+	bench_stop();
+}
+
+/* A worker that sends no whole message but whose bytes keep arriving (a
+ * chunk on a slow link) stays; once its bytes stop it is dropped after
+ * the liveness timeout (5 s). A full queue whose bytes are acknowledged
+ * bit by bit is not dropped either, until they stop for send_timeout. */
+static void
+test_bytes_moving_keep_workers(void **state)
+{
+	fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+	int64_t stop_at;
+
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	io.has_traffic[2] = true;
+	for (int s = 0; s < 20; s++) {
+		deliver(0, &hb, NULL, 0);
+		deliver(1, &hb, NULL, 0);
+		io.traffic[2].in += 4000;
+		advance(1000);
+	}
+	assert_true(t.c->reg.workers[2].used);
+	stop_at = t.now;
+	while (t.c->reg.workers[2].used && t.now - stop_at < 20000) {
+		deliver(0, &hb, NULL, 0);
+		deliver(1, &hb, NULL, 0);
+		advance(100);
+	}
+	assert_false(t.c->reg.workers[2].used);
+	assert_true(t.now - stop_at > 5000 && t.now - stop_at <= 6500);
+	/* w1's queue full, but what was sent is acknowledged all along */
+	io.full[1] = true;
+	io.has_traffic[1] = true;
+	for (int s = 0; s < 10; s++) {
+		deliver(0, &hb, NULL, 0);
+		deliver(1, &hb, NULL, 0);
+		io.traffic[1].acked += 4000;
+		advance(1000);
+	}
+	assert_true(t.c->reg.workers[1].used);
+	stop_at = t.now;
+	while (t.c->reg.workers[1].used && t.now - stop_at < 20000) {
+		deliver(0, &hb, NULL, 0);
+		deliver(1, &hb, NULL, 0);
+		advance(100);
+	}
+	assert_false(t.c->reg.workers[1].used);
+	/* (bytes are looked at every liveness / 4 = 1.25 s) */
+	assert_true(t.now - stop_at > 3000 - 1250 &&
+	    t.now - stop_at <= 3000 + 1250);
+	bench_stop();
+}
+
 static void
 test_full_queue_drops_worker(void **state)
 {
@@ -1502,6 +1693,14 @@ FB_TESTS = {
     {"secure: a malicious weight claim is refused after unmasking",
         test_secure_bad_weight_refused},
     {"a worker whose queue stays full is dropped", test_full_queue_drops_worker},
+    {"a worker that reconnects during training rejoins the round",
+        test_reconnected_worker_rejoins_round},
+    {"secure: a worker back before its advert rejoins, after it does not",
+        test_secure_reconnect_rejoins_before_advert},
+    {"a closed connection drops its worker at once",
+        test_closed_connection_drops_at_once},
+    {"bytes that move keep a worker whose messages take long",
+        test_bytes_moving_keep_workers},
     {"admission refuses a taken data index and an oversized sample count",
         test_admission_refusals},
     {"plain FedNova refuses a normaliser above the round's bound",
