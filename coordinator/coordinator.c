@@ -266,6 +266,9 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 	if (c->secure && (rc = broadcast_alloc(c)) != FB_OK) {
 		return rc;
 	}
+	if ((rc = upload_credits_alloc(c)) != FB_OK) {
+		return rc;
+	}
 	if (c->secure && cfg->sa_enabled && (rc = check_encoding(c)) != FB_OK) {
 		return rc;
 	}
@@ -305,6 +308,7 @@ coord_fini(coord *c)
 	free(c->rd.sel);
 	free(c->rd.sel_id);
 	free(c->rd.sel_weight);
+	upload_credits_fini(c);
 	free(c->rd.upload_round);
 	free(c->rd.resume_line);
 	registry_fini(c);

@@ -76,6 +76,7 @@ typedef struct fb_coord_config {
 	fb_data_spec eval;         /* files: the central evaluation set */
 	/* transport */
 	uint64_t chunk_size;       /* bytes per payload frame */
+	uint64_t upload_window;    /* update bytes in flight, all workers */
 	int64_t heartbeat_ms;
 	int64_t liveness_ms;
 	int64_t send_timeout_ms;

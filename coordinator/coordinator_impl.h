@@ -144,6 +144,10 @@ typedef struct worker {
 	uint64_t assigned_steps;
 	uint32_t first_chunk;    /* where its upload starts (RoundStart) */
 	uint32_t next_chunk;     /* chunks of its upload received so far */
+	uint32_t credit;         /* chunks it may send now (granted, not yet
+	                          * received) */
+	uint32_t credited;       /* chunks granted for this upload in all */
+	bool credit_queued;      /* in credits.queue */
 	uint64_t steps;
 	double train_loss;
 	double train_seconds;
@@ -193,6 +197,24 @@ typedef struct sa_round {
 	fb_secagg_encodings enc;
 	const char *poisoned;   /* why the sum is unusable, or NULL */
 } sa_round;
+
+/*
+ * Upload credits: after UpdateBegin a worker sends an update chunk only
+ * with a credit (UpdateCredit), granted from one budget for all workers
+ * (transport.upload_window), so what uploads hold in the coordinator's
+ * queues does not grow with the worker count. A worker holds at most
+ * CREDITS_PER_WORKER at once and is topped up when it is down to half;
+ * the workers waiting are served in turn.
+ */
+#define CREDITS_PER_WORKER 8
+
+typedef struct credits {
+	uint32_t budget;  /* chunks in flight at most, all workers (>= 1) */
+	uint32_t out;     /* granted and not yet received */
+	uint32_t peak;    /* the most out at once since the start */
+	uint32_t *queue;  /* slots of workers waiting for credit (a ring) */
+	uint32_t head, count, cap;
+} credits;
 
 /* What the ingest pool's callback needs to add one worker's update; set
  * when the update begins, unchanged while the pool holds its chunks. */
@@ -408,6 +430,7 @@ struct coord {
 	guard g;
 	round_state rd;
 	broadcast bc;
+	credits cr;
 	sa_round sa;
 	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */
 	job job;
@@ -475,6 +498,11 @@ void upload_settle(coord *c);
 fb_err upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
     size_t len, uint64_t *counter);
 bool upload_any_in_flight(const coord *c);
+FB_MUST_CHECK fb_err upload_credits_alloc(coord *c);
+void upload_credits_fini(coord *c);
+void upload_credit_pump(coord *c);
+void upload_credit_release(coord *c, worker *w);
+void upload_credits_reset(coord *c);
 
 /* ---- secagg.c ---- */
 FB_MUST_CHECK fb_err sa_begin(coord *c, const uint32_t *cand, uint32_t n,

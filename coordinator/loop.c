@@ -233,6 +233,7 @@ coord_turn(coord *c, int64_t now)
 		round_job_done(c, done, now);
 	}
 	registry_tick(c, now);
+	upload_credit_pump(c); /* credits given back since */
 	round_step(c, now);
 	progress_tick(c, now);
 }

@@ -56,6 +56,7 @@ round_open_for(const coord *c, uint32_t round)
 void
 round_worker_failed(coord *c, worker *w, const char *why)
 {
+	upload_credit_release(c, w);
 	sa_note_cut(c, w);
 	if (w->state != W_TRAINING && w->state != W_UPLOADING) {
 		return;
@@ -216,6 +217,7 @@ round_reset(coord *c, int64_t now)
 	rd->recv0 = c->io.bytes_received(c);
 	rd->clipped_base = fb_ingest_counter(c->ingest);
 	rd->in_chunks = c->chunk_count;
+	upload_credits_reset(c);
 	fb_accum_reset(c->accum);
 	sa_free(&c->sa);
 }

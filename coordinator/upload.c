@@ -10,10 +10,16 @@
  * threads decrypt it and add it into the one fixed-point accumulator
  * (upload_add_cb); what the pool made of each stream (complete, or refused
  * and why) comes back in upload_results.
+ *
+ * Chunks go up on credit (coordinator_impl.h, credits): UpdateBegin puts
+ * the worker in the queue for credit, each chunk received gives one back
+ * to the budget, and a worker down to half its credits queues again. A
+ * chunk without a credit is a protocol error: the worker leaves the round.
  */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -42,6 +48,107 @@ upload_any_in_flight(const coord *c)
 		}
 	}
 	return false;
+}
+
+/* ---- credits ---------------------------------------------------------- */
+
+fb_err
+upload_credits_alloc(coord *c)
+{
+	credits *cr = &c->cr;
+	uint64_t b = c->cfg->upload_window / c->cfg->chunk_size;
+
+	cr->budget = b < 1 ? 1 : b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+	cr->cap = c->reg.cap;
+	if ((cr->queue = calloc(cr->cap, sizeof(*cr->queue))) == NULL) {
+		return FB_ENOMEM;
+	}
+	return FB_OK;
+}
+
+void
+upload_credits_fini(coord *c)
+{
+	free(c->cr.queue);
+	c->cr.queue = NULL;
+}
+
+/* Puts w in the queue for credit (once). */
+static void
+credit_want(coord *c, worker *w)
+{
+	credits *cr = &c->cr;
+
+	if (w->credit_queued || cr->count == cr->cap) {
+		return;
+	}
+	cr->queue[(cr->head + cr->count) % cr->cap] = registry_slot(c, w).v;
+	cr->count++;
+	w->credit_queued = true;
+}
+
+void
+upload_credit_release(coord *c, worker *w)
+{
+	FB_ASSERT(c->cr.out >= w->credit);
+	c->cr.out -= w->credit;
+	w->credit = 0;
+}
+
+void
+upload_credits_reset(coord *c)
+{
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		c->reg.workers[i].credit = 0;
+		c->reg.workers[i].credited = 0;
+		c->reg.workers[i].credit_queued = false;
+	}
+	c->cr.out = 0;
+	c->cr.count = 0;
+	c->cr.head = 0;
+}
+
+/*
+ * Grants credits to the workers waiting, in turn, while the budget lasts:
+ * one pass over the queue. A worker whose grant could not be sent (its
+ * queue full) waits for the next pass.
+ */
+void
+upload_credit_pump(coord *c)
+{
+	credits *cr = &c->cr;
+	uint32_t n = cr->count;
+
+	while (n-- > 0 && cr->out < cr->budget) {
+		uint32_t slot = cr->queue[cr->head];
+		worker *w = &c->reg.workers[slot];
+		fb_msg m = {.type = FB_MSG_UPDATE_CREDIT};
+		uint32_t give;
+
+		cr->head = (cr->head + 1) % cr->cap;
+		cr->count--;
+		w->credit_queued = false;
+		if (!w->used || w->state != W_UPLOADING ||
+		    w->credited >= c->rd.in_chunks ||
+		    w->credit >= CREDITS_PER_WORKER) {
+			continue;
+		}
+		give = CREDITS_PER_WORKER - w->credit;
+		give = give < c->rd.in_chunks - w->credited
+		    ? give : c->rd.in_chunks - w->credited;
+		give = give < cr->budget - cr->out ? give
+		                                   : cr->budget - cr->out;
+		m.u.update_credit.round = c->rd.number;
+		m.u.update_credit.chunks = give;
+		if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
+			credit_want(c, w); /* again on the next pass */
+			continue;
+		}
+		w->credit += give;
+		w->credited += give;
+		cr->out += give;
+		cr->peak = cr->out > cr->peak ? cr->out : cr->peak;
+	}
 }
 
 /* Plain mode: what an update claims must be what the worker declared,
@@ -208,6 +315,10 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 		return;
 	}
 	begin_record(c, w, m);
+	w->credit = 0;
+	w->credited = 0;
+	credit_want(c, w);
+	upload_credit_pump(c);
 }
 
 void
@@ -252,6 +363,19 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 		round_worker_failed(c, w, "update chunk of the wrong size");
 		goto drop;
 	}
+	if (w->credit == 0) {
+		guard_drop(c, DROP_UNEXPECTED, "update chunk %u from %s without "
+		    "a credit", k, w->name);
+		round_worker_failed(c, w, "update chunks sent without credit");
+		goto drop;
+	}
+	/* its credit goes back to the budget: the chunk is here */
+	w->credit--;
+	c->cr.out--;
+	if (w->credited < c->rd.in_chunks &&
+	    w->credit <= CREDITS_PER_WORKER / 2) {
+		credit_want(c, w);
+	}
 	/* Decrypted (secure mode), checked and added by the ingest pool;
 	 * what it refuses comes back in upload_results(). It takes buf. */
 	if (fb_ingest_chunk(c->ingest, registry_slot(c, w).v, k, buf,
@@ -260,6 +384,7 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 		return;
 	}
 	w->next_chunk++;
+	upload_credit_pump(c);
 	return;
 drop:
 	fb_buf_free(buf);

@@ -25,7 +25,8 @@
 /* 2: RoundStart.first_chunk (updates go up in a rotated chunk order). */
 /* 4: the broadcast's FULL stream seals each chunk on its own
  * (crypto/stream.c), so the model encrypts on every core. */
-#define FB_PROTOCOL_VERSION 4
+/* 5: update chunks go up only on the coordinator's UpdateCredit. */
+#define FB_PROTOCOL_VERSION 5
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
@@ -60,6 +61,7 @@ typedef enum fb_msg_type {
 	FB_MSG_UPDATE_END,
 	FB_MSG_SECAGG,
 	FB_MSG_REDIRECT,
+	FB_MSG_UPDATE_CREDIT,
 	FB_MSG_TYPE_COUNT_
 } fb_msg_type;
 
@@ -182,6 +184,10 @@ typedef struct fb_msg {
 			uint32_t lane;
 			uint32_t port;
 		} redirect;
+		struct {
+			uint32_t round;
+			uint32_t chunks; /* more update chunks it may send */
+		} update_credit;
 		struct {
 			uint32_t round;
 		} heartbeat;

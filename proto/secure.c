@@ -46,6 +46,8 @@ msg_round(const fb_msg *m)
 		return m->u.update_end.round;
 	case FB_MSG_ROUND_CANCEL:
 		return m->u.round_cancel.round;
+	case FB_MSG_UPDATE_CREDIT:
+		return m->u.update_credit.round;
 	case FB_MSG_SECAGG:
 		return m->u.secagg.round;
 	default:

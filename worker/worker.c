@@ -263,7 +263,7 @@ bool
 fb_wk_wants_out(const fb_wk *w)
 {
 	return w->out_count > 0 || fb_wk_fetch_pending(w) ||
-	       w->phase == FB_WK_UPLOADING || w->join_due;
+	       fb_wk_upload_wants(w) || w->join_due;
 }
 
 void
@@ -386,6 +386,9 @@ dispatch(fb_wk *w, fb_frame *f)
 		fb_wk_on_model_chunk(w, f);
 		return FB_OK;
 	case FB_MSG_HEARTBEAT:
+		return FB_OK;
+	case FB_MSG_UPDATE_CREDIT:
+		fb_wk_on_credit(w, m);
 		return FB_OK;
 	case FB_MSG_HANDSHAKE:
 		fb_wk_on_handshake_reply(w, m);

@@ -126,6 +126,7 @@ typedef struct fb_wk_upload {
 	bool begun;      /* UpdateBegin is on the link */
 	uint32_t pos;    /* next chunk position, 0..chunks */
 	uint32_t chunks; /* model chunks, + 1 with secure aggregation */
+	uint32_t credit; /* chunks the coordinator lets us send now */
 	bool staged;     /* chunk `pos` is encrypted in sendbuf */
 	size_t staged_len;
 	bool ended;   /* secure: the trailer is signed (end staged) */
@@ -403,6 +404,15 @@ FB_MUST_CHECK fb_err fb_wk_load_shard(fb_wk *w);
  */
 FB_MUST_CHECK fb_err fb_wk_upload_start(
     fb_wk *w, double seconds, double loss, uint64_t steps);
+
+/* fb_wk_upload_wants says whether the upload has something it may send now
+ * (UpdateBegin, a chunk it has credit for, or UpdateEnd). */
+bool fb_wk_upload_wants(const fb_wk *w);
+
+/* fb_wk_on_credit takes an UpdateCredit: more chunks of this round's
+ * update may go (a credit for another round, or more than the update has
+ * left, is ignored or cut to what is left). */
+void fb_wk_on_credit(fb_wk *w, const fb_msg *m);
 
 /* fb_wk_upload_pump sends up to `budget` chunks while the link takes them;
  * at the end the phase is idle. A send error abandons the update. */

@@ -44,6 +44,7 @@ static struct {
 	bool full[MAXW];      /* that worker's queue refuses sends */
 	fb_traffic traffic[MAXW]; /* what each worker's connection moved */
 	bool has_traffic[MAXW];
+	uint32_t credit_from[MAXW]; /* UpdateCredits read up to here */
 } io;
 
 static fb_err
@@ -135,6 +136,22 @@ next_to(uint32_t slot, fb_msg_type type)
 	return NULL;
 }
 
+/* The update chunks worker `slot` was granted (UpdateCredit) since the
+ * last call. */
+static uint32_t
+take_credits(uint32_t slot)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = io.credit_from[slot]; i < io.n; i++) {
+		if (io.v[i].to == slot && io.v[i].m.type == FB_MSG_UPDATE_CREDIT) {
+			n += io.v[i].m.u.update_credit.chunks;
+		}
+	}
+	io.credit_from[slot] = io.n;
+	return n;
+}
+
 /* Whether any message of `type` went to `slot` (from the start). */
 static uint32_t
 count_to(uint32_t slot, fb_msg_type type)
@@ -188,6 +205,7 @@ typedef struct setup {
 	const char *extra;     /* more config lines (indented under round:) */
 	const char *agg_extra; /* lines under aggregation: */
 	const char *sa_extra;  /* lines under secure_aggregation: */
+	const char *tr_extra;  /* lines under transport: */
 	bool threads;          /* the job thread and a pool, not inline */
 } setup;
 
@@ -312,13 +330,13 @@ write_config(const setup *s, char *path, size_t cap)
 	           "aggregation:\n  ingest_threads: 0\n  clip: 16\n%s"
 	           "evaluation:\n  every: 0\n"
 	           "transport:\n  chunk_size: %d\n  heartbeat: 1s\n"
-	           "  liveness_timeout: 5s\n  send_timeout: 3s\n"
+	           "  liveness_timeout: 5s\n  send_timeout: 3s\n%s"
 	           "security:\n  enabled: %s\n"
 	           "secure_aggregation:\n  enabled: %s\n  setup_timeout: 4s\n"
 	           "  unmask_timeout: 4s\n  max_samples: 1000\n  clip: 4\n%s",
 	    t.dir, PARAMS, s->workers, s->extra ? s->extra : "",
 	    s->agg_extra ? s->agg_extra : "", CHUNK_BYTES,
-	    s->secure ? "true" : "false", s->secure ? "true" : "false",
+	    s->tr_extra ? s->tr_extra : "", s->secure ? "true" : "false", s->secure ? "true" : "false",
 	    s->sa_extra ? s->sa_extra : "");
 	fclose(f);
 }
@@ -601,9 +619,19 @@ upload(uint32_t i, const float *x, uint32_t stop_after)
 		b.u.update_begin.stream_header.len = FB_STREAM_HEADER_LEN;
 	}
 	deliver(i, &b, NULL, 0);
-	for (uint32_t pos = 0; pos < chunks && pos < stop_after; pos++) {
+	bool sent_all = true;
+
+	for (uint32_t pos = 0, credit = 0; pos < chunks && pos < stop_after;
+	     pos++, credit--) {
 		fb_msg m = {.type = FB_MSG_UPDATE_CHUNK};
 		size_t len = 0, clen = 0;
+		/* a chunk goes only on the coordinator's credit (none: the
+		 * begin was refused, and a real worker would wait) */
+		credit += take_credits(i);
+		if (credit == 0) {
+			sent_all = false;
+			break;
+		}
 		m.u.update_chunk.round = fw->round;
 		m.u.update_chunk.chunk = upload_chunk(i, pos, plain, &len, x);
 		if (t.secure) {
@@ -616,7 +644,7 @@ upload(uint32_t i, const float *x, uint32_t stop_after)
 			deliver(i, &m, plain, len);
 		}
 	}
-	if (t.secure && stop_after == UINT32_MAX) {
+	if (t.secure && stop_after == UINT32_MAX && sent_all) {
 		fb_msg e = {.type = FB_MSG_UPDATE_END};
 		e.u.update_end.round = fw->round;
 		assert_int_equal(fb_stream_push_final(push, fw->id,
@@ -1471,6 +1499,93 @@ test_bytes_moving_keep_workers(void **state)
 	bench_stop();
 }
 
+/* Plain worker i's UpdateBegin, and its chunk at position pos. */
+static void
+plain_begin(uint32_t i)
+{
+	fb_msg b = {.type = FB_MSG_UPDATE_BEGIN};
+
+	b.u.update_begin.round = t.fw[i].round;
+	b.u.update_begin.param_count = PARAMS;
+	b.u.update_begin.chunk_count = t.c->chunk_count;
+	b.u.update_begin.num_samples = t.fw[i].samples;
+	b.u.update_begin.steps = 5;
+	deliver(i, &b, NULL, 0);
+}
+
+static void
+plain_chunk(uint32_t i, uint32_t pos)
+{
+	static uint32_t buf[CHUNK_BYTES / 4];
+	fb_msg m = {.type = FB_MSG_UPDATE_CHUNK};
+	size_t len = 0;
+
+	m.u.update_chunk.round = t.fw[i].round;
+	m.u.update_chunk.chunk = upload_chunk(i, pos, buf, &len,
+	    t.fw[i].update);
+	deliver(i, &m, buf, len);
+}
+
+/* Update chunks go up only on credit, from one budget for all workers
+ * (transport.upload_window: 2 chunks here): never more than that in
+ * flight whatever the number uploading, each credit returned when its
+ * chunk arrives, the waiting workers served in turn; and a chunk sent
+ * without a credit takes its worker out of the round. */
+static void
+test_upload_credits_one_budget(void **state)
+{
+	uint32_t credit[3] = {0}, pos[3] = {0}, done = 0;
+
+	bench_start(&(setup){.workers = 3, .tr_extra =
+	    "  upload_window: 8KiB\n"});
+	assert_int_equal(t.c->cr.budget, 2);
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+		plain_begin(i);
+	}
+	assert_int_equal(t.c->cr.out, 2);
+	while (done < 3) {
+		bool moved = false;
+		for (uint32_t i = 0; i < 3; i++) {
+			credit[i] += take_credits(i);
+			if (credit[i] > 0 && pos[i] < t.c->chunk_count) {
+				plain_chunk(i, pos[i]++);
+				credit[i]--;
+				done += pos[i] == t.c->chunk_count;
+				moved = true;
+			}
+			assert_true(t.c->cr.out <= 2);
+		}
+		assert_true(moved);
+	}
+	assert_int_equal(t.c->cr.peak, 2);
+	assert_int_equal(t.c->cr.out, 0);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	/* round 2: the budget goes to w0; w1, which began after it, has no
+	 * credit yet and sends a chunk anyway: it leaves the round */
+	memcpy(t.start, t.c->params, sizeof(t.start));
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	plain_begin(0);
+	plain_begin(1);
+	assert_int_equal(take_credits(0), 2);
+	assert_int_equal(take_credits(1), 0);
+	plain_chunk(1, 0);
+	assert_int_equal(t.c->reg.workers[1].state, W_FAILED);
+	plain_chunk(0, 0);
+	assert_int_equal(take_credits(0), 1); /* the returned one */
+	plain_chunk(0, 1);
+	plain_chunk(0, 2);
+	assert_int_equal(t.c->reg.workers[0].state, W_DONE);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 2);
+	assert_true(fedavg_error(5, 1.0) < 1e-6);
+	bench_stop();
+}
+
 static void
 test_full_queue_drops_worker(void **state)
 {
@@ -1693,6 +1808,8 @@ FB_TESTS = {
     {"secure: a malicious weight claim is refused after unmasking",
         test_secure_bad_weight_refused},
     {"a worker whose queue stays full is dropped", test_full_queue_drops_worker},
+    {"update chunks go up on credit from one budget for all workers",
+        test_upload_credits_one_budget},
     {"a worker that reconnects during training rejoins the round",
         test_reconnected_worker_rejoins_round},
     {"secure: a worker back before its advert rejoins, after it does not",

@@ -459,6 +459,22 @@ serve_model(fix *x)
 	}
 }
 
+/* The link has room: what waits goes; an update that began and has no
+ * credit left gets the coordinator's (8 chunks, as coordinator/upload.c
+ * grants them), sealed in secure mode. */
+static void
+writable(fix *x)
+{
+	fb_wk_on_writable(&x->w, x->now);
+	if (x->w.phase == FB_WK_UPLOADING && x->w.up.begun &&
+	    x->w.up.credit == 0 && x->w.up.pos < x->w.up.chunks) {
+		fb_msg cr = {.type = FB_MSG_UPDATE_CREDIT};
+		cr.u.update_credit.round = x->w.round;
+		cr.u.update_credit.chunks = 8;
+		assert_int_equal(send_msg(x, &cr, NULL, 0), FB_OK);
+	}
+}
+
 /* What the fake trainer "computed": local = global - u, u[j] known. */
 static void
 train_done(fix *x, fb_err rc)
@@ -583,7 +599,7 @@ test_round_end_to_end(void **state)
 	train_done(x, FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
 	assert_true(fb_wk_wants_out(&x->w));
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	assert_false(fb_wk_wants_out(&x->w));
 	/* UpdateBegin, then chunks 2, 3, 0, 1: rotated from first_chunk. */
@@ -610,6 +626,45 @@ test_round_end_to_end(void **state)
 		assert_int_equal(c->len, len);
 		assert_memory_equal(c->payload, want, len);
 	}
+	fix_free(x);
+}
+
+/* After UpdateBegin the chunks wait for the coordinator's credit: none
+ * goes without one, and the loop does not spin meanwhile (nothing to
+ * send); a credit lets exactly that many go; a credit for another round
+ * is ignored, one beyond what is left is cut to it. */
+static void
+test_chunks_wait_for_credit(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg cr = {.type = FB_MSG_UPDATE_CREDIT};
+	size_t at;
+
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	at = x->nlog;
+	train_done(x, FB_OK);
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_BEGIN, at), 1);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
+	assert_false(fb_wk_wants_out(&x->w));
+	cr.u.update_credit.round = 2;
+	cr.u.update_credit.chunks = 8;
+	assert_int_equal(deliver(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
+	cr.u.update_credit.round = 1;
+	cr.u.update_credit.chunks = 1;
+	assert_int_equal(deliver(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 1);
+	assert_false(fb_wk_wants_out(&x->w));
+	cr.u.update_credit.chunks = 2;
+	assert_int_equal(deliver(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 3);
+	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	cr.u.update_credit.chunks = 100; /* one chunk is left */
+	assert_int_equal(deliver(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), NCHUNK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	fix_free(x);
 }
 
@@ -648,7 +703,7 @@ test_full_queue_defers_and_resumes(void **state)
 	assert_int_equal(count_of(x, FB_MSG_MODEL_FETCH, 0), 1);
 	assert_true(fb_wk_wants_out(&x->w));
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(count_of(x, FB_MSG_MODEL_FETCH, 0), 2);
 	serve_model(x);
 	assert_int_equal(x->w.phase, FB_WK_TRAINING);
@@ -656,14 +711,14 @@ test_full_queue_defers_and_resumes(void **state)
 	/* The update goes as the link takes it: 2, then 0, then the rest. */
 	at = x->nlog;
 	x->room = 2;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->nlog - at, 2);
 	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
 	assert_true(fb_wk_wants_out(&x->w));
-	fb_wk_on_writable(&x->w, x->now); /* still full: nothing */
+	writable(x); /* still full: nothing */
 	assert_int_equal(x->nlog - at, 2);
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->nlog - at, 1 + NCHUNK);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	for (uint32_t pos = 0; pos < NCHUNK; pos++) {
@@ -685,7 +740,7 @@ test_busy_upload_answers_coordinator(void **state)
 	run_to_training(x, 1, 0);
 	train_done(x, FB_OK);
 	x->room = 2;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	/* The coordinator reads slowly for 10 s (more than its 3 s liveness)
 	 * but keeps sending heartbeats: the worker stays, and uploads on. */
 	for (int s = 0; s < 10; s++) {
@@ -701,7 +756,7 @@ test_busy_upload_answers_coordinator(void **state)
 	assert_false(fb_wk_wants_out(&x->w));
 	at = x->nlog;
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
 	fix_free(x);
 }
@@ -751,7 +806,7 @@ test_cancel_in_each_phase(void **state)
 	plain_join(x);
 	run_to_training(x, 1, 0);
 	train_done(x, FB_OK);
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	at = x->nlog;
 	assert_int_equal(deliver(x, &cancel, NULL, 0), FB_OK);
@@ -781,14 +836,14 @@ test_round_start_while_running(void **state)
 	train_done(x, FB_OK);
 	/* and while uploading round 2: its update stops, round 3 goes on */
 	x->room = 1;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
 	rs = round_msg(3, 0);
 	x->room = ROOM_ANY;
 	at = x->nlog;
 	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_FETCHING);
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
 	fix_free(x);
 }
@@ -958,7 +1013,7 @@ test_link_events_join_and_rejoin(void **state)
 	fb_wk_on_link(&x->w, true, 2, x->now);
 	assert_true(fb_wk_wants_out(&x->w));
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(count_of(x, FB_MSG_HELLO, at), 1);
 	assert_false(fb_wk_wants_out(&x->w));
 	assert_int_equal(deliver(x, &wm, NULL, 0), FB_OK);
@@ -1198,7 +1253,7 @@ test_secure_join_and_round(void **state)
 	/* the update goes in steps of two messages */
 	while (x->w.phase == FB_WK_UPLOADING) {
 		x->room = 2;
-		fb_wk_on_writable(&x->w, x->now);
+		writable(x);
 	}
 	assert_int_equal(x->nlog - at, 1 + NCHUNK + 1);
 	b = &x->log[at];
@@ -1543,7 +1598,7 @@ test_secagg_round(void **state)
 	assert_int_equal(x->w.sa_phase, FB_WK_SA_MASKING);
 	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
 	at = x->nlog;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	/* Begin, 4 masked chunks and the extra one, End; no sample count,
 	 * step count or loss in clear */
@@ -1584,7 +1639,7 @@ test_secagg_outbox_keeps_order(void **state)
 	assert_int_equal(x->w.out_count, 1);
 	assert_true(fb_wk_wants_out(&x->w));
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->log[at].msg.type, FB_MSG_SECAGG);
 	assert_int_equal(x->log[at].msg.u.secagg.phase, FB_SA_ADVERT);
 	assert_int_equal(x->log[at + 1].msg.type, FB_MSG_MODEL_FETCH);
@@ -1605,7 +1660,7 @@ test_secagg_outbox_keeps_order(void **state)
 		    FB_OK);
 	}
 	assert_int_equal(x->nlog, at);
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->log[at].msg.u.secagg.phase, FB_SA_SHARES);
 	assert_int_equal(x->log[at + 1].msg.type, FB_MSG_MODEL_FETCH);
 	assert_int_equal(x->log[at + 1].msg.u.model_fetch.chunk, 2);
@@ -1614,7 +1669,7 @@ test_secagg_outbox_keeps_order(void **state)
 	serve_model(x);
 	assert_int_equal(x->starts, 1);
 	train_done(x, FB_OK);
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	assert_non_null(find(x, FB_MSG_UPDATE_END, at));
 	/* 17 unmasking requests while the link takes nothing: 16 reveals
@@ -1626,7 +1681,7 @@ test_secagg_outbox_keeps_order(void **state)
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
 	at = x->nlog;
 	x->room = 1;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX - 1);
 	/* round 7 starts meanwhile: its advert queues behind round 6's
 	 * reveals, which are still sealed for round 6 when they go */
@@ -1634,7 +1689,7 @@ test_secagg_outbox_keeps_order(void **state)
 	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.out_count, 0);
 	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), FB_WK_OUTBOX_MAX + 1);
 	for (size_t i = at; i < at + FB_WK_OUTBOX_MAX; i++) {
@@ -1723,6 +1778,8 @@ FB_TESTS = {
         test_hello_and_welcome},
     {"a round goes from its start to an update in rotated chunk order",
         test_round_end_to_end},
+    {"update chunks wait for the coordinator's credit",
+        test_chunks_wait_for_credit},
     {"model requests stay within the fetch window", test_fetch_window},
     {"a full queue defers requests and chunks until the link has room",
         test_full_queue_defers_and_resumes},
