@@ -169,6 +169,7 @@ open_ingest(coord *c)
 	    .chunk_count = c->chunk_count + 1, /* + SecAgg extras */
 	    .max_chunk_len = (size_t)c->chunk_elems * 4,
 	    .chunk_cb = upload_add_cb,
+	    .end_cb = upload_end_cb,
 	    .cb_arg = c,
 	    .cb_concurrent = true,
 	};
@@ -266,7 +267,8 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 	if (c->secure && (rc = broadcast_alloc(c)) != FB_OK) {
 		return rc;
 	}
-	if ((rc = upload_credits_alloc(c)) != FB_OK) {
+	if ((rc = upload_credits_alloc(c)) != FB_OK ||
+	    (cfg->sa_enabled && (rc = upload_partials_alloc(c)) != FB_OK)) {
 		return rc;
 	}
 	if (c->secure && cfg->sa_enabled && (rc = check_encoding(c)) != FB_OK) {
@@ -291,6 +293,7 @@ coord_fini(coord *c)
 	jobs_stop(c);              /* first: a job may use everything below */
 	progress_stop(c);
 	fb_ingest_free(c->ingest); /* its threads use the accumulator */
+	upload_partials_fini(c);   /* after: its end callback frees them */
 	fb_pool_free(c->pool);
 	if (c->wake_fd >= 0) {
 		close(c->wake_fd);

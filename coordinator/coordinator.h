@@ -105,6 +105,7 @@ typedef struct fb_coord_config {
 	int64_t sa_max_samples;    /* public bound: weight = n / this */
 	int64_t sa_setup_ms;       /* each of the key and share phases */
 	int64_t sa_unmask_ms;
+	int64_t sa_max_uploads;    /* -1 = auto */
 	/* monitoring */
 	char *metrics_listen;      /* HOST:PORT of GET /metrics; "" = off */
 } fb_coord_config;

@@ -221,7 +221,34 @@ typedef struct credits {
 typedef struct ingest_arg {
 	double weight; /* plain FedAvg weight */
 	bool masked;   /* secure aggregation: ring elements, mod 2^32 */
+	/* masked: the stream is kept apart in partials.buf[partial] (set by
+	 * the loop before its first chunk is queued; -1 none yet) and added
+	 * into the sum once whole, from first_chunk on */
+	int32_t partial;
+	uint32_t first_chunk;
+	uint32_t sa_slot;  /* its SecAgg slot */
+	uint64_t gen;      /* its stream number (fb_ingest_begin) */
 } ingest_arg;
+
+/*
+ * Masked uploads kept apart until whole: a masked input cut off midway
+ * never reaches the sum (a part of one could not be unmasked without
+ * exposing it), so its worker is a dropout like any other. At most
+ * `count` are under way (secure_aggregation.max_uploads); each buffer
+ * holds param_count + SA_EXTRA ring elements, made when first needed and
+ * kept for the next rounds. `busy` is set by the loop when it gives a
+ * buffer to a stream and cleared by the ingest pool's end callback.
+ */
+typedef struct partial_flag {
+	atomic_bool v;
+} partial_flag;
+
+typedef struct partials {
+	uint32_t count;
+	uint32_t **buf;
+	partial_flag *busy;
+	bool warned;       /* out of memory for a buffer, logged */
+} partials;
 
 /* Peers sending bad messages fast are ignored for a while, so that a
  * flood costs one table lookup per message, not a decode or a MAC. */
@@ -431,6 +458,7 @@ struct coord {
 	round_state rd;
 	broadcast bc;
 	credits cr;
+	partials part;
 	sa_round sa;
 	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */
 	job job;
@@ -497,6 +525,9 @@ void upload_results(coord *c);
 void upload_settle(coord *c);
 fb_err upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
     size_t len, uint64_t *counter);
+fb_err upload_end_cb(void *arg, void *stream_arg, bool complete);
+FB_MUST_CHECK fb_err upload_partials_alloc(coord *c);
+void upload_partials_fini(coord *c);
 bool upload_any_in_flight(const coord *c);
 FB_MUST_CHECK fb_err upload_credits_alloc(coord *c);
 void upload_credits_fini(coord *c);
@@ -515,8 +546,7 @@ void sa_request_reveals(coord *c, int64_t now);
 bool sa_reveals_pending(const coord *c);
 uint32_t sa_count(const sa_round *sa, unsigned flag);
 double sa_a_bound(const coord *c);
-void sa_note_included(coord *c, worker *w);
-void sa_note_cut(coord *c, worker *w);
+void sa_note_included(coord *c, uint32_t slot);
 fb_err sa_unmask(coord *c, job *j);      /* job thread */
 
 /* ---- jobs.c ---- */

@@ -57,7 +57,6 @@ void
 round_worker_failed(coord *c, worker *w, const char *why)
 {
 	upload_credit_release(c, w);
-	sa_note_cut(c, w);
 	if (w->state != W_TRAINING && w->state != W_UPLOADING) {
 		return;
 	}

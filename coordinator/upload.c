@@ -15,6 +15,13 @@
  * the worker in the queue for credit, each chunk received gives one back
  * to the budget, and a worker down to half its credits queues again. A
  * chunk without a credit is a protocol error: the worker leaves the round.
+ *
+ * A masked input (secure aggregation) is kept apart until it is whole
+ * (coordinator_impl.h, partials): its first credit waits for a free
+ * buffer, its chunks are copied there, and the pool's end callback adds it
+ * into the sum once its stream is complete and signed. One cut off midway
+ * is dropped with its buffer: nothing of it is in the sum, and its masks
+ * are recovered like any dropout's.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -25,6 +32,10 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "coordinator/coordinator_impl.h"
+
+#define PARTIAL_AUTO_BYTES (256ull << 20) /* max_uploads auto: this much */
+#define PARTIAL_AUTO_MIN 2
+#define PARTIAL_AUTO_MAX 64
 
 /* Updates complete or streaming in: over-selection keeps the first. */
 static uint32_t
@@ -71,6 +82,71 @@ upload_credits_fini(coord *c)
 {
 	free(c->cr.queue);
 	c->cr.queue = NULL;
+}
+
+/* ---- masked uploads kept apart -------------------------------------- */
+
+fb_err
+upload_partials_alloc(coord *c)
+{
+	partials *pt = &c->part;
+	uint64_t each = (c->param_count + SA_EXTRA) * 4;
+	uint64_t n = (uint64_t)c->cfg->sa_max_uploads;
+
+	if (c->cfg->sa_max_uploads < 0) {
+		n = PARTIAL_AUTO_BYTES / each;
+		n = n < PARTIAL_AUTO_MIN ? PARTIAL_AUTO_MIN
+		    : n > PARTIAL_AUTO_MAX ? PARTIAL_AUTO_MAX : n;
+	}
+	pt->count = (uint32_t)n;
+	if ((pt->buf = calloc(n, sizeof(*pt->buf))) == NULL ||
+	    (pt->busy = calloc(n, sizeof(*pt->busy))) == NULL) {
+		return FB_ENOMEM;
+	}
+	for (uint32_t i = 0; i < pt->count; i++) {
+		atomic_init(&pt->busy[i].v, false);
+	}
+	return FB_OK;
+}
+
+void
+upload_partials_fini(coord *c)
+{
+	partials *pt = &c->part;
+
+	for (uint32_t i = 0; pt->buf != NULL && i < pt->count; i++) {
+		fb_free(pt->buf[i]);
+	}
+	free(pt->buf);
+	free(pt->busy);
+	memset(pt, 0, sizeof(*pt));
+}
+
+/* A free buffer for a masked upload (its index), or -1: all are held by
+ * uploads under way (or memory ran out). */
+static int32_t
+partial_take(coord *c)
+{
+	partials *pt = &c->part;
+
+	for (uint32_t i = 0; i < pt->count; i++) {
+		if (atomic_load_explicit(&pt->busy[i].v, memory_order_acquire)) {
+			continue;
+		}
+		if (pt->buf[i] == NULL &&
+		    (pt->buf[i] = fb_alloc((c->param_count + SA_EXTRA) * 4)) ==
+		        NULL) {
+			if (!pt->warned) {
+				fb_log_warn("out of memory for a masked upload's "
+				            "buffer: %u under way at most", i);
+				pt->warned = true;
+			}
+			return -1;
+		}
+		atomic_store_explicit(&pt->busy[i].v, true, memory_order_relaxed);
+		return (int32_t)i;
+	}
+	return -1;
 }
 
 /* Puts w in the queue for credit (once). */
@@ -138,6 +214,12 @@ upload_credit_pump(coord *c)
 		    ? give : c->rd.in_chunks - w->credited;
 		give = give < cr->budget - cr->out ? give
 		                                   : cr->budget - cr->out;
+		if (c->stream_arg[slot].masked &&
+		    c->stream_arg[slot].partial < 0 &&
+		    (c->stream_arg[slot].partial = partial_take(c)) < 0) {
+			credit_want(c, w); /* when a masked upload is whole */
+			continue;
+		}
 		m.u.update_credit.round = c->rd.number;
 		m.u.update_credit.chunks = give;
 		if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
@@ -309,11 +391,15 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 	/* The pool takes the decryptor (plain mode: none). */
 	c->stream_arg[slot.v].weight = w->weight;
 	c->stream_arg[slot.v].masked = masked;
+	c->stream_arg[slot.v].partial = -1;
+	c->stream_arg[slot.v].first_chunk = w->first_chunk;
+	c->stream_arg[slot.v].sa_slot = w->sa_slot;
 	if (fb_ingest_begin(c->ingest, slot.v, pull, &c->stream_arg[slot.v],
 	        &w->ingest_gen) != FB_OK) {
 		round_worker_failed(c, w, "out of memory");
 		return;
 	}
+	c->stream_arg[slot.v].gen = w->ingest_gen;
 	begin_record(c, w, m);
 	w->credit = 0;
 	w->credited = 0;
@@ -430,9 +516,6 @@ result_done(coord *c, worker *w)
 	if (w->state != W_UPLOADING) {
 		return;
 	}
-	if (c->sa.phase != SA_OFF) {
-		sa_note_included(c, w);
-	}
 	w->state = W_DONE;
 	w->done_ms = c->now;
 	now = fb_now_s();
@@ -489,6 +572,12 @@ upload_results(coord *c)
 			w->next_chunk = r.consumed;
 		}
 		if (r.status == FB_INGEST_DONE) {
+			const ingest_arg *a = &c->stream_arg[r.slot];
+			if (a->masked && a->gen == r.gen && c->sa.phase != SA_OFF) {
+				/* whole, and in the sum: included, even if its
+				 * worker has been cut off or left since */
+				sa_note_included(c, a->sa_slot);
+			}
 			if (cur) {
 				result_done(c, w);
 			}
@@ -523,21 +612,62 @@ upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
 	const ingest_arg *a = stream_arg;
 
 	if (a->masked) {
-		if (chunk < c->chunk_count) {
-			return len % 4 == 0 && fb_accum_ring_add(c->accum, chunk,
-			    data, len / 4) == FB_OK ? FB_OK : FB_EPROTO;
-		}
-		if (len != SA_EXTRA * 4) {
+		/* kept apart: into the sum once whole (upload_end_cb) */
+		uint32_t *dst;
+		if (a->partial < 0 || (uint32_t)a->partial >= c->part.count) {
 			return FB_EPROTO;
 		}
-		pthread_mutex_lock(&c->extra_mu);
-		fb_ring_add(c->sa.extra, data, SA_EXTRA);
-		pthread_mutex_unlock(&c->extra_mu);
-		return FB_OK;
+		dst = c->part.buf[a->partial];
+		if (chunk < c->chunk_count &&
+		    len == fb_accum_chunk_len(c->accum, chunk) * 4) {
+			memcpy(dst + (uint64_t)chunk * c->chunk_elems, data, len);
+			return FB_OK;
+		}
+		if (chunk == c->chunk_count && len == SA_EXTRA * 4) {
+			memcpy(dst + c->param_count, data, len);
+			return FB_OK;
+		}
+		return FB_EPROTO;
 	}
 	if (chunk >= c->chunk_count ||
 	    len != fb_accum_chunk_len(c->accum, chunk) * 4) {
 		return FB_EPROTO;
 	}
 	return fb_accum_add(c->accum, chunk, data, a->weight, counter);
+}
+
+/*
+ * The ingest pool's end callback: a masked input that is whole (its
+ * trailer verified) goes into the sum, chunk by chunk from where its
+ * upload started (so that streams finishing together add into different
+ * chunks), then the extras; whole or not, its buffer is free again.
+ */
+fb_err
+upload_end_cb(void *arg, void *stream_arg, bool complete)
+{
+	coord *c = arg;
+	ingest_arg *a = stream_arg;
+	fb_err rc = FB_OK;
+	const uint32_t *src;
+
+	if (!a->masked || a->partial < 0 ||
+	    (uint32_t)a->partial >= c->part.count) {
+		return FB_OK;
+	}
+	src = c->part.buf[a->partial];
+	for (uint32_t i = 0; complete && rc == FB_OK && i < c->chunk_count;
+	     i++) {
+		uint32_t k = (a->first_chunk + i) % c->chunk_count;
+		rc = fb_accum_ring_add(c->accum, k,
+		    src + (uint64_t)k * c->chunk_elems,
+		    fb_accum_chunk_len(c->accum, k));
+	}
+	if (complete && rc == FB_OK) {
+		pthread_mutex_lock(&c->extra_mu);
+		fb_ring_add(c->sa.extra, src + c->param_count, SA_EXTRA);
+		pthread_mutex_unlock(&c->extra_mu);
+	}
+	atomic_store_explicit(&c->part.busy[a->partial].v, false,
+	    memory_order_release);
+	return rc;
 }

@@ -178,6 +178,10 @@ typedef struct fake_worker {
 	double a_norm;         /* FedNova */
 	double loss;
 	const fb_msg *rs;      /* its last RoundStart */
+	/* its upload under way */
+	fb_stream_push *push;
+	const float *x;
+	uint32_t pos, credit;
 	/* a malicious worker: added to each ring element of its input */
 	uint32_t evil_add;     /* model coordinates */
 	uint32_t evil_w;       /* the weight coordinate */
@@ -403,6 +407,7 @@ bench_stop(void)
 	for (uint32_t i = 0; i < t.n; i++) {
 		fb_secagg_worker_free(t.fw[i].sa);
 		fb_identity_free(t.fw[i].id);
+		fb_stream_push_free(t.fw[i].push);
 	}
 	t.c->self = NULL;
 	coord_fini(t.c);
@@ -583,23 +588,22 @@ upload_chunk(uint32_t i, uint32_t pos, uint32_t *buf, size_t *len,
 	return k;
 }
 
-/*
- * Worker i uploads `x` (its update), stopping after `stop_after` chunks
- * (UINT32_MAX: all, and the trailer). Encrypted and signed in secure mode.
- */
+/* Worker i's UpdateBegin for update `x` (its stream made in secure
+ * mode); upload_more sends its chunks. */
 static void
-upload(uint32_t i, const float *x, uint32_t stop_after)
+upload_begin(uint32_t i, const float *x)
 {
 	fake_worker *fw = &t.fw[i];
-	uint32_t chunks = t.c->chunk_count + (t.sa ? 1 : 0);
 	fb_msg b = {.type = FB_MSG_UPDATE_BEGIN};
-	fb_stream_push *push = NULL;
-	static uint32_t plain[CHUNK_BYTES / 4];
-	static uint8_t ct[CHUNK_BYTES + FB_STREAM_CHUNK_OVERHEAD];
 
+	fb_stream_push_free(fw->push);
+	fw->push = NULL;
+	fw->x = x;
+	fw->pos = 0;
+	fw->credit = 0;
 	b.u.update_begin.round = fw->round;
 	b.u.update_begin.param_count = PARAMS;
-	b.u.update_begin.chunk_count = chunks;
+	b.u.update_begin.chunk_count = t.c->chunk_count + (t.sa ? 1 : 0);
 	b.u.update_begin.steps_per_second = 10;
 	if (!t.sa) {
 		b.u.update_begin.num_samples = fw->samples;
@@ -613,47 +617,78 @@ upload(uint32_t i, const float *x, uint32_t stop_after)
 		assert_int_equal(fb_stream_push_alloc(&ctx, CHUNK_BYTES,
 		                     FB_STREAM_DIGEST_TAGS,
 		                     b.u.update_begin.stream_key.b,
-		                     b.u.update_begin.stream_header.b, &push),
+		                     b.u.update_begin.stream_header.b, &fw->push),
 		    FB_OK);
 		b.u.update_begin.stream_key.len = FB_STREAM_KEY_LEN;
 		b.u.update_begin.stream_header.len = FB_STREAM_HEADER_LEN;
 	}
 	deliver(i, &b, NULL, 0);
-	bool sent_all = true;
+}
 
-	for (uint32_t pos = 0, credit = 0; pos < chunks && pos < stop_after;
-	     pos++, credit--) {
+/*
+ * Worker i sends the chunks of the update it began, as far as its credit
+ * goes, up to position `stop_at` (UINT32_MAX: all, then the trailer in
+ * secure mode). Returns true once the whole update is sent.
+ */
+static bool
+upload_more(uint32_t i, uint32_t stop_at)
+{
+	fake_worker *fw = &t.fw[i];
+	uint32_t chunks = t.c->chunk_count + (t.sa ? 1 : 0);
+	static uint32_t plain[CHUNK_BYTES / 4];
+	static uint8_t ct[CHUNK_BYTES + FB_STREAM_CHUNK_OVERHEAD];
+
+	while (fw->pos < chunks && fw->pos < stop_at) {
 		fb_msg m = {.type = FB_MSG_UPDATE_CHUNK};
 		size_t len = 0, clen = 0;
 		/* a chunk goes only on the coordinator's credit (none: the
-		 * begin was refused, and a real worker would wait) */
-		credit += take_credits(i);
-		if (credit == 0) {
-			sent_all = false;
-			break;
+		 * begin was refused, or it waits) */
+		fw->credit += take_credits(i);
+		if (fw->credit == 0) {
+			return false;
 		}
 		m.u.update_chunk.round = fw->round;
-		m.u.update_chunk.chunk = upload_chunk(i, pos, plain, &len, x);
+		m.u.update_chunk.chunk = upload_chunk(i, fw->pos, plain, &len,
+		    fw->x);
 		if (t.secure) {
-			assert_int_equal(fb_stream_push_chunk(push,
+			assert_int_equal(fb_stream_push_chunk(fw->push,
 			                     (const uint8_t *)plain, len,
-			                     pos + 1 == chunks, ct, sizeof(ct), &clen),
+			                     fw->pos + 1 == chunks, ct, sizeof(ct),
+			                     &clen),
 			    FB_OK);
 			deliver(i, &m, ct, clen);
 		} else {
 			deliver(i, &m, plain, len);
 		}
+		fw->pos++;
+		fw->credit--;
 	}
-	if (t.secure && stop_after == UINT32_MAX && sent_all) {
+	if (fw->pos < chunks) {
+		return false;
+	}
+	if (t.secure && stop_at == UINT32_MAX) {
 		fb_msg e = {.type = FB_MSG_UPDATE_END};
 		e.u.update_end.round = fw->round;
-		assert_int_equal(fb_stream_push_final(push, fw->id,
+		assert_int_equal(fb_stream_push_final(fw->push, fw->id,
 		                     e.u.update_end.stream_trailer.b),
 		    FB_OK);
 		e.u.update_end.stream_trailer.len = FB_STREAM_TRAILER_LEN;
 		deliver(i, &e, NULL, 0);
 	}
-	fb_stream_push_free(push);
+	fb_stream_push_free(fw->push);
+	fw->push = NULL;
+	return true;
+}
+
+/*
+ * Worker i uploads `x` (its update), stopping after `stop_after` chunks
+ * (UINT32_MAX: all, and the trailer). Encrypted and signed in secure mode.
+ */
+static void
+upload(uint32_t i, const float *x, uint32_t stop_after)
+{
+	upload_begin(i, x);
+	(void)upload_more(i, stop_after);
 }
 
 /* Runs the SecAgg setup for the workers in `who` (a bit mask). */
@@ -1207,9 +1242,11 @@ test_secure_worker_lost_after_input(void **state)
 	bench_stop();
 }
 
-/* Secure: a worker cut off mid-upload leaves part of a masked input in
- * the sum: the round is aborted with the reason, the model unchanged,
- * and the next round starts. */
+/* Secure: a worker cut off mid-upload (its connection closed after its
+ * first chunk) is a dropout like any other: nothing of its masked input
+ * reached the sum (it was kept apart), its masks are recovered from the
+ * others' shares, and the round commits with the two others, exactly
+ * their weighted mean. */
 static void
 test_secure_worker_cut_mid_upload(void **state)
 {
@@ -1220,16 +1257,53 @@ test_secure_worker_cut_mid_upload(void **state)
 	admit_all();
 	sa_setup(7);
 	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(2, t.fw[2].update, 2);
 	upload(1, t.fw[1].update, UINT32_MAX);
-	upload(2, t.fw[2].update, 1);
-	registry_forget(t.c, &t.c->reg.workers[2], "test: lost");
+	assert_int_equal(t.c->reg.workers[2].state, W_UPLOADING);
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
 	turn();
-	assert_int_equal(t.c->rd.committed, 0);
-	assert_int_equal(t.c->rd.number, 2);
-	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+	assert_phase(PHASE_UNMASK);
+	sa_reveal(0);
+	sa_reveal(1);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-3);
 	last_metrics(line, sizeof(line));
-	assert_non_null(strstr(line, "\"status\": \"aborted\""));
-	assert_non_null(strstr(line, "cut off mid-stream"));
+	assert_non_null(strstr(line, "\"status\": \"ok\""));
+	assert_non_null(strstr(line, "\"participants\": 2"));
+	bench_stop();
+}
+
+/* Secure, secure_aggregation.max_uploads 1: one masked upload under way
+ * at a time, the next waiting for its first credit until the buffer is
+ * free again -- when the one before is whole, or cut off (then nothing of
+ * it is in the sum). */
+static void
+test_secure_masked_uploads_take_turns(void **state)
+{
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n  max_uploads: 1\n"});
+	assert_int_equal(t.c->part.count, 1);
+	admit_all();
+	sa_setup(7);
+	upload_begin(0, t.fw[0].update);
+	upload_begin(1, t.fw[1].update);
+	upload_begin(2, t.fw[2].update);
+	assert_false(upload_more(1, UINT32_MAX)); /* no credit: it waits */
+	assert_false(upload_more(0, 2));          /* w0 holds the buffer */
+	assert_int_equal(t.fw[1].pos, 0);
+	/* w0 is cut off: its buffer goes to the next in turn (w1) */
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[0].peer));
+	turn();
+	assert_false(upload_more(2, UINT32_MAX)); /* w1 has it now */
+	assert_int_equal(t.fw[2].pos, 0);
+	assert_true(upload_more(1, UINT32_MAX));
+	/* w1 is whole: w2's turn */
+	assert_true(upload_more(2, UINT32_MAX));
+	assert_phase(PHASE_UNMASK);
+	sa_reveal(1);
+	sa_reveal(2);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(6, 1.0) < 1e-3);
 	bench_stop();
 }
 
@@ -1797,7 +1871,9 @@ FB_TESTS = {
         test_secure_worker_lost_in_setup},
     {"secure: a worker lost after its input stays included",
         test_secure_worker_lost_after_input},
-    {"secure: a worker cut off mid-upload aborts the round",
+    {"secure: masked uploads take turns for max_uploads buffers",
+        test_secure_masked_uploads_take_turns},
+    {"secure: a worker cut off mid-upload is a dropout; the round commits",
         test_secure_worker_cut_mid_upload},
     {"secure: too few reveals by unmask_timeout abort the round",
         test_secure_too_few_reveals_aborts},
