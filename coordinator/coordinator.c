@@ -486,13 +486,40 @@ shutdown_workers(coord *c, const char *reason)
 	fb_sleep_ms(200);
 }
 
-/* Settings that can never commit a round with this allowlist. */
+/* Settings that can never commit a round with this allowlist (or, in
+ * plain mode, transport.max_workers). */
 static fb_err
 check_feasible(const coord *c)
 {
 	const fb_coord_config *cfg = c->cfg;
+	uint32_t most = c->secure ? c->reg.allow_count
+	                          : (uint32_t)cfg->max_workers;
+	const char *who = c->secure ? "workers on the allowlist"
+	                            : "workers transport.max_workers admits";
 
+	if ((uint64_t)cfg->min_updates > most) {
+		fb_log_error("round.min_updates (%lld) exceeds the %u %s: no "
+		             "round could commit",
+		    (long long)cfg->min_updates, most, who);
+		return FB_ECONFIG;
+	}
+	if (cfg->sa_enabled && cfg->sa_threshold > 0 &&
+	    cfg->workers_per_round > 0 &&
+	    cfg->sa_threshold > cfg->workers_per_round) {
+		fb_log_error("secure_aggregation.threshold (%lld) exceeds "
+		             "round.workers_per_round (%lld): no round could "
+		             "unmask",
+		    (long long)cfg->sa_threshold,
+		    (long long)cfg->workers_per_round);
+		return FB_ECONFIG;
+	}
 	if (!c->secure) {
+		if ((uint64_t)cfg->min_workers > most) {
+			fb_log_error("round.min_workers (%lld) exceeds the %u %s: "
+			             "no round could start",
+			    (long long)cfg->min_workers, most, who);
+			return FB_ECONFIG;
+		}
 		return FB_OK;
 	}
 	if ((uint32_t)cfg->min_workers > c->reg.allow_count) {
