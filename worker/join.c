@@ -207,7 +207,7 @@ fb_wk_on_redirect(fb_wk *w, const fb_msg *m)
 }
 
 void
-fb_wk_rejoin(fb_wk *w, const char *why)
+fb_wk_rejoin(fb_wk *w, const char *why, bool new_link)
 {
 	fb_log_warn("%s: reconnecting", why);
 	fb_wk_round_leave(w);
@@ -220,9 +220,9 @@ fb_wk_rejoin(fb_wk *w, const char *why)
 	w->next_note_ms = w->now + w->note_gap_ms;
 	w->full_since_ms = 0;
 	w->full = false;
-	if (w->lane != 0) {
+	if (w->lane != 0 || new_link) {
 		/* The coordinator may have restarted with other lanes: ask its
-		 * listen port again. */
+		 * listen port again (and on a fresh connection). */
 		fb_wk_move_link(w, w->cfg->coordinator, 0);
 	} else {
 		fb_wk_join(w);

@@ -529,7 +529,8 @@ fb_wk_on_link(fb_wk *w, bool up, uint32_t gen, int64_t now)
 	if (w->welcomed && (!up || gen != was_gen)) {
 		fb_wk_rejoin(w, up ? "the connection to the coordinator was "
 		                     "replaced"
-		                   : "the connection to the coordinator closed");
+		                   : "the connection to the coordinator closed",
+		    false);
 		return;
 	}
 	if (!w->welcomed && up && (!was_up || gen != was_gen)) {
@@ -571,7 +572,7 @@ fb_wk_tick(fb_wk *w, int64_t now)
 		    (double)(now - (w->rx_moved_ms > w->last_rx_ms
 		                        ? w->rx_moved_ms
 		                        : w->last_rx_ms)) / 1000.0);
-		fb_wk_rejoin(w, why);
+		fb_wk_rejoin(w, why, true);
 	} else if (w->full &&
 	           now - w->full_since_ms > w->cfg->send_timeout_ms &&
 	           now - w->tx_moved_ms > w->cfg->send_timeout_ms) {
@@ -579,7 +580,7 @@ fb_wk_tick(fb_wk *w, int64_t now)
 		    "the coordinator's queue stayed full for %.1fs and took "
 		    "no byte (transport.send_timeout)",
 		    (double)(now - w->full_since_ms) / 1000.0);
-		fb_wk_rejoin(w, why);
+		fb_wk_rejoin(w, why, true);
 	}
 	return FB_OK;
 }

@@ -355,8 +355,10 @@ void fb_wk_join_backoff(fb_wk *w);
 void fb_wk_move_link(fb_wk *w, const char *endpoint, uint32_t lane);
 
 /* fb_wk_rejoin leaves the run (the coordinator is gone or stuck: `why`)
- * and joins again, on the listen port. */
-void fb_wk_rejoin(fb_wk *w, const char *why);
+ * and joins again, on the listen port; with `new_link` on a new link (a
+ * connection on which nothing moved for a while may be dead, say across
+ * a partition, and TCP would retry on it ever more slowly). */
+void fb_wk_rejoin(fb_wk *w, const char *why, bool new_link);
 
 void fb_wk_on_handshake_reply(fb_wk *w, const fb_msg *m);
 void fb_wk_on_redirect(fb_wk *w, const fb_msg *m);
