@@ -53,8 +53,10 @@ fb_wk_send_hello(fb_wk *w)
 	m.u.hello.lane = w->lane;
 	w->last_hello_ms = w->now;
 	w->join_due = false;
+	w->join_queued = true;
 	if (fb_wk_send_now(w, &m, NULL, 0, NULL) == FB_EAGAIN) {
 		/* on room, while a connection is up; else at the retry */
+		w->join_queued = false;
 		w->join_due = w->link_up;
 		fb_log_debug("hello not sent: %s (resent later)",
 		    w->link_up ? "the queue is full" : "no connection");
@@ -80,7 +82,9 @@ fb_wk_send_handshake(fb_wk *w)
 	m.u.handshake.lane = w->lane;
 	w->last_hello_ms = w->now;
 	w->join_due = false;
+	w->join_queued = true;
 	if (fb_wk_send_now(w, &m, NULL, 0, NULL) == FB_EAGAIN) {
+		w->join_queued = false;
 		w->join_due = w->link_up;
 		fb_log_debug("handshake not sent: %s (resent later)",
 		    w->link_up ? "the queue is full" : "no connection");
@@ -171,6 +175,7 @@ fb_wk_move_link(fb_wk *w, const char *endpoint, uint32_t lane)
 	/* a new link: no connection yet, its own count */
 	w->link_up = false;
 	w->link_gen = 0;
+	w->join_queued = false;
 	memset(&w->seen, 0, sizeof(w->seen));
 	fb_wk_join(w);
 }

@@ -534,11 +534,19 @@ fb_wk_on_link(fb_wk *w, bool up, uint32_t gen, int64_t now)
 		return;
 	}
 	if (!w->welcomed && up && (!was_up || gen != was_gen)) {
-		/* a connection at last: join on it now, and retry soon */
+		/* a connection at last: join on it now, and retry soon; but a
+		 * join the link took before its first connection was seen is
+		 * on that connection already (the link queues only on one that
+		 * is up): a second handshake would void the first's reply */
 		fb_log_debug("connected to the coordinator");
 		w->join_retry_ms = FB_WK_JOIN_RETRY_MS;
 		fb_wk_join_backoff(w);
-		fb_wk_join_resend(w);
+		if (!(was_gen == 0 && w->join_queued)) {
+			fb_wk_join_resend(w);
+		}
+	}
+	if (!up) {
+		w->join_queued = false;
 	}
 }
 

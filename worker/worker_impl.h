@@ -172,6 +172,10 @@ struct fb_wk {
 	/* the link's connection (fb_wk_on_link) and the bytes it moved */
 	bool link_up;
 	uint32_t link_gen;      /* the connection we joined on */
+	/* a join message (hello, handshake) was taken by the link since it
+	 * was made or its connection last closed: on the link's first
+	 * connection it is on its way, and is not sent again */
+	bool join_queued;
 	fb_traffic seen;        /* its counters at the last look */
 	int64_t rx_moved_ms;    /* bytes last arrived (0: never seen) */
 	int64_t tx_moved_ms;    /* bytes we sent were last acknowledged */

@@ -1045,6 +1045,29 @@ test_link_events_join_and_rejoin(void **state)
 	fix_free(x);
 }
 
+/* A handshake the link took before its first connection was seen went
+ * out on that connection: the connection's event does not start another
+ * (its reply would then be refused), but a later connection does. */
+static void
+test_first_connection_keeps_its_handshake(void **state)
+{
+	fix *x = fix_new(true);
+	size_t at;
+
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(count_of(x, FB_MSG_HANDSHAKE, 0), 1);
+	at = x->nlog;
+	fb_wk_on_link(&x->w, true, 1, x->now);
+	assert_int_equal(x->nlog, at); /* nothing more */
+	assert_non_null(x->w.hs);
+	/* that connection closes before the reply: the next one gets a
+	 * fresh handshake at once */
+	fb_wk_on_link(&x->w, false, 1, x->now);
+	fb_wk_on_link(&x->w, true, 2, x->now);
+	assert_int_equal(count_of(x, FB_MSG_HANDSHAKE, at), 1);
+	fix_free(x);
+}
+
 static void
 test_bytes_moving_keep_links_alive(void **state)
 {
@@ -1801,6 +1824,8 @@ FB_TESTS = {
         test_join_retries_with_backoff},
     {"the link's connection events start, and restart, the join",
         test_link_events_join_and_rejoin},
+    {"a join taken before the first connection is not sent twice",
+        test_first_connection_keeps_its_handshake},
     {"bytes that move keep the coordinator alive on a slow link",
         test_bytes_moving_keep_links_alive},
     {"a redirect moves the worker to a lane, and a mute lane sends it back",
