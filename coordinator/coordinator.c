@@ -433,9 +433,9 @@ listen_link(coord *c)
 	}
 	if (fb_link_closed_fd(c->link) >= 0) {
 		/* closed connections wake the loop too */
-		struct epoll_event ev = {.events = EPOLLIN,
-		    .data.fd = fb_link_closed_fd(c->link)};
-		if (epoll_ctl(c->wake_fd, EPOLL_CTL_ADD, ev.data.fd, &ev) != 0) {
+		int fd = fb_link_closed_fd(c->link);
+		struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+		if (epoll_ctl(c->wake_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
 			fb_log_error("epoll_ctl: %s", strerror(errno));
 			return FB_EIO;
 		}
@@ -515,8 +515,8 @@ check_feasible(const coord *c)
 	}
 	if (!c->secure) {
 		if ((uint64_t)cfg->min_workers > most) {
-			fb_log_error("round.min_workers (%lld) exceeds the %u %s: "
-			             "no round could start",
+			fb_log_error("round.min_workers (%lld) exceeds the "
+			             "%u %s: no round could start",
 			    (long long)cfg->min_workers, most, who);
 			return FB_ECONFIG;
 		}

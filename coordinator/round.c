@@ -143,7 +143,8 @@ select_weights(coord *c)
 		rc = fb_fedavg_weights(n, rd->nsel, w);
 		for (uint32_t s = 0; rc == FB_OK && s < rd->nsel; s++) {
 			c->reg.workers[rd->sel[s]].weight = w[s];
-			rd->sel_weight[s] = w[s]; /* for a worker that rejoins */
+			/* kept for a worker that rejoins */
+			rd->sel_weight[s] = w[s];
 		}
 	}
 	free(n);

@@ -130,20 +130,22 @@ partial_take(coord *c)
 	partials *pt = &c->part;
 
 	for (uint32_t i = 0; i < pt->count; i++) {
-		if (atomic_load_explicit(&pt->busy[i].v, memory_order_acquire)) {
+		atomic_bool *busy = &pt->busy[i].v;
+		if (atomic_load_explicit(busy, memory_order_acquire)) {
 			continue;
 		}
 		if (pt->buf[i] == NULL &&
 		    (pt->buf[i] = fb_alloc((c->param_count + SA_EXTRA) * 4)) ==
 		        NULL) {
 			if (!pt->warned) {
-				fb_log_warn("out of memory for a masked upload's "
-				            "buffer: %u under way at most", i);
+				fb_log_warn("out of memory for a masked "
+				            "upload's buffer: %u under way at "
+				            "most", i);
 				pt->warned = true;
 			}
 			return -1;
 		}
-		atomic_store_explicit(&pt->busy[i].v, true, memory_order_relaxed);
+		atomic_store_explicit(busy, true, memory_order_relaxed);
 		return (int32_t)i;
 	}
 	return -1;
@@ -450,8 +452,8 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 		goto drop;
 	}
 	if (w->credit == 0) {
-		guard_drop(c, DROP_UNEXPECTED, "update chunk %u from %s without "
-		    "a credit", k, w->name);
+		guard_drop(c, DROP_UNEXPECTED, "update chunk %u from %s "
+		    "without a credit", k, w->name);
 		round_worker_failed(c, w, "update chunks sent without credit");
 		goto drop;
 	}
@@ -573,7 +575,8 @@ upload_results(coord *c)
 		}
 		if (r.status == FB_INGEST_DONE) {
 			const ingest_arg *a = &c->stream_arg[r.slot];
-			if (a->masked && a->gen == r.gen && c->sa.phase != SA_OFF) {
+			if (a->masked && a->gen == r.gen &&
+			    c->sa.phase != SA_OFF) {
 				/* whole, and in the sum: included, even if its
 				 * worker has been cut off or left since */
 				sa_note_included(c, a->sa_slot);
@@ -620,7 +623,8 @@ upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
 		dst = c->part.buf[a->partial];
 		if (chunk < c->chunk_count &&
 		    len == fb_accum_chunk_len(c->accum, chunk) * 4) {
-			memcpy(dst + (uint64_t)chunk * c->chunk_elems, data, len);
+			memcpy(dst + (uint64_t)chunk * c->chunk_elems, data,
+			    len);
 			return FB_OK;
 		}
 		if (chunk == c->chunk_count && len == SA_EXTRA * 4) {

@@ -165,7 +165,7 @@ struct fb_wk {
 	int64_t hello_since_ms; /* joining since (transport.connect_timeout) */
 	int64_t join_retry_ms;  /* the join's retry interval now (backoff) */
 	int64_t next_join_ms;   /* when the join message goes again */
-	bool join_due;          /* the link is up but took no join message yet */
+	bool join_due;          /* the link is up, took no join message yet */
 	int64_t note_gap_ms;    /* "still trying" notes: the gap to the next */
 	int64_t next_note_ms;
 	fb_rng jitter;          /* for the retries' jitter (not a secret) */

@@ -144,7 +144,8 @@ take_credits(uint32_t slot)
 	uint32_t n = 0;
 
 	for (uint32_t i = io.credit_from[slot]; i < io.n; i++) {
-		if (io.v[i].to == slot && io.v[i].m.type == FB_MSG_UPDATE_CREDIT) {
+		if (io.v[i].to == slot &&
+		    io.v[i].m.type == FB_MSG_UPDATE_CREDIT) {
 			n += io.v[i].m.u.update_credit.chunks;
 		}
 	}
@@ -340,7 +341,8 @@ write_config(const setup *s, char *path, size_t cap)
 	           "  unmask_timeout: 4s\n  max_samples: 1000\n  clip: 4\n%s",
 	    t.dir, PARAMS, s->workers, s->extra ? s->extra : "",
 	    s->agg_extra ? s->agg_extra : "", CHUNK_BYTES,
-	    s->tr_extra ? s->tr_extra : "", s->secure ? "true" : "false", s->secure ? "true" : "false",
+	    s->tr_extra ? s->tr_extra : "", s->secure ? "true" : "false",
+	    s->secure ? "true" : "false",
 	    s->sa_extra ? s->sa_extra : "");
 	fclose(f);
 }
