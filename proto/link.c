@@ -496,8 +496,10 @@ link_open(const char *endpoint, const fb_link_opts *opts, bool router,
 		ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_RECONNECT_IVL_MAX,
 		            &ivl_max, sizeof(ivl_max)),
 		    rc, out);
-		ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_IMMEDIATE, &one,
-		            sizeof(one)), rc, out);
+		if (!opts->queue_unconnected) {
+			ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_IMMEDIATE, &one,
+			            sizeof(one)), rc, out);
+		}
 		if ((rc = monitor_open(l)) != FB_OK) {
 			goto out;
 		}

@@ -287,6 +287,9 @@ typedef struct fb_link_opts {
 	int send_hwm;         /* > 0: the send side's instead of hwm */
 	int io_threads;       /* ZeroMQ I/O threads; 0 = ZeroMQ's default */
 	int lanes;            /* ROUTER: listening ports (see fb_link_bind) */
+	bool queue_unconnected; /* DEALER: queue sends while no connection
+	                         * is up (ZeroMQ's default); false: such a
+	                         * send finds no room (ZMQ_IMMEDIATE) */
 	fb_door_opts door;    /* ROUTER: limits before authentication */
 } fb_link_opts;
 
