@@ -526,7 +526,9 @@ fb_wk_on_link(fb_wk *w, bool up, uint32_t gen, int64_t now)
 	if (w->phase == FB_WK_DONE) {
 		return;
 	}
-	if (w->welcomed && (!up || gen != was_gen)) {
+	/* a first connection seen only after the welcome is the one we
+	 * joined on (the link queues on nothing else): nothing to do */
+	if (w->welcomed && (!up || (gen != was_gen && was_gen != 0))) {
 		fb_wk_rejoin(w, up ? "the connection to the coordinator was "
 		                     "replaced"
 		                   : "the connection to the coordinator closed",

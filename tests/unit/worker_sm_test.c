@@ -1047,7 +1047,8 @@ test_link_events_join_and_rejoin(void **state)
 
 /* A handshake the link took before its first connection was seen went
  * out on that connection: the connection's event does not start another
- * (its reply would then be refused), but a later connection does. */
+ * (its reply would then be refused), but a later connection does; nor
+ * does that event, seen after the welcome, make the worker rejoin. */
 static void
 test_first_connection_keeps_its_handshake(void **state)
 {
@@ -1065,6 +1066,16 @@ test_first_connection_keeps_its_handshake(void **state)
 	fb_wk_on_link(&x->w, false, 1, x->now);
 	fb_wk_on_link(&x->w, true, 2, x->now);
 	assert_int_equal(count_of(x, FB_MSG_HANDSHAKE, at), 1);
+	fix_free(x);
+	/* the first connection's event may come only after the welcome: it
+	 * is the connection the worker joined on, not a replacement */
+	x = fix_new(true);
+	secure_join(x);
+	fb_wk_on_link(&x->w, true, 1, x->now);
+	assert_true(x->w.welcomed);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fb_wk_on_link(&x->w, true, 2, x->now); /* this one is */
+	assert_false(x->w.welcomed);
 	fix_free(x);
 }
 
