@@ -11,6 +11,7 @@
 #   make fuzz       run every fuzz target for a while
 #   make install    PREFIX=/usr/local DESTDIR=... (bin, lib/fedbox, man, doc)
 #   make test-deploy  heavy deploy checks: .deb in a chroot, image, Slurm
+#   make test-faults  the fault suite's long variants (tests/faults/run)
 # Knobs: CFLAGS, SAN=address,undefined, CUDA=0|1, CUDA_HOME, DEBUG=1,
 #        WERROR=1 (CI), BOOTSTRAP=0 (skip the package check).
 
@@ -47,7 +48,7 @@ endif
 
 .DEFAULT_GOAL := all
 .PHONY: all test test-hostile demo fuzz bench clean bootstrap install \
-        test-deploy test-chaos example-tabular example-pytorch-cnn
+        test-deploy test-chaos test-faults example-tabular example-pytorch-cnn
 
 bootstrap:
 ifneq ($(BOOTSTRAP),0)
@@ -322,6 +323,12 @@ endif
 # plain and secure (tests/faults/chaos.sh; tens of minutes).
 test-chaos: all
 	@FB_BUILD=$(B) tests/faults/chaos.sh
+
+# The fault suite's long variants: 5 s and 60 s partitions, a slow and a
+# lossy link, a 10-minute outage, a full and a read-only disk
+# (tests/faults/run; about 20 minutes; make test runs the short ones).
+test-faults: all
+	@FB_BUILD=$(B) tests/faults/run
 
 clean:
 	rm -rf $(B)

@@ -770,6 +770,10 @@ set_duration(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
 		    "duration '%s' has no unit (write e.g. %ss or %sms)", e, e,
 		    e);
 	}
+	if (rc != FB_OK && f->names != NULL && f->names[0] != NULL) {
+		return cfg_fail(c, m, key, "bad duration '%s' (%s; or %s)", e,
+		    duration_hint, f->names[0]);
+	}
 	if (rc != FB_OK) {
 		return cfg_fail(
 		    c, m, key, "bad duration '%s' (%s)", e, duration_hint);
@@ -945,6 +949,13 @@ set_scalar(cfg_ctx *c, yaml_mark_t m, const char *key, const fb_cfg_field *f,
 	case FB_CFG_PATH:
 		return set_path(c, f, text, len);
 	case FB_CFG_DURATION:
+		for (int i = 0; f->names != NULL && f->names[i] != NULL; i++) {
+			if (strlen(f->names[i]) == len &&
+			    memcmp(text, f->names[i], len) == 0) {
+				*(int64_t *)p = -1 - i; /* as INT's words */
+				return FB_OK;
+			}
+		}
 		return set_duration(c, m, key, f, text, len);
 	case FB_CFG_SIZE:
 		return set_size(c, m, key, f, text, len);
@@ -1713,8 +1724,9 @@ fb_cfg_print_reference(FILE *fp, const fb_cfg_field *schema)
 			    fmt_bound(lo, sizeof(lo), f, f->min),
 			    fmt_bound(hi, sizeof(hi), f, f->max));
 		}
-		for (int i = 0; f->type == FB_CFG_INT && f->names != NULL &&
-		     f->names[i] != NULL; i++) {
+		for (int i = 0; (f->type == FB_CFG_INT ||
+		                    f->type == FB_CFG_DURATION) &&
+		     f->names != NULL && f->names[i] != NULL; i++) {
 			fprintf(fp, " or %s", f->names[i]);
 		}
 		fputs(" | ", fp);

@@ -75,8 +75,9 @@ typedef struct fb_cfg_field {
 	const char *def;          /* default as YAML scalar text; NULL: required */
 	double min, max;          /* inclusive bounds; ignored when min > max */
 	const char *const *names; /* FB_CFG_ENUM: NULL-terminated names;
-	                           * FB_CFG_INT: words also accepted, stored
-	                           * as -1, -2, ... (e.g. "auto");
+	                           * FB_CFG_INT, FB_CFG_DURATION: words
+	                           * also accepted, stored as -1, -2, ...
+	                           * (e.g. "auto", "forever");
 	                           * FB_CFG_PATH: prefixes of values that are
 	                           * not paths, kept as written (e.g. a key
 	                           * line given instead of its file) */

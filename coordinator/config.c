@@ -142,6 +142,12 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"transport.send_timeout", FB_CFG_DURATION, F(send_timeout_ms), "30s",
         10, 3600000, MB, "a worker whose send queue stays full this long is dropped (sends "
         "never wait)"},
+    {"transport.upload_window", FB_CFG_SIZE, F(upload_window), "64MiB",
+        4096, 1099511627776.0, MB, "update bytes on their way to the "
+        "coordinator at once, all workers together: a worker sends a "
+        "chunk only with the coordinator's credit, so what the uploads "
+        "hold does not grow with the worker count (each worker holds at "
+        "most 8 chunks' worth)"},
     {"transport.max_workers", FB_CFG_INT, F(max_workers), "1024", 1, 65536,
         MB, "most workers admitted at once"},
     {"transport.io_threads", FB_CFG_INT, F(io_threads), "auto", 1, 64,
@@ -209,6 +215,12 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"secure_aggregation.setup_timeout", FB_CFG_DURATION, F(sa_setup_ms),
         "30s", 10, 8.64e7, MB, "how long each key and share phase waits "
         "for the workers"},
+    {"secure_aggregation.max_uploads", FB_CFG_INT, F(sa_max_uploads),
+        "auto", 1, 65536, auto_word, "masked uploads under way at once: "
+        "each is kept apart (one model's worth, 4 bytes a parameter) until "
+        "it is whole, so a worker cut off mid-upload is a dropout like any "
+        "other; the others wait for credit; auto = what fits in 256 MiB, "
+        "2 to 64"},
     {"secure_aggregation.unmask_timeout", FB_CFG_DURATION, F(sa_unmask_ms),
         "30s", 10, 8.64e7, MB, "how long unmasking waits for the "
         "survivors' shares"},
@@ -303,6 +315,15 @@ cross_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
 	} else if (cfg->chunk_size % 4 != 0) {
 		rc = fb_cfg_error(path, sch, pos, "transport.chunk_size",
 		    "must be a multiple of 4 bytes (float32)");
+	} else if (cfg->upload_window < cfg->chunk_size) {
+		rc = fb_cfg_error(path, sch, pos,
+		    at_fault(pos, "transport.upload_window",
+		        "transport.chunk_size"),
+		    "transport.upload_window (%llu bytes) must hold at least "
+		    "one chunk (transport.chunk_size, %llu bytes): no update "
+		    "could go up",
+		    (unsigned long long)cfg->upload_window,
+		    (unsigned long long)cfg->chunk_size);
 	} else if (!listen_ok(cfg->listen)) {
 		rc = fb_cfg_error(path, sch, pos, "listen",
 		    "'%.200s' is not an endpoint to listen on: write "

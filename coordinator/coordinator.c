@@ -53,11 +53,18 @@ link_received(coord *c)
 	return c->link != NULL ? fb_link_bytes_received(c->link) : 0;
 }
 
+static fb_err
+link_traffic(coord *c, worker *w, fb_traffic *t)
+{
+	return fb_link_conn_traffic(&w->conn, t);
+}
+
 static const coord_io link_io = {
     .send_worker = link_send_worker,
     .send_peer = link_send_peer,
     .bytes_sent = link_sent,
     .bytes_received = link_received,
+    .traffic = link_traffic,
 };
 
 /* ---- setup ---- */
@@ -181,6 +188,7 @@ open_ingest(coord *c)
 	    .chunk_count = c->chunk_count + 1, /* + SecAgg extras */
 	    .max_chunk_len = (size_t)c->chunk_elems * 4,
 	    .chunk_cb = upload_add_cb,
+	    .end_cb = upload_end_cb,
 	    .cb_arg = c,
 	    .cb_concurrent = true,
 	};
@@ -268,10 +276,18 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 	}
 	if ((c->stream_arg = calloc(cap, sizeof(*c->stream_arg))) == NULL ||
 	    (c->rd.sel = calloc(cap, sizeof(*c->rd.sel))) == NULL ||
-	    (c->rd.sel_id = calloc(cap, sizeof(*c->rd.sel_id))) == NULL) {
+	    (c->rd.sel_id = calloc(cap, sizeof(*c->rd.sel_id))) == NULL ||
+	    (c->rd.sel_weight = calloc(cap, sizeof(*c->rd.sel_weight))) ==
+	        NULL ||
+	    (c->rd.upload_round = calloc(cap, sizeof(*c->rd.upload_round))) ==
+	        NULL) {
 		return FB_ENOMEM;
 	}
 	if (c->secure && (rc = broadcast_alloc(c)) != FB_OK) {
+		return rc;
+	}
+	if ((rc = upload_credits_alloc(c)) != FB_OK ||
+	    (cfg->sa_enabled && (rc = upload_partials_alloc(c)) != FB_OK)) {
 		return rc;
 	}
 	if (c->secure && cfg->sa_enabled && (rc = check_encoding(c)) != FB_OK) {
@@ -297,6 +313,7 @@ coord_fini(coord *c)
 	progress_stop(c);
 	wirelog_close(c);
 	fb_ingest_free(c->ingest); /* its threads use the accumulator */
+	upload_partials_fini(c);   /* after: its end callback frees them */
 	fb_pool_free(c->pool);
 	if (c->wake_fd >= 0) {
 		close(c->wake_fd);
@@ -314,6 +331,9 @@ coord_fini(coord *c)
 	free(c->stream_arg);
 	free(c->rd.sel);
 	free(c->rd.sel_id);
+	free(c->rd.sel_weight);
+	upload_credits_fini(c);
+	free(c->rd.upload_round);
 	free(c->rd.resume_line);
 	registry_fini(c);
 	broadcast_fini(c);
@@ -432,6 +452,15 @@ listen_link(coord *c)
 	if ((rc = fb_link_bind(c->cfg->listen, &lo, &c->link)) != FB_OK) {
 		return rc;
 	}
+	if (fb_link_closed_fd(c->link) >= 0) {
+		/* closed connections wake the loop too */
+		int fd = fb_link_closed_fd(c->link);
+		struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+		if (epoll_ctl(c->wake_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+			fb_log_error("epoll_ctl: %s", strerror(errno));
+			return FB_EIO;
+		}
+	}
 	c->reg.lanes = fb_link_lanes(c->link);
 	{
 		/* room for every worker under the descriptor limit? */
@@ -478,13 +507,40 @@ shutdown_workers(coord *c, const char *reason)
 	fb_sleep_ms(200);
 }
 
-/* Settings that can never commit a round with this allowlist. */
+/* Settings that can never commit a round with this allowlist (or, in
+ * plain mode, transport.max_workers). */
 static fb_err
 check_feasible(const coord *c)
 {
 	const fb_coord_config *cfg = c->cfg;
+	uint32_t most = c->secure ? c->reg.allow_count
+	                          : (uint32_t)cfg->max_workers;
+	const char *who = c->secure ? "workers on the allowlist"
+	                            : "workers transport.max_workers admits";
 
+	if ((uint64_t)cfg->min_updates > most) {
+		fb_log_error("round.min_updates (%lld) exceeds the %u %s: no "
+		             "round could commit",
+		    (long long)cfg->min_updates, most, who);
+		return FB_ECONFIG;
+	}
+	if (cfg->sa_enabled && cfg->sa_threshold > 0 &&
+	    cfg->workers_per_round > 0 &&
+	    cfg->sa_threshold > cfg->workers_per_round) {
+		fb_log_error("secure_aggregation.threshold (%lld) exceeds "
+		             "round.workers_per_round (%lld): no round could "
+		             "unmask",
+		    (long long)cfg->sa_threshold,
+		    (long long)cfg->workers_per_round);
+		return FB_ECONFIG;
+	}
 	if (!c->secure) {
+		if ((uint64_t)cfg->min_workers > most) {
+			fb_log_error("round.min_workers (%lld) exceeds the "
+			             "%u %s: no round could start",
+			    (long long)cfg->min_workers, most, who);
+			return FB_ECONFIG;
+		}
 		return FB_OK;
 	}
 	if ((uint32_t)cfg->min_workers > c->reg.allow_count) {

@@ -78,6 +78,7 @@ typedef struct fb_coord_config {
 	fb_data_spec eval;         /* files: the central evaluation set */
 	/* transport */
 	uint64_t chunk_size;       /* bytes per payload frame */
+	uint64_t upload_window;    /* update bytes in flight, all workers */
 	int64_t heartbeat_ms;
 	int64_t liveness_ms;
 	int64_t send_timeout_ms;
@@ -106,6 +107,7 @@ typedef struct fb_coord_config {
 	int64_t sa_max_samples;    /* public bound: weight = n / this */
 	int64_t sa_setup_ms;       /* each of the key and share phases */
 	int64_t sa_unmask_ms;
+	int64_t sa_max_uploads;    /* -1 = auto */
 	/* monitoring */
 	char *metrics_listen;      /* HOST:PORT of GET /metrics; "" = off */
 	char *wire_log;            /* tests: JSON lines of what workers send */

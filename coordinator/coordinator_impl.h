@@ -133,6 +133,11 @@ typedef struct worker {
 	char backend[FB_TEXT_MAX];
 	int64_t last_seen_ms;
 	int64_t full_since_ms;   /* its send queue was found full; 0: not */
+	fb_conn conn;            /* the connection its last message came on */
+	fb_traffic seen;         /* that connection's byte counts, last look */
+	int64_t traffic_ms;      /* when they were looked at */
+	int64_t rx_moved_ms;     /* bytes from it last arrived */
+	int64_t tx_moved_ms;     /* bytes to it were last acknowledged */
 	fb_session *sess;        /* secure: current session, NULL until one */
 	fb_session *pending;     /* secure: newer handshake, taken on use */
 	fb_session *prev;        /* secure: the session a newer one took over
@@ -149,6 +154,10 @@ typedef struct worker {
 	uint64_t assigned_steps;
 	uint32_t first_chunk;    /* where its upload starts (RoundStart) */
 	uint32_t next_chunk;     /* chunks of its upload received so far */
+	uint32_t credit;         /* chunks it may send now (granted, not yet
+	                          * received) */
+	uint32_t credited;       /* chunks granted for this upload in all */
+	bool credit_queued;      /* in credits.queue */
 	uint64_t steps;
 	double train_loss;
 	double train_seconds;
@@ -210,12 +219,57 @@ typedef struct sa_round {
 	const char *poisoned;   /* why the sum is unusable, or NULL */
 } sa_round;
 
+/*
+ * Upload credits: after UpdateBegin a worker sends an update chunk only
+ * with a credit (UpdateCredit), granted from one budget for all workers
+ * (transport.upload_window), so what uploads hold in the coordinator's
+ * queues does not grow with the worker count. A worker holds at most
+ * CREDITS_PER_WORKER at once and is topped up when it is down to half;
+ * the workers waiting are served in turn.
+ */
+#define CREDITS_PER_WORKER 8
+
+typedef struct credits {
+	uint32_t budget;  /* chunks in flight at most, all workers (>= 1) */
+	uint32_t out;     /* granted and not yet received */
+	uint32_t peak;    /* the most out at once since the start */
+	uint32_t *queue;  /* slots of workers waiting for credit (a ring) */
+	uint32_t head, count, cap;
+} credits;
+
 /* What the ingest pool's callback needs to add one worker's update; set
  * when the update begins, unchanged while the pool holds its chunks. */
 typedef struct ingest_arg {
 	double weight; /* plain FedAvg weight */
 	bool masked;   /* secure aggregation: ring elements, mod 2^32 */
+	/* masked: the stream is kept apart in partials.buf[partial] (set by
+	 * the loop before its first chunk is queued; -1 none yet) and added
+	 * into the sum once whole, from first_chunk on */
+	int32_t partial;
+	uint32_t first_chunk;
+	uint32_t sa_slot;  /* its SecAgg slot */
+	uint64_t gen;      /* its stream number (fb_ingest_begin) */
 } ingest_arg;
+
+/*
+ * Masked uploads kept apart until whole: a masked input cut off midway
+ * never reaches the sum (a part of one could not be unmasked without
+ * exposing it), so its worker is a dropout like any other. At most
+ * `count` are under way (secure_aggregation.max_uploads); each buffer
+ * holds param_count + SA_EXTRA ring elements, made when first needed and
+ * kept for the next rounds. `busy` is set by the loop when it gives a
+ * buffer to a stream and cleared by the ingest pool's end callback.
+ */
+typedef struct partial_flag {
+	atomic_bool v;
+} partial_flag;
+
+typedef struct partials {
+	uint32_t count;
+	uint32_t **buf;
+	partial_flag *busy;
+	bool warned;       /* out of memory for a buffer, logged */
+} partials;
 
 /* Peers sending bad messages fast are ignored for a while, so that a
  * flood costs one table lookup per message, not a decode or a MAC. */
@@ -320,7 +374,10 @@ typedef struct round_state {
 	round_result r;
 	uint32_t *sel;           /* the selected workers' slots ... */
 	uint32_t *sel_id;        /* ... and their ids at selection */
+	double *sel_weight;      /* ... and plain FedAvg weights */
 	uint32_t nsel;
+	uint32_t *upload_round;  /* per slot: the round its last update began
+	                          * in (survives the slot's reuse) */
 	uint32_t committed;      /* rounds committed, resumed runs included */
 	uint32_t ran;            /* rounds recorded by this process */
 	uint32_t model_round;    /* the last committed round (its model) */
@@ -390,6 +447,9 @@ typedef struct coord_io {
 	fb_err (*send_peer)(coord *c, const fb_peer *peer, const fb_msg *m);
 	uint64_t (*bytes_sent)(coord *c);
 	uint64_t (*bytes_received)(coord *c);
+	/* traffic: the bytes w's connection moved (fb_link_conn_traffic);
+	 * an error when it cannot say. May be NULL (whole messages only). */
+	fb_err (*traffic)(coord *c, worker *w, fb_traffic *t);
 	void *arg;
 } coord_io;
 
@@ -431,6 +491,8 @@ struct coord {
 	guard g;
 	round_state rd;
 	broadcast bc;
+	credits cr;
+	partials part;
 	sa_round sa;
 	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */
 	job job;
@@ -457,6 +519,7 @@ void registry_on_hello(coord *c, worker *w, const fb_frame *f);
 void registry_on_handshake(coord *c, const fb_frame *f);
 void registry_forget(coord *c, worker *w, const char *why);
 void registry_tick(coord *c, int64_t now);
+void registry_on_closed(coord *c, uint64_t key);
 fb_err coord_send(coord *c, worker *w, const fb_msg *m,
     const void *payload, size_t len, fb_lent *origin);
 void coord_send_reject(coord *c, const fb_peer *peer, const char *reason);
@@ -480,6 +543,7 @@ void round_on_failed(coord *c, worker *w, const fb_msg *m);
 void round_job_done(coord *c, job_kind kind, int64_t now);
 void round_cancel(coord *c, worker *w, const char *why);
 bool round_open_for(const coord *c, uint32_t round);
+void round_rejoin(coord *c, worker *w, int64_t now);
 int64_t round_next_timer(const coord *c, int64_t now);
 void round_stop(coord *c, int64_t now);
 
@@ -501,7 +565,15 @@ void upload_results(coord *c);
 void upload_settle(coord *c);
 fb_err upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
     size_t len, uint64_t *counter);
+fb_err upload_end_cb(void *arg, void *stream_arg, bool complete);
+FB_MUST_CHECK fb_err upload_partials_alloc(coord *c);
+void upload_partials_fini(coord *c);
 bool upload_any_in_flight(const coord *c);
+FB_MUST_CHECK fb_err upload_credits_alloc(coord *c);
+void upload_credits_fini(coord *c);
+void upload_credit_pump(coord *c);
+void upload_credit_release(coord *c, worker *w);
+void upload_credits_reset(coord *c);
 
 /* ---- secagg.c ---- */
 FB_MUST_CHECK fb_err sa_begin(coord *c, const uint32_t *cand, uint32_t n,
@@ -517,8 +589,7 @@ bool sa_reveals_pending(const coord *c);
 bool sa_reveals_hopeless(const coord *c);
 uint32_t sa_count(const sa_round *sa, unsigned flag);
 double sa_a_bound(const coord *c);
-void sa_note_included(coord *c, worker *w);
-void sa_note_cut(coord *c, worker *w);
+void sa_note_included(coord *c, uint32_t slot);
 fb_err sa_unmask(coord *c, job *j);      /* job thread */
 
 /* ---- jobs.c ---- */

@@ -217,9 +217,14 @@ unlock(fb_ingest *g)
 	}
 }
 
+/* Ends stream `s` without completing it (failed, aborted, replaced or the
+ * pool going): end_cb hears of it once. */
 static void
-stream_close(slot *s)
+stream_close(fb_ingest *g, slot *s)
 {
+	if (s->live && g->o.end_cb != NULL) {
+		(void)g->o.end_cb(g->o.cb_arg, s->stream_arg, false);
+	}
 	fb_stream_pull_free(s->pull);
 	s->pull = NULL;
 	s->live = false;
@@ -232,7 +237,7 @@ stream_end(fb_ingest *g, slot *s, fb_ingest_result r)
 	r.slot = (uint32_t)(s - g->slots);
 	r.gen = s->gen;
 	r.consumed = s->consumed;
-	stream_close(s);
+	stream_close(g, s);
 	lock(g);
 	post_result(g, &r);
 	unlock(g);
@@ -250,6 +255,18 @@ stream_fail(fb_ingest *g, slot *s, fb_ingest_stage stage, fb_err err,
 static void
 stream_done(fb_ingest *g, slot *s)
 {
+	fb_err rc = FB_OK;
+
+	if (g->o.end_cb != NULL) {
+		rc = g->o.end_cb(g->o.cb_arg, s->stream_arg, true);
+		s->live = false; /* heard of it: not again on close */
+	}
+	if (rc != FB_OK) {
+		stream_end(g, s, (fb_ingest_result){.status = FB_INGEST_FAILED,
+		                     .stage = FB_INGEST_AT_CONSUME, .err = rc,
+		                     .chunk = s->consumed});
+		return;
+	}
 	stream_end(g, s, (fb_ingest_result){.status = FB_INGEST_DONE});
 }
 
@@ -344,7 +361,7 @@ run_job(fb_ingest *g, slot *s, job *j, uint8_t *scratch)
 {
 	switch (j->kind) {
 	case JOB_BEGIN:
-		stream_close(s);
+		stream_close(g, s);
 		s->pull = j->pull;
 		s->stream_arg = j->stream_arg;
 		s->gen = j->gen;
@@ -359,7 +376,7 @@ run_job(fb_ingest *g, slot *s, job *j, uint8_t *scratch)
 		run_end(g, s, j);
 		break;
 	case JOB_ABORT:
-		stream_close(s);
+		stream_close(g, s);
 		break;
 	}
 	fb_buf_free(j->buf);
@@ -491,7 +508,7 @@ thread_main(void *arg)
 			    .stage = FB_INGEST_AT_CONSUME, .err = FB_ENOMEM,
 			    .chunk = j->chunk, .consumed = s->consumed};
 			if (s->live) {
-				stream_close(s);
+				stream_close(g, s);
 				pthread_mutex_lock(&g->mu);
 				post_result(g, &r);
 				pthread_mutex_unlock(&g->mu);
@@ -671,7 +688,7 @@ fb_ingest_free(fb_ingest *g)
 			j->kind = JOB_ABORT;
 			run_job(g, s, j, NULL);
 		}
-		stream_close(s);
+		stream_close(g, s);
 	}
 	while (fb_ingest_result_next(g, &r)) {
 	}
@@ -783,7 +800,7 @@ fb_ingest_abort(fb_ingest *g, uint32_t slot_i)
 	if ((j = job_new(JOB_ABORT)) == NULL) {
 		/* Nothing of the slot runs once the pool is idle. */
 		fb_ingest_drain(g);
-		stream_close(&g->slots[slot_i]);
+		stream_close(g, &g->slots[slot_i]);
 		return;
 	}
 	submit(g, slot_i, j);

@@ -48,6 +48,19 @@ typedef struct fb_ingest fb_ingest;
 typedef fb_err (*fb_ingest_chunk_cb)(void *arg, void *stream_arg,
     uint32_t chunk, void *data, size_t len, uint64_t *counter);
 
+/*
+ * fb_ingest_end_cb hears, once per stream begun, how it ended, on the
+ * thread that ended it (a pool thread, or the caller of the call that
+ * ended it): `complete` when it is whole (its last chunk consumed, or for
+ * a decrypted stream its trailer verified), before its FB_INGEST_DONE
+ * result is posted; an error then makes the result FAILED (stage
+ * CONSUME). Otherwise (failed, aborted, replaced by a new stream in its
+ * slot, or the pool freed) with `complete` false, its return ignored.
+ * After it returns the pool no longer touches stream_arg.
+ */
+typedef fb_err (*fb_ingest_end_cb)(void *arg, void *stream_arg,
+    bool complete);
+
 typedef struct fb_ingest_opts {
 	uint32_t threads;      /* 0: every job runs inline, in the caller */
 	uint32_t slots;        /* streams at once, slots 0..slots-1; >= 1 */
@@ -55,6 +68,7 @@ typedef struct fb_ingest_opts {
 	size_t max_chunk_len;  /* plaintext bytes of a chunk, > 0 */
 	uint32_t queue_max;    /* payloads queued at most; 0: 4 per thread */
 	fb_ingest_chunk_cb chunk_cb;
+	fb_ingest_end_cb end_cb; /* may be NULL */
 	void *cb_arg;
 	/* The callback locks what it shares itself: calls for the same chunk
 	 * index may then run at the same time (false: they never overlap). */

@@ -9,6 +9,11 @@
  * dispatched by type), the pool's results, a finished job, the registry's
  * heartbeats and liveness, and the round's step. No handler waits: long
  * work is a job, and sends never block (a full queue is FB_EAGAIN).
+ *
+ * The wake fd also fires when the link saw an authenticated connection
+ * close: its worker is dropped once the socket's queue is empty, so that
+ * what the worker sent before it went (its last update chunks, say) is
+ * still taken.
  */
 #include <string.h>
 
@@ -23,6 +28,9 @@ void
 coord_dispatch(coord *c, worker *w, const fb_frame *f, fb_buf *buf)
 {
 	w->last_seen_ms = c->now;
+	if (c->link != NULL) {
+		fb_link_last_conn(c->link, &w->conn);
+	}
 	switch (f->msg.type) {
 	case FB_MSG_HEARTBEAT:
 		break;
@@ -286,6 +294,7 @@ coord_turn(coord *c, int64_t now)
 		round_job_done(c, done, now);
 	}
 	registry_tick(c, now);
+	upload_credit_pump(c); /* credits given back since */
 	round_step(c, now);
 	progress_tick(c, now);
 }
@@ -309,7 +318,13 @@ coord_loop(coord *c)
 		c->now = fb_now_ms();
 		if (rc == FB_OK || rc == FB_EPROTO) {
 			on_frame(c, rc, &f, why);
-		} else if (rc != FB_ETIMEDOUT && rc != FB_ECLOSED) {
+		} else if (rc == FB_ETIMEDOUT) {
+			uint64_t key;
+			/* nothing queued: what closed connections sent is in */
+			while (fb_link_closed_next(c->link, &key)) {
+				registry_on_closed(c, key);
+			}
+		} else if (rc != FB_ECLOSED) {
 			round_stop(c, c->now);
 			c->rd.exit_rc = rc;
 			break;

@@ -5,10 +5,14 @@
  * Admission: in secure mode a worker first completes a signed handshake
  * (its key must be on the allowlist, which fixes its slot and its name),
  * then says hello inside its session; in plain mode a hello is enough and
- * the worker gets a free slot. Lanes spread new connections over the
- * coordinator's listening ports. The tick sends heartbeats to every worker
- * and drops the ones that stopped talking (transport.liveness_timeout) or
- * stopped reading (transport.send_timeout).
+ * the worker gets a free slot (its old one, when a worker of that name
+ * reconnects). Lanes spread new connections over the coordinator's
+ * listening ports. The tick sends heartbeats to every worker and drops
+ * the ones that stopped talking (transport.liveness_timeout) or stopped
+ * reading (transport.send_timeout): both count the bytes the connection
+ * moves, not only whole messages, so a worker on a slow link in the
+ * middle of a 1 MiB chunk is not mistaken for a dead one. A connection
+ * the link saw close drops its worker at once (registry_on_closed).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -391,8 +395,14 @@ hello_slot_plain(coord *c, worker *w, const fb_frame *f)
 	for (uint32_t i = 0; i < r->cap; i++) {
 		if (r->workers[i].used &&
 		    strcmp(r->workers[i].name, m->u.hello.name) == 0) {
-			registry_forget(c, &r->workers[i],
-			    "replaced by a new connection");
+			/* The same worker on a new connection: its slot (and
+			 * its place in the round, if it can still take it) */
+			w = &r->workers[i];
+			round_worker_failed(c, w, "worker reconnected");
+			fb_log_info("worker %s reconnected", w->name);
+			w->peer = f->peer;
+			w->conn.fd = -1;
+			return w;
 		}
 	}
 	for (uint32_t i = 0; i < r->cap && w == NULL; i++) {
@@ -471,6 +481,7 @@ welcome(coord *c, worker *w)
 		return;
 	}
 	coord_trust(c, &w->peer);
+	round_rejoin(c, w, c->now);
 	if (w->num_samples > 0) {
 		fb_log_info("worker %s admitted (id %u, index %u, %" PRIu64
 		            " samples, %s); %u connected",
@@ -565,6 +576,13 @@ registry_on_hello(coord *c, worker *w, const fb_frame *f)
 	w->num_samples = c->cfg->sa_enabled ? 0 : m->u.hello.num_samples;
 	w->session = m->u.hello.session;
 	w->last_seen_ms = c->now;
+	w->rx_moved_ms = w->tx_moved_ms = c->now;
+	w->traffic_ms = 0;
+	if (c->link != NULL) {
+		w->conn.fd = -1;
+		fb_link_last_conn(c->link, &w->conn);
+	}
+	memset(&w->seen, 0, sizeof(w->seen));
 	welcome(c, w);
 }
 
@@ -673,6 +691,42 @@ registry_on_handshake(coord *c, const fb_frame *f)
 
 /* ---- heartbeats and liveness ---------------------------------------------- */
 
+/*
+ * What w's connection moved since the last look. Looked at only once w has
+ * been quiet for a quarter of the liveness timeout, and then every quarter
+ * (a system call per look): a worker that talks costs nothing here.
+ */
+static void
+traffic_look(coord *c, worker *w, int64_t now)
+{
+	int64_t every = c->cfg->liveness_ms / 4;
+	/* counts taken before its last message include that message: they
+	 * are a new starting point, not proof of bytes since */
+	bool stale = w->traffic_ms < w->last_seen_ms;
+	bool first = w->traffic_ms == 0;
+	fb_traffic tr;
+	fb_err rc;
+
+	if (c->io.traffic == NULL || now - w->traffic_ms < every ||
+	    (now - w->last_seen_ms < every && w->full_since_ms == 0)) {
+		return;
+	}
+	w->traffic_ms = now;
+	if ((rc = c->io.traffic(c, w, &tr)) != FB_OK) {
+		if (rc == FB_ECLOSED) {
+			w->conn.fd = -1; /* found again by its next message */
+		}
+		return;
+	}
+	if (!stale && tr.in != w->seen.in) {
+		w->rx_moved_ms = now;
+	}
+	if (!first && tr.acked != w->seen.acked) {
+		w->tx_moved_ms = now;
+	}
+	w->seen = tr;
+}
+
 void
 registry_tick(coord *c, int64_t now)
 {
@@ -698,19 +752,41 @@ registry_tick(coord *c, int64_t now)
 	r->last_scan_ms = now;
 	for (uint32_t i = 0; i < r->cap; i++) {
 		worker *w = &r->workers[i];
+		int64_t heard, acked;
 		if (!w->used) {
 			continue;
 		}
+		traffic_look(c, w, now);
+		heard = w->last_seen_ms > w->rx_moved_ms ? w->last_seen_ms
+		                                         : w->rx_moved_ms;
+		acked = w->full_since_ms > w->tx_moved_ms ? w->full_since_ms
+		                                          : w->tx_moved_ms;
 		if (w->full_since_ms != 0 &&
-		    now - w->full_since_ms > cfg->send_timeout_ms) {
+		    now - acked > cfg->send_timeout_ms) {
 			fb_log_warn("worker %s lost: its queue stayed full for "
-			            "%.1fs (transport.send_timeout)", w->name,
+			            "%.1fs and took no byte "
+			            "(transport.send_timeout)", w->name,
 			    (double)(now - w->full_since_ms) / 1000.0);
 			registry_forget(c, w, "lost (not reading)");
-		} else if (now - w->last_seen_ms > cfg->liveness_ms) {
-			fb_log_warn("worker %s lost: no message for %.1fs",
-			    w->name, (double)(now - w->last_seen_ms) / 1000.0);
+		} else if (now - heard > cfg->liveness_ms) {
+			fb_log_warn("worker %s lost: nothing from it for %.1fs "
+			            "(not a byte)", w->name,
+			    (double)(now - heard) / 1000.0);
 			registry_forget(c, w, "lost (liveness timeout)");
+		}
+	}
+}
+
+void
+registry_on_closed(coord *c, uint64_t key)
+{
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		worker *w = &c->reg.workers[i];
+		if (w->used && fb_peer_key(&w->peer) == key) {
+			fb_log_warn("worker %s lost: its connection closed",
+			    w->name);
+			registry_forget(c, w, "lost (connection closed)");
+			return;
 		}
 	}
 }

@@ -57,7 +57,7 @@ round_open_for(const coord *c, uint32_t round)
 void
 round_worker_failed(coord *c, worker *w, const char *why)
 {
-	sa_note_cut(c, w);
+	upload_credit_release(c, w);
 	if (w->state != W_TRAINING && w->state != W_UPLOADING) {
 		return;
 	}
@@ -177,6 +177,8 @@ select_weights(coord *c)
 		rc = fb_fedavg_weights(n, rd->nsel, w);
 		for (uint32_t s = 0; rc == FB_OK && s < rd->nsel; s++) {
 			c->reg.workers[rd->sel[s]].weight = w[s];
+			/* kept for a worker that rejoins */
+			rd->sel_weight[s] = w[s];
 		}
 	}
 	free(n);
@@ -250,6 +252,7 @@ round_reset(coord *c, int64_t now)
 	rd->recv0 = c->io.bytes_received(c);
 	rd->clipped_base = fb_ingest_counter(c->ingest);
 	rd->in_chunks = c->chunk_count;
+	upload_credits_reset(c);
 	fb_accum_reset(c->accum);
 	sa_free(&c->sa);
 }
@@ -277,6 +280,61 @@ round_fail(coord *c, round_status st, int64_t now, const char *fmt, ...)
 	record_round(c, now);
 }
 
+/* Sends worker w its RoundStart and puts it in training. */
+static void
+send_round_start(coord *c, worker *w)
+{
+	const fb_coord_config *cfg = c->cfg;
+	round_state *rd = &c->rd;
+	fb_msg m = {.type = FB_MSG_ROUND_START};
+
+	m.u.round_start.round = rd->number;
+	m.u.round_start.param_count = c->param_count;
+	m.u.round_start.chunk_count = c->chunk_count;
+	m.u.round_start.chunk_bytes = c->chunk_elems * 4;
+	m.u.round_start.local_steps = w->assigned_steps;
+	if (w->assigned_steps == 0) {
+		/* The sample count is the worker's secret: it turns
+		 * local_epochs into steps itself. */
+		m.u.round_start.local_epochs = (float)cfg->local_epochs;
+	}
+	m.u.round_start.batch_size = (uint32_t)cfg->batch_size;
+	m.u.round_start.lr = (float)cfg->lr;
+	m.u.round_start.momentum = (float)cfg->momentum;
+	m.u.round_start.weight_decay = (float)cfg->weight_decay;
+	m.u.round_start.seed = (uint64_t)cfg->seed;
+	m.u.round_start.deadline_ms = (uint32_t)cfg->deadline_ms;
+	m.u.round_start.prox_mu = (float)cfg->prox_mu;
+	m.u.round_start.fednova = fb_rule_is_fednova(cfg->rule);
+	m.u.round_start.synthetic =
+	    strcmp(cfg->model_arch, "synthetic") == 0;
+	m.u.round_start.first_chunk = w->first_chunk;
+	if (rd->final) {
+		m.u.round_start.evaluate_only = true;
+		m.u.round_start.local_steps = 1; /* (none done) */
+		m.u.round_start.local_epochs = 0;
+	}
+	if (c->sa.phase != SA_OFF) {
+		sa_round_start(c, w, &m);
+	}
+	if (c->sa.phase != SA_OFF && cfg->local_work == FB_WORK_TIME_BUDGET) {
+		/* the private form: the worker fits its own steps to the
+		 * budget, and its speed stays its own */
+		m.u.round_start.time_budget_ms = (uint32_t)cfg->time_budget_ms;
+		m.u.round_start.min_steps = (uint64_t)cfg->min_steps;
+		m.u.round_start.max_steps = (uint64_t)cfg->max_steps;
+	}
+	if (c->secure) {
+		broadcast_round_start(c, &m);
+	}
+	w->state = W_TRAINING;
+	if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
+		round_worker_failed(c, w, "round start could not be sent");
+	}
+	fb_wipe(&m.u.round_start.round_key,
+	    sizeof(m.u.round_start.round_key));
+}
+
 /* Sends RoundStart to each selected worker still here. */
 static void
 send_round_starts(coord *c, int64_t now)
@@ -290,60 +348,67 @@ send_round_starts(coord *c, int64_t now)
 	}
 	for (uint32_t s = 0; s < rd->nsel; s++) {
 		worker *w = &c->reg.workers[rd->sel[s]];
-		fb_msg m = {.type = FB_MSG_ROUND_START};
 		if (!w->used || w->id != rd->sel_id[s]) {
 			continue; /* gone since the selection */
 		}
-		m.u.round_start.round = rd->number;
-		m.u.round_start.param_count = c->param_count;
-		m.u.round_start.chunk_count = c->chunk_count;
-		m.u.round_start.chunk_bytes = c->chunk_elems * 4;
-		m.u.round_start.local_steps = w->assigned_steps;
-		if (w->assigned_steps == 0) {
-			/* The sample count is the worker's secret: it turns
-			 * local_epochs into steps itself. */
-			m.u.round_start.local_epochs = (float)cfg->local_epochs;
-		}
-		m.u.round_start.batch_size = (uint32_t)cfg->batch_size;
-		m.u.round_start.lr = (float)cfg->lr;
-		m.u.round_start.momentum = (float)cfg->momentum;
-		m.u.round_start.weight_decay = (float)cfg->weight_decay;
-		m.u.round_start.seed = (uint64_t)cfg->seed;
-		m.u.round_start.deadline_ms = (uint32_t)cfg->deadline_ms;
-		m.u.round_start.prox_mu = (float)cfg->prox_mu;
-		m.u.round_start.fednova = fb_rule_is_fednova(cfg->rule);
-		m.u.round_start.synthetic =
-		    strcmp(cfg->model_arch, "synthetic") == 0;
-		m.u.round_start.first_chunk = w->first_chunk;
-		if (rd->final) {
-			m.u.round_start.evaluate_only = true;
-			m.u.round_start.local_steps = 1; /* (none done) */
-			m.u.round_start.local_epochs = 0;
-		}
-		if (c->sa.phase != SA_OFF) {
-			sa_round_start(c, w, &m);
-		}
-		if (c->sa.phase != SA_OFF &&
-		    cfg->local_work == FB_WORK_TIME_BUDGET) {
-			/* the private form: the worker fits its own steps to
-			 * the budget, and its speed stays its own */
-			m.u.round_start.time_budget_ms =
-			    (uint32_t)cfg->time_budget_ms;
-			m.u.round_start.min_steps = (uint64_t)cfg->min_steps;
-			m.u.round_start.max_steps = (uint64_t)cfg->max_steps;
-		}
-		if (c->secure) {
-			broadcast_round_start(c, &m);
-		}
-		w->state = W_TRAINING;
 		rd->r.selected++;
-		if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
-			round_worker_failed(c, w, "round start could not be sent");
-		}
-		fb_wipe(&m.u.round_start.round_key,
-		    sizeof(m.u.round_start.round_key));
+		send_round_start(c, w);
 	}
 	enter(c, PHASE_TRAIN, now);
+}
+
+/*
+ * round_rejoin: worker w was just (re)admitted. If it was selected for the
+ * round under way and can still contribute, it gets its RoundStart again:
+ * the round trains (before the deadline), its update was not begun this
+ * round (nothing of it is in the sum), and under secure aggregation its
+ * key advert can still be taken (the adverts phase, none from it yet).
+ */
+void
+round_rejoin(coord *c, worker *w, int64_t now)
+{
+	round_state *rd = &c->rd;
+	wslot slot = registry_slot(c, w);
+	uint32_t s;
+
+	if (rd->phase != PHASE_TRAIN || now >= rd->deadline_ms ||
+	    rd->upload_round[slot.v] == rd->number ||
+	    w->state == W_TRAINING || w->state == W_UPLOADING ||
+	    w->state == W_DONE) {
+		return;
+	}
+	for (s = 0; s < rd->nsel; s++) {
+		if (rd->sel[s] == slot.v && rd->sel_id[s] == w->id) {
+			break;
+		}
+	}
+	if (s == rd->nsel) {
+		return; /* not selected for this round */
+	}
+	if (c->sa.phase != SA_OFF) {
+		uint32_t q = 0;
+		while (q < c->sa.n && c->sa.slot_worker[q] != slot.v) {
+			q++;
+		}
+		if (c->sa.phase != SA_ADVERTS || q == c->sa.n ||
+		    (c->sa.flags[q] & SA_F_ADV)) {
+			return; /* its neighbours have its old keys, or none */
+		}
+		w->sa_slot = q;
+	}
+	if (w->state == W_IDLE) {
+		rd->r.selected++; /* not sent its RoundStart before */
+	}
+	/* what the selection gave it (a slot forgotten meanwhile lost it) */
+	w->weight = rd->sel_weight[s];
+	w->assigned_steps = schedule_steps(c, w);
+	w->first_chunk = (uint32_t)((uint64_t)s * c->chunk_count / rd->nsel);
+	w->next_chunk = 0;
+	w->steps = 0;
+	w->fail_reason = NULL;
+	fb_log_info("round %u: %s rejoins the round (%.1fs left)", rd->number,
+	    w->name, (double)(rd->deadline_ms - now) / 1000.0);
+	send_round_start(c, w);
 }
 
 /* IDLE -> PREPARE or TRAIN: selects, schedules, sets up SecAgg. */

@@ -229,26 +229,19 @@ sa_round_start(const coord *c, const worker *w, fb_msg *m)
 	m->u.round_start.sa_a_bound = sa->enc.a.clip;
 }
 
-/* Worker w's whole masked input is in the sum. */
+/* SecAgg slot `slot`'s whole masked input is in the sum (its worker may
+ * have left since). A masked input cut off midway never reaches the sum
+ * (upload.c keeps each apart until whole): its worker is a dropout. */
 void
-sa_note_included(coord *c, worker *w)
+sa_note_included(coord *c, uint32_t slot)
 {
-	if (fb_secagg_server_set_included(c->sa.srv, w->sa_slot) != FB_OK) {
+	if (slot >= c->sa.n || (c->sa.flags[slot] & SA_F_INCLUDED)) {
+		return;
+	}
+	if (fb_secagg_server_set_included(c->sa.srv, slot) != FB_OK) {
 		c->sa.poisoned = "a masked input could not be recorded";
 	}
-	c->sa.flags[w->sa_slot] |= SA_F_INCLUDED;
-}
-
-/* Worker w leaves mid-upload: part of its masked input is in the sum, and
- * without all of it the masks cannot be removed (revealing both of its
- * secrets would expose the part). */
-void
-sa_note_cut(coord *c, worker *w)
-{
-	if (c->sa.phase != SA_OFF && w->state == W_UPLOADING &&
-	    w->next_chunk > 0 && c->sa.poisoned == NULL) {
-		c->sa.poisoned = "a masked input was cut off mid-stream";
-	}
+	c->sa.flags[slot] |= SA_F_INCLUDED;
 }
 
 static drop_reason

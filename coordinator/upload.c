@@ -10,15 +10,32 @@
  * threads decrypt it and add it into the one fixed-point accumulator
  * (upload_add_cb); what the pool made of each stream (complete, or refused
  * and why) comes back in upload_results.
+ *
+ * Chunks go up on credit (coordinator_impl.h, credits): UpdateBegin puts
+ * the worker in the queue for credit, each chunk received gives one back
+ * to the budget, and a worker down to half its credits queues again. A
+ * chunk without a credit is a protocol error: the worker leaves the round.
+ *
+ * A masked input (secure aggregation) is kept apart until it is whole
+ * (coordinator_impl.h, partials): its first credit waits for a free
+ * buffer, its chunks are copied there, and the pool's end callback adds it
+ * into the sum once its stream is complete and signed. One cut off midway
+ * is dropped with its buffer: nothing of it is in the sum, and its masks
+ * are recovered like any dropout's.
  */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/util.h"
 #include "coordinator/coordinator_impl.h"
+
+#define PARTIAL_AUTO_BYTES (256ull << 20) /* max_uploads auto: this much */
+#define PARTIAL_AUTO_MIN 2
+#define PARTIAL_AUTO_MAX 64
 
 /* Updates complete or streaming in: over-selection keeps the first. */
 static uint32_t
@@ -42,6 +59,180 @@ upload_any_in_flight(const coord *c)
 		}
 	}
 	return false;
+}
+
+/* ---- credits ---------------------------------------------------------- */
+
+fb_err
+upload_credits_alloc(coord *c)
+{
+	credits *cr = &c->cr;
+	uint64_t b = c->cfg->upload_window / c->cfg->chunk_size;
+
+	cr->budget = b < 1 ? 1 : b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+	cr->cap = c->reg.cap;
+	if ((cr->queue = calloc(cr->cap, sizeof(*cr->queue))) == NULL) {
+		return FB_ENOMEM;
+	}
+	return FB_OK;
+}
+
+void
+upload_credits_fini(coord *c)
+{
+	free(c->cr.queue);
+	c->cr.queue = NULL;
+}
+
+/* ---- masked uploads kept apart -------------------------------------- */
+
+fb_err
+upload_partials_alloc(coord *c)
+{
+	partials *pt = &c->part;
+	uint64_t each = (c->param_count + SA_EXTRA) * 4;
+	uint64_t n = (uint64_t)c->cfg->sa_max_uploads;
+
+	if (c->cfg->sa_max_uploads < 0) {
+		n = PARTIAL_AUTO_BYTES / each;
+		n = n < PARTIAL_AUTO_MIN ? PARTIAL_AUTO_MIN
+		    : n > PARTIAL_AUTO_MAX ? PARTIAL_AUTO_MAX : n;
+	}
+	pt->count = (uint32_t)n;
+	if ((pt->buf = calloc(n, sizeof(*pt->buf))) == NULL ||
+	    (pt->busy = calloc(n, sizeof(*pt->busy))) == NULL) {
+		return FB_ENOMEM;
+	}
+	for (uint32_t i = 0; i < pt->count; i++) {
+		atomic_init(&pt->busy[i].v, false);
+	}
+	return FB_OK;
+}
+
+void
+upload_partials_fini(coord *c)
+{
+	partials *pt = &c->part;
+
+	for (uint32_t i = 0; pt->buf != NULL && i < pt->count; i++) {
+		fb_free(pt->buf[i]);
+	}
+	free(pt->buf);
+	free(pt->busy);
+	memset(pt, 0, sizeof(*pt));
+}
+
+/* A free buffer for a masked upload (its index), or -1: all are held by
+ * uploads under way (or memory ran out). */
+static int32_t
+partial_take(coord *c)
+{
+	partials *pt = &c->part;
+
+	for (uint32_t i = 0; i < pt->count; i++) {
+		atomic_bool *busy = &pt->busy[i].v;
+		if (atomic_load_explicit(busy, memory_order_acquire)) {
+			continue;
+		}
+		if (pt->buf[i] == NULL &&
+		    (pt->buf[i] = fb_alloc((c->param_count + SA_EXTRA) * 4)) ==
+		        NULL) {
+			if (!pt->warned) {
+				fb_log_warn("out of memory for a masked "
+				            "upload's buffer: %u under way at "
+				            "most", i);
+				pt->warned = true;
+			}
+			return -1;
+		}
+		atomic_store_explicit(busy, true, memory_order_relaxed);
+		return (int32_t)i;
+	}
+	return -1;
+}
+
+/* Puts w in the queue for credit (once). */
+static void
+credit_want(coord *c, worker *w)
+{
+	credits *cr = &c->cr;
+
+	if (w->credit_queued || cr->count == cr->cap) {
+		return;
+	}
+	cr->queue[(cr->head + cr->count) % cr->cap] = registry_slot(c, w).v;
+	cr->count++;
+	w->credit_queued = true;
+}
+
+void
+upload_credit_release(coord *c, worker *w)
+{
+	FB_ASSERT(c->cr.out >= w->credit);
+	c->cr.out -= w->credit;
+	w->credit = 0;
+}
+
+void
+upload_credits_reset(coord *c)
+{
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		c->reg.workers[i].credit = 0;
+		c->reg.workers[i].credited = 0;
+		c->reg.workers[i].credit_queued = false;
+	}
+	c->cr.out = 0;
+	c->cr.count = 0;
+	c->cr.head = 0;
+}
+
+/*
+ * Grants credits to the workers waiting, in turn, while the budget lasts:
+ * one pass over the queue. A worker whose grant could not be sent (its
+ * queue full) waits for the next pass.
+ */
+void
+upload_credit_pump(coord *c)
+{
+	credits *cr = &c->cr;
+	uint32_t n = cr->count;
+
+	while (n-- > 0 && cr->out < cr->budget) {
+		uint32_t slot = cr->queue[cr->head];
+		worker *w = &c->reg.workers[slot];
+		fb_msg m = {.type = FB_MSG_UPDATE_CREDIT};
+		uint32_t give;
+
+		cr->head = (cr->head + 1) % cr->cap;
+		cr->count--;
+		w->credit_queued = false;
+		if (!w->used || w->state != W_UPLOADING ||
+		    w->credited >= c->rd.in_chunks ||
+		    w->credit >= CREDITS_PER_WORKER) {
+			continue;
+		}
+		give = CREDITS_PER_WORKER - w->credit;
+		give = give < c->rd.in_chunks - w->credited
+		    ? give : c->rd.in_chunks - w->credited;
+		give = give < cr->budget - cr->out ? give
+		                                   : cr->budget - cr->out;
+		if (c->stream_arg[slot].masked &&
+		    c->stream_arg[slot].partial < 0 &&
+		    (c->stream_arg[slot].partial = partial_take(c)) < 0) {
+			credit_want(c, w); /* when a masked upload is whole */
+			continue;
+		}
+		m.u.update_credit.round = c->rd.number;
+		m.u.update_credit.chunks = give;
+		if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
+			credit_want(c, w); /* again on the next pass */
+			continue;
+		}
+		w->credit += give;
+		w->credited += give;
+		cr->out += give;
+		cr->peak = cr->out > cr->peak ? cr->out : cr->peak;
+	}
 }
 
 /* Plain mode: what an update claims must be what the worker declared,
@@ -141,6 +332,7 @@ begin_record(coord *c, worker *w, const fb_msg *m)
 	w->state = W_UPLOADING;
 	w->next_chunk = 0;
 	w->final_seen = false;
+	c->rd.upload_round[registry_slot(c, w).v] = c->rd.number;
 	w->begin_s = fb_now_s();
 	if (c->rd.first_begin_s == 0) {
 		c->rd.first_begin_s = w->begin_s;
@@ -209,12 +401,20 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 	/* The pool takes the decryptor (plain mode: none). */
 	c->stream_arg[slot.v].weight = w->weight;
 	c->stream_arg[slot.v].masked = masked;
+	c->stream_arg[slot.v].partial = -1;
+	c->stream_arg[slot.v].first_chunk = w->first_chunk;
+	c->stream_arg[slot.v].sa_slot = w->sa_slot;
 	if (fb_ingest_begin(c->ingest, slot.v, pull, &c->stream_arg[slot.v],
 	        &w->ingest_gen) != FB_OK) {
 		round_worker_failed(c, w, "out of memory");
 		return;
 	}
+	c->stream_arg[slot.v].gen = w->ingest_gen;
 	begin_record(c, w, m);
+	w->credit = 0;
+	w->credited = 0;
+	credit_want(c, w);
+	upload_credit_pump(c);
 }
 
 void
@@ -259,6 +459,19 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 		round_worker_failed(c, w, "update chunk of the wrong size");
 		goto drop;
 	}
+	if (w->credit == 0) {
+		guard_drop(c, DROP_UNEXPECTED, "update chunk %u from %s "
+		    "without a credit", k, w->name);
+		round_worker_failed(c, w, "update chunks sent without credit");
+		goto drop;
+	}
+	/* its credit goes back to the budget: the chunk is here */
+	w->credit--;
+	c->cr.out--;
+	if (w->credited < c->rd.in_chunks &&
+	    w->credit <= CREDITS_PER_WORKER / 2) {
+		credit_want(c, w);
+	}
 	/* Decrypted (secure mode), checked and added by the ingest pool;
 	 * what it refuses comes back in upload_results(). It takes buf. */
 	if (fb_ingest_chunk(c->ingest, registry_slot(c, w).v, k, buf,
@@ -267,6 +480,7 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 		return;
 	}
 	w->next_chunk++;
+	upload_credit_pump(c);
 	return;
 drop:
 	fb_buf_free(buf);
@@ -311,9 +525,6 @@ result_done(coord *c, worker *w)
 
 	if (w->state != W_UPLOADING) {
 		return;
-	}
-	if (c->sa.phase != SA_OFF) {
-		sa_note_included(c, w);
 	}
 	w->state = W_DONE;
 	w->done_ms = c->now;
@@ -371,6 +582,13 @@ upload_results(coord *c)
 			w->next_chunk = r.consumed;
 		}
 		if (r.status == FB_INGEST_DONE) {
+			const ingest_arg *a = &c->stream_arg[r.slot];
+			if (a->masked && a->gen == r.gen &&
+			    c->sa.phase != SA_OFF) {
+				/* whole, and in the sum: included, even if its
+				 * worker has been cut off or left since */
+				sa_note_included(c, a->sa_slot);
+			}
 			if (cur) {
 				result_done(c, w);
 			}
@@ -405,21 +623,63 @@ upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
 	const ingest_arg *a = stream_arg;
 
 	if (a->masked) {
-		if (chunk < c->chunk_count) {
-			return len % 4 == 0 && fb_accum_ring_add(c->accum, chunk,
-			    data, len / 4) == FB_OK ? FB_OK : FB_EPROTO;
-		}
-		if (len != SA_EXTRA * 4) {
+		/* kept apart: into the sum once whole (upload_end_cb) */
+		uint32_t *dst;
+		if (a->partial < 0 || (uint32_t)a->partial >= c->part.count) {
 			return FB_EPROTO;
 		}
-		pthread_mutex_lock(&c->extra_mu);
-		fb_ring_add(c->sa.extra, data, SA_EXTRA);
-		pthread_mutex_unlock(&c->extra_mu);
-		return FB_OK;
+		dst = c->part.buf[a->partial];
+		if (chunk < c->chunk_count &&
+		    len == fb_accum_chunk_len(c->accum, chunk) * 4) {
+			memcpy(dst + (uint64_t)chunk * c->chunk_elems, data,
+			    len);
+			return FB_OK;
+		}
+		if (chunk == c->chunk_count && len == SA_EXTRA * 4) {
+			memcpy(dst + c->param_count, data, len);
+			return FB_OK;
+		}
+		return FB_EPROTO;
 	}
 	if (chunk >= c->chunk_count ||
 	    len != fb_accum_chunk_len(c->accum, chunk) * 4) {
 		return FB_EPROTO;
 	}
 	return fb_accum_add(c->accum, chunk, data, a->weight, counter);
+}
+
+/*
+ * The ingest pool's end callback: a masked input that is whole (its
+ * trailer verified) goes into the sum, chunk by chunk from where its
+ * upload started (so that streams finishing together add into different
+ * chunks), then the extras; whole or not, its buffer is free again.
+ */
+fb_err
+upload_end_cb(void *arg, void *stream_arg, bool complete)
+{
+	coord *c = arg;
+	ingest_arg *a = stream_arg;
+	fb_err rc = FB_OK;
+	const uint32_t *src;
+
+	if (!a->masked || a->partial < 0 ||
+	    (uint32_t)a->partial >= c->part.count) {
+		return FB_OK;
+	}
+	src = c->part.buf[a->partial];
+	for (uint32_t i = 0; complete && rc == FB_OK && i < c->chunk_count;
+	     i++) {
+		uint32_t k = (a->first_chunk + i) % c->chunk_count;
+		rc = fb_accum_ring_add(c->accum, k,
+		    src + (uint64_t)k * c->chunk_elems,
+		    fb_accum_chunk_len(c->accum, k));
+	}
+	if (complete && rc == FB_OK) {
+		pthread_mutex_lock(&c->extra_mu);
+		fb_ring_add(c->sa.extra, src + c->param_count, SA_EXTRA);
+		pthread_mutex_unlock(&c->extra_mu);
+	}
+	atomic_store_explicit(&c->part.busy[a->partial].v, false,
+	    memory_order_release);
+	return rc;
 }

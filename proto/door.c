@@ -30,6 +30,14 @@
  * worker on a slow link in the middle of a 1 MiB chunk would look dead.
  * ZMQ_HANDSHAKE_IVL (the ZMTP greeting's limit) and TCP keepalive are set
  * by link.c.
+ *
+ * The door also tells the loop when an authenticated connection closes
+ * (its DISCONNECTED event, or a descriptor found gone): the key of the
+ * routing id the loop trusted on it goes on a short queue with an eventfd,
+ * so the program drops that peer at once instead of after its liveness
+ * timeout. The routing id is recorded with the socket's inode under the
+ * door's lock, so a descriptor reused by a newer connection is never
+ * reported for the old one's peer.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -71,6 +79,8 @@
                                    * opened */
 #define DOOR_BATCH 1024           /* monitor events handled per lock */
 #define DOOR_ENDPOINT "inproc://fb-door"
+#define DOOR_CLOSED_MAX 4096      /* closed connections waiting for the
+                                   * loop; older ones are dropped */
 
 enum { C_FREE = 0, C_PENDING, C_TRUSTED, C_CLOSING };
 
@@ -82,6 +92,8 @@ typedef struct door_conn {
 	                                  * that the loop last trusted */
 	atomic_uint reads; /* messages the loop read from it */
 	uint64_t loop_rid; /* loop: routing id hash it last trusted here */
+	uint64_t rid;      /* under mu: the routing id hash trusted on ... */
+	uint64_t rid_ino;  /* ... the socket with this inode (0: none) */
 	uint8_t state;     /* C_* */
 	uint8_t src[16];   /* peer address (IPv4 mapped into IPv6) */
 	uint64_t ino;      /* the socket's inode: a reused fd differs */
@@ -110,7 +122,12 @@ struct fb_door {
 	int64_t accept_failed_logged_ms;
 	uint32_t closed_since_trim; /* unauthenticated connections gone */
 	char refused_from[INET6_ADDRSTRLEN]; /* the last refused address */
-	pthread_mutex_t mu; /* st and logged, for fb_door_stats_get */
+	pthread_mutex_t mu; /* st and logged, for fb_door_stats_get; the
+	                     * table's rid fields; the closed queue */
+	uint64_t closed[DOOR_CLOSED_MAX]; /* keys of trusted connections that
+	                                   * closed, oldest at closed_head */
+	uint32_t closed_head, closed_n;
+	int closed_fd;      /* eventfd: readable while closed_n > 0 */
 	fb_door_stats st;
 	fb_door_stats logged; /* st at the last summary line */
 };
@@ -189,11 +206,37 @@ pend_remove(fb_door *d, int fd)
 	}
 }
 
+/* fd's connection goes: if the loop trusted it, its routing id's key goes
+ * on the closed queue for the loop. Under d->mu. */
+static void
+publish_closed(fb_door *d, door_conn *c)
+{
+	uint64_t one = 1;
+
+	if (c->rid_ino == 0 || c->rid_ino != c->ino || c->rid == 0) {
+		return;
+	}
+	if (d->closed_n == DOOR_CLOSED_MAX) {
+		d->closed_head = (d->closed_head + 1) % DOOR_CLOSED_MAX;
+		d->closed_n--;
+	}
+	d->closed[(d->closed_head + d->closed_n) % DOOR_CLOSED_MAX] = c->rid;
+	d->closed_n++;
+	c->rid_ino = 0;
+	if (write(d->closed_fd, &one, sizeof(one)) != (ssize_t)sizeof(one)) {
+		/* saturated: readable anyway */
+	}
+}
+
 /* Moves fd's entry to `state`, keeping the pending list and counts. */
 static void
 conn_set(fb_door *d, int fd, uint8_t state, int64_t now)
 {
 	door_conn *c = &d->tab[fd];
+
+	if (state == C_FREE && c->state != C_FREE) {
+		publish_closed(d, c);
+	}
 
 	if (c->state == C_PENDING) {
 		pend_remove(d, fd);
@@ -665,6 +708,9 @@ door_free(fb_door *d)
 	if (d->stop_fd >= 0) {
 		close(d->stop_fd);
 	}
+	if (d->closed_fd >= 0) {
+		close(d->closed_fd);
+	}
 	pthread_mutex_destroy(&d->mu);
 	free(d->tab);
 	free(d->pend);
@@ -690,6 +736,7 @@ fb_door_start(void *ctx, void *sock, const fb_door_opts *o, size_t max_msg,
 		return FB_ENOMEM;
 	}
 	d->stop_fd = -1;
+	d->closed_fd = -1;
 	pthread_mutex_init(&d->mu, NULL);
 	d->o = *o;
 	d->max_msg = max_msg;
@@ -737,7 +784,8 @@ fb_door_start(void *ctx, void *sock, const fb_door_opts *o, size_t max_msg,
 		rc = FB_ENOMEM;
 		goto out;
 	}
-	if ((d->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+	if ((d->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+	    (d->closed_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
 		fb_log_error("door: eventfd: %s", strerror(errno));
 		rc = FB_ENOMEM;
 		goto out;
@@ -822,10 +870,41 @@ fb_door_trust(fb_door *d, int fd, uint64_t rid)
 		return; /* this connection (routing id) is trusted already */
 	}
 	if (fstat(fd, &sb) == 0 && S_ISSOCK(sb.st_mode)) {
+		/* once per connection: the lock is cheap at that rate */
+		pthread_mutex_lock(&d->mu);
+		c->rid = rid;
+		c->rid_ino = (uint64_t)sb.st_ino;
+		pthread_mutex_unlock(&d->mu);
 		atomic_store_explicit(&c->trust_ino, (uint64_t)sb.st_ino,
 		    memory_order_release);
 		c->loop_rid = rid;
 	}
+}
+
+bool
+fb_door_closed_next(fb_door *d, uint64_t *key)
+{
+	uint64_t v;
+	bool got = false;
+
+	pthread_mutex_lock(&d->mu);
+	if (d->closed_n > 0) {
+		*key = d->closed[d->closed_head];
+		d->closed_head = (d->closed_head + 1) % DOOR_CLOSED_MAX;
+		d->closed_n--;
+		got = true;
+	}
+	if (d->closed_n == 0 && read(d->closed_fd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: not signalled */
+	}
+	pthread_mutex_unlock(&d->mu);
+	return got;
+}
+
+int
+fb_door_closed_fd(const fb_door *d)
+{
+	return d->closed_fd;
 }
 
 void

@@ -7,6 +7,7 @@
 #ifndef FB_PROTO_DOOR_IMPL_H
 #define FB_PROTO_DOOR_IMPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,13 @@ void fb_door_stop(fb_door *d, void *sock);
  */
 void fb_door_seen(fb_door *d, int fd);
 void fb_door_trust(fb_door *d, int fd, uint64_t rid);
+
+/* fb_door_closed_next pops the routing id hash (fb_door_trust's rid) of a
+ * trusted connection that closed; false when none waits. Thread-safe; it
+ * resets fb_door_closed_fd (an eventfd, readable while some wait) when the
+ * queue is empty. */
+bool fb_door_closed_next(fb_door *d, uint64_t *key);
+int fb_door_closed_fd(const fb_door *d);
 
 /* fb_door_stats copies the counters (thread-safe). */
 void fb_door_stats_get(fb_door *d, fb_door_stats *out);

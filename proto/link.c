@@ -11,12 +11,23 @@
  * authenticated yet: each received message's ZMQ_SRCFD tells the door
  * which connection it came over, and fb_link_peer_trust which of them
  * authenticated.
+ *
+ * A worker's DEALER watches its own connection (a socket monitor read in
+ * fb_link_wait), so that the program learns at once when it comes up or
+ * goes, and queues messages only on a connection that is up
+ * (ZMQ_IMMEDIATE). Liveness on both sides can count bytes the kernel moved
+ * (TCP_INFO of ZeroMQ's descriptor), not whole messages: a 1 MiB frame on
+ * a slow link arrives over many seconds, its bytes all along.
  */
 #include <errno.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <zmq.h>
 
@@ -41,6 +52,13 @@ struct fb_link {
 	fb_door *door;      /* ROUTER with limits before authentication */
 	int last_fd;        /* descriptor of the last received message */
 	fb_peer last_peer;  /* and its sender */
+	/* DEALER: its connection, from the socket monitor */
+	void *mon;          /* PAIR reading the monitor's events */
+	bool conn_up;       /* ZMTP handshake done, not disconnected since */
+	uint32_t conn_gen;  /* connections that came up */
+	int conn_fd;        /* the TCP connection's descriptor, or -1 */
+	uint64_t conn_ino;
+	int tcp_fd;         /* connected, handshake not yet done */
 };
 
 #define ZMQ_TRY(call, rc, label)                                           \
@@ -217,6 +235,178 @@ out:
 	return rc;
 }
 
+/*
+ * DEALER: watches the socket's own connection, from before it connects
+ * (an inproc PAIR per link, read in fb_link_wait).
+ */
+static fb_err
+monitor_open(fb_link *l)
+{
+	char ep[64];
+	int events = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+	    ZMQ_EVENT_DISCONNECTED;
+
+	snprintf(ep, sizeof(ep), "inproc://fb-link-%p", (void *)l);
+	if (zmq_socket_monitor(l->sock, ep, events) != 0) {
+		fb_log_error("zmq_socket_monitor: %s", zmq_strerror(errno));
+		return FB_EZMQ;
+	}
+	if ((l->mon = zmq_socket(l->ctx, ZMQ_PAIR)) == NULL ||
+	    zmq_connect(l->mon, ep) != 0) {
+		fb_log_error("link monitor: %s", zmq_strerror(errno));
+		(void)zmq_socket_monitor(l->sock, NULL, 0);
+		if (l->mon != NULL) {
+			zmq_close(l->mon);
+			l->mon = NULL;
+		}
+		return FB_EZMQ;
+	}
+	return FB_OK;
+}
+
+/* The inode of socket descriptor fd, 0 if it is none. */
+static uint64_t
+sock_ino(int fd)
+{
+	struct stat sb;
+	return fd >= 0 && fstat(fd, &sb) == 0 && S_ISSOCK(sb.st_mode)
+	    ? (uint64_t)sb.st_ino
+	    : 0;
+}
+
+/* Takes the monitor's waiting events; true if the connection changed. */
+static bool
+monitor_drain(fb_link *l)
+{
+	bool changed = false;
+
+	for (int n = 0; n < 64; n++) {
+		zmq_msg_t ev, ep;
+		uint16_t what = 0;
+		uint32_t value = 0;
+
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, l->mon, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&ev);
+			break;
+		}
+		zmq_msg_init(&ep);
+		if (zmq_msg_more(&ev)) {
+			(void)zmq_msg_recv(&ep, l->mon, ZMQ_DONTWAIT);
+		}
+		if (zmq_msg_size(&ev) >= 6) {
+			memcpy(&what, zmq_msg_data(&ev), 2);
+			memcpy(&value, (uint8_t *)zmq_msg_data(&ev) + 2, 4);
+		}
+		zmq_msg_close(&ep);
+		zmq_msg_close(&ev);
+		if (what == ZMQ_EVENT_CONNECTED) {
+			l->tcp_fd = (int)value;
+		} else if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+			l->conn_up = true;
+			l->conn_gen++;
+			l->conn_fd = l->tcp_fd;
+			l->conn_ino = sock_ino(l->conn_fd);
+			changed = true;
+		} else if (what == ZMQ_EVENT_DISCONNECTED) {
+			changed = changed || l->conn_up;
+			l->conn_up = false;
+			l->conn_fd = -1;
+			l->conn_ino = 0;
+			l->tcp_fd = -1;
+		}
+	}
+	return changed;
+}
+
+bool
+fb_link_conn_up(const fb_link *l)
+{
+	return l->conn_up;
+}
+
+uint32_t
+fb_link_conn_gen(const fb_link *l)
+{
+	return l->conn_gen;
+}
+
+/* TCP_INFO's byte counters of descriptor fd, if it is still socket ino. */
+static fb_err
+fd_traffic(int fd, uint64_t ino, fb_traffic *t)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+
+	memset(t, 0, sizeof(*t));
+	if (fd < 0 || ino == 0 || sock_ino(fd) != ino) {
+		return FB_ECLOSED;
+	}
+	memset(&ti, 0, sizeof(ti));
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+	    len < offsetof(struct tcp_info, tcpi_bytes_received) +
+	            sizeof(ti.tcpi_bytes_received)) {
+		return FB_ENOTSUP;
+	}
+	t->in = ti.tcpi_bytes_received;
+	t->acked = ti.tcpi_bytes_acked;
+	return FB_OK;
+}
+
+fb_err
+fb_link_traffic(const fb_link *l, fb_traffic *t)
+{
+	if (!l->conn_up) {
+		memset(t, 0, sizeof(*t));
+		return FB_ECLOSED;
+	}
+	return fd_traffic(l->conn_fd, l->conn_ino, t);
+}
+
+void
+fb_link_last_conn(fb_link *l, fb_conn *c)
+{
+	if (l->last_fd < 0) {
+		c->fd = -1;
+		c->ino = 0;
+		return;
+	}
+	if (c->fd == l->last_fd && c->ino != 0) {
+		return;
+	}
+	c->fd = l->last_fd;
+	c->ino = sock_ino(l->last_fd);
+}
+
+fb_err
+fb_link_conn_traffic(const fb_conn *c, fb_traffic *t)
+{
+	return fd_traffic(c->fd, c->ino, t);
+}
+
+uint64_t
+fb_peer_key(const fb_peer *p)
+{
+	uint64_t h = 14695981039346656037ULL; /* FNV-1a of the routing id */
+
+	for (uint8_t i = 0; i < p->len; i++) {
+		h = (h ^ p->id[i]) * 1099511628211ULL;
+	}
+	return h == 0 ? 1 : h;
+}
+
+bool
+fb_link_closed_next(fb_link *l, uint64_t *key)
+{
+	return l->door != NULL && fb_door_closed_next(l->door, key);
+}
+
+int
+fb_link_closed_fd(const fb_link *l)
+{
+	return l->door != NULL ? fb_door_closed_fd(l->door) : -1;
+}
+
 static fb_err
 link_open(const char *endpoint, const fb_link_opts *opts, bool router,
     fb_link **out)
@@ -236,6 +426,8 @@ link_open(const char *endpoint, const fb_link_opts *opts, bool router,
 	l->router = router;
 	l->opts = *opts;
 	l->last_fd = -1;
+	l->conn_fd = -1;
+	l->tcp_fd = -1;
 	if ((l->ctx = zmq_ctx_new()) == NULL) {
 		fb_log_error("zmq_ctx_new: %s", zmq_strerror(errno));
 		rc = FB_EZMQ;
@@ -296,13 +488,21 @@ link_open(const char *endpoint, const fb_link_opts *opts, bool router,
 			l->lane_port[0] = last_port(l->sock);
 		}
 	} else {
-		int ivl = 100, ivl_max = 2000;
+		/* ZeroMQ adds up to ivl of jitter to each interval */
+		int ivl = 250, ivl_max = 4000;
 		ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_RECONNECT_IVL, &ivl,
 		            sizeof(ivl)),
 		    rc, out);
 		ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_RECONNECT_IVL_MAX,
 		            &ivl_max, sizeof(ivl_max)),
 		    rc, out);
+		if (!opts->queue_unconnected) {
+			ZMQ_TRY(zmq_setsockopt(l->sock, ZMQ_IMMEDIATE, &one,
+			            sizeof(one)), rc, out);
+		}
+		if ((rc = monitor_open(l)) != FB_OK) {
+			goto out;
+		}
 		if (zmq_connect(l->sock, endpoint) != 0) {
 			fb_log_error("cannot connect to %s: %s", endpoint,
 			    zmq_strerror(errno));
@@ -342,6 +542,11 @@ fb_link_close(fb_link *l)
 		zmq_msg_close(&l->head);
 	}
 	fb_door_stop(l->door, l->sock);
+	if (l->mon != NULL) {
+		/* the monitor first: its writer is an I/O thread */
+		(void)zmq_socket_monitor(l->sock, NULL, 0);
+		zmq_close(l->mon);
+	}
 	if (l->sock != NULL) {
 		zmq_close(l->sock);
 	}
@@ -638,23 +843,36 @@ fb_err
 fb_link_wait(fb_link *l, int timeout_ms, int wake_fd, unsigned want,
     unsigned *ready)
 {
-	zmq_pollitem_t items[2] = {
+	zmq_pollitem_t items[3] = {
 	    {l->sock, 0, 0, 0},
 	    {NULL, wake_fd, ZMQ_POLLIN, 0},
+	    {l->mon, 0, ZMQ_POLLIN, 0},
 	};
 	bool wake = wake_fd >= 0 && (want & FB_LINK_WAKE);
-	int n;
+	int n, mon_at = wake ? 2 : 1;
 
 	*ready = 0;
 	items[0].events = (short)(((want & FB_LINK_IN) ? ZMQ_POLLIN : 0) |
 	    ((want & FB_LINK_OUT) ? ZMQ_POLLOUT : 0));
-	n = zmq_poll(items, wake ? 2 : 1, timeout_ms);
+	if (!wake) {
+		items[1] = items[2];
+	}
+	if (l->mon != NULL && monitor_drain(l)) {
+		/* a change seen since the last wait: say it without waiting */
+		timeout_ms = 0;
+		*ready |= FB_LINK_CONN;
+	}
+	n = zmq_poll(items, l->mon != NULL ? mon_at + 1 : mon_at, timeout_ms);
 	if (n < 0) {
 		if (errno == EINTR) {
 			return FB_OK;
 		}
 		fb_log_error("zmq_poll: %s", zmq_strerror(errno));
 		return FB_EZMQ;
+	}
+	if (l->mon != NULL && (items[mon_at].revents & ZMQ_POLLIN) &&
+	    monitor_drain(l)) {
+		*ready |= FB_LINK_CONN;
 	}
 	if (items[0].revents & ZMQ_POLLIN) {
 		*ready |= FB_LINK_IN;
@@ -800,11 +1018,13 @@ fb_link_recv(fb_link *l, int timeout_ms, int wake_fd, bool *woke, fb_frame *f,
 		goto out;
 	}
 	f->wire_len += zmq_msg_size(&part);
-	if (l->door != NULL) {
+	if (l->router) {
 		/* The connection it came over (the routing id frame, made by
 		 * the ROUTER, carries none). */
 		l->last_fd = zmq_msg_get(&part, ZMQ_SRCFD);
-		fb_door_seen(l->door, l->last_fd);
+		if (l->door != NULL) {
+			fb_door_seen(l->door, l->last_fd);
+		}
 	}
 	{
 		const uint8_t *h = zmq_msg_data(&part);
@@ -897,16 +1117,11 @@ out:
 void
 fb_link_peer_trust(fb_link *l, const fb_peer *peer)
 {
-	uint64_t h = 14695981039346656037ULL; /* FNV-1a of the routing id */
-
 	if (l->door == NULL || l->last_fd < 0 || l->last_peer.len == 0 ||
 	    !fb_peer_equal(peer, &l->last_peer)) {
 		return;
 	}
-	for (uint8_t i = 0; i < peer->len; i++) {
-		h = (h ^ peer->id[i]) * 1099511628211ULL;
-	}
-	fb_door_trust(l->door, l->last_fd, h == 0 ? 1 : h);
+	fb_door_trust(l->door, l->last_fd, fb_peer_key(peer));
 }
 
 void

@@ -30,7 +30,8 @@
  * budget, and the handshake's coordinator cookie (an empty Handshake asks
  * for it; the signed hello carries it); a masked input has 6 extra
  * coordinates (the federated evaluation's three after the weight, loss
- * and FedNova's); UpdateBegin.eval_*, RoundStart.evaluate_only. */
+ * and FedNova's); UpdateBegin.eval_*, RoundStart.evaluate_only; update
+ * chunks go up only on the coordinator's UpdateCredit. */
 #define FB_PROTOCOL_VERSION 5
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
@@ -69,6 +70,7 @@ typedef enum fb_msg_type {
 	FB_MSG_SECAGG,
 	FB_MSG_REDIRECT,
 	FB_MSG_ROUND_FAILED,
+	FB_MSG_UPDATE_CREDIT,
 	FB_MSG_TYPE_COUNT_
 } fb_msg_type;
 
@@ -211,6 +213,10 @@ typedef struct fb_msg {
 		} redirect;
 		struct {
 			uint32_t round;
+			uint32_t chunks; /* more update chunks it may send */
+		} update_credit;
+		struct {
+			uint32_t round;
 		} heartbeat;
 		struct {
 			uint32_t round;
@@ -312,6 +318,9 @@ typedef struct fb_link_opts {
 	int send_hwm;         /* > 0: the send side's instead of hwm */
 	int io_threads;       /* ZeroMQ I/O threads; 0 = ZeroMQ's default */
 	int lanes;            /* ROUTER: listening ports (see fb_link_bind) */
+	bool queue_unconnected; /* DEALER: queue sends while no connection
+	                         * is up (ZeroMQ's default); false: such a
+	                         * send finds no room (ZMQ_IMMEDIATE) */
 	fb_door_opts door;    /* ROUTER: limits before authentication */
 } fb_link_opts;
 
@@ -356,10 +365,78 @@ FB_MUST_CHECK fb_err fb_link_bind(const char *endpoint,
  * FB_EINVAL when the descriptor limit leaves no room for connections.
  */
 
-/* fb_link_connect opens a DEALER socket connecting to `endpoint`; it
- * reconnects by itself when the connection drops. */
+/*
+ * fb_link_connect opens a DEALER socket connecting to `endpoint`; it
+ * reconnects by itself when the connection drops (ZeroMQ's reconnect
+ * interval, from 250 ms doubling to 4 s, plus up to 250 ms of jitter).
+ * Messages are queued only on a connection that is up (ZMQ_IMMEDIATE):
+ * while there is none, sends are FB_EAGAIN and nothing stale piles up for
+ * the next connection. Errors as fb_link_bind.
+ */
 FB_MUST_CHECK fb_err fb_link_connect(const char *endpoint,
     const fb_link_opts *opts, fb_link **out);
+
+/*
+ * A DEALER link's connection: fb_link_conn_up says whether one is up (its
+ * ZMTP handshake done), fb_link_conn_gen counts the connections that came
+ * up since the link opened (a new value: the connection was replaced,
+ * and what was in flight on the old one may be lost). Both are updated by
+ * fb_link_wait, which reports FB_LINK_CONN when either changed. Not
+ * thread-safe (the link's thread).
+ */
+bool fb_link_conn_up(const fb_link *l);
+uint32_t fb_link_conn_gen(const fb_link *l);
+
+/*
+ * Bytes the kernel has moved on a connection, for liveness that counts
+ * bytes rather than whole messages (a 1 MiB frame on a slow link takes
+ * long to complete, but its bytes arrive all along): `in` payload bytes
+ * received, `acked` bytes sent and acknowledged by the peer (TCP_INFO;
+ * both 0 for connections that are not TCP).
+ */
+typedef struct fb_traffic {
+	uint64_t in;
+	uint64_t acked;
+} fb_traffic;
+
+/* fb_link_traffic fills *t for a DEALER link's current connection.
+ * Errors: FB_ECLOSED (no connection up), FB_ENOTSUP (not TCP). */
+FB_MUST_CHECK fb_err fb_link_traffic(const fb_link *l, fb_traffic *t);
+
+/*
+ * One connection of a ROUTER link, as the caller remembers it for a peer
+ * (fields private: a descriptor of ZeroMQ's and its socket's inode, so a
+ * descriptor that was closed and reused is not mistaken for it).
+ */
+typedef struct fb_conn {
+	int fd;       /* -1: none */
+	uint64_t ino;
+} fb_conn;
+
+/*
+ * fb_link_last_conn sets *c to the connection the last message received
+ * on a ROUTER link came over. When *c already names that descriptor it
+ * is left as it is, without a system call (so calling it for every message
+ * is cheap); else it costs one fstat. *c gets fd -1 when unknown.
+ */
+void fb_link_last_conn(fb_link *l, fb_conn *c);
+
+/* fb_link_conn_traffic fills *t for connection c. Errors: FB_ECLOSED
+ * (its descriptor no longer is that socket), FB_ENOTSUP (not TCP). */
+FB_MUST_CHECK fb_err fb_link_conn_traffic(const fb_conn *c, fb_traffic *t);
+
+/*
+ * fb_peer_key is a 64-bit digest of a routing id (never 0), and
+ * fb_link_closed_next pops the key of an authenticated connection (one
+ * fb_link_peer_trust named) that closed, as the door saw it (ZeroMQ's
+ * DISCONNECTED event): false when none is waiting. fb_link_closed_fd is
+ * readable while some wait (-1 without a door). Up to 4096 wait; older
+ * ones are dropped beyond that (liveness still finds those peers).
+ * fb_link_closed_next is for the link's thread.
+ */
+uint64_t fb_peer_key(const fb_peer *p);
+bool fb_link_closed_next(fb_link *l, uint64_t *key);
+int fb_link_closed_fd(const fb_link *l);
 
 /* fb_link_lanes is the number of listening ports (1 without lanes);
  * fb_link_lane_port the TCP port lane `lane` listens on (0: none). */
@@ -460,13 +537,16 @@ void fb_link_door_stats(fb_link *l, fb_door_stats *out);
 #define FB_LINK_IN 1u   /* a message can be received */
 #define FB_LINK_OUT 2u  /* a message can be sent without waiting */
 #define FB_LINK_WAKE 4u /* wake_fd is readable */
+#define FB_LINK_CONN 8u /* DEALER: its connection came up or went down */
 
 /*
  * fb_link_wait waits up to `timeout_ms` (0: poll) until one of the events
  * in `want` (FB_LINK_IN, FB_LINK_OUT; FB_LINK_WAKE with wake_fd >= 0) is
  * ready and sets *ready to those that are (0 on timeout or a signal).
  * FB_LINK_OUT on a DEALER means the coordinator's queue has room for one
- * more message. Errors: FB_EZMQ.
+ * more message. On a DEALER it also reports FB_LINK_CONN (whatever `want`
+ * says) when the connection changed (fb_link_conn_up, fb_link_conn_gen).
+ * Errors: FB_EZMQ.
  */
 FB_MUST_CHECK fb_err fb_link_wait(fb_link *l, int timeout_ms, int wake_fd,
     unsigned want, unsigned *ready);

@@ -49,6 +49,8 @@ msg_round(const fb_msg *m)
 		return m->u.round_cancel.round;
 	case FB_MSG_ROUND_FAILED:
 		return m->u.round_failed.round;
+	case FB_MSG_UPDATE_CREDIT:
+		return m->u.update_credit.round;
 	case FB_MSG_SECAGG:
 		return m->u.secagg.round;
 	default:

@@ -19,7 +19,7 @@ static const char *const type_names[FB_MSG_TYPE_COUNT_] = {
 	"none", "hello", "welcome", "reject", "round_start", "model_fetch",
 	"model_chunk", "update_begin", "update_chunk", "heartbeat",
 	"round_cancel", "shutdown", "handshake", "update_end", "secagg",
-	"redirect", "round_failed",
+	"redirect", "round_failed", "update_credit",
 };
 
 const char *
@@ -107,6 +107,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 	Fedbox__ModelChunk mc;
 	Fedbox__UpdateBegin ub;
 	Fedbox__UpdateChunk uc;
+	Fedbox__UpdateCredit ucr;
 	Fedbox__Heartbeat hb;
 	Fedbox__RoundCancel rc;
 	Fedbox__RoundFailed rf;
@@ -255,6 +256,13 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		uc.chunk = m->u.update_chunk.chunk;
 		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_CHUNK;
 		env.update_chunk = &uc;
+		break;
+	case FB_MSG_UPDATE_CREDIT:
+		fedbox__update_credit__init(&ucr);
+		ucr.round = m->u.update_credit.round;
+		ucr.chunks = m->u.update_credit.chunks;
+		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_CREDIT;
+		env.update_credit = &ucr;
 		break;
 	case FB_MSG_HEARTBEAT:
 		fedbox__heartbeat__init(&hb);
@@ -564,6 +572,11 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->type = FB_MSG_UPDATE_CHUNK;
 		m->u.update_chunk.round = env->update_chunk->round;
 		m->u.update_chunk.chunk = env->update_chunk->chunk;
+		break;
+	case FEDBOX__ENVELOPE__BODY_UPDATE_CREDIT:
+		m->type = FB_MSG_UPDATE_CREDIT;
+		m->u.update_credit.round = env->update_credit->round;
+		m->u.update_credit.chunks = env->update_credit->chunks;
 		break;
 	case FEDBOX__ENVELOPE__BODY_HEARTBEAT:
 		m->type = FB_MSG_HEARTBEAT;

@@ -22,6 +22,7 @@ static const char *const devices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const maths[] = {"fp32", "tf32", "bf16", NULL};
 static const char *const sa_modes[] = {"required", "optional", NULL};
 static const char *const auto_word[] = {"auto", NULL}; /* -1 */
+static const char *const forever_word[] = {"forever", NULL}; /* -1 */
 /* security.coordinator_key: a value starting so is the key, not a file. */
 static const char *const key_line[] = {"fedbox-ed25519 ", NULL};
 
@@ -104,8 +105,9 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "SIMULATION: lend the trainer process this worker's shard of "
         "data.* read-only (fedbox.Client.shard), e.g. for fedbox-local"},
     {"transport.connect_timeout", FB_CFG_DURATION, F(connect_timeout_ms),
-        "2m", 100, 8.64e7, MB,
-        "give up when no coordinator answers for this long"},
+        "forever", 100, 8.64e7, forever_word,
+        "give up when no coordinator answers for this long (at start or "
+        "after losing it); forever: keep trying, with backoff"},
     {"transport.send_timeout", FB_CFG_DURATION, F(send_timeout_ms), "30s",
         10, 3600000, MB, "the coordinator's queue staying full this long "
         "(it reads nothing from this worker) makes the worker reconnect; "

@@ -54,9 +54,14 @@ fb_wk_send_hello(fb_wk *w)
 	m.u.hello.session = w->session;
 	m.u.hello.lane = w->lane;
 	w->last_hello_ms = w->now;
+	w->join_due = false;
+	w->join_queued = true;
 	if (fb_wk_send_now(w, &m, NULL, 0, NULL) == FB_EAGAIN) {
-		fb_log_debug(
-		    "hello not sent: the queue is full (resent later)");
+		/* on room, while a connection is up; else at the retry */
+		w->join_queued = false;
+		w->join_due = w->link_up;
+		fb_log_debug("hello not sent: %s (resent later)",
+		    w->link_up ? "the queue is full" : "no connection");
 	}
 }
 
@@ -99,9 +104,38 @@ send_signed_hello(fb_wk *w, const fb_blob *cookie)
 	m.u.handshake.data.len = FB_HS_HELLO_LEN;
 	m.u.handshake.lane = w->lane;
 	w->last_hello_ms = w->now;
+	w->join_due = false;
+	w->join_queued = true;
 	if (fb_wk_send_now(w, &m, NULL, 0, NULL) == FB_EAGAIN) {
-		fb_log_debug("handshake not sent: the queue is full (resent "
-		             "later)");
+		w->join_queued = false;
+		w->join_due = w->link_up;
+		fb_log_debug("handshake not sent: %s (resent later)",
+		    w->link_up ? "the queue is full" : "no connection");
+	}
+}
+
+void
+fb_wk_join_backoff(fb_wk *w)
+{
+	int64_t r = w->join_retry_ms > 0 ? w->join_retry_ms
+	                                 : FB_WK_JOIN_RETRY_MS;
+
+	/* the upper half of the interval, drawn at random: workers that
+	 * lost the coordinator together do not come back in step */
+	w->next_join_ms = w->now + r / 2 +
+	    (int64_t)fb_rng_below(&w->jitter, (uint64_t)(r / 2) + 1);
+	w->join_retry_ms = r * 2 > FB_WK_JOIN_RETRY_MAX_MS
+	    ? FB_WK_JOIN_RETRY_MAX_MS
+	    : r * 2;
+}
+
+void
+fb_wk_join_resend(fb_wk *w)
+{
+	if (w->secure && w->sess == NULL) {
+		fb_wk_send_handshake(w);
+	} else {
+		fb_wk_send_hello(w);
 	}
 }
 
@@ -109,13 +143,13 @@ void
 fb_wk_join(fb_wk *w)
 {
 	w->phase = FB_WK_JOINING;
+	w->join_retry_ms = FB_WK_JOIN_RETRY_MS;
+	fb_wk_join_backoff(w);
 	if (w->secure) {
 		fb_session_free(w->sess);
 		w->sess = NULL;
-		fb_wk_send_handshake(w);
-	} else {
-		fb_wk_send_hello(w);
 	}
+	fb_wk_join_resend(w);
 }
 
 void
@@ -173,6 +207,11 @@ fb_wk_move_link(fb_wk *w, const char *endpoint, uint32_t lane)
 	w->full_since_ms = 0;
 	w->lane = lane;
 	w->lane_since_ms = w->now;
+	/* a new link: no connection yet, its own count */
+	w->link_up = false;
+	w->link_gen = 0;
+	w->join_queued = false;
+	memset(&w->seen, 0, sizeof(w->seen));
 	fb_wk_join(w);
 }
 
@@ -208,7 +247,7 @@ fb_wk_on_redirect(fb_wk *w, const fb_msg *m)
 }
 
 void
-fb_wk_rejoin(fb_wk *w, const char *why)
+fb_wk_rejoin(fb_wk *w, const char *why, bool new_link)
 {
 	fb_log_warn("%s: reconnecting", why);
 	fb_wk_round_leave(w);
@@ -217,10 +256,13 @@ fb_wk_rejoin(fb_wk *w, const char *why)
 	w->phase = FB_WK_JOINING;
 	fb_wk_new_session(w);
 	w->hello_since_ms = w->now;
+	w->note_gap_ms = FB_WK_NOTE_FIRST_MS;
+	w->next_note_ms = w->now + w->note_gap_ms;
 	w->full_since_ms = 0;
-	if (w->lane != 0) {
+	w->full = false;
+	if (w->lane != 0 || new_link) {
 		/* The coordinator may have restarted with other lanes: ask its
-		 * listen port again. */
+		 * listen port again (and on a fresh connection). */
 		fb_wk_move_link(w, w->cfg->coordinator, 0);
 	} else {
 		fb_wk_join(w);

@@ -5,9 +5,11 @@
  * first_chunk on (wrapping around; the SecAgg extra coordinates last),
  * then in secure mode UpdateEnd with the stream's signed trailer.
  *
- * fb_wk_upload_pump sends what the link takes and returns; the loop calls
- * it again when the link has room, and meanwhile receives and answers the
- * coordinator (heartbeats, a RoundCancel, SecAgg reveals). A chunk is
+ * fb_wk_upload_pump sends what the link takes and the coordinator's credit
+ * allows (UpdateCredit: it grants chunks from one budget for all its
+ * workers) and returns; the loop calls it again when the link has room or
+ * a credit came, and meanwhile receives and answers the coordinator
+ * (heartbeats, a RoundCancel, SecAgg reveals). A chunk is
  * encrypted (and masked) once, when it is next to go, and stays staged in
  * sendbuf until the link takes it. Plain updates go from w->local itself,
  * without a copy.
@@ -317,6 +319,36 @@ end_send(fb_wk *w)
 	return fb_wk_send_now(w, &u->end, NULL, 0, NULL);
 }
 
+bool
+fb_wk_upload_wants(const fb_wk *w)
+{
+	const fb_wk_upload *u = &w->up;
+
+	return w->phase == FB_WK_UPLOADING &&
+	       (!u->begun || u->pos == u->chunks || u->credit > 0);
+}
+
+void
+fb_wk_on_credit(fb_wk *w, const fb_msg *m)
+{
+	fb_wk_upload *u = &w->up;
+	uint32_t left;
+
+	if (w->phase != FB_WK_UPLOADING || !u->begun ||
+	    m->u.update_credit.round != w->round) {
+		fb_log_debug("credit for round %u ignored",
+		    m->u.update_credit.round);
+		return;
+	}
+	/* chunks not yet sent nor credited */
+	left = u->chunks - u->pos > u->credit ? u->chunks - u->pos - u->credit
+	                                      : 0;
+	u->credit += m->u.update_credit.chunks < left
+	    ? m->u.update_credit.chunks
+	    : left;
+	fb_wk_upload_pump(w, FB_WK_CHUNKS_PER_PUMP);
+}
+
 void
 fb_wk_upload_pump(fb_wk *w, uint32_t budget)
 {
@@ -335,11 +367,12 @@ fb_wk_upload_pump(fb_wk *w, uint32_t budget)
 		    sizeof(u->begin.u.update_begin.stream_key));
 		u->begun = true;
 	}
-	while (u->pos < u->chunks && budget > 0) {
+	while (u->pos < u->chunks && budget > 0 && u->credit > 0) {
 		if ((rc = chunk_send(w)) != FB_OK) {
 			goto out;
 		}
 		u->pos++;
+		u->credit--;
 		budget--;
 	}
 	if (u->pos < u->chunks) {

@@ -68,6 +68,10 @@ fb_wk_init(fb_wk *w, const fb_worker_config *cfg, const fb_wk_io *io)
 	w->efd = -1;
 	atomic_init(&w->cancel, 0);
 	fb_wk_new_session(w);
+	/* the retries' jitter differs between workers (the session is
+	 * random), so that a federation does not retry in step */
+	fb_rng_init(&w->jitter, w->session, 0x7e7);
+	w->join_retry_ms = FB_WK_JOIN_RETRY_MS;
 }
 
 void
@@ -110,6 +114,8 @@ fb_wk_start(fb_wk *w, int64_t now)
 {
 	w->now = now;
 	w->hello_since_ms = now;
+	w->note_gap_ms = FB_WK_NOTE_FIRST_MS;
+	w->next_note_ms = now + w->note_gap_ms;
 	fb_wk_join(w);
 }
 
@@ -260,13 +266,16 @@ bool
 fb_wk_wants_out(const fb_wk *w)
 {
 	return w->out_count > 0 || fb_wk_fetch_pending(w) ||
-	       w->phase == FB_WK_UPLOADING;
+	       fb_wk_upload_wants(w) || w->join_due;
 }
 
 void
 fb_wk_on_writable(fb_wk *w, int64_t now)
 {
 	w->now = now;
+	if (w->join_due) {
+		fb_wk_join_resend(w);
+	}
 	outbox_flush(w);
 	if (w->out_count > 0) {
 		return;
@@ -381,6 +390,9 @@ dispatch(fb_wk *w, fb_frame *f)
 		return FB_OK;
 	case FB_MSG_HEARTBEAT:
 		return FB_OK;
+	case FB_MSG_UPDATE_CREDIT:
+		fb_wk_on_credit(w, m);
+		return FB_OK;
 	case FB_MSG_HANDSHAKE:
 		fb_wk_on_handshake_reply(w, m);
 		return FB_OK;
@@ -426,19 +438,44 @@ fb_wk_on_bad_frame(fb_wk *w, const char *why, int64_t now)
 
 /* ---- timers ------------------------------------------------------------- */
 
+/* While joining: "still trying" at a slowing rate, so that an outage of
+ * hours writes tens of lines, not thousands. */
+static void
+note_joining(fb_wk *w)
+{
+	int64_t now = w->now;
+
+	if (now < w->next_note_ms) {
+		return;
+	}
+	fb_log_warn("no answer from the coordinator at %s for %.0fs (%s); "
+	            "still trying%s",
+	    w->cfg->coordinator, (double)(now - w->hello_since_ms) / 1000.0,
+	    w->link_up ? "connected, no reply" : "no connection",
+	    w->cfg->connect_timeout_ms < 0
+	        ? " (transport.connect_timeout: forever)"
+	        : "");
+	w->note_gap_ms = w->note_gap_ms * 2 > FB_WK_NOTE_MAX_MS
+	    ? FB_WK_NOTE_MAX_MS
+	    : w->note_gap_ms * 2;
+	w->next_note_ms = now + w->note_gap_ms;
+}
+
 /* Before the welcome: retries, a lane that does not answer, giving up. */
 static fb_err
 tick_joining(fb_wk *w)
 {
 	int64_t now = w->now;
 
-	if (now - w->hello_since_ms > w->cfg->connect_timeout_ms) {
+	if (w->cfg->connect_timeout_ms >= 0 &&
+	    now - w->hello_since_ms > w->cfg->connect_timeout_ms) {
 		fb_log_error("no answer from the coordinator at %s for %.0fs "
 		             "(transport.connect_timeout)",
 		    w->cfg->coordinator,
 		    (double)w->cfg->connect_timeout_ms / 1000.0);
 		return FB_ETIMEDOUT;
 	}
+	note_joining(w);
 	if (w->lane != 0 && w->lane != FB_WK_LANE_STAY &&
 	    now - w->lane_since_ms > FB_WK_LANE_GIVEUP_MS) {
 		fb_log_warn("no answer on the coordinator's lane %u for %.0fs "
@@ -448,14 +485,74 @@ tick_joining(fb_wk *w)
 		fb_wk_move_link(w, w->cfg->coordinator, FB_WK_LANE_STAY);
 		return FB_OK;
 	}
-	if (w->secure && w->sess == NULL) {
-		if (now - w->last_hello_ms >= FB_WK_HANDSHAKE_RETRY_MS) {
-			fb_wk_send_handshake(w);
-		}
-	} else if (now - w->last_hello_ms >= FB_WK_HELLO_RETRY_MS) {
-		fb_wk_send_hello(w);
+	if (now >= w->next_join_ms) {
+		fb_wk_join_backoff(w);
+		fb_wk_join_resend(w);
 	}
 	return FB_OK;
+}
+
+/* What the link's connection moved since the last look: the times bytes
+ * last came in and were last acknowledged. */
+static void
+traffic_look(fb_wk *w)
+{
+	fb_traffic t;
+
+	if (w->io->traffic == NULL ||
+	    w->io->traffic(w->io->arg, w, &t) != FB_OK) {
+		return;
+	}
+	if (t.in != w->seen.in) {
+		w->rx_moved_ms = w->now;
+	}
+	if (t.acked != w->seen.acked) {
+		w->tx_moved_ms = w->now;
+	}
+	w->seen = t;
+}
+
+void
+fb_wk_on_link(fb_wk *w, bool up, uint32_t gen, int64_t now)
+{
+	bool was_up = w->link_up;
+	uint32_t was_gen = w->link_gen;
+
+	w->now = now;
+	w->link_up = up;
+	if (up) {
+		w->link_gen = gen;
+	}
+	if (up != was_up || gen != was_gen) {
+		memset(&w->seen, 0, sizeof(w->seen)); /* its own counts */
+	}
+	if (w->phase == FB_WK_DONE) {
+		return;
+	}
+	/* a first connection seen only after the welcome is the one we
+	 * joined on (the link queues on nothing else): nothing to do */
+	if (w->welcomed && (!up || (gen != was_gen && was_gen != 0))) {
+		fb_wk_rejoin(w, up ? "the connection to the coordinator was "
+		                     "replaced"
+		                   : "the connection to the coordinator closed",
+		    false);
+		return;
+	}
+	if (!w->welcomed && up && (!was_up || gen != was_gen)) {
+		/* a connection at last: join on it now, and retry soon; but a
+		 * join the link took before its first connection was seen is
+		 * on that connection already (the link queues only on one that
+		 * is up): a second handshake would void the first's reply */
+		fb_log_debug("connected to the coordinator");
+		w->join_retry_ms = FB_WK_JOIN_RETRY_MS;
+		fb_wk_join_backoff(w);
+		if (!(was_gen == 0 && w->join_queued)) {
+			fb_wk_join_resend(w);
+		}
+	}
+	if (!up) {
+		w->join_queued = false;
+	}
 }
 
 fb_err
@@ -480,17 +577,26 @@ fb_wk_tick(fb_wk *w, int64_t now)
 			fb_log_debug("heartbeat skipped: the queue is full");
 		}
 	}
-	if (now - w->last_rx_ms > w->liveness_ms) {
-		snprintf(why, sizeof(why), "coordinator silent for %.1fs",
-		    (double)(now - w->last_rx_ms) / 1000.0);
-		fb_wk_rejoin(w, why);
+	traffic_look(w);
+	/* Alive while whole messages, or at least their bytes, arrive: a
+	 * model chunk on a slow link takes longer than the liveness timeout
+	 * to complete, but its bytes come in all along. */
+	if (now - w->last_rx_ms > w->liveness_ms &&
+	    now - w->rx_moved_ms > w->liveness_ms) {
+		snprintf(why, sizeof(why), "nothing from the coordinator for "
+		    "%.1fs (not a byte)",
+		    (double)(now - (w->rx_moved_ms > w->last_rx_ms
+		                        ? w->rx_moved_ms
+		                        : w->last_rx_ms)) / 1000.0);
+		fb_wk_rejoin(w, why, true);
 	} else if (w->full &&
-	           now - w->full_since_ms > w->cfg->send_timeout_ms) {
+	           now - w->full_since_ms > w->cfg->send_timeout_ms &&
+	           now - w->tx_moved_ms > w->cfg->send_timeout_ms) {
 		snprintf(why, sizeof(why),
-		    "the coordinator's queue stayed "
-		    "full for %.1fs (transport.send_timeout)",
+		    "the coordinator's queue stayed full for %.1fs and took "
+		    "no byte (transport.send_timeout)",
 		    (double)(now - w->full_since_ms) / 1000.0);
-		fb_wk_rejoin(w, why);
+		fb_wk_rejoin(w, why, true);
 	}
 	return FB_OK;
 }
@@ -524,6 +630,14 @@ static void
 loop_train_stop(void *arg, fb_wk *w)
 {
 	fb_wk_thread_stop(w);
+}
+
+static fb_err
+loop_traffic(void *arg, fb_wk *w, fb_traffic *t)
+{
+	wk_loop *lp = arg;
+
+	return fb_link_traffic(lp->link, t);
 }
 
 static fb_err
@@ -582,6 +696,10 @@ loop_run(fb_wk *w, wk_loop *lp, volatile sig_atomic_t *stop)
 		if (rc != FB_OK) {
 			break;
 		}
+		if (ready & FB_LINK_CONN) {
+			fb_wk_on_link(w, fb_link_conn_up(lp->link),
+			    fb_link_conn_gen(lp->link), fb_now_ms());
+		}
 		if ((ready & FB_LINK_WAKE) && fb_wk_thread_reap(w)) {
 			fb_wk_on_trained(w, fb_now_ms());
 		}
@@ -608,6 +726,7 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 	    .train_start = loop_train_start,
 	    .train_stop = loop_train_stop,
 	    .relink = loop_relink,
+	    .traffic = loop_traffic,
 	};
 	fb_wk w;
 	fb_err rc;

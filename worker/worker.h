@@ -50,7 +50,7 @@ typedef struct fb_worker_config {
 	int64_t task_timeout_ms;
 	bool share_shard;         /* lend it data.*'s shard (simulations) */
 	/* transport */
-	int64_t connect_timeout_ms;
+	int64_t connect_timeout_ms; /* -1: forever */
 	int64_t send_timeout_ms;
 	int64_t fetch_window;
 	/* security */

@@ -40,6 +40,7 @@
 
 #include "aggregation/aggregation.h"
 #include "common/err.h"
+#include "common/util.h"
 #include "crypto/crypto.h"
 #include "data/data.h"
 #include "model/model.h"
@@ -47,8 +48,11 @@
 #include "worker/trainer.h"
 #include "worker/worker.h"
 
-#define FB_WK_HELLO_RETRY_MS 2000
-#define FB_WK_HANDSHAKE_RETRY_MS 5000
+#define FB_WK_JOIN_RETRY_MS 1000      /* first join retry; doubles ... */
+#define FB_WK_JOIN_RETRY_MAX_MS 30000 /* ... up to this (plus jitter) */
+#define FB_WK_NOTE_FIRST_MS 10000     /* "still trying" notes: the first,
+                                       * then twice as far apart ... */
+#define FB_WK_NOTE_MAX_MS 600000      /* ... up to every 10 minutes */
 #define FB_WK_LANE_GIVEUP_MS 15000 /* no welcome on a lane: back to listen */
 #define FB_WK_LANE_STAY UINT32_MAX /* "do not send me to a lane" */
 #define FB_WK_OUTBOX_MAX 16        /* control messages waiting for room */
@@ -104,6 +108,10 @@ typedef struct fb_wk_io {
 	/* relink replaces the link by one to `endpoint` (messages queued on
 	 * the old one are lost). On error the old link stays. */
 	fb_err (*relink)(void *arg, fb_wk *w, const char *endpoint);
+	/* traffic fills *t with the bytes the link's connection moved (see
+	 * fb_link_traffic); an error when it cannot say (no connection, not
+	 * TCP): liveness then counts whole messages only. May be NULL. */
+	fb_err (*traffic)(void *arg, fb_wk *w, fb_traffic *t);
 } fb_wk_io;
 
 /* A control message waiting for room on the link (payload copied). */
@@ -121,6 +129,7 @@ typedef struct fb_wk_upload {
 	bool begun;      /* UpdateBegin is on the link */
 	uint32_t pos;    /* next chunk position, 0..chunks */
 	uint32_t chunks; /* model chunks, + 1 with secure aggregation */
+	uint32_t credit; /* chunks the coordinator lets us send now */
 	bool staged;     /* chunk `pos` is encrypted in sendbuf */
 	size_t staged_len;
 	bool ended;   /* secure: the trailer is signed (end staged) */
@@ -163,6 +172,22 @@ struct fb_wk {
 	int64_t last_tx_ms; /* last message handed to the link */
 	int64_t last_hello_ms;
 	int64_t hello_since_ms; /* joining since (transport.connect_timeout) */
+	int64_t join_retry_ms;  /* the join's retry interval now (backoff) */
+	int64_t next_join_ms;   /* when the join message goes again */
+	bool join_due;          /* the link is up, took no join message yet */
+	int64_t note_gap_ms;    /* "still trying" notes: the gap to the next */
+	int64_t next_note_ms;
+	fb_rng jitter;          /* for the retries' jitter (not a secret) */
+	/* the link's connection (fb_wk_on_link) and the bytes it moved */
+	bool link_up;
+	uint32_t link_gen;      /* the connection we joined on */
+	/* a join message (hello, handshake) was taken by the link since it
+	 * was made or its connection last closed: on the link's first
+	 * connection it is on its way, and is not sent again */
+	bool join_queued;
+	fb_traffic seen;        /* its counters at the last look */
+	int64_t rx_moved_ms;    /* bytes last arrived (0: never seen) */
+	int64_t tx_moved_ms;    /* bytes we sent were last acknowledged */
 	bool full;              /* the last send found the queue full */
 	int64_t full_since_ms;  /* since then (transport.send_timeout) */
 	/* the model and this box's data */
@@ -270,6 +295,16 @@ void fb_wk_start(fb_wk *w, int64_t now);
  */
 FB_MUST_CHECK fb_err fb_wk_on_frame(fb_wk *w, fb_frame *f, int64_t now);
 
+/*
+ * fb_wk_on_link takes the link's connection state at `now`: `up`, and
+ * `gen`, the count of connections that came up (fb_link_conn_gen). An
+ * admitted worker whose connection went down or was replaced joins again
+ * (what was in flight is lost, and the coordinator drops a closed
+ * connection's worker); a joining one sends its join message as soon as
+ * a connection is up.
+ */
+void fb_wk_on_link(fb_wk *w, bool up, uint32_t gen, int64_t now);
+
 /* fb_wk_on_bad_frame notes a frame the link could not decode (`why`). */
 void fb_wk_on_bad_frame(fb_wk *w, const char *why, int64_t now);
 
@@ -281,10 +316,12 @@ bool fb_wk_wants_out(const fb_wk *w);
 void fb_wk_on_writable(fb_wk *w, int64_t now);
 
 /*
- * fb_wk_tick runs the timers at `now`: join retries, lanes that do not
- * answer, heartbeats, and the coordinator's liveness and full queue
- * (reconnect). Returns FB_ETIMEDOUT when no coordinator answered for
- * transport.connect_timeout, else FB_OK.
+ * fb_wk_tick runs the timers at `now`: join retries (backoff from 1 s
+ * doubling to 30 s, each drawn from the upper half of its interval), lanes
+ * that do not answer, heartbeats, and the coordinator's liveness and full
+ * queue (reconnect), which count bytes the connection moved (io->traffic)
+ * as well as messages. Returns FB_ETIMEDOUT when no coordinator answered
+ * for transport.connect_timeout (never when it is forever), else FB_OK.
  */
 FB_MUST_CHECK fb_err fb_wk_tick(fb_wk *w, int64_t now);
 
@@ -335,17 +372,26 @@ void fb_wk_new_session(fb_wk *w);
 void fb_wk_join(fb_wk *w);
 
 /* fb_wk_send_hello and fb_wk_send_handshake send the join messages (a full
- * queue skips them: the tick sends them again). */
+ * queue, or no connection, skips them: they go when the link has room or
+ * at the next retry). */
 void fb_wk_send_hello(fb_wk *w);
 void fb_wk_send_handshake(fb_wk *w);
+
+/* fb_wk_join_resend sends the join message the worker is at (handshake
+ * or hello); fb_wk_join_backoff sets when it goes next (now plus the
+ * upper half of the interval, at random) and doubles the interval. */
+void fb_wk_join_resend(fb_wk *w);
+void fb_wk_join_backoff(fb_wk *w);
 
 /* fb_wk_move_link goes to `endpoint` as lane `lane` and joins there; on
  * failure the worker stays where it is. */
 void fb_wk_move_link(fb_wk *w, const char *endpoint, uint32_t lane);
 
 /* fb_wk_rejoin leaves the run (the coordinator is gone or stuck: `why`)
- * and joins again, on the listen port. */
-void fb_wk_rejoin(fb_wk *w, const char *why);
+ * and joins again, on the listen port; with `new_link` on a new link (a
+ * connection on which nothing moved for a while may be dead, say across
+ * a partition, and TCP would retry on it ever more slowly). */
+void fb_wk_rejoin(fb_wk *w, const char *why, bool new_link);
 
 void fb_wk_on_handshake_reply(fb_wk *w, const fb_msg *m);
 void fb_wk_on_redirect(fb_wk *w, const fb_msg *m);
@@ -408,6 +454,15 @@ FB_MUST_CHECK fb_err fb_wk_load_shard(fb_wk *w);
  */
 FB_MUST_CHECK fb_err fb_wk_upload_start(
     fb_wk *w, double seconds, double loss, uint64_t steps);
+
+/* fb_wk_upload_wants says whether the upload has something it may send now
+ * (UpdateBegin, a chunk it has credit for, or UpdateEnd). */
+bool fb_wk_upload_wants(const fb_wk *w);
+
+/* fb_wk_on_credit takes an UpdateCredit: more chunks of this round's
+ * update may go (a credit for another round, or more than the update has
+ * left, is ignored or cut to what is left). */
+void fb_wk_on_credit(fb_wk *w, const fb_msg *m);
 
 /* fb_wk_upload_pump sends up to `budget` chunks while the link takes them;
  * at the end the phase is idle. A send error abandons the update. */

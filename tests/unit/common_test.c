@@ -172,6 +172,40 @@ expect_error(
 }
 
 /* ---- config: values ----------------------------------------------------- */
+/* A duration that also takes a word. */
+typedef struct dcfg {
+	int64_t wait_ms;
+} dcfg;
+
+static const char *const forever[] = {"forever", NULL};
+
+static const fb_cfg_field dur_schema[] = {
+    {"wait", FB_CFG_DURATION, offsetof(dcfg, wait_ms), "forever", 100,
+        86400000, forever, "how long to wait"},
+    {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
+};
+
+static void
+test_duration_words(void **state)
+{
+	dcfg d;
+	const char *y;
+
+	assert_int_equal(fb_cfg_load_string("t.yaml", "", 0, dur_schema, &d),
+	    FB_OK);
+	assert_int_equal(d.wait_ms, -1); /* the word: -1 */
+	y = "wait: 90s\n";
+	assert_int_equal(
+	    fb_cfg_load_string("t.yaml", y, strlen(y), dur_schema, &d), FB_OK);
+	assert_int_equal(d.wait_ms, 90000);
+	y = "wait: forevr\n";
+	expect_error_in(dur_schema, &d, y, strlen(y), "t.yaml:1:7:",
+	    "bad duration 'forevr'", "or forever");
+	y = "wait: 10ms\n"; /* the bounds still hold for numbers */
+	expect_error_in(dur_schema, &d, y, strlen(y), "t.yaml:1:7:",
+	    "out of range", NULL);
+}
+
 
 static void
 test_defaults(void **state)
@@ -1313,6 +1347,8 @@ test_pool_runs_each_index_once(void **state)
 }
 
 FB_TESTS = {
+    {"a duration also takes its words, stored as -1, -2, ...",
+        test_duration_words},
     {"a pool runs each index of a batch exactly once",
         test_pool_runs_each_index_once},
     {"defaults apply to an empty document", test_defaults},

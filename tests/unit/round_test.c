@@ -42,6 +42,9 @@ static struct {
 	uint32_t n;
 	uint32_t taken[MAXW]; /* per worker: messages read by the fake */
 	bool full[MAXW];      /* that worker's queue refuses sends */
+	fb_traffic traffic[MAXW]; /* what each worker's connection moved */
+	bool has_traffic[MAXW];
+	uint32_t credit_from[MAXW]; /* UpdateCredits read up to here */
 } io;
 
 static fb_err
@@ -90,11 +93,24 @@ fake_bytes(coord *c)
 	return 0;
 }
 
+static fb_err
+fake_traffic(coord *c, worker *w, fb_traffic *tr)
+{
+	uint32_t slot = registry_slot(c, w).v;
+
+	if (slot >= MAXW || !io.has_traffic[slot]) {
+		return FB_ENOTSUP;
+	}
+	*tr = io.traffic[slot];
+	return FB_OK;
+}
+
 static const coord_io fake_io = {
     .send_worker = fake_send_worker,
     .send_peer = fake_send_peer,
     .bytes_sent = fake_bytes,
     .bytes_received = fake_bytes,
+    .traffic = fake_traffic,
 };
 
 static void
@@ -118,6 +134,23 @@ next_to(uint32_t slot, fb_msg_type type)
 		}
 	}
 	return NULL;
+}
+
+/* The update chunks worker `slot` was granted (UpdateCredit) since the
+ * last call. */
+static uint32_t
+take_credits(uint32_t slot)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = io.credit_from[slot]; i < io.n; i++) {
+		if (io.v[i].to == slot &&
+		    io.v[i].m.type == FB_MSG_UPDATE_CREDIT) {
+			n += io.v[i].m.u.update_credit.chunks;
+		}
+	}
+	io.credit_from[slot] = io.n;
+	return n;
 }
 
 /* Whether any message of `type` went to `slot` (from the start). */
@@ -160,6 +193,10 @@ typedef struct fake_worker {
 	uint64_t ev_n;         /* its validation examples; 0: no evaluation */
 	double ev_loss, ev_acc;
 	const fb_msg *rs;      /* its last RoundStart */
+	/* its upload under way */
+	fb_stream_push *push;
+	const float *x;
+	uint32_t pos, credit;
 	/* a malicious worker: added to each ring element of its input */
 	uint32_t evil_add;     /* model coordinates */
 	uint32_t evil_w;       /* the weight coordinate */
@@ -188,6 +225,7 @@ typedef struct setup {
 	const char *extra;     /* more config lines (indented under round:) */
 	const char *agg_extra; /* lines under aggregation: */
 	const char *sa_extra;  /* lines under secure_aggregation: */
+	const char *tr_extra;  /* lines under transport: */
 	bool threads;          /* the job thread and a pool, not inline */
 } setup;
 
@@ -265,8 +303,9 @@ deliver(uint32_t i, const fb_msg *m, const void *payload, size_t len)
 	turn();
 }
 
+/* Worker i's hello with `session`, on connection `conn` (its peer id). */
 static void
-hello(uint32_t i)
+hello_on(uint32_t i, uint64_t session, uint8_t conn)
 {
 	fb_msg m = {.type = FB_MSG_HELLO};
 	fb_frame f;
@@ -275,10 +314,11 @@ hello(uint32_t i)
 	snprintf(m.u.hello.name, sizeof(m.u.hello.name), "w%u", i);
 	m.u.hello.worker_index = i;
 	m.u.hello.num_samples = t.sa ? 0 : t.fw[i].samples;
-	m.u.hello.session = 100 + i;
+	m.u.hello.session = session;
 	m.u.hello.partitions = MAXW; /* shares of one data set */
 	snprintf(m.u.hello.backend, sizeof(m.u.hello.backend), "cpu");
 	f = frame_of(i, &m);
+	f.peer.id[3] = conn;
 	t.c->now = t.now;
 	if (t.secure) {
 		registry_on_hello(t.c, &t.c->reg.workers[i], &f);
@@ -286,6 +326,12 @@ hello(uint32_t i)
 		coord_handle_frame(t.c, &f);
 	}
 	turn();
+}
+
+static void
+hello(uint32_t i)
+{
+	hello_on(i, 100 + i, 1);
 }
 
 static void
@@ -304,13 +350,14 @@ write_config(const setup *s, char *path, size_t cap)
 	           "aggregation:\n  ingest_threads: 0\n  clip: 16\n%s"
 	           "evaluation:\n  every: 0\n"
 	           "transport:\n  chunk_size: %d\n  heartbeat: 1s\n"
-	           "  liveness_timeout: 5s\n  send_timeout: 3s\n"
+	           "  liveness_timeout: 5s\n  send_timeout: 3s\n%s"
 	           "security:\n  enabled: %s\n"
 	           "secure_aggregation:\n  enabled: %s\n  setup_timeout: 4s\n"
 	           "  unmask_timeout: 4s\n  max_samples: 1000\n  clip: 4\n%s",
 	    t.dir, PARAMS, s->workers, s->extra ? s->extra : "",
 	    s->agg_extra ? s->agg_extra : "", CHUNK_BYTES,
-	    s->secure ? "true" : "false", s->secure ? "true" : "false",
+	    s->tr_extra ? s->tr_extra : "", s->secure ? "true" : "false",
+	    s->secure ? "true" : "false",
 	    s->sa_extra ? s->sa_extra : "");
 	fclose(f);
 }
@@ -377,6 +424,7 @@ bench_stop(void)
 	for (uint32_t i = 0; i < t.n; i++) {
 		fb_secagg_worker_free(t.fw[i].sa);
 		fb_identity_free(t.fw[i].id);
+		fb_stream_push_free(t.fw[i].push);
 	}
 	t.c->self = NULL;
 	coord_fini(t.c);
@@ -610,23 +658,22 @@ upload_chunk(uint32_t i, uint32_t pos, uint32_t *buf, size_t *len,
 	return k;
 }
 
-/*
- * Worker i uploads `x` (its update), stopping after `stop_after` chunks
- * (UINT32_MAX: all, and the trailer). Encrypted and signed in secure mode.
- */
+/* Worker i's UpdateBegin for update `x` (its stream made in secure
+ * mode); upload_more sends its chunks. */
 static void
-upload(uint32_t i, const float *x, uint32_t stop_after)
+upload_begin(uint32_t i, const float *x)
 {
 	fake_worker *fw = &t.fw[i];
-	uint32_t chunks = t.c->chunk_count + (t.sa ? 1 : 0);
 	fb_msg b = {.type = FB_MSG_UPDATE_BEGIN};
-	fb_stream_push *push = NULL;
-	static uint32_t plain[CHUNK_BYTES / 4];
-	static uint8_t ct[CHUNK_BYTES + FB_STREAM_CHUNK_OVERHEAD];
 
+	fb_stream_push_free(fw->push);
+	fw->push = NULL;
+	fw->x = x;
+	fw->pos = 0;
+	fw->credit = 0;
 	b.u.update_begin.round = fw->round;
 	b.u.update_begin.param_count = PARAMS;
-	b.u.update_begin.chunk_count = chunks;
+	b.u.update_begin.chunk_count = t.c->chunk_count + (t.sa ? 1 : 0);
 	if (!t.sa || fw->leak_speed) {
 		/* (a secure worker keeps its speed; one that does not is
 		 * not listened to) */
@@ -647,37 +694,78 @@ upload(uint32_t i, const float *x, uint32_t stop_after)
 		assert_int_equal(fb_stream_push_alloc(&ctx, CHUNK_BYTES,
 		                     FB_STREAM_DIGEST_TAGS,
 		                     b.u.update_begin.stream_key.b,
-		                     b.u.update_begin.stream_header.b, &push),
+		                     b.u.update_begin.stream_header.b, &fw->push),
 		    FB_OK);
 		b.u.update_begin.stream_key.len = FB_STREAM_KEY_LEN;
 		b.u.update_begin.stream_header.len = FB_STREAM_HEADER_LEN;
 	}
 	deliver(i, &b, NULL, 0);
-	for (uint32_t pos = 0; pos < chunks && pos < stop_after; pos++) {
+}
+
+/*
+ * Worker i sends the chunks of the update it began, as far as its credit
+ * goes, up to position `stop_at` (UINT32_MAX: all, then the trailer in
+ * secure mode). Returns true once the whole update is sent.
+ */
+static bool
+upload_more(uint32_t i, uint32_t stop_at)
+{
+	fake_worker *fw = &t.fw[i];
+	uint32_t chunks = t.c->chunk_count + (t.sa ? 1 : 0);
+	static uint32_t plain[CHUNK_BYTES / 4];
+	static uint8_t ct[CHUNK_BYTES + FB_STREAM_CHUNK_OVERHEAD];
+
+	while (fw->pos < chunks && fw->pos < stop_at) {
 		fb_msg m = {.type = FB_MSG_UPDATE_CHUNK};
 		size_t len = 0, clen = 0;
+		/* a chunk goes only on the coordinator's credit (none: the
+		 * begin was refused, or it waits) */
+		fw->credit += take_credits(i);
+		if (fw->credit == 0) {
+			return false;
+		}
 		m.u.update_chunk.round = fw->round;
-		m.u.update_chunk.chunk = upload_chunk(i, pos, plain, &len, x);
+		m.u.update_chunk.chunk = upload_chunk(i, fw->pos, plain, &len,
+		    fw->x);
 		if (t.secure) {
-			assert_int_equal(fb_stream_push_chunk(push,
+			assert_int_equal(fb_stream_push_chunk(fw->push,
 			                     (const uint8_t *)plain, len,
-			                     pos + 1 == chunks, ct, sizeof(ct), &clen),
+			                     fw->pos + 1 == chunks, ct, sizeof(ct),
+			                     &clen),
 			    FB_OK);
 			deliver(i, &m, ct, clen);
 		} else {
 			deliver(i, &m, plain, len);
 		}
+		fw->pos++;
+		fw->credit--;
 	}
-	if (t.secure && stop_after == UINT32_MAX) {
+	if (fw->pos < chunks) {
+		return false;
+	}
+	if (t.secure && stop_at == UINT32_MAX) {
 		fb_msg e = {.type = FB_MSG_UPDATE_END};
 		e.u.update_end.round = fw->round;
-		assert_int_equal(fb_stream_push_final(push, fw->id,
+		assert_int_equal(fb_stream_push_final(fw->push, fw->id,
 		                     e.u.update_end.stream_trailer.b),
 		    FB_OK);
 		e.u.update_end.stream_trailer.len = FB_STREAM_TRAILER_LEN;
 		deliver(i, &e, NULL, 0);
 	}
-	fb_stream_push_free(push);
+	fb_stream_push_free(fw->push);
+	fw->push = NULL;
+	return true;
+}
+
+/*
+ * Worker i uploads `x` (its update), stopping after `stop_after` chunks
+ * (UINT32_MAX: all, and the trailer). Encrypted and signed in secure mode.
+ */
+static void
+upload(uint32_t i, const float *x, uint32_t stop_after)
+{
+	upload_begin(i, x);
+	(void)upload_more(i, stop_after);
 }
 
 /* Runs the SecAgg setup for the workers in `who` (a bit mask). */
@@ -1443,9 +1531,11 @@ test_secure_worker_round_failed(void **state)
 	bench_stop();
 }
 
-/* Secure: a worker cut off mid-upload leaves part of a masked input in
- * the sum: the round is aborted with the reason, the model unchanged,
- * and the next round starts. */
+/* Secure: a worker cut off mid-upload (its connection closed after its
+ * first chunk) is a dropout like any other: nothing of its masked input
+ * reached the sum (it was kept apart), its masks are recovered from the
+ * others' shares, and the round commits with the two others, exactly
+ * their weighted mean. */
 static void
 test_secure_worker_cut_mid_upload(void **state)
 {
@@ -1456,16 +1546,53 @@ test_secure_worker_cut_mid_upload(void **state)
 	admit_all();
 	sa_setup(7);
 	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(2, t.fw[2].update, 2);
 	upload(1, t.fw[1].update, UINT32_MAX);
-	upload(2, t.fw[2].update, 1);
-	registry_forget(t.c, &t.c->reg.workers[2], "test: lost");
+	assert_int_equal(t.c->reg.workers[2].state, W_UPLOADING);
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
 	turn();
-	assert_int_equal(t.c->rd.committed, 0);
-	assert_int_equal(t.c->rd.number, 2);
-	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+	assert_phase(PHASE_UNMASK);
+	sa_reveal(0);
+	sa_reveal(1);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-3);
 	last_metrics(line, sizeof(line));
-	assert_non_null(strstr(line, "\"status\": \"aborted\""));
-	assert_non_null(strstr(line, "cut off mid-stream"));
+	assert_non_null(strstr(line, "\"status\": \"ok\""));
+	assert_non_null(strstr(line, "\"participants\": 2"));
+	bench_stop();
+}
+
+/* Secure, secure_aggregation.max_uploads 1: one masked upload under way
+ * at a time, the next waiting for its first credit until the buffer is
+ * free again -- when the one before is whole, or cut off (then nothing of
+ * it is in the sum). */
+static void
+test_secure_masked_uploads_take_turns(void **state)
+{
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n  max_uploads: 1\n"});
+	assert_int_equal(t.c->part.count, 1);
+	admit_all();
+	sa_setup(7);
+	upload_begin(0, t.fw[0].update);
+	upload_begin(1, t.fw[1].update);
+	upload_begin(2, t.fw[2].update);
+	assert_false(upload_more(1, UINT32_MAX)); /* no credit: it waits */
+	assert_false(upload_more(0, 2));          /* w0 holds the buffer */
+	assert_int_equal(t.fw[1].pos, 0);
+	/* w0 is cut off: its buffer goes to the next in turn (w1) */
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[0].peer));
+	turn();
+	assert_false(upload_more(2, UINT32_MAX)); /* w1 has it now */
+	assert_int_equal(t.fw[2].pos, 0);
+	assert_true(upload_more(1, UINT32_MAX));
+	/* w1 is whole: w2's turn */
+	assert_true(upload_more(2, UINT32_MAX));
+	assert_phase(PHASE_UNMASK);
+	sa_reveal(1);
+	sa_reveal(2);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(6, 1.0) < 1e-3);
 	bench_stop();
 }
 
@@ -1567,6 +1694,261 @@ test_secure_poisoned_input_refused(void **state)
 
 /* A worker whose queue stays full past transport.send_timeout is dropped
  * (sends never wait for it). */
+/* A worker that reconnects (a new connection, a new session) while the
+ * round trains gets its RoundStart again and is in the commit; one whose
+ * update had begun this round is not sent back into it. */
+static void
+test_reconnected_worker_rejoins_round(void **state)
+{
+	const fb_msg *rs;
+
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, UINT32_MAX);
+	hello_on(2, 900, 2);
+	assert_non_null(next_to(2, FB_MSG_WELCOME));
+	assert_true(t.c->reg.workers[2].used);
+	rs = take_round_start(2);
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 1);
+	assert_int_equal(t.c->reg.workers[2].state, W_TRAINING);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	/* round 2: w0's update begins, then it reconnects: left out */
+	memcpy(t.start, t.c->params, sizeof(t.start));
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, 1);
+	hello_on(0, 901, 3);
+	assert_non_null(next_to(0, FB_MSG_WELCOME));
+	assert_null(take_round_start(0));
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 2);
+	bench_stop();
+}
+
+/* Secure: a worker whose connection closed is dropped at once; back
+ * before its key advert was taken, it rejoins the round and its masked
+ * input is in the sum. Back after its advert was taken (its neighbours
+ * hold its old keys), it is left out and its masks are recovered. */
+static void
+test_secure_reconnect_rejoins_before_advert(void **state)
+{
+	uint32_t before;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n"});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	assert_non_null(take_round_start(2));
+	t.fw[2].rs = NULL;
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
+	assert_false(t.c->reg.workers[2].used);
+	hello(2);
+	assert_non_null(next_to(2, FB_MSG_WELCOME));
+	sa_setup(7); /* w2 takes its second RoundStart */
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_UNMASK);
+	for (uint32_t i = 0; i < 3; i++) {
+		sa_reveal(i);
+	}
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-3); /* all three in the mean */
+	/* round 2: w2 advertised and shared, then its connection closed */
+	memcpy(t.start, t.c->params, sizeof(t.start));
+	for (uint32_t i = 0; i < 3; i++) {
+		t.fw[i].rs = NULL;
+		fb_secagg_worker_free(t.fw[i].sa);
+		t.fw[i].sa = NULL;
+	}
+	sa_setup(7);
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
+	before = count_to(2, FB_MSG_ROUND_START);
+	hello(2);
+	assert_int_equal(count_to(2, FB_MSG_ROUND_START), before);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_phase(PHASE_UNMASK);
+	sa_reveal(0);
+	sa_reveal(1);
+	assert_int_equal(t.c->rd.committed, 2);
+	assert_true(fedavg_error(3, 1.0) < 1e-3);
+	bench_stop();
+}
+
+/* A closed connection drops its worker at once (not after the 5 s
+ * liveness), and the round goes on with the others; a key that names no
+ * worker changes nothing. */
+static void
+test_closed_connection_drops_at_once(void **state)
+{
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	registry_on_closed(t.c, 12345);
+	assert_true(t.c->reg.workers[2].used);
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
+	assert_false(t.c->reg.workers[2].used);
+	assert_int_equal(t.c->reg.workers[2].state, W_IDLE); /* forgotten */
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-6);
+	bench_stop();
+}
+
+/* A worker that sends no whole message but whose bytes keep arriving (a
+ * chunk on a slow link) stays; once its bytes stop it is dropped after
+ * the liveness timeout (5 s). A full queue whose bytes are acknowledged
+ * bit by bit is not dropped either, until they stop for send_timeout. */
+static void
+test_bytes_moving_keep_workers(void **state)
+{
+	fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+	int64_t stop_at;
+
+	bench_start(&(setup){.workers = 3});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	io.has_traffic[2] = true;
+	for (int s = 0; s < 20; s++) {
+		deliver(0, &hb, NULL, 0);
+		deliver(1, &hb, NULL, 0);
+		io.traffic[2].in += 4000;
+		advance(1000);
+	}
+	assert_true(t.c->reg.workers[2].used);
+	stop_at = t.now;
+	while (t.c->reg.workers[2].used && t.now - stop_at < 20000) {
+		deliver(0, &hb, NULL, 0);
+		deliver(1, &hb, NULL, 0);
+		advance(100);
+	}
+	assert_false(t.c->reg.workers[2].used);
+	assert_true(t.now - stop_at > 5000 && t.now - stop_at <= 6500);
+	/* w1's queue full, but what was sent is acknowledged all along */
+	io.full[1] = true;
+	io.has_traffic[1] = true;
+	for (int s = 0; s < 10; s++) {
+		deliver(0, &hb, NULL, 0);
+		deliver(1, &hb, NULL, 0);
+		io.traffic[1].acked += 4000;
+		advance(1000);
+	}
+	assert_true(t.c->reg.workers[1].used);
+	stop_at = t.now;
+	while (t.c->reg.workers[1].used && t.now - stop_at < 20000) {
+		deliver(0, &hb, NULL, 0);
+		deliver(1, &hb, NULL, 0);
+		advance(100);
+	}
+	assert_false(t.c->reg.workers[1].used);
+	/* (bytes are looked at every liveness / 4 = 1.25 s) */
+	assert_true(t.now - stop_at > 3000 - 1250 &&
+	    t.now - stop_at <= 3000 + 1250);
+	bench_stop();
+}
+
+/* Plain worker i's UpdateBegin, and its chunk at position pos. */
+static void
+plain_begin(uint32_t i)
+{
+	fb_msg b = {.type = FB_MSG_UPDATE_BEGIN};
+
+	b.u.update_begin.round = t.fw[i].round;
+	b.u.update_begin.param_count = PARAMS;
+	b.u.update_begin.chunk_count = t.c->chunk_count;
+	b.u.update_begin.num_samples = t.fw[i].samples;
+	b.u.update_begin.steps = 5;
+	deliver(i, &b, NULL, 0);
+}
+
+static void
+plain_chunk(uint32_t i, uint32_t pos)
+{
+	static uint32_t buf[CHUNK_BYTES / 4];
+	fb_msg m = {.type = FB_MSG_UPDATE_CHUNK};
+	size_t len = 0;
+
+	m.u.update_chunk.round = t.fw[i].round;
+	m.u.update_chunk.chunk = upload_chunk(i, pos, buf, &len,
+	    t.fw[i].update);
+	deliver(i, &m, buf, len);
+}
+
+/* Update chunks go up only on credit, from one budget for all workers
+ * (transport.upload_window: 2 chunks here): never more than that in
+ * flight whatever the number uploading, each credit returned when its
+ * chunk arrives, the waiting workers served in turn; and a chunk sent
+ * without a credit takes its worker out of the round. */
+static void
+test_upload_credits_one_budget(void **state)
+{
+	uint32_t credit[3] = {0}, pos[3] = {0}, done = 0;
+
+	bench_start(&(setup){.workers = 3, .tr_extra =
+	    "  upload_window: 8KiB\n"});
+	assert_int_equal(t.c->cr.budget, 2);
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+		plain_begin(i);
+	}
+	assert_int_equal(t.c->cr.out, 2);
+	while (done < 3) {
+		bool moved = false;
+		for (uint32_t i = 0; i < 3; i++) {
+			credit[i] += take_credits(i);
+			if (credit[i] > 0 && pos[i] < t.c->chunk_count) {
+				plain_chunk(i, pos[i]++);
+				credit[i]--;
+				done += pos[i] == t.c->chunk_count;
+				moved = true;
+			}
+			assert_true(t.c->cr.out <= 2);
+		}
+		assert_true(moved);
+	}
+	assert_int_equal(t.c->cr.peak, 2);
+	assert_int_equal(t.c->cr.out, 0);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	/* round 2: the budget goes to w0; w1, which began after it, has no
+	 * credit yet and sends a chunk anyway: it leaves the round */
+	memcpy(t.start, t.c->params, sizeof(t.start));
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	plain_begin(0);
+	plain_begin(1);
+	assert_int_equal(take_credits(0), 2);
+	assert_int_equal(take_credits(1), 0);
+	plain_chunk(1, 0);
+	assert_int_equal(t.c->reg.workers[1].state, W_FAILED);
+	plain_chunk(0, 0);
+	assert_int_equal(take_credits(0), 1); /* the returned one */
+	plain_chunk(0, 1);
+	plain_chunk(0, 2);
+	assert_int_equal(t.c->reg.workers[0].state, W_DONE);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 2);
+	assert_true(fedavg_error(5, 1.0) < 1e-6);
+	bench_stop();
+}
+
 static void
 test_full_queue_drops_worker(void **state)
 {
@@ -1958,7 +2340,9 @@ FB_TESTS = {
         test_secure_worker_lost_after_input},
     {"secure: a worker's RoundFailed after the setup is a dropout",
         test_secure_worker_round_failed},
-    {"secure: a worker cut off mid-upload aborts the round",
+    {"secure: masked uploads take turns for max_uploads buffers",
+        test_secure_masked_uploads_take_turns},
+    {"secure: a worker cut off mid-upload is a dropout; the round commits",
         test_secure_worker_cut_mid_upload},
     {"secure: too few reveals by unmask_timeout abort the round",
         test_secure_too_few_reveals_aborts},
@@ -1967,8 +2351,17 @@ FB_TESTS = {
         test_secure_poisoned_input_refused},
     {"secure: a malicious weight claim is refused after unmasking",
         test_secure_bad_weight_refused},
-    {"a worker whose queue stays full is dropped",
-        test_full_queue_drops_worker},
+    {"a worker whose queue stays full is dropped", test_full_queue_drops_worker},
+    {"update chunks go up on credit from one budget for all workers",
+        test_upload_credits_one_budget},
+    {"a worker that reconnects during training rejoins the round",
+        test_reconnected_worker_rejoins_round},
+    {"secure: a worker back before its advert rejoins, after it does not",
+        test_secure_reconnect_rejoins_before_advert},
+    {"a closed connection drops its worker at once",
+        test_closed_connection_drops_at_once},
+    {"bytes that move keep a worker whose messages take long",
+        test_bytes_moving_keep_workers},
     {"admission refuses a taken data index and an oversized sample count",
         test_admission_refusals},
     {"plain FedNova refuses a normaliser above the round's bound",

@@ -52,6 +52,8 @@ typedef struct fix {
 	size_t room;   /* messages the link takes before it is full */
 	int starts, stops, relinks;
 	char relinked[FB_TEXT_MAX];
+	fb_traffic traffic; /* what the fake connection moved */
+	bool has_traffic;   /* false: the link cannot say */
 	fb_err start_rc;
 	/* the coordinator's side */
 	float global[P];
@@ -132,6 +134,15 @@ fake_relink(void *arg, fb_wk *w, const char *endpoint)
 	return FB_OK;
 }
 
+static fb_err
+fake_traffic(void *arg, fb_wk *w, fb_traffic *t)
+{
+	fix *x = arg;
+
+	*t = x->traffic;
+	return x->has_traffic ? FB_OK : FB_ECLOSED;
+}
+
 static fix *
 fix_new(bool secure)
 {
@@ -146,7 +157,7 @@ fix_new(bool secure)
 	x->cfg.throttle = 1.0;
 	x->cfg.plugin = (char *)"";
 	x->cfg.init_file = (char *)"";
-	x->cfg.connect_timeout_ms = 120000;
+	x->cfg.connect_timeout_ms = -1; /* forever, the default */
 	x->cfg.send_timeout_ms = 30000;
 	x->cfg.fetch_window = 2;
 	x->cfg.security = secure;
@@ -161,6 +172,7 @@ fix_new(bool secure)
 	    .train_start = fake_train_start,
 	    .train_stop = fake_train_stop,
 	    .relink = fake_relink,
+	    .traffic = fake_traffic,
 	};
 	x->room = ROOM_ANY;
 	x->now = T0;
@@ -498,6 +510,22 @@ serve_model(fix *x)
 	}
 }
 
+/* The link has room: what waits goes; an update that began and has no
+ * credit left gets the coordinator's (8 chunks, as coordinator/upload.c
+ * grants them), sealed in secure mode. */
+static void
+writable(fix *x)
+{
+	fb_wk_on_writable(&x->w, x->now);
+	if (x->w.phase == FB_WK_UPLOADING && x->w.up.begun &&
+	    x->w.up.credit == 0 && x->w.up.pos < x->w.up.chunks) {
+		fb_msg cr = {.type = FB_MSG_UPDATE_CREDIT};
+		cr.u.update_credit.round = x->w.round;
+		cr.u.update_credit.chunks = 8;
+		assert_int_equal(send_msg(x, &cr, NULL, 0), FB_OK);
+	}
+}
+
 /* What the fake trainer "computed": local = global - u, u[j] known. */
 static void
 train_done(fix *x, fb_err rc)
@@ -671,7 +699,7 @@ test_round_end_to_end(void **state)
 	train_done(x, FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
 	assert_true(fb_wk_wants_out(&x->w));
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	assert_false(fb_wk_wants_out(&x->w));
 	/* UpdateBegin, then chunks 2, 3, 0, 1: rotated from first_chunk. */
@@ -732,6 +760,45 @@ test_plain_update_carries_evaluation(void **state)
 	fix_free(x);
 }
 
+/* After UpdateBegin the chunks wait for the coordinator's credit: none
+ * goes without one, and the loop does not spin meanwhile (nothing to
+ * send); a credit lets exactly that many go; a credit for another round
+ * is ignored, one beyond what is left is cut to it. */
+static void
+test_chunks_wait_for_credit(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg cr = {.type = FB_MSG_UPDATE_CREDIT};
+	size_t at;
+
+	plain_join(x);
+	run_to_training(x, 1, 0);
+	at = x->nlog;
+	train_done(x, FB_OK);
+	fb_wk_on_writable(&x->w, x->now);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_BEGIN, at), 1);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
+	assert_false(fb_wk_wants_out(&x->w));
+	cr.u.update_credit.round = 2;
+	cr.u.update_credit.chunks = 8;
+	assert_int_equal(deliver(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
+	cr.u.update_credit.round = 1;
+	cr.u.update_credit.chunks = 1;
+	assert_int_equal(deliver(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 1);
+	assert_false(fb_wk_wants_out(&x->w));
+	cr.u.update_credit.chunks = 2;
+	assert_int_equal(deliver(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 3);
+	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	cr.u.update_credit.chunks = 100; /* one chunk is left */
+	assert_int_equal(deliver(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), NCHUNK);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
 static void
 test_fetch_window(void **state)
 {
@@ -767,7 +834,7 @@ test_full_queue_defers_and_resumes(void **state)
 	assert_int_equal(count_of(x, FB_MSG_MODEL_FETCH, 0), 1);
 	assert_true(fb_wk_wants_out(&x->w));
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(count_of(x, FB_MSG_MODEL_FETCH, 0), 2);
 	serve_model(x);
 	assert_int_equal(x->w.phase, FB_WK_TRAINING);
@@ -775,14 +842,14 @@ test_full_queue_defers_and_resumes(void **state)
 	/* The update goes as the link takes it: 2, then 0, then the rest. */
 	at = x->nlog;
 	x->room = 2;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->nlog - at, 2);
 	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
 	assert_true(fb_wk_wants_out(&x->w));
-	fb_wk_on_writable(&x->w, x->now); /* still full: nothing */
+	writable(x); /* still full: nothing */
 	assert_int_equal(x->nlog - at, 2);
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->nlog - at, 1 + NCHUNK);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	for (uint32_t pos = 0; pos < NCHUNK; pos++) {
@@ -804,7 +871,7 @@ test_busy_upload_answers_coordinator(void **state)
 	run_to_training(x, 1, 0);
 	train_done(x, FB_OK);
 	x->room = 2;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	/* The coordinator reads slowly for 10 s (more than its 3 s liveness)
 	 * but keeps sending heartbeats: the worker stays, and uploads on. */
 	for (int s = 0; s < 10; s++) {
@@ -820,7 +887,7 @@ test_busy_upload_answers_coordinator(void **state)
 	assert_false(fb_wk_wants_out(&x->w));
 	at = x->nlog;
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
 	fix_free(x);
 }
@@ -870,7 +937,7 @@ test_cancel_in_each_phase(void **state)
 	plain_join(x);
 	run_to_training(x, 1, 0);
 	train_done(x, FB_OK);
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	at = x->nlog;
 	assert_int_equal(deliver(x, &cancel, NULL, 0), FB_OK);
@@ -900,14 +967,14 @@ test_round_start_while_running(void **state)
 	train_done(x, FB_OK);
 	/* and while uploading round 2: its update stops, round 3 goes on */
 	x->room = 1;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
 	rs = round_msg(3, 0);
 	x->room = ROOM_ANY;
 	at = x->nlog;
 	assert_int_equal(deliver(x, &rs, NULL, 0), FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_FETCHING);
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, at), 0);
 	fix_free(x);
 }
@@ -991,7 +1058,9 @@ test_silent_coordinator(void **state)
 	assert_int_equal(x->stops, 1);
 	assert_int_equal(last(x)->msg.type, FB_MSG_HELLO);
 	assert_int_not_equal(last(x)->msg.u.hello.session, old_session);
-	assert_int_equal(x->relinks, 0); /* on the listen port already */
+	/* on a new link: the old connection may be dead (a partition) */
+	assert_int_equal(x->relinks, 1);
+	assert_string_equal(x->relinked, "tcp://127.0.0.1:5555");
 	fix_free(x);
 }
 
@@ -1023,20 +1092,202 @@ test_full_queue_past_send_timeout(void **state)
 	fix_free(x);
 }
 
+/* The times (ms after T0) the hellos of a 10-minute outage went out. */
+static size_t
+hello_times(fix *x, int64_t *at, size_t cap)
+{
+	size_t n = 0;
+
+	fb_wk_start(&x->w, x->now);
+	at[n++] = 0;
+	while (x->now < T0 + 600000) {
+		size_t before = count_of(x, FB_MSG_HELLO, 0);
+		x->now += 10;
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+		if (count_of(x, FB_MSG_HELLO, 0) > before && n < cap) {
+			at[n++] = x->now - T0;
+		}
+	}
+	return n;
+}
+
 static void
-test_join_retries_and_gives_up(void **state)
+test_join_retries_with_backoff(void **state)
+{
+	fix *x = fix_new(false), *y = fix_new(false);
+	int64_t at[256], bt[256];
+	size_t n, m, same = 0;
+
+	/* no answer for 10 minutes: never given up (forever), the hellos go
+	 * out ever further apart, each gap in the upper half of the
+	 * interval: 1 s, 2 s, 4 s, ... 30 s */
+	n = hello_times(x, at, 256);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	assert_true(n >= 20 && n < 40);
+	for (size_t i = 1; i < n; i++) {
+		int64_t gap = at[i] - at[i - 1];
+		int64_t r = (int64_t)FB_WK_JOIN_RETRY_MS << (i - 1);
+		r = r > FB_WK_JOIN_RETRY_MAX_MS ? FB_WK_JOIN_RETRY_MAX_MS : r;
+		assert_true(gap >= r / 2 && gap <= r + 10);
+	}
+	/* another worker (another session) draws other gaps: not in step */
+	m = hello_times(y, bt, 256);
+	for (size_t i = 1; i < n && i < m; i++) {
+		same += at[i] == bt[i];
+	}
+	assert_true(same < 3);
+	fix_free(x);
+	fix_free(y);
+	/* with a connect timeout set, it gives up after it */
+	x = fix_new(false);
+	x->cfg.connect_timeout_ms = 120000;
+	fb_wk_start(&x->w, x->now);
+	x->now = T0 + 120000;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	x->now += 1;
+	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_ETIMEDOUT);
+	fix_free(x);
+}
+
+static void
+test_link_events_join_and_rejoin(void **state)
+{
+	fix *x = fix_new(false);
+	fb_msg wm = welcome_msg();
+	uint64_t old_session;
+	size_t at;
+
+	/* no connection at first: the hello finds no room and waits; the
+	 * connection comes up and it goes at once */
+	x->room = 0;
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(x->nlog, 0);
+	assert_false(fb_wk_wants_out(&x->w));
+	x->room = ROOM_ANY;
+	x->now += 300;
+	fb_wk_on_link(&x->w, true, 1, x->now);
+	assert_int_equal(count_of(x, FB_MSG_HELLO, 0), 1);
+	/* up but the queue full: it goes on the first room */
+	fb_wk_rejoin(&x->w, "test", false);
+	at = x->nlog;
+	x->room = 0;
+	fb_wk_on_link(&x->w, false, 1, x->now);
+	fb_wk_on_link(&x->w, true, 2, x->now);
+	assert_true(fb_wk_wants_out(&x->w));
+	x->room = ROOM_ANY;
+	writable(x);
+	assert_int_equal(count_of(x, FB_MSG_HELLO, at), 1);
+	assert_false(fb_wk_wants_out(&x->w));
+	assert_int_equal(deliver(x, &wm, NULL, 0), FB_OK);
+	assert_true(x->w.welcomed);
+	run_to_training(x, 1, 0);
+	/* the connection closes: the round is left and the worker joins
+	 * again, with a new session, as soon as a connection is back */
+	old_session = x->w.session;
+	at = x->nlog;
+	x->now += 50;
+	fb_wk_on_link(&x->w, false, 2, x->now);
+	assert_false(x->w.welcomed);
+	assert_int_equal(x->w.phase, FB_WK_JOINING);
+	assert_int_equal(x->stops, 1);
+	assert_int_not_equal(x->w.session, old_session);
+	fb_wk_on_link(&x->w, true, 3, x->now);
+	assert_true(count_of(x, FB_MSG_HELLO, at) >= 1);
+	assert_int_equal(last(x)->msg.u.hello.session, x->w.session);
+	/* welcomed again; a connection replaced under it (a new one came up
+	 * without our seeing the old go) is a rejoin too */
+	assert_int_equal(deliver(x, &wm, NULL, 0), FB_OK);
+	assert_true(x->w.welcomed);
+	fb_wk_on_link(&x->w, true, 3, x->now); /* the same: nothing */
+	assert_true(x->w.welcomed);
+	fb_wk_on_link(&x->w, true, 4, x->now);
+	assert_false(x->w.welcomed);
+	fix_free(x);
+}
+
+/* A handshake the link took before its first connection was seen went
+ * out on that connection: the connection's event does not start another
+ * (its reply would then be refused), but a later connection does; nor
+ * does that event, seen after the welcome, make the worker rejoin. */
+static void
+test_first_connection_keeps_its_handshake(void **state)
+{
+	fix *x = fix_new(true);
+	size_t at;
+
+	fb_wk_start(&x->w, x->now);
+	assert_int_equal(count_of(x, FB_MSG_HANDSHAKE, 0), 1);
+	at = x->nlog;
+	fb_wk_on_link(&x->w, true, 1, x->now);
+	assert_int_equal(x->nlog, at); /* nothing more */
+	assert_non_null(x->w.hs);
+	/* that connection closes before the reply: the next one gets a
+	 * fresh handshake at once */
+	fb_wk_on_link(&x->w, false, 1, x->now);
+	fb_wk_on_link(&x->w, true, 2, x->now);
+	assert_int_equal(count_of(x, FB_MSG_HANDSHAKE, at), 1);
+	fix_free(x);
+	/* the first connection's event may come only after the welcome: it
+	 * is the connection the worker joined on, not a replacement */
+	x = fix_new(true);
+	secure_join(x);
+	fb_wk_on_link(&x->w, true, 1, x->now);
+	assert_true(x->w.welcomed);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fb_wk_on_link(&x->w, true, 2, x->now); /* this one is */
+	assert_false(x->w.welcomed);
+	fix_free(x);
+}
+
+static void
+test_bytes_moving_keep_links_alive(void **state)
 {
 	fix *x = fix_new(false);
 
-	fb_wk_start(&x->w, x->now);
-	x->now += 1999;
+	plain_join(x);
+	x->has_traffic = true;
+	run_to_training(x, 1, 0);
+	/* no whole message from the coordinator for a minute, but bytes
+	 * (a model chunk on a slow link, say) keep coming in: still here */
+	for (int i = 0; i < 600; i++) {
+		x->now += 100;
+		x->traffic.in += 3000;
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	}
+	assert_true(x->w.welcomed);
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	/* the bytes stop: gone after the liveness timeout (3 s) */
+	for (int i = 0; i < 30; i++) {
+		x->now += 100;
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	}
+	assert_true(x->w.welcomed);
+	x->now += 100;
 	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
-	assert_int_equal(count_of(x, FB_MSG_HELLO, 0), 1);
-	x->now += 1;
-	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
-	assert_int_equal(count_of(x, FB_MSG_HELLO, 0), 2);
-	x->now = T0 + 120001;
-	assert_int_equal(fb_wk_tick(&x->w, x->now), FB_ETIMEDOUT);
+	assert_false(x->w.welcomed);
+	fix_free(x);
+	/* the queue full for a minute, but what we sent is acknowledged bit
+	 * by bit (an upload on a slow link): no rejoin; once nothing is
+	 * acknowledged for transport.send_timeout (30 s), rejoin */
+	x = fix_new(false);
+	plain_join(x);
+	x->has_traffic = true;
+	x->room = 0;
+	for (int i = 0; i < 60; i++) {
+		fb_msg hb = simple_msg(FB_MSG_HEARTBEAT, 0);
+		x->now += 1000;
+		x->traffic.acked += 30000;
+		assert_int_equal(deliver(x, &hb, NULL, 0), FB_OK);
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	}
+	assert_true(x->w.welcomed);
+	for (int i = 0; i < 31; i++) {
+		fb_msg hb = simple_msg(FB_MSG_HEARTBEAT, 0);
+		x->now += 1000;
+		assert_int_equal(deliver(x, &hb, NULL, 0), FB_OK);
+		assert_int_equal(fb_wk_tick(&x->w, x->now), FB_OK);
+	}
+	assert_false(x->w.welcomed);
 	fix_free(x);
 }
 
@@ -1203,7 +1454,7 @@ test_secure_join_and_round(void **state)
 	/* the update goes in steps of two messages */
 	while (x->w.phase == FB_WK_UPLOADING) {
 		x->room = 2;
-		fb_wk_on_writable(&x->w, x->now);
+		writable(x);
 	}
 	assert_int_equal(x->nlog - at, 1 + NCHUNK + 1);
 	b = &x->log[at];
@@ -1376,7 +1627,7 @@ test_rehandshake_takes_only_its_reply(void **state)
 	redirect.u.redirect.lane = 1;
 	redirect.u.redirect.port = 5556;
 	assert_int_equal(deliver(x, &redirect, NULL, 0), FB_OK);
-	assert_int_equal(x->relinks, 0);
+	assert_int_equal(x->relinks, 1); /* the rejoin's own new link only */
 	m.u.welcome.run_id = 43;
 	assert_int_equal(deliver_sealed(x, &m, NULL, 0), FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
@@ -1608,7 +1859,7 @@ test_secagg_round(void **state)
 	assert_int_equal(x->w.sa_phase, FB_WK_SA_MASKING);
 	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
 	at = x->nlog;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	/* Begin, 4 masked chunks and the extra one, End; no sample count,
 	 * step count or loss in clear */
@@ -1908,7 +2159,7 @@ test_secagg_outbox_keeps_order(void **state)
 	assert_int_equal(x->w.out_count, 1);
 	assert_true(fb_wk_wants_out(&x->w));
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->log[at].msg.type, FB_MSG_SECAGG);
 	assert_int_equal(x->log[at].msg.u.secagg.phase, FB_SA_ADVERT);
 	assert_int_equal(x->log[at + 1].msg.type, FB_MSG_MODEL_FETCH);
@@ -1929,7 +2180,7 @@ test_secagg_outbox_keeps_order(void **state)
 		    FB_OK);
 	}
 	assert_int_equal(x->nlog, at);
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->log[at].msg.u.secagg.phase, FB_SA_SHARES);
 	assert_int_equal(x->log[at + 1].msg.type, FB_MSG_MODEL_FETCH);
 	assert_int_equal(x->log[at + 1].msg.u.model_fetch.chunk, 2);
@@ -1938,7 +2189,7 @@ test_secagg_outbox_keeps_order(void **state)
 	serve_model(x);
 	assert_int_equal(x->starts, 1);
 	train_done(x, FB_OK);
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.phase, FB_WK_IDLE);
 	assert_non_null(find(x, FB_MSG_UPDATE_END, at));
 	/* 17 included sets (the same) while the link takes nothing: 16
@@ -1951,7 +2202,7 @@ test_secagg_outbox_keeps_order(void **state)
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
 	at = x->nlog;
 	x->room = 1;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX - 1);
 	/* round 7 starts meanwhile: its advert queues behind round 6's
 	 * confirmations, which are still sealed for round 6 when they go */
@@ -1959,7 +2210,7 @@ test_secagg_outbox_keeps_order(void **state)
 	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
 	assert_int_equal(x->w.out_count, FB_WK_OUTBOX_MAX);
 	x->room = ROOM_ANY;
-	fb_wk_on_writable(&x->w, x->now);
+	writable(x);
 	assert_int_equal(x->w.out_count, 0);
 	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), FB_WK_OUTBOX_MAX + 1);
 	for (size_t i = at; i < at + FB_WK_OUTBOX_MAX; i++) {
@@ -2166,6 +2417,8 @@ FB_TESTS = {
         test_hello_and_welcome},
     {"a round goes from its start to an update in rotated chunk order",
         test_round_end_to_end},
+    {"update chunks wait for the coordinator's credit",
+        test_chunks_wait_for_credit},
     {"model requests stay within the fetch window", test_fetch_window},
     {"a full queue defers requests and chunks until the link has room",
         test_full_queue_defers_and_resumes},
@@ -2183,8 +2436,14 @@ FB_TESTS = {
         test_silent_coordinator},
     {"a queue full past transport.send_timeout makes the worker rejoin",
         test_full_queue_past_send_timeout},
-    {"joining retries the hello and gives up after the connect timeout",
-        test_join_retries_and_gives_up},
+    {"joining retries with backoff and jitter, forever unless told",
+        test_join_retries_with_backoff},
+    {"the link's connection events start, and restart, the join",
+        test_link_events_join_and_rejoin},
+    {"a join taken before the first connection is not sent twice",
+        test_first_connection_keeps_its_handshake},
+    {"bytes that move keep the coordinator alive on a slow link",
+        test_bytes_moving_keep_links_alive},
     {"a redirect moves the worker to a lane, and a mute lane sends it back",
         test_redirect_and_lane_giveup},
     {"malformed welcomes, round starts, chunks and frames are refused",
