@@ -81,9 +81,14 @@ fb_wk_send_handshake(fb_wk *w)
 	m.u.handshake.lane = w->lane;
 	w->cookie_wait = true;
 	w->last_hello_ms = w->now;
+	w->join_due = false;
+	w->join_queued = true;
 	if (fb_wk_send_now(w, &m, NULL, 0, NULL) == FB_EAGAIN) {
-		fb_log_debug("handshake not sent: the queue is full (resent "
-		             "later)");
+		/* on room, while a connection is up; else at the retry */
+		w->join_queued = false;
+		w->join_due = w->link_up;
+		fb_log_debug("handshake not sent: %s (resent later)",
+		    w->link_up ? "the queue is full" : "no connection");
 	}
 }
 
@@ -104,12 +109,10 @@ send_signed_hello(fb_wk *w, const fb_blob *cookie)
 	m.u.handshake.data.len = FB_HS_HELLO_LEN;
 	m.u.handshake.lane = w->lane;
 	w->last_hello_ms = w->now;
-	w->join_due = false;
-	w->join_queued = true;
 	if (fb_wk_send_now(w, &m, NULL, 0, NULL) == FB_EAGAIN) {
-		w->join_queued = false;
+		/* a new cookie, and this again, as soon as there is room */
 		w->join_due = w->link_up;
-		fb_log_debug("handshake not sent: %s (resent later)",
+		fb_log_debug("signed hello not sent: %s (resent later)",
 		    w->link_up ? "the queue is full" : "no connection");
 	}
 }

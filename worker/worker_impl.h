@@ -50,7 +50,7 @@
 
 #define FB_WK_JOIN_RETRY_MS 1000      /* first join retry; doubles ... */
 #define FB_WK_JOIN_RETRY_MAX_MS 30000 /* ... up to this (plus jitter) */
-#define FB_WK_NOTE_FIRST_MS 10000     /* "still trying" notes: the first,
+#define FB_WK_NOTE_FIRST_MS 3000      /* "still trying" notes: the first,
                                        * then twice as far apart ... */
 #define FB_WK_NOTE_MAX_MS 600000      /* ... up to every 10 minutes */
 #define FB_WK_LANE_GIVEUP_MS 15000 /* no welcome on a lane: back to listen */

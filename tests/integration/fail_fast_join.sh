@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Mistakes said at once, by name (issue: "fail fast and say why"), with
 # secure sessions and aggregation on:
+#  0. a worker whose coordinator address answers nothing says so, naming
+#     the address, within 5 s (and keeps trying);
 #  1. a worker started before its coordinator joins it cleanly: no
 #     refusal, no "bad_signature", no warning about the handshake;
 #  2. a second process with a worker's key (the same config started
@@ -11,7 +13,19 @@
 #     named, exit 1.
 source tests/integration/lib.sh
 
+# ---- 0: a coordinator address where nothing answers -----------------------
 make_keys 3
+dead=$(free_port)
+worker_yaml "$dead" 0 3 >"$T/w-dead.yaml"
+t0=$(date +%s.%N)
+start_worker "$T/w-dead.yaml" w-dead
+WD=$WPID
+wait_for "$T/w-dead.log" "no answer from the coordinator at tcp://127.0.0.1:$dead" 5
+t1=$(date +%s.%N)
+echo "unreachable address: named after $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s"
+kill "$WD"
+wait_exit "$WD" 10 || true
+
 port=$(free_port)
 OUT=$T/out
 coord_yaml "$port" "$OUT" "  rounds: 3
@@ -46,7 +60,7 @@ grep -q "another process holds the key of worker 'w0'" "$T/w0-again.log" ||
 	{ cat "$T/w0-again.log"; fail "the second w0 was not told why"; }
 grep -q "two processes use the key of worker 'w0' (id 0).*the other ('w0') is refused" \
 	"$T/coord.log" || { cat "$T/coord.log"; fail "the coordinator did not name the duplicate"; }
-echo "duplicate key: refused in $(echo "$t1 - $t0" | bc) s"
+echo "duplicate key: refused in $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s"
 
 # ---- 3: a taken data.index ------------------------------------------------
 start_worker "$T/w2-index0.yaml" w2-index0

@@ -1552,8 +1552,7 @@ test_secure_worker_cut_mid_upload(void **state)
 	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
 	turn();
 	assert_phase(PHASE_UNMASK);
-	sa_reveal(0);
-	sa_reveal(1);
+	sa_fake_unmask(0x3);
 	assert_int_equal(t.c->rd.committed, 1);
 	assert_true(fedavg_error(3, 1.0) < 1e-3);
 	last_metrics(line, sizeof(line));
@@ -1589,8 +1588,7 @@ test_secure_masked_uploads_take_turns(void **state)
 	/* w1 is whole: w2's turn */
 	assert_true(upload_more(2, UINT32_MAX));
 	assert_phase(PHASE_UNMASK);
-	sa_reveal(1);
-	sa_reveal(2);
+	sa_fake_unmask(0x6);
 	assert_int_equal(t.c->rd.committed, 1);
 	assert_true(fedavg_error(6, 1.0) < 1e-3);
 	bench_stop();
@@ -1758,9 +1756,7 @@ test_secure_reconnect_rejoins_before_advert(void **state)
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
 	assert_phase(PHASE_UNMASK);
-	for (uint32_t i = 0; i < 3; i++) {
-		sa_reveal(i);
-	}
+	sa_fake_unmask(0x7);
 	assert_int_equal(t.c->rd.committed, 1);
 	assert_true(fedavg_error(7, 1.0) < 1e-3); /* all three in the mean */
 	/* round 2: w2 advertised and shared, then its connection closed */
@@ -1778,8 +1774,7 @@ test_secure_reconnect_rejoins_before_advert(void **state)
 	upload(0, t.fw[0].update, UINT32_MAX);
 	upload(1, t.fw[1].update, UINT32_MAX);
 	assert_phase(PHASE_UNMASK);
-	sa_reveal(0);
-	sa_reveal(1);
+	sa_fake_unmask(0x3);
 	assert_int_equal(t.c->rd.committed, 2);
 	assert_true(fedavg_error(3, 1.0) < 1e-3);
 	bench_stop();
