@@ -7,12 +7,17 @@
 #  1. A secure round of 3 workers on it (no dumps: the batch is masked on
 #     the pool, its threads calling the op side by side) equals the plain
 #     round of the same seeds within the quantisation bounds, and each
-#     worker's log counts the op's calls and exactly P + 3 elements (its
-#     whole masked input, nothing masked twice or on the host);
+#     worker's log counts the op's calls and exactly P + FB_SECAGG_EXTRA
+#     elements (its whole masked input, nothing masked twice or on the
+#     host);
 #  2. with the op flipping bit 31 of each call's first word, the round is
 #     aborted for an impossible weight sum (the extras chunk's first word
 #     is the weight): the op's words are the ones the worker sends.
 source tests/integration/lib.sh
+# the masked vector: the parameters, then the extra coordinates
+extra=$(sed -n 's/^#define FB_SECAGG_EXTRA \([0-9]*\).*/\1/p' \
+	"$ROOT/aggregation/aggregation.h")
+[ -n "$extra" ] || fail "no FB_SECAGG_EXTRA in aggregation/aggregation.h"
 lib=$T/libmaskop.so
 cc -std=c11 -shared -fPIC -D_GNU_SOURCE -I. -I"$B" -o "$lib" \
 	tests/tools/mask_op_backend/backend.c ||
@@ -52,10 +57,10 @@ for i in 0 1 2; do
 		fail "worker-$i logged no count of the op's calls"
 	calls=$(sed 's/.*mask op: \([0-9]*\) calls.*/\1/' <<<"$line")
 	elems=$(sed 's/.* \([0-9]*\) elements.*/\1/' <<<"$line")
-	[ "$elems" -eq $((p + 3)) ] ||
-		fail "worker-$i: the op masked $elems elements, not P + 3"
+	[ "$elems" -eq $((p + extra)) ] ||
+		fail "worker-$i: the op masked $elems elements, not P + $extra"
 	[ "$calls" -ge 2 ] || fail "worker-$i: $calls calls for $elems elements"
-	echo "worker-$i: $calls calls of the op, $elems elements (P + 3)"
+	echo "worker-$i: $calls calls of the op, $elems elements (P + $extra)"
 done
 
 # Every call's first word flipped, the extras chunk's (the weight) too:
