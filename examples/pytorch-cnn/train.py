@@ -52,7 +52,8 @@ def batches(n, task, rank, world):
 def validation_part(args, index):
     """Part `index` of args.valid_of of the first args.valid_count test
     images, as (x, y) tensors."""
-    x, y = fmnist.load(args.data or fmnist.DEFAULT_DIR, "t10k")
+    x, y = fmnist.load(args.valid_data or args.data or fmnist.DEFAULT_DIR,
+                       "t10k")
     k, n = args.valid_count, args.valid_of
     if not 0 <= index < n:
         raise SystemExit("train.py: data.index %d is not below --valid-of "
@@ -73,6 +74,9 @@ def main():
                    "images (0: no federated evaluation)")
     p.add_argument("--valid-count", type=int, default=10000, metavar="K",
                    help="the first K test images are split (default all)")
+    p.add_argument("--valid-data", metavar="DIR",
+                   help="the Fashion-MNIST folder whose test images are "
+                   "split (default: --data, else Debian's)")
     args = p.parse_args()
     if args.valid_of < 0 or not 0 < args.valid_count <= 10000:
         p.error("--valid-of must be >= 0 and --valid-count in 1..10000")
