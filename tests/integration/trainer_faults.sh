@@ -39,6 +39,10 @@ for i in "${!modes[@]}"; do
 done
 wait_exit "$CPID" 120 || fail "coordinator exited with status $?"
 cat "$T/rounds.txt"
+# the round line names a worker that said its round failed, with why
+grep -E "^round +1/3 .*\[w[0-9] failed on the worker: .*; [0-9]+ more\]" \
+	"$T/rounds.txt" >/dev/null ||
+	fail "round 1's line does not name the failed workers' reason"
 for i in "${!modes[@]}"; do
 	wait_exit "${WP[$i]}" 20 || fail "worker w$i (${modes[$i]}) exited with status $?"
 done
