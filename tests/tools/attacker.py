@@ -138,9 +138,12 @@ def hostile(endpoint, seconds, rng):
                  index=100 + k)
         s.setsockopt(zmq.RCVTIMEO, 50)
         socks[who] = s
+    # at least `seconds`, and on until it has had a round to attack: it is
+    # selected from the next round on, which a slow round may start late
     end = time.time() + seconds
+    last = end + 60
     n = 0
-    while time.time() < end:
+    while time.time() < end or (n == 0 and time.time() < last):
         for who, s in socks.items():
             try:
                 frames = s.recv_multipart()
