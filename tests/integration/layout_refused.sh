@@ -75,10 +75,17 @@ worker_yaml "$port" 1 4 "$(trainer a "$T/w1.init")" >"$T/w1.yaml"
 worker_yaml "$port" 2 4 "$(trainer b "$T/b/model.init.safetensors")" >"$T/w2.yaml"
 worker_yaml "$port" 3 4 "$(trainer b)" >"$T/w3.yaml"
 declare -A WP
-for i in 0 1 2 3; do
+for i in 0 1 3; do
 	start_worker "$T/w$i.yaml" "w$i"
 	WP[$i]=$WPID
 done
+# w2 last: admitted, it counts towards round.min_workers until it refuses,
+# and a round could start with it and without w0 or w1
+for i in 0 1 3; do
+	wait_for "$T/coord.log" "worker w$i admitted" 90
+done
+start_worker "$T/w2.yaml" w2
+WP[2]=$WPID
 
 # w2 refuses at its welcome, before any round, and ends with status 2.
 st=0
