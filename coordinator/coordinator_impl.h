@@ -351,6 +351,9 @@ typedef struct round_result {
 	double seconds;
 	char backend[FB_TEXT_MAX];
 	bool mixed;           /* workers on different backends */
+	uint32_t worker_failed; /* workers that said their round failed */
+	char failed_first[FB_NAME_MAX + FB_TEXT_MAX + 40]; /* the first: who,
+	                                                    * and its words */
 } round_result;
 
 typedef struct round_state {

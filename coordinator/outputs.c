@@ -439,32 +439,6 @@ outputs_append_line(coord *c, const char *line, size_t len)
 	return rc;
 }
 
-/* The round line's note of the workers that said their round failed
- * (RoundFailed): how many, and the first one's own reason. */
-static void
-failed_note(const coord *c)
-{
-	const round_state *rd = &c->rd;
-	const worker *first = NULL;
-	uint32_t n = 0;
-
-	for (uint32_t s = 0; s < rd->nsel; s++) {
-		const worker *w = &c->reg.workers[rd->sel[s]];
-		if (w->used && w->id == rd->sel_id[s] && w->state == W_FAILED &&
-		    w->fail_reason == w->fail_text) {
-			first = first != NULL ? first : w;
-			n++;
-		}
-	}
-	if (first != NULL) {
-		printf("  [%s %s", first->name, first->fail_text);
-		if (n > 1) {
-			printf("; %u more", n - 1);
-		}
-		printf("]");
-	}
-}
-
 void
 outputs_round_line(coord *c)
 {
@@ -496,7 +470,14 @@ outputs_round_line(coord *c)
 	if (r->backend[0] != '\0') {
 		printf("  [%s%s]", r->backend, r->mixed ? " and others" : "");
 	}
-	failed_note(c);
+	if (r->worker_failed > 0) {
+		/* the workers that said their round failed (RoundFailed) */
+		printf("  [%s", r->failed_first);
+		if (r->worker_failed > 1) {
+			printf("; %u more", r->worker_failed - 1);
+		}
+		printf("]");
+	}
 	if (r->status == ROUND_OK) {
 		printf("\n");
 	} else {

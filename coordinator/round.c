@@ -100,6 +100,10 @@ round_on_failed(coord *c, worker *w, const fb_msg *m)
 	snprintf(w->fail_text, sizeof(w->fail_text), "failed on the worker: %s",
 	    m->u.round_failed.reason);
 	round_worker_failed(c, w, w->fail_text);
+	if (c->rd.r.worker_failed++ == 0) {
+		snprintf(c->rd.r.failed_first, sizeof(c->rd.r.failed_first),
+		    "%s %s", w->name, w->fail_text);
+	}
 }
 
 /* Takes worker w out of the round, telling it why. */
