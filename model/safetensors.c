@@ -655,6 +655,57 @@ parse_header(parser *ps, const fb_model *m, seen *sn, uint32_t *round)
 	return FB_OK;
 }
 
+/*
+ * Open path and read its safetensors header: the 8-byte little-endian
+ * length, then that many bytes into *hdr (fb_alloc'd; the caller frees
+ * it and closes *fp, set even on failure once the file opened). Refuses a
+ * file that is not regular, shorter than 8 bytes, or whose header length
+ * is below 2, above max or past the file's end, each logged with the
+ * path; who prefixes the "cannot open" error (a config key, or "").
+ */
+static fb_err
+read_header(const char *path, const char *who, uint64_t max, FILE **fp,
+    struct stat *st, char **hdr, uint64_t *hlen)
+{
+	uint8_t len8[8];
+	FILE *f;
+
+	*hdr = NULL;
+	f = *fp = fopen(path, "rb");
+	if (f == NULL || fstat(fileno(f), st) != 0) {
+		fb_log_error("%scannot open %s: %s", who, path,
+		    strerror(errno));
+		return FB_EIO;
+	}
+	if (!S_ISREG(st->st_mode)) {
+		fb_log_error("%s%s is not a regular file", who, path);
+		return FB_EFORMAT;
+	}
+	if (st->st_size < 8 || fread(len8, 1, 8, f) != 8) {
+		fb_log_error("%s: not a safetensors file: shorter than its "
+		             "8-byte header length",
+		    path);
+		return FB_EFORMAT;
+	}
+	*hlen = fb_load_le64(len8);
+	if (*hlen > (uint64_t)st->st_size - 8 || *hlen > max || *hlen < 2) {
+		fb_log_error("%s: not a safetensors file: header length "
+		             "%" PRIu64 " (the file holds %lld bytes; at most "
+		             "%" PRIu64 " accepted)",
+		    path, *hlen, (long long)st->st_size, max);
+		return FB_EFORMAT;
+	}
+	if ((*hdr = fb_alloc((size_t)*hlen)) == NULL) {
+		return FB_ENOMEM;
+	}
+	if (fread(*hdr, 1, (size_t)*hlen, f) != *hlen) {
+		fb_log_error("%s: cannot read the header: %s", path,
+		    ferror(f) ? strerror(errno) : "file shrank");
+		return FB_EIO;
+	}
+	return FB_OK;
+}
+
 fb_err
 fb_model_load_safetensors(
     const fb_model *m, const char *path, float *params, uint32_t *round)
@@ -663,7 +714,6 @@ fb_model_load_safetensors(
 	FILE *f = NULL;
 	char *hdr = NULL;
 	seen *sn = NULL, *sorted = NULL;
-	uint8_t len8[8];
 	uint64_t hlen, data_len, want;
 	uint32_t n = fb_model_tensor_count(m), found_round = 0;
 	struct stat st;
@@ -672,37 +722,14 @@ fb_model_load_safetensors(
 	if (round != NULL) {
 		*round = 0;
 	}
-	if ((f = fopen(path, "rb")) == NULL || fstat(fileno(f), &st) != 0) {
-		fb_log_error("cannot open %s: %s", path, strerror(errno));
-		rc = FB_EIO;
-		goto out;
-	}
-	if (st.st_size < 8 || fread(len8, 1, 8, f) != 8) {
-		fb_log_error("%s: not a safetensors file: shorter than its "
-		             "8-byte header length",
-		    path);
-		rc = FB_EFORMAT;
-		goto out;
-	}
-	hlen = fb_load_le64(len8);
-	if (hlen > (uint64_t)st.st_size - 8 || hlen > HEADER_MAX || hlen < 2) {
-		fb_log_error("%s: not a safetensors file: header length "
-		             "%" PRIu64 " does not fit the file of %lld bytes",
-		    path, hlen, (long long)st.st_size);
-		rc = FB_EFORMAT;
+	if ((rc = read_header(path, "", HEADER_MAX, &f, &st, &hdr, &hlen)) !=
+	    FB_OK) {
 		goto out;
 	}
 	sn = fb_calloc(n, sizeof(*sn));
 	sorted = fb_calloc(n, sizeof(*sorted));
-	if ((hdr = fb_alloc((size_t)hlen)) == NULL || sn == NULL ||
-	    sorted == NULL) {
+	if (sn == NULL || sorted == NULL) {
 		rc = FB_ENOMEM;
-		goto out;
-	}
-	if (fread(hdr, 1, (size_t)hlen, f) != hlen) {
-		fb_log_error("%s: cannot read the header: %s", path,
-		    ferror(f) ? strerror(errno) : "file shrank");
-		rc = FB_EIO;
 		goto out;
 	}
 	ps = (parser){hdr, hdr, hdr + hlen, path,
@@ -940,7 +967,6 @@ fb_safetensors_read_init(const char *path, bool with_values,
 	st_entry **order = NULL;
 	fb_tensor_info *ti = NULL;
 	float *vals = NULL;
-	uint8_t len8[8];
 	uint64_t hlen, data_len, at = 0, params = 0;
 	uint32_t kept = 0, skipped = 0, k = 0;
 	uint32_t *dts = NULL;
@@ -953,43 +979,8 @@ fb_safetensors_read_init(const char *path, bool with_values,
 	if (values != NULL) {
 		*values = NULL;
 	}
-	if ((f = fopen(path, "rb")) == NULL || fstat(fileno(f), &st) != 0) {
-		fb_log_error("model.init: cannot open %s: %s", path,
-		    strerror(errno));
-		rc = FB_EIO;
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		fb_log_error("model.init: %s is not a regular file", path);
-		rc = FB_EFORMAT;
-		goto out;
-	}
-	if (st.st_size < 8 || fread(len8, 1, 8, f) != 8) {
-		fb_log_error("%s: not a safetensors file: shorter than its "
-		             "8-byte header length",
-		    path);
-		rc = FB_EFORMAT;
-		goto out;
-	}
-	hlen = fb_load_le64(len8);
-	if (hlen > (uint64_t)st.st_size - 8 ||
-	    hlen > FB_MODEL_INIT_HEADER_MAX || hlen < 2) {
-		fb_log_error("%s: not a safetensors file: header length "
-		             "%" PRIu64 " (the file holds %lld bytes; at most "
-		             "%u accepted)",
-		    path, hlen, (long long)st.st_size,
-		    FB_MODEL_INIT_HEADER_MAX);
-		rc = FB_EFORMAT;
-		goto out;
-	}
-	if ((hdr = fb_alloc((size_t)hlen)) == NULL) {
-		rc = FB_ENOMEM;
-		goto out;
-	}
-	if (fread(hdr, 1, (size_t)hlen, f) != hlen) {
-		fb_log_error("%s: cannot read the header: %s", path,
-		    ferror(f) ? strerror(errno) : "file shrank");
-		rc = FB_EIO;
+	if ((rc = read_header(path, "model.init: ", FB_MODEL_INIT_HEADER_MAX,
+	         &f, &st, &hdr, &hlen)) != FB_OK) {
 		goto out;
 	}
 	ps = (parser){hdr, hdr, hdr + hlen, path,
