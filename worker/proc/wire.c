@@ -494,6 +494,22 @@ fb_proc_layout_check(
 	return FB_OK;
 }
 
+/* copy_scalar copies src[i..end) to dst one value at a time, stopping at
+ * the first non-finite one: it returns that index, or end. The vector
+ * loops below use it for their unaligned heads and their tails. */
+static inline uint64_t
+copy_scalar(float *dst, const float *src, uint64_t i, uint64_t end)
+{
+	for (; i < end; i++) {
+		float v = src[i];
+		if (!isfinite(v)) {
+			return i;
+		}
+		dst[i] = v;
+	}
+	return end;
+}
+
 /* first_bad returns the index of the first non-finite of `v` (n values),
  * or n. */
 static uint32_t
@@ -520,15 +536,14 @@ copy_avx2(float *dst, const float *src, uint64_t count, bool nt)
 	const __m256 absmask =
 	    _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
 	const __m256 inf = _mm256_set1_ps(INFINITY);
-	uint64_t i = 0;
+	uint64_t i = 0, head = 0;
 
-	while (i < count && ((uintptr_t)(dst + i) & 31) != 0) {
-		float v = src[i];
-		if (!isfinite(v)) {
-			return i;
-		}
-		dst[i] = v;
-		i++;
+	/* Scalar until dst is 32-byte aligned (the stores below need it). */
+	while (head < count && ((uintptr_t)(dst + head) & 31) != 0) {
+		head++;
+	}
+	if ((i = copy_scalar(dst, src, 0, head)) < head) {
+		return i;
 	}
 	for (; i + 32 <= count; i += 32) {
 		__m256 a = _mm256_loadu_ps(src + i);
@@ -570,14 +585,7 @@ copy_avx2(float *dst, const float *src, uint64_t count, bool nt)
 	if (nt) {
 		_mm_sfence();
 	}
-	for (; i < count; i++) {
-		float v = src[i];
-		if (!isfinite(v)) {
-			return i;
-		}
-		dst[i] = v;
-	}
-	return count;
+	return copy_scalar(dst, src, i, count);
 }
 #endif
 
@@ -602,15 +610,14 @@ fb_proc_copy_checked_base(float *dst, const float *src, uint64_t count)
 	const __m128 absmask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
 	const __m128 inf = _mm_set1_ps(INFINITY);
 	bool nt = count * sizeof(float) >= NT_MIN_BYTES;
+	uint64_t head = 0;
 
 	/* Scalar until dst is 16-byte aligned (non-temporal stores need it). */
-	while (i < count && ((uintptr_t)(dst + i) & 15) != 0) {
-		float v = src[i];
-		if (!isfinite(v)) {
-			return i;
-		}
-		dst[i] = v;
-		i++;
+	while (head < count && ((uintptr_t)(dst + head) & 15) != 0) {
+		head++;
+	}
+	if ((i = copy_scalar(dst, src, 0, head)) < head) {
+		return i;
 	}
 	for (; i + 16 <= count; i += 16) {
 		/* Each value is loaded once; the check and the store both use
@@ -651,12 +658,5 @@ fb_proc_copy_checked_base(float *dst, const float *src, uint64_t count)
 		_mm_sfence();
 	}
 #endif
-	for (; i < count; i++) {
-		float v = src[i];
-		if (!isfinite(v)) {
-			return i;
-		}
-		dst[i] = v;
-	}
-	return count;
+	return copy_scalar(dst, src, i, count);
 }
