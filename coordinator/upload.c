@@ -465,6 +465,11 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 		round_worker_failed(c, w, "update chunks sent without credit");
 		goto drop;
 	}
+	if (w->next_chunk == 0) {
+		/* (bench/transfer times an upload from here) */
+		fb_log_debug("round %u: first update chunk from %s",
+		    c->rd.number, w->name);
+	}
 	/* its credit goes back to the budget: the chunk is here */
 	w->credit--;
 	c->cr.out--;
