@@ -70,6 +70,9 @@ upload_credits_alloc(coord *c)
 	uint64_t b = c->cfg->upload_window / c->cfg->chunk_size;
 
 	cr->budget = b < 1 ? 1 : b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+	cr->per_worker = c->cfg->upload_credits < 1 ? 1
+	    : c->cfg->upload_credits > UINT32_MAX ? UINT32_MAX
+	    : (uint32_t)c->cfg->upload_credits;
 	cr->cap = c->reg.cap;
 	if ((cr->queue = calloc(cr->cap, sizeof(*cr->queue))) == NULL) {
 		return FB_ENOMEM;
@@ -208,10 +211,10 @@ upload_credit_pump(coord *c)
 		w->credit_queued = false;
 		if (!w->used || w->state != W_UPLOADING ||
 		    w->credited >= c->rd.in_chunks ||
-		    w->credit >= CREDITS_PER_WORKER) {
+		    w->credit >= cr->per_worker) {
 			continue;
 		}
-		give = CREDITS_PER_WORKER - w->credit;
+		give = cr->per_worker - w->credit;
 		give = give < c->rd.in_chunks - w->credited
 		    ? give : c->rd.in_chunks - w->credited;
 		give = give < cr->budget - cr->out ? give
@@ -474,7 +477,7 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 	w->credit--;
 	c->cr.out--;
 	if (w->credited < c->rd.in_chunks &&
-	    w->credit <= CREDITS_PER_WORKER / 2) {
+	    w->credit <= c->cr.per_worker / 2) {
 		credit_want(c, w);
 	}
 	/* Decrypted (secure mode), checked and added by the ingest pool;
