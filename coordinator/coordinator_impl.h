@@ -568,6 +568,8 @@ void upload_settle(coord *c);
 fb_err upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
     size_t len, uint64_t *counter);
 fb_err upload_end_cb(void *arg, void *stream_arg, bool complete);
+void *upload_dst_cb(void *arg, void *stream_arg, uint32_t chunk,
+    size_t *cap);
 FB_MUST_CHECK fb_err upload_partials_alloc(coord *c);
 void upload_partials_fini(coord *c);
 bool upload_any_in_flight(const coord *c);
