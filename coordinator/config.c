@@ -147,7 +147,11 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "coordinator at once, all workers together: a worker sends a "
         "chunk only with the coordinator's credit, so what the uploads "
         "hold does not grow with the worker count (each worker holds at "
-        "most 8 chunks' worth)"},
+        "most transport.upload_credits chunks' worth)"},
+    {"transport.upload_credits", FB_CFG_INT, F(upload_credits), "32", 1,
+        1024, MB, "update chunks one worker may have on their way at once "
+        "(within transport.upload_window): it is topped up at half, so "
+        "the round trip of a credit is hidden behind the other half"},
     {"transport.max_workers", FB_CFG_INT, F(max_workers), "1024", 1, 65536,
         MB, "most workers admitted at once"},
     {"transport.io_threads", FB_CFG_INT, F(io_threads), "auto", 1, 64,

@@ -189,6 +189,7 @@ open_ingest(coord *c)
 	    .max_chunk_len = (size_t)c->chunk_elems * 4,
 	    .chunk_cb = upload_add_cb,
 	    .end_cb = upload_end_cb,
+	    .dst_cb = upload_dst_cb,
 	    .cb_arg = c,
 	    .cb_concurrent = true,
 	};

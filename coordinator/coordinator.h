@@ -79,6 +79,7 @@ typedef struct fb_coord_config {
 	/* transport */
 	uint64_t chunk_size;       /* bytes per payload frame */
 	uint64_t upload_window;    /* update bytes in flight, all workers */
+	int64_t upload_credits;    /* chunks in flight from one worker, >= 1 */
 	int64_t heartbeat_ms;
 	int64_t liveness_ms;
 	int64_t send_timeout_ms;

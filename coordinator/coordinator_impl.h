@@ -224,13 +224,12 @@ typedef struct sa_round {
  * with a credit (UpdateCredit), granted from one budget for all workers
  * (transport.upload_window), so what uploads hold in the coordinator's
  * queues does not grow with the worker count. A worker holds at most
- * CREDITS_PER_WORKER at once and is topped up when it is down to half;
- * the workers waiting are served in turn.
+ * per_worker (transport.upload_credits) at once and is topped up when it
+ * is down to half; the workers waiting are served in turn.
  */
-#define CREDITS_PER_WORKER 8
-
 typedef struct credits {
 	uint32_t budget;  /* chunks in flight at most, all workers (>= 1) */
+	uint32_t per_worker; /* chunks in flight at most, one worker (>= 1) */
 	uint32_t out;     /* granted and not yet received */
 	uint32_t peak;    /* the most out at once since the start */
 	uint32_t *queue;  /* slots of workers waiting for credit (a ring) */
@@ -569,6 +568,8 @@ void upload_settle(coord *c);
 fb_err upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
     size_t len, uint64_t *counter);
 fb_err upload_end_cb(void *arg, void *stream_arg, bool complete);
+void *upload_dst_cb(void *arg, void *stream_arg, uint32_t chunk,
+    size_t *cap);
 FB_MUST_CHECK fb_err upload_partials_alloc(coord *c);
 void upload_partials_fini(coord *c);
 bool upload_any_in_flight(const coord *c);

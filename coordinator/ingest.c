@@ -285,10 +285,16 @@ run_chunk(fb_ingest *g, slot *s, job *j, uint8_t *scratch)
 	}
 	if (s->pull != NULL) {
 		fb_reject why = FB_REJECT_NONE;
-		size_t mlen = 0;
+		size_t mlen = 0, cap = g->o.max_chunk_len;
 		int final = 0;
-		rc = fb_stream_pull_chunk(s->pull, data, len, scratch,
-		    g->o.max_chunk_len, &mlen, &final, &why);
+		uint8_t *dst = g->o.dst_cb == NULL ? NULL
+		    : g->o.dst_cb(g->o.cb_arg, s->stream_arg, j->chunk, &cap);
+		if (dst == NULL) {
+			dst = scratch;
+			cap = g->o.max_chunk_len;
+		}
+		rc = fb_stream_pull_chunk(s->pull, data, len, dst, cap, &mlen,
+		    &final, &why);
 		if (rc != FB_OK) {
 			stream_fail(g, s, FB_INGEST_AT_DECRYPT, rc, why, j->chunk);
 			return;
@@ -298,7 +304,7 @@ run_chunk(fb_ingest *g, slot *s, job *j, uint8_t *scratch)
 			    FB_REJECT_TRUNCATED, j->chunk);
 			return;
 		}
-		plain = scratch;
+		plain = dst;
 		len = mlen;
 	} else if (((uintptr_t)data & 3) != 0 || len > g->o.max_chunk_len) {
 		if (len > g->o.max_chunk_len) {

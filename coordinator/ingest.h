@@ -61,6 +61,17 @@ typedef fb_err (*fb_ingest_chunk_cb)(void *arg, void *stream_arg,
 typedef fb_err (*fb_ingest_end_cb)(void *arg, void *stream_arg,
     bool complete);
 
+/*
+ * fb_ingest_dst_cb says where the plaintext of chunk `chunk` of a
+ * decrypted stream should be written instead of the thread's scratch
+ * (4-byte aligned, *cap bytes there), or NULL for the scratch. The chunk
+ * callback then gets that memory as `data`. It runs on the pool thread,
+ * before the chunk's MAC is checked: what it names may hold the bytes of
+ * a chunk that later fails, and is not written when the MAC fails.
+ */
+typedef void *(*fb_ingest_dst_cb)(void *arg, void *stream_arg,
+    uint32_t chunk, size_t *cap);
+
 typedef struct fb_ingest_opts {
 	uint32_t threads;      /* 0: every job runs inline, in the caller */
 	uint32_t slots;        /* streams at once, slots 0..slots-1; >= 1 */
@@ -69,6 +80,7 @@ typedef struct fb_ingest_opts {
 	uint32_t queue_max;    /* payloads queued at most; 0: 4 per thread */
 	fb_ingest_chunk_cb chunk_cb;
 	fb_ingest_end_cb end_cb; /* may be NULL */
+	fb_ingest_dst_cb dst_cb; /* may be NULL: always the scratch */
 	void *cb_arg;
 	/* The callback locks what it shares itself: calls for the same chunk
 	 * index may then run at the same time (false: they never overlap). */

@@ -18,10 +18,10 @@
  *
  * A masked input (secure aggregation) is kept apart until it is whole
  * (coordinator_impl.h, partials): its first credit waits for a free
- * buffer, its chunks are copied there, and the pool's end callback adds it
- * into the sum once its stream is complete and signed. One cut off midway
- * is dropped with its buffer: nothing of it is in the sum, and its masks
- * are recovered like any dropout's.
+ * buffer, its chunks are decrypted straight there, and the pool's end
+ * callback adds it into the sum once its stream is complete and signed.
+ * One cut off midway is dropped with its buffer: nothing of it is in the
+ * sum, and its masks are recovered like any dropout's.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -70,6 +70,9 @@ upload_credits_alloc(coord *c)
 	uint64_t b = c->cfg->upload_window / c->cfg->chunk_size;
 
 	cr->budget = b < 1 ? 1 : b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+	cr->per_worker = c->cfg->upload_credits < 1 ? 1
+	    : c->cfg->upload_credits > UINT32_MAX ? UINT32_MAX
+	    : (uint32_t)c->cfg->upload_credits;
 	cr->cap = c->reg.cap;
 	if ((cr->queue = calloc(cr->cap, sizeof(*cr->queue))) == NULL) {
 		return FB_ENOMEM;
@@ -208,10 +211,10 @@ upload_credit_pump(coord *c)
 		w->credit_queued = false;
 		if (!w->used || w->state != W_UPLOADING ||
 		    w->credited >= c->rd.in_chunks ||
-		    w->credit >= CREDITS_PER_WORKER) {
+		    w->credit >= cr->per_worker) {
 			continue;
 		}
-		give = CREDITS_PER_WORKER - w->credit;
+		give = cr->per_worker - w->credit;
 		give = give < c->rd.in_chunks - w->credited
 		    ? give : c->rd.in_chunks - w->credited;
 		give = give < cr->budget - cr->out ? give
@@ -465,11 +468,16 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 		round_worker_failed(c, w, "update chunks sent without credit");
 		goto drop;
 	}
+	if (w->next_chunk == 0) {
+		/* (bench/transfer times an upload from here) */
+		fb_log_debug("round %u: first update chunk from %s",
+		    c->rd.number, w->name);
+	}
 	/* its credit goes back to the budget: the chunk is here */
 	w->credit--;
 	c->cr.out--;
 	if (w->credited < c->rd.in_chunks &&
-	    w->credit <= CREDITS_PER_WORKER / 2) {
+	    w->credit <= c->cr.per_worker / 2) {
 		credit_want(c, w);
 	}
 	/* Decrypted (secure mode), checked and added by the ingest pool;
@@ -623,29 +631,60 @@ upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
 	const ingest_arg *a = stream_arg;
 
 	if (a->masked) {
-		/* kept apart: into the sum once whole (upload_end_cb) */
+		/* kept apart: into the sum once whole (upload_end_cb); a
+		 * decrypted chunk is there already (upload_dst_cb) */
 		uint32_t *dst;
 		if (a->partial < 0 || (uint32_t)a->partial >= c->part.count) {
 			return FB_EPROTO;
 		}
-		dst = c->part.buf[a->partial];
 		if (chunk < c->chunk_count &&
 		    len == fb_accum_chunk_len(c->accum, chunk) * 4) {
-			memcpy(dst + (uint64_t)chunk * c->chunk_elems, data,
-			    len);
-			return FB_OK;
+			dst = c->part.buf[a->partial] +
+			      (uint64_t)chunk * c->chunk_elems;
+		} else if (chunk == c->chunk_count && len == SA_EXTRA * 4) {
+			dst = c->part.buf[a->partial] + c->param_count;
+		} else {
+			return FB_EPROTO;
 		}
-		if (chunk == c->chunk_count && len == SA_EXTRA * 4) {
-			memcpy(dst + c->param_count, data, len);
-			return FB_OK;
+		if ((void *)dst != data) {
+			memcpy(dst, data, len);
 		}
-		return FB_EPROTO;
+		return FB_OK;
 	}
 	if (chunk >= c->chunk_count ||
 	    len != fb_accum_chunk_len(c->accum, chunk) * 4) {
 		return FB_EPROTO;
 	}
 	return fb_accum_add(c->accum, chunk, data, a->weight, counter);
+}
+
+/*
+ * The ingest pool's destination callback: a masked chunk is decrypted
+ * straight into its place in the upload's buffer (no copy from the
+ * scratch). A chunk that fails leaves bytes there: the buffer reaches the
+ * sum only when the whole stream is complete and signed.
+ */
+void *
+upload_dst_cb(void *arg, void *stream_arg, uint32_t chunk, size_t *cap)
+{
+	coord *c = arg;
+	const ingest_arg *a = stream_arg;
+
+	*cap = 0;
+	if (!a->masked || a->partial < 0 ||
+	    (uint32_t)a->partial >= c->part.count) {
+		return NULL;
+	}
+	if (chunk < c->chunk_count) {
+		*cap = fb_accum_chunk_len(c->accum, chunk) * 4;
+		return c->part.buf[a->partial] +
+		       (uint64_t)chunk * c->chunk_elems;
+	}
+	if (chunk == c->chunk_count) {
+		*cap = SA_EXTRA * 4;
+		return c->part.buf[a->partial] + c->param_count;
+	}
+	return NULL;
 }
 
 /*

@@ -112,8 +112,11 @@ const fb_cfg_field fb_worker_config_schema[] = {
         10, 3600000, MB, "the coordinator's queue staying full this long "
         "(it reads nothing from this worker) makes the worker reconnect; "
         "sends never wait"},
-    {"transport.fetch_window", FB_CFG_INT, F(fetch_window), "8", 1, FB_FETCH_WINDOW_MAX,
-        MB, "model chunks requested ahead while downloading"},
+    {"transport.fetch_window", FB_CFG_INT, F(fetch_window), "32", 1,
+        FB_FETCH_WINDOW_MAX, MB, "model chunks requested ahead while "
+        "downloading: the coordinator sends them without a copy, so a "
+        "deeper window costs it no memory and hides more of each "
+        "request's round trip (the link, the coordinator's loop)"},
     {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,
         "encrypt and sign every message; false only for benchmarks"},
     {"security.key", FB_CFG_PATH, F(key), "", NOB, MB,

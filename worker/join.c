@@ -515,13 +515,6 @@ fb_wk_on_welcome(fb_wk *w, const fb_frame *f)
 		return rc;
 	}
 	fb_wk_round_leave(w); /* a new run: nothing of the old one goes on */
-	if (w->secure && w->sendbuf == NULL) {
-		w->sendbuf = fb_alloc((size_t)m->u.welcome.chunk_bytes +
-		                      FB_STREAM_CHUNK_OVERHEAD);
-		if (w->sendbuf == NULL) {
-			return FB_ENOMEM;
-		}
-	}
 	w->welcomed = true;
 	w->admitted = w->admitted || w->secure;
 	w->run_id = m->u.welcome.run_id;

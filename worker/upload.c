@@ -10,9 +10,9 @@
  * workers) and returns; the loop calls it again when the link has room or
  * a credit came, and meanwhile receives and answers the coordinator
  * (heartbeats, a RoundCancel, SecAgg reveals). A chunk is
- * encrypted (and masked) once, when it is next to go, and stays staged in
- * sendbuf until the link takes it. Plain updates go from w->local itself,
- * without a copy.
+ * encrypted (and masked) once, when it is next to go, into a slot of one of
+ * two buffers used in turn (w->send_ct), and sent from there without a
+ * copy. Plain updates go from w->local itself, without a copy.
  *
  * debug.dump_updates (tests only) writes each round's update as sent:
  * plain, encoded and masked, in element order.
@@ -235,8 +235,62 @@ batch_make(fb_wk *w)
 	return (fb_err)atomic_load(&a.rc);
 }
 
+/* Bytes of one encrypted chunk's slot in a send_ct buffer. */
+static size_t
+ct_stride(const fb_wk *w)
+{
+	return ((size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD + 63) &
+	       ~(size_t)63;
+}
+
+/*
+ * The ct buffer for position u->pos, made ready when pos leaves the one in
+ * use: the other of the two, after messages of its last use have left it
+ * (else fb_lent_own gives fresh memory and leaves the old to them). Chunks
+ * are written only into slots no message holds yet: the slots of the
+ * window in use are written in order, each once.
+ */
+static fb_err
+ct_window(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+	size_t len = ct_stride(w) * FB_WK_BATCH_MAX;
+	uint32_t next;
+	fb_err rc;
+
+	if (u->ct_live && u->pos >= u->ct_first &&
+	    u->pos < u->ct_first + FB_WK_BATCH_MAX) {
+		return FB_OK;
+	}
+	next = u->ct_live ? 1 - u->ct_which : u->ct_which;
+	rc = w->send_ct[next] == NULL
+	         ? fb_lent_new(len, &w->send_ct[next])
+	         : fb_lent_own(&w->send_ct[next], len, false);
+	if (rc != FB_OK) {
+		fb_log_error("round %u: out of memory for the update's "
+		             "encrypted chunks",
+		    w->round);
+		return rc;
+	}
+	u->ct_which = next;
+	u->ct_first = u->pos;
+	u->ct_live = true;
+	return FB_OK;
+}
+
+/* Where the chunk at position u->pos is (to be) encrypted. */
+static uint8_t *
+ct_slot(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+
+	return (uint8_t *)fb_lent_data(w->send_ct[u->ct_which]) +
+	       (size_t)(u->pos - u->ct_first) * ct_stride(w);
+}
+
 /* Secure mode: masks (SecAgg) and encrypts chunk at position u->pos into
- * sendbuf, once. */
+ * its ct slot, once: from the masked batch or w->local straight into the
+ * memory it is sent from. */
 static fb_err
 chunk_stage(fb_wk *w, uint32_t k, uint64_t off, uint64_t len)
 {
@@ -259,10 +313,11 @@ chunk_stage(fb_wk *w, uint32_t k, uint64_t off, uint64_t len)
 		                                            u->batch_first) *
 		                                       (w->chunk_bytes / 4));
 	}
-	memcpy(w->sendbuf + 1, src, len);
-	rc = fb_stream_push_chunk(u->push, w->sendbuf + 1, len,
-	    u->pos + 1 == u->chunks, w->sendbuf,
-	    (size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD, &u->staged_len);
+	if ((rc = ct_window(w)) != FB_OK) {
+		return rc;
+	}
+	rc = fb_stream_push_chunk(u->push, src, len, u->pos + 1 == u->chunks,
+	    ct_slot(w), ct_stride(w), &u->staged_len);
 	if (rc == FB_OK) {
 		u->staged = true;
 	}
@@ -291,7 +346,9 @@ chunk_send(fb_wk *w)
 	if (!u->staged && (rc = chunk_stage(w, k, off, len)) != FB_OK) {
 		return rc;
 	}
-	rc = fb_wk_send_now(w, &c, w->sendbuf, u->staged_len, NULL);
+	/* from its ct slot, without a copy */
+	rc = fb_wk_send_now(w, &c, ct_slot(w), u->staged_len,
+	    w->send_ct[u->ct_which]);
 	if (rc == FB_OK) {
 		u->staged = false;
 	}

@@ -89,7 +89,8 @@ fb_wk_fini(fb_wk *w)
 	fb_dataset_fini(&w->valid);
 	fb_free(w->global);
 	fb_lent_free(w->local_lent); /* freed once no message holds it */
-	fb_free(w->sendbuf);
+	fb_lent_free(w->send_ct[0]); /* freed once no message holds it */
+	fb_lent_free(w->send_ct[1]);
 	fb_free(w->encbuf);
 	free(w->peers);
 	fb_stream_pull_free(w->mpull);
@@ -100,7 +101,7 @@ fb_wk_fini(fb_wk *w)
 	w->model = NULL;
 	w->global = NULL;
 	w->local_lent = NULL;
-	w->sendbuf = NULL;
+	w->send_ct[0] = w->send_ct[1] = NULL;
 	w->encbuf = NULL;
 	w->peers = NULL;
 	w->mpull = NULL;

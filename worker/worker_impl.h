@@ -130,8 +130,13 @@ typedef struct fb_wk_upload {
 	uint32_t pos;    /* next chunk position, 0..chunks */
 	uint32_t chunks; /* model chunks, + 1 with secure aggregation */
 	uint32_t credit; /* chunks the coordinator lets us send now */
-	bool staged;     /* chunk `pos` is encrypted in sendbuf */
+	bool staged;     /* chunk `pos` is encrypted in its ct slot */
 	size_t staged_len;
+	/* the ct buffer in use (send_ct[ct_which]) holds the chunks of
+	 * positions ct_first .. ct_first + FB_WK_BATCH_MAX - 1; ct_live:
+	 * it is this upload's */
+	uint32_t ct_which, ct_first;
+	bool ct_live;
 	bool ended;   /* secure: the trailer is signed (end staged) */
 	fb_msg begin; /* holds the stream key until it is sent */
 	fb_msg end;
@@ -248,7 +253,10 @@ struct fb_wk {
 	fb_session *sess;
 	fb_stream_pull *mpull; /* this round's model stream */
 	fb_blob model_trailer;
-	uint8_t *sendbuf; /* one encrypted update chunk */
+	/* secure mode: encrypted update chunks, FB_WK_BATCH_MAX slots of
+	 * fb_wk_ct_stride() bytes in each of two buffers used in turn, sent
+	 * from there without a copy (worker/upload.c) */
+	fb_lent *send_ct[2];
 	/* secure aggregation of the current round */
 	fb_wk_sa_phase sa_phase;
 	fb_secagg_worker *sa; /* NULL: none this round */

@@ -6,8 +6,9 @@
  * abort) keep exactly the chunks before the failure; calls for one chunk
  * overlap only when the callback says it locks for itself; a callback's
  * pieces of work (fb_ingest_parallel) run once each, on idle threads too,
- * and the accumulator's adds through them stay exact; the automatic
- * ZeroMQ I/O thread count.
+ * and the accumulator's adds through them stay exact; chunks decrypted
+ * into the memory a destination callback names; the automatic ZeroMQ I/O
+ * thread count.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -354,6 +355,127 @@ test_failures_mid_stream(void **state)
 	}
 	fb_identity_free(id);
 	fb_identity_free(other);
+}
+
+/* Where dst_cb sends the plaintext: one region per stream and chunk;
+ * odd chunks go to the scratch (NULL). Touched by one thread per stream. */
+typedef struct dst_log {
+	uint32_t id;
+	uint32_t *region;   /* CHUNKS x CHUNK_ELEMS */
+	uint32_t in_place;  /* chunks handed to add_dst_cb in the region */
+	uint32_t elsewhere; /* chunks handed over in the scratch */
+} dst_log;
+
+static void *
+dst_cb(void *arg, void *stream_arg, uint32_t chunk, size_t *cap)
+{
+	dst_log *l = stream_arg;
+
+	(void)arg;
+	if (chunk % 2 == 1) {
+		*cap = 0;
+		return NULL;
+	}
+	*cap = CHUNK_LEN;
+	return l->region + (size_t)chunk * CHUNK_ELEMS;
+}
+
+static fb_err
+add_dst_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
+    size_t len, uint64_t *counter)
+{
+	dst_log *l = stream_arg;
+	uint32_t *want = l->region + (size_t)chunk * CHUNK_ELEMS;
+
+	(void)arg;
+	(void)counter;
+	if (len != CHUNK_LEN) {
+		return FB_EPROTO;
+	}
+	if (data == want) {
+		l->in_place++;
+	} else {
+		l->elsewhere++;
+		memcpy(want, data, len);
+	}
+	return FB_OK;
+}
+
+/*
+ * With a destination callback, a decrypted chunk is written where it says
+ * and the chunk callback is handed that memory; where it says NULL, the
+ * scratch as before. A chunk whose MAC fails leaves its region as it was.
+ */
+static void
+test_decrypt_into_destination(void **state)
+{
+	static const uint32_t threads[] = {0, 2};
+	static enc_stream es[2];
+	static uint32_t region[2][CHUNKS * CHUNK_ELEMS];
+	fb_identity *id = NULL;
+	fb_pubkey pk;
+	uint32_t plain[CHUNK_ELEMS];
+
+	(void)state;
+	assert_int_equal(fb_crypto_init(), FB_OK);
+	assert_int_equal(fb_identity_alloc("w", &id), FB_OK);
+	fb_identity_pubkey(id, &pk);
+	for (uint32_t s = 0; s < 2; s++) {
+		encrypt(s, true, id, &es[s]);
+	}
+	for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++) {
+		fb_ingest *g = NULL;
+		fb_ingest_opts o = {
+		    .threads = threads[t],
+		    .slots = STREAMS,
+		    .chunk_count = CHUNKS,
+		    .max_chunk_len = CHUNK_LEN,
+		    .chunk_cb = add_dst_cb,
+		    .dst_cb = dst_cb,
+		};
+		dst_log logs[2];
+		uint64_t gen;
+		fb_ingest_result res[3];
+		uint32_t n;
+
+		memset(region, 0xaa, sizeof(region));
+		assert_int_equal(fb_ingest_alloc(&o, &g), FB_OK);
+		for (uint32_t s = 0; s < 2; s++) {
+			logs[s] = (dst_log){.id = s, .region = region[s]};
+			assert_int_equal(fb_ingest_begin(g, s, decryptor(&es[s]),
+			                     &logs[s], &gen), FB_OK);
+		}
+		/* stream 1: chunk 6's MAC fails (an even chunk: in place) */
+		for (uint32_t k = 0; k < CHUNKS; k++) {
+			for (uint32_t s = 0; s < 2; s++) {
+				assert_int_equal(fb_ingest_chunk(g, s, k,
+				                     ct_buf(&es[s], k, s == 1 && k == 6),
+				                     k + 1 == CHUNKS),
+				    FB_OK);
+			}
+		}
+		assert_int_equal(fb_ingest_end(g, 0, &pk, es[0].trailer,
+		                     sizeof(es[0].trailer)), FB_OK);
+		fb_ingest_drain(g);
+		n = take_results(g, res, 3);
+		assert_int_equal(n, 2);
+		assert_int_equal(logs[0].in_place, CHUNKS / 2);
+		assert_int_equal(logs[0].elsewhere, CHUNKS / 2);
+		assert_int_equal(logs[1].in_place, 3);  /* chunks 0, 2, 4 */
+		assert_int_equal(logs[1].elsewhere, 3); /* chunks 1, 3, 5 */
+		for (uint32_t k = 0; k < CHUNKS; k++) {
+			fill_plain(0, k, plain);
+			assert_memory_equal(region[0] + (size_t)k * CHUNK_ELEMS,
+			    plain, CHUNK_LEN);
+		}
+		for (uint32_t i = 0; i < CHUNK_ELEMS; i++) {
+			/* the failed chunk wrote nothing */
+			assert_int_equal(region[1][6 * CHUNK_ELEMS + i],
+			    0xaaaaaaaau);
+		}
+		fb_ingest_free(g);
+	}
+	fb_identity_free(id);
 }
 
 /* An abort after some chunks: those queued are still added, later ones
@@ -715,6 +837,8 @@ FB_TESTS = {
 	{"an abort keeps the queued chunks, gives no result, frees the slot",
 	    test_abort_keeps_queued_chunks},
 	{"freeing a pool finishes the queued work", test_free_with_work_queued},
+	{"a decrypted chunk goes where the destination callback says, a "
+	 "chunk failing its MAC nowhere", test_decrypt_into_destination},
 	{"bad arguments are rejected", test_bad_arguments},
 	{"transport.io_threads auto: 1 below 8 CPUs, 2 from 8 on",
 	    test_io_threads_auto},
