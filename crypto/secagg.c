@@ -494,6 +494,8 @@ typedef struct wpeer {
 	uint8_t have_share; /* its shares arrived: in U2 */
 	uint8_t revealed;   /* 0, REVEAL_B or REVEAL_S */
 	uint8_t confirmed;  /* it confirmed the set we signed */
+	uint8_t have_key;   /* key holds the pair's share-encryption key */
+	uint8_t key[32];    /* enc_key of the pair: one X25519 per pair */
 	fb_shamir_share b_share, s_share; /* the shares held for it */
 } wpeer;
 
@@ -516,6 +518,31 @@ struct fb_secagg_worker {
 	uint8_t set_h[32]; /* its hash */
 	uint32_t nconfirm; /* neighbours' valid confirmations of it */
 };
+
+/*
+ * peer_key returns the share-encryption key of our pair with neighbour
+ * slot `slot`, derived once (it is symmetric: the shares both ways use it,
+ * with nonces that differ by direction) and kept in the sodium_malloc'd
+ * peer entry, wiped with it.
+ */
+static fb_err
+peer_key(fb_secagg_worker *w, uint32_t slot, const uint8_t **key)
+{
+	wpeer *pe = &w->peers[slot];
+	fb_err rc;
+
+	*key = NULL;
+	if (!pe->have_key) {
+		if ((rc = enc_key(&w->p, w->sec->c_sk, w->sec->c_pk, pe->c_pk,
+		         pe->key)) != FB_OK) {
+			sodium_memzero(pe->key, sizeof(pe->key));
+			return rc;
+		}
+		pe->have_key = 1;
+	}
+	*key = pe->key;
+	return FB_OK;
+}
 
 fb_err
 fb_secagg_worker_alloc(const fb_secagg_params *p, uint32_t self,
@@ -657,7 +684,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 	uint32_t m = 0, c = 0;
 	uint32_t *xs = NULL, *to = NULL;
 	fb_shamir_share *sh = NULL; /* b-shares then s-shares */
-	uint8_t *pt = NULL;         /* plaintext || key */
+	uint8_t pt[SHARE_PT_LEN];   /* one plaintext, wiped below */
 
 	*out_len = 0;
 	if (w->stage != W_KEYS) {
@@ -675,8 +702,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 	xs = calloc(m + 1, sizeof(*xs));
 	to = calloc(m + 1, sizeof(*to));
 	sh = sodium_malloc(2 * (size_t)(m + 1) * sizeof(*sh));
-	pt = sodium_malloc(SHARE_PT_LEN + 32);
-	if (xs == NULL || to == NULL || sh == NULL || pt == NULL) {
+	if (xs == NULL || to == NULL || sh == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
 	}
@@ -701,7 +727,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 		uint8_t *msg = out + (size_t)(q - 1) * FB_SECAGG_SHARE_MSG_LEN;
 		uint32_t slot = to[q], dst = w->nbr[slot];
 		uint8_t nonce[24];
-		uint8_t *key = pt + SHARE_PT_LEN;
+		const uint8_t *key = NULL;
 
 		memset(msg, 0, SHARE_HDR_LEN);
 		msg[0] = VERSION;
@@ -712,8 +738,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 		st32(msg + 28, dst);
 		fb_shamir_share_pack(&sh[q], pt);
 		fb_shamir_share_pack(&sh[m + 1 + q], pt + FB_SHAMIR_SHARE_LEN);
-		if ((rc = enc_key(&w->p, w->sec->c_sk, w->sec->c_pk,
-		         w->peers[slot].c_pk, key)) != FB_OK) {
+		if ((rc = peer_key(w, slot, &key)) != FB_OK) {
 			goto out;
 		}
 		share_nonce(w->self, dst, nonce);
@@ -729,7 +754,7 @@ out:
 	free(xs);
 	free(to);
 	sodium_free(sh);
-	sodium_free(pt);
+	sodium_memzero(pt, sizeof(pt));
 	return rc;
 }
 
@@ -740,7 +765,8 @@ fb_secagg_worker_add_share(fb_secagg_worker *w, const uint8_t *msg,
 	fb_err rc = FB_OK;
 	uint32_t from, to, slot;
 	uint8_t nonce[24];
-	uint8_t *buf = NULL; /* plaintext || key */
+	uint8_t buf[SHARE_PT_LEN]; /* the plaintext, wiped below */
+	const uint8_t *key = NULL;
 	wpeer *pe;
 
 	if ((rc = share_hdr_check(&w->p, msg, len, &from, &to)) != FB_OK) {
@@ -756,18 +782,14 @@ fb_secagg_worker_add_share(fb_secagg_worker *w, const uint8_t *msg,
 	if (!pe->have_adv || pe->have_share) {
 		return FB_EPROTO;
 	}
-	if ((buf = sodium_malloc(SHARE_PT_LEN + 32)) == NULL) {
-		return FB_ENOMEM;
-	}
-	if ((rc = enc_key(&w->p, w->sec->c_sk, w->sec->c_pk, pe->c_pk,
-	         buf + SHARE_PT_LEN)) != FB_OK) {
+	if ((rc = peer_key(w, slot, &key)) != FB_OK) {
 		goto out;
 	}
 	share_nonce(from, to, nonce);
 	if (crypto_aead_xchacha20poly1305_ietf_decrypt(buf, NULL, NULL,
 	        msg + SHARE_HDR_LEN,
 	        SHARE_PT_LEN + crypto_aead_xchacha20poly1305_ietf_ABYTES, msg,
-	        SHARE_HDR_LEN, nonce, buf + SHARE_PT_LEN) != 0) {
+	        SHARE_HDR_LEN, nonce, key) != 0) {
 		rc = FB_EAUTH;
 		goto out;
 	}
@@ -782,7 +804,7 @@ fb_secagg_worker_add_share(fb_secagg_worker *w, const uint8_t *msg,
 	}
 	pe->have_share = 1;
 out:
-	sodium_free(buf);
+	sodium_memzero(buf, sizeof(buf));
 	return rc;
 }
 
@@ -818,6 +840,11 @@ fb_secagg_worker_mask_begin(fb_secagg_worker *w)
 		tm->role = FB_MASK_PAIR;
 		tm->sign = w->self < w->nbr[s] ? 1 : -1;
 		w->nterms++;
+	}
+	/* no share goes or comes after this: the pair keys are done */
+	for (uint32_t s = 0; s < w->k; s++) {
+		sodium_memzero(w->peers[s].key, sizeof(w->peers[s].key));
+		w->peers[s].have_key = 0;
 	}
 	w->stage = W_MASKING;
 out:
