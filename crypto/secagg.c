@@ -369,12 +369,15 @@ confirm_verify(const fb_pubkey *signer, const uint8_t *m, const uint8_t h[32])
 
 /*
  * adv_parse checks an advert (see crypto.h) against `p` and the signer,
- * and returns its index and keys.
+ * and returns its index and keys. With check_order it also refuses keys
+ * of small order; a worker that derives its pair keys from a neighbour's
+ * advert at once skips that (the derivations refuse them, for one X25519
+ * each instead of two).
  */
 static fb_err
 adv_parse(const fb_secagg_params *p, const fb_pubkey *signer,
-    const uint8_t *adv, size_t len, uint32_t *index, uint8_t c_pk[32],
-    uint8_t s_pk[32], uint8_t commit[32])
+    const uint8_t *adv, size_t len, bool check_order, uint32_t *index,
+    uint8_t c_pk[32], uint8_t s_pk[32], uint8_t commit[32])
 {
 	fb_err rc;
 
@@ -396,7 +399,7 @@ adv_parse(const fb_secagg_params *p, const fb_pubkey *signer,
 	if (*index >= p->n) {
 		return FB_EPROTO;
 	}
-	if (small_order(adv + 28) || small_order(adv + 60)) {
+	if (check_order && (small_order(adv + 28) || small_order(adv + 60))) {
 		return FB_EAUTH;
 	}
 	memcpy(c_pk, adv + 28, 32);
@@ -496,6 +499,7 @@ typedef struct wpeer {
 	uint8_t confirmed;  /* it confirmed the set we signed */
 	uint8_t have_key;   /* key holds the pair's share-encryption key */
 	uint8_t key[32];    /* enc_key of the pair: one X25519 per pair */
+	uint8_t seed[32];   /* the pair's mask seed, once have_adv */
 	fb_shamir_share b_share, s_share; /* the shares held for it */
 } wpeer;
 
@@ -644,9 +648,11 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 	fb_err rc;
 	uint32_t index, slot;
 	uint8_t c_pk[32], s_pk[32], commit[32];
+	const uint8_t *key = NULL;
+	wpeer *pe;
 
-	if ((rc = adv_parse(&w->p, peer_id, adv, len, &index, c_pk, s_pk,
-	         commit)) != FB_OK) {
+	if ((rc = adv_parse(&w->p, peer_id, adv, len, false, &index, c_pk,
+	         s_pk, commit)) != FB_OK) {
 		return rc;
 	}
 	if (w->stage != W_KEYS) {
@@ -654,7 +660,9 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 	}
 	if (index == w->self ||
 	    (slot = slot_of(w->nbr, w->k, index)) == w->k) {
-		return FB_OK; /* not a neighbour: nothing to keep */
+		/* not a neighbour: nothing to keep, but checked all the same */
+		return small_order(c_pk) || small_order(s_pk) ? FB_EAUTH
+		                                              : FB_OK;
 	}
 	if (w->peers[slot].have_adv) {
 		return FB_EPROTO;
@@ -669,10 +677,20 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 			return FB_EAUTH;
 		}
 	}
-	memcpy(w->peers[slot].c_pk, c_pk, 32);
-	memcpy(w->peers[slot].s_pk, s_pk, 32);
-	w->peers[slot].id = *peer_id;
-	w->peers[slot].have_adv = 1;
+	/* The pair's share key and mask seed, derived now: each refuses a
+	 * key of small order (its X25519 comes out zero), which is the
+	 * check adv_parse skipped. */
+	pe = &w->peers[slot];
+	memcpy(pe->c_pk, c_pk, 32);
+	memcpy(pe->s_pk, s_pk, 32);
+	if (peer_key(w, slot, &key) != FB_OK ||
+	    fb_mask_pair_seed(w->sec->s_sk, w->sec->s_pk, s_pk, &w->p.run,
+	        w->p.round, pe->seed) != FB_OK) {
+		sodium_memzero(pe, sizeof(*pe));
+		return FB_EAUTH;
+	}
+	pe->id = *peer_id;
+	pe->have_adv = 1;
 	return FB_OK;
 }
 
@@ -811,7 +829,6 @@ out:
 fb_err
 fb_secagg_worker_mask_begin(fb_secagg_worker *w)
 {
-	fb_err rc = FB_OK;
 	uint32_t m = 0;
 
 	if (w->stage != W_SHARED) {
@@ -832,27 +849,20 @@ fb_secagg_worker_mask_begin(fb_secagg_worker *w)
 		if (!w->peers[s].have_share) {
 			continue;
 		}
-		if ((rc = fb_mask_pair_seed(w->sec->s_sk, w->sec->s_pk,
-		         w->peers[s].s_pk, &w->p.run, w->p.round, tm->seed)) !=
-		    FB_OK) {
-			goto out;
-		}
+		memcpy(tm->seed, w->peers[s].seed, sizeof(tm->seed));
 		tm->role = FB_MASK_PAIR;
 		tm->sign = w->self < w->nbr[s] ? 1 : -1;
 		w->nterms++;
 	}
-	/* no share goes or comes after this: the pair keys are done */
+	/* no share goes or comes after this: the pair keys are done, and
+	 * the seeds are in the terms */
 	for (uint32_t s = 0; s < w->k; s++) {
 		sodium_memzero(w->peers[s].key, sizeof(w->peers[s].key));
+		sodium_memzero(w->peers[s].seed, sizeof(w->peers[s].seed));
 		w->peers[s].have_key = 0;
 	}
 	w->stage = W_MASKING;
-out:
-	if (rc != FB_OK) {
-		sodium_memzero(w->terms, (size_t)(w->k + 1) * sizeof(*w->terms));
-		w->nterms = 0;
-	}
-	return rc;
+	return FB_OK;
 }
 
 fb_err
@@ -1141,7 +1151,7 @@ fb_secagg_server_add_advert(fb_secagg_server *s, uint32_t index,
 		return FB_EINVAL;
 	}
 	w = &s->w[index];
-	if ((rc = adv_parse(&s->p, peer_id, adv, len, &got, c_pk, s_pk,
+	if ((rc = adv_parse(&s->p, peer_id, adv, len, true, &got, c_pk, s_pk,
 	         commit)) != FB_OK) {
 		return rc;
 	}
