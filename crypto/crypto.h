@@ -868,8 +868,10 @@ FB_MUST_CHECK fb_err fb_secagg_worker_advertise(
 /*
  * fb_secagg_worker_add_advert takes a peer's advert, checked against the
  * peer's identity key `peer_id` (from the allowlist): layout, run, round,
- * signature, X25519 keys not of small order. Adverts of non-neighbours
- * (and of itself) are checked and then ignored (FB_OK). A neighbour's
+ * signature, X25519 keys not of small order (for a neighbour, by
+ * deriving the pair's share key and mask seed from them at once, which
+ * fails for such a key). Adverts of non-neighbours (and of itself) are
+ * checked and then ignored (FB_OK). A neighbour's
  * advert signed by a key that already signed for another neighbour slot,
  * or by this worker's own key, is refused: one identity, one slot (else
  * one key held by the coordinator could stand in for several neighbours
@@ -910,9 +912,9 @@ FB_MUST_CHECK fb_err fb_secagg_worker_add_share(fb_secagg_worker *w,
 /*
  * fb_secagg_worker_mask_begin fixes the mask set: the neighbours whose
  * shares arrived (U2 as this worker sees it; the coordinator must have
- * relayed every U2 neighbour's shares before) and derives the pairwise
- * seeds. Errors: FB_ERANGE (fewer than t - 1 neighbours shared: abort),
- * FB_EINVAL (order), FB_EAUTH (bad peer key).
+ * relayed every U2 neighbour's shares before), with the pairwise seeds
+ * derived when their adverts came. Errors: FB_ERANGE (fewer than t - 1
+ * neighbours shared: abort), FB_EINVAL (order).
  */
 FB_MUST_CHECK fb_err fb_secagg_worker_mask_begin(fb_secagg_worker *w);
 

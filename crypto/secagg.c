@@ -369,12 +369,15 @@ confirm_verify(const fb_pubkey *signer, const uint8_t *m, const uint8_t h[32])
 
 /*
  * adv_parse checks an advert (see crypto.h) against `p` and the signer,
- * and returns its index and keys.
+ * and returns its index and keys. With check_order it also refuses keys
+ * of small order; a worker that derives its pair keys from a neighbour's
+ * advert at once skips that (the derivations refuse them, for one X25519
+ * each instead of two).
  */
 static fb_err
 adv_parse(const fb_secagg_params *p, const fb_pubkey *signer,
-    const uint8_t *adv, size_t len, uint32_t *index, uint8_t c_pk[32],
-    uint8_t s_pk[32], uint8_t commit[32])
+    const uint8_t *adv, size_t len, bool check_order, uint32_t *index,
+    uint8_t c_pk[32], uint8_t s_pk[32], uint8_t commit[32])
 {
 	fb_err rc;
 
@@ -396,7 +399,7 @@ adv_parse(const fb_secagg_params *p, const fb_pubkey *signer,
 	if (*index >= p->n) {
 		return FB_EPROTO;
 	}
-	if (small_order(adv + 28) || small_order(adv + 60)) {
+	if (check_order && (small_order(adv + 28) || small_order(adv + 60))) {
 		return FB_EAUTH;
 	}
 	memcpy(c_pk, adv + 28, 32);
@@ -494,6 +497,9 @@ typedef struct wpeer {
 	uint8_t have_share; /* its shares arrived: in U2 */
 	uint8_t revealed;   /* 0, REVEAL_B or REVEAL_S */
 	uint8_t confirmed;  /* it confirmed the set we signed */
+	uint8_t have_key;   /* key holds the pair's share-encryption key */
+	uint8_t key[32];    /* enc_key of the pair: one X25519 per pair */
+	uint8_t seed[32];   /* the pair's mask seed, once have_adv */
 	fb_shamir_share b_share, s_share; /* the shares held for it */
 } wpeer;
 
@@ -516,6 +522,31 @@ struct fb_secagg_worker {
 	uint8_t set_h[32]; /* its hash */
 	uint32_t nconfirm; /* neighbours' valid confirmations of it */
 };
+
+/*
+ * peer_key returns the share-encryption key of our pair with neighbour
+ * slot `slot`, derived once (it is symmetric: the shares both ways use it,
+ * with nonces that differ by direction) and kept in the sodium_malloc'd
+ * peer entry, wiped with it.
+ */
+static fb_err
+peer_key(fb_secagg_worker *w, uint32_t slot, const uint8_t **key)
+{
+	wpeer *pe = &w->peers[slot];
+	fb_err rc;
+
+	*key = NULL;
+	if (!pe->have_key) {
+		if ((rc = enc_key(&w->p, w->sec->c_sk, w->sec->c_pk, pe->c_pk,
+		         pe->key)) != FB_OK) {
+			sodium_memzero(pe->key, sizeof(pe->key));
+			return rc;
+		}
+		pe->have_key = 1;
+	}
+	*key = pe->key;
+	return FB_OK;
+}
 
 fb_err
 fb_secagg_worker_alloc(const fb_secagg_params *p, uint32_t self,
@@ -617,9 +648,11 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 	fb_err rc;
 	uint32_t index, slot;
 	uint8_t c_pk[32], s_pk[32], commit[32];
+	const uint8_t *key = NULL;
+	wpeer *pe;
 
-	if ((rc = adv_parse(&w->p, peer_id, adv, len, &index, c_pk, s_pk,
-	         commit)) != FB_OK) {
+	if ((rc = adv_parse(&w->p, peer_id, adv, len, false, &index, c_pk,
+	         s_pk, commit)) != FB_OK) {
 		return rc;
 	}
 	if (w->stage != W_KEYS) {
@@ -627,7 +660,9 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 	}
 	if (index == w->self ||
 	    (slot = slot_of(w->nbr, w->k, index)) == w->k) {
-		return FB_OK; /* not a neighbour: nothing to keep */
+		/* not a neighbour: nothing to keep, but checked all the same */
+		return small_order(c_pk) || small_order(s_pk) ? FB_EAUTH
+		                                              : FB_OK;
 	}
 	if (w->peers[slot].have_adv) {
 		return FB_EPROTO;
@@ -642,10 +677,20 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 			return FB_EAUTH;
 		}
 	}
-	memcpy(w->peers[slot].c_pk, c_pk, 32);
-	memcpy(w->peers[slot].s_pk, s_pk, 32);
-	w->peers[slot].id = *peer_id;
-	w->peers[slot].have_adv = 1;
+	/* The pair's share key and mask seed, derived now: each refuses a
+	 * key of small order (its X25519 comes out zero), which is the
+	 * check adv_parse skipped. */
+	pe = &w->peers[slot];
+	memcpy(pe->c_pk, c_pk, 32);
+	memcpy(pe->s_pk, s_pk, 32);
+	if (peer_key(w, slot, &key) != FB_OK ||
+	    fb_mask_pair_seed(w->sec->s_sk, w->sec->s_pk, s_pk, &w->p.run,
+	        w->p.round, pe->seed) != FB_OK) {
+		sodium_memzero(pe, sizeof(*pe));
+		return FB_EAUTH;
+	}
+	pe->id = *peer_id;
+	pe->have_adv = 1;
 	return FB_OK;
 }
 
@@ -657,7 +702,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 	uint32_t m = 0, c = 0;
 	uint32_t *xs = NULL, *to = NULL;
 	fb_shamir_share *sh = NULL; /* b-shares then s-shares */
-	uint8_t *pt = NULL;         /* plaintext || key */
+	uint8_t pt[SHARE_PT_LEN];   /* one plaintext, wiped below */
 
 	*out_len = 0;
 	if (w->stage != W_KEYS) {
@@ -675,8 +720,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 	xs = calloc(m + 1, sizeof(*xs));
 	to = calloc(m + 1, sizeof(*to));
 	sh = sodium_malloc(2 * (size_t)(m + 1) * sizeof(*sh));
-	pt = sodium_malloc(SHARE_PT_LEN + 32);
-	if (xs == NULL || to == NULL || sh == NULL || pt == NULL) {
+	if (xs == NULL || to == NULL || sh == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
 	}
@@ -701,7 +745,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 		uint8_t *msg = out + (size_t)(q - 1) * FB_SECAGG_SHARE_MSG_LEN;
 		uint32_t slot = to[q], dst = w->nbr[slot];
 		uint8_t nonce[24];
-		uint8_t *key = pt + SHARE_PT_LEN;
+		const uint8_t *key = NULL;
 
 		memset(msg, 0, SHARE_HDR_LEN);
 		msg[0] = VERSION;
@@ -712,8 +756,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 		st32(msg + 28, dst);
 		fb_shamir_share_pack(&sh[q], pt);
 		fb_shamir_share_pack(&sh[m + 1 + q], pt + FB_SHAMIR_SHARE_LEN);
-		if ((rc = enc_key(&w->p, w->sec->c_sk, w->sec->c_pk,
-		         w->peers[slot].c_pk, key)) != FB_OK) {
+		if ((rc = peer_key(w, slot, &key)) != FB_OK) {
 			goto out;
 		}
 		share_nonce(w->self, dst, nonce);
@@ -729,7 +772,7 @@ out:
 	free(xs);
 	free(to);
 	sodium_free(sh);
-	sodium_free(pt);
+	sodium_memzero(pt, sizeof(pt));
 	return rc;
 }
 
@@ -740,7 +783,8 @@ fb_secagg_worker_add_share(fb_secagg_worker *w, const uint8_t *msg,
 	fb_err rc = FB_OK;
 	uint32_t from, to, slot;
 	uint8_t nonce[24];
-	uint8_t *buf = NULL; /* plaintext || key */
+	uint8_t buf[SHARE_PT_LEN]; /* the plaintext, wiped below */
+	const uint8_t *key = NULL;
 	wpeer *pe;
 
 	if ((rc = share_hdr_check(&w->p, msg, len, &from, &to)) != FB_OK) {
@@ -756,18 +800,14 @@ fb_secagg_worker_add_share(fb_secagg_worker *w, const uint8_t *msg,
 	if (!pe->have_adv || pe->have_share) {
 		return FB_EPROTO;
 	}
-	if ((buf = sodium_malloc(SHARE_PT_LEN + 32)) == NULL) {
-		return FB_ENOMEM;
-	}
-	if ((rc = enc_key(&w->p, w->sec->c_sk, w->sec->c_pk, pe->c_pk,
-	         buf + SHARE_PT_LEN)) != FB_OK) {
+	if ((rc = peer_key(w, slot, &key)) != FB_OK) {
 		goto out;
 	}
 	share_nonce(from, to, nonce);
 	if (crypto_aead_xchacha20poly1305_ietf_decrypt(buf, NULL, NULL,
 	        msg + SHARE_HDR_LEN,
 	        SHARE_PT_LEN + crypto_aead_xchacha20poly1305_ietf_ABYTES, msg,
-	        SHARE_HDR_LEN, nonce, buf + SHARE_PT_LEN) != 0) {
+	        SHARE_HDR_LEN, nonce, key) != 0) {
 		rc = FB_EAUTH;
 		goto out;
 	}
@@ -782,14 +822,13 @@ fb_secagg_worker_add_share(fb_secagg_worker *w, const uint8_t *msg,
 	}
 	pe->have_share = 1;
 out:
-	sodium_free(buf);
+	sodium_memzero(buf, sizeof(buf));
 	return rc;
 }
 
 fb_err
 fb_secagg_worker_mask_begin(fb_secagg_worker *w)
 {
-	fb_err rc = FB_OK;
 	uint32_t m = 0;
 
 	if (w->stage != W_SHARED) {
@@ -810,22 +849,20 @@ fb_secagg_worker_mask_begin(fb_secagg_worker *w)
 		if (!w->peers[s].have_share) {
 			continue;
 		}
-		if ((rc = fb_mask_pair_seed(w->sec->s_sk, w->sec->s_pk,
-		         w->peers[s].s_pk, &w->p.run, w->p.round, tm->seed)) !=
-		    FB_OK) {
-			goto out;
-		}
+		memcpy(tm->seed, w->peers[s].seed, sizeof(tm->seed));
 		tm->role = FB_MASK_PAIR;
 		tm->sign = w->self < w->nbr[s] ? 1 : -1;
 		w->nterms++;
 	}
-	w->stage = W_MASKING;
-out:
-	if (rc != FB_OK) {
-		sodium_memzero(w->terms, (size_t)(w->k + 1) * sizeof(*w->terms));
-		w->nterms = 0;
+	/* no share goes or comes after this: the pair keys are done, and
+	 * the seeds are in the terms */
+	for (uint32_t s = 0; s < w->k; s++) {
+		sodium_memzero(w->peers[s].key, sizeof(w->peers[s].key));
+		sodium_memzero(w->peers[s].seed, sizeof(w->peers[s].seed));
+		w->peers[s].have_key = 0;
 	}
-	return rc;
+	w->stage = W_MASKING;
+	return FB_OK;
 }
 
 fb_err
@@ -1114,7 +1151,7 @@ fb_secagg_server_add_advert(fb_secagg_server *s, uint32_t index,
 		return FB_EINVAL;
 	}
 	w = &s->w[index];
-	if ((rc = adv_parse(&s->p, peer_id, adv, len, &got, c_pk, s_pk,
+	if ((rc = adv_parse(&s->p, peer_id, adv, len, true, &got, c_pk, s_pk,
 	         commit)) != FB_OK) {
 		return rc;
 	}

@@ -1058,6 +1058,56 @@ mal_free(mal_round *r)
 }
 
 /*
+ * Adverts whose c or s key has small order (u = 0, of order 2, and u = 1,
+ * of order 4: every X25519 with them is zero), signed by their owner: the
+ * server refuses them, and so does every neighbour, which then holds no
+ * advert of that slot (the honest advert after them is taken); worker
+ * 0's own slot is checked the same.
+ */
+static void
+test_small_order_keys_are_refused(void **state)
+{
+	static const uint8_t bad[2][32] = { { 0 }, { 1 } };
+	fb_err src[5];
+	mal_round r;
+	uint8_t adv[FB_SECAGG_ADV_LEN];
+
+	(void)state;
+	mal_setup(&r, NULL, src);
+	for (int i = 0; i < 4; i++) {
+		const uint8_t *key = bad[i % 2];
+		size_t at = i < 2 ? 28 : 60; /* c_pk, then s_pk */
+		fb_secagg_server *s;
+
+		memcpy(adv, r.adv[1], sizeof(adv));
+		memcpy(adv + at, key, 32);
+		assert_int_equal(fb_identity_sign(r.ids[1], "secagg-keys", adv,
+		    124, adv + 124), FB_OK);
+		assert_int_equal(fb_secagg_server_alloc(&r.p, &s), FB_OK);
+		assert_int_equal(fb_secagg_server_add_advert(s, 1, &r.pks[1],
+		    adv, sizeof(adv)), FB_EAUTH);
+		fb_secagg_server_free(s);
+		assert_int_equal(fb_secagg_worker_add_advert(r.w[0], &r.pks[1],
+		    adv, sizeof(adv)), FB_EAUTH);
+		/* worker 0's slot: at a neighbour, and at itself */
+		memcpy(adv, r.adv[0], sizeof(adv));
+		memcpy(adv + at, key, 32);
+		assert_int_equal(fb_identity_sign(r.ids[0], "secagg-keys", adv,
+		    124, adv + 124), FB_OK);
+		assert_int_equal(fb_secagg_worker_add_advert(r.w[2], &r.pks[0],
+		    adv, sizeof(adv)), FB_EAUTH);
+		assert_int_equal(fb_secagg_worker_add_advert(r.w[0], &r.pks[0],
+		    adv, sizeof(adv)), FB_EAUTH);
+	}
+	/* the refused adverts left nothing behind: the honest one is taken */
+	assert_int_equal(fb_secagg_worker_add_advert(r.w[0], &r.pks[1],
+	    r.adv[1], FB_SECAGG_ADV_LEN), FB_OK);
+	assert_int_equal(fb_secagg_worker_add_advert(r.w[0], &r.pks[1],
+	    r.adv[1], FB_SECAGG_ADV_LEN), FB_EPROTO); /* now it is a twice */
+	mal_free(&r);
+}
+
+/*
  * One identity key (the coordinator's accomplice, worker 4) signs the
  * adverts of slots 3 and 4: the server side refuses the second, and so
  * does each worker offered both, keeping the first; a worker is refused
@@ -1407,6 +1457,8 @@ FB_TESTS = {
         test_masked_input_looks_uniform},
     {"steps refuse the wrong order and bad adverts",
         test_steps_refuse_wrong_order_and_bad_input},
+    {"adverts with keys of small order are refused",
+        test_small_order_keys_are_refused},
     {"the accumulator reads an unmasked secure sum as the weighted mean",
         test_accum_reads_secure_sum},
     {"one identity key signs for one slot, at the workers and the server",
