@@ -486,8 +486,9 @@ listen_link(coord *c)
 		    "%s %u", i > 1 ? "," : "", fb_link_lane_port(c->link, i));
 		used = n > 0 ? used + n : -1;
 	}
-	fb_log_info("listening on %s (%d ZeroMQ I/O thread%s%s); model %s; "
-	            "run %016" PRIx64, c->cfg->listen, lo.io_threads,
+	snprintf(c->listening, sizeof(c->listening),
+	    "listening on %s (%d ZeroMQ I/O thread%s%s); model %s; "
+	    "run %016" PRIx64, c->cfg->listen, lo.io_threads,
 	    lo.io_threads == 1 ? "" : "s", lanes, c->model_desc, c->run_id);
 	return FB_OK;
 }
@@ -612,6 +613,8 @@ fb_coordinator_run(const fb_coord_config *cfg, fb_coord_start how,
 	    (rc = outputs_begin(c, how)) != FB_OK) {
 		goto out;
 	}
+	/* Said once --resume would find this run, however soon it dies. */
+	fb_log_info("%s", c->listening);
 	c->rd.number = first;
 	c->rd.idle_since_ms = c->rd.last_note_ms = fb_now_ms();
 	if (first > (uint32_t)cfg->rounds) {

@@ -482,6 +482,9 @@ struct coord {
 	bool evaluate;
 	fb_rng rng;
 	uint64_t run_id;
+	char listening[1024];    /* the "listening on" line, logged once
+	                          * the outputs are ready (round 0's
+	                          * checkpoint written) */
 	char metrics_path[4096];
 	char model_path[4096];
 	int lock_fd;             /* OUTPUT_DIR/.lock, flock'd; -1: none */
@@ -636,6 +639,7 @@ FB_MUST_CHECK fb_err checkpoint_read(coord *c, uint32_t *first);
 bool checkpoint_exists(const coord *c, uint32_t *round);
 fb_err checkpoint_export(coord *c);
 void checkpoint_clear(const coord *c);
+unsigned checkpoint_prune(const coord *c);
 
 /* ---- wirelog.c ---- */
 FB_MUST_CHECK fb_err wirelog_open(coord *c);
