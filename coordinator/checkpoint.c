@@ -30,6 +30,7 @@
  * A float array's checksum is BLAKE2b-256 over the BLAKE2b-256 of each
  * 1 MiB block, so that the pool hashes the blocks in parallel.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -461,6 +462,47 @@ checkpoint_exists(const coord *c, uint32_t *round)
 		*round = fb_load_le32(head + 32);
 	}
 	return true;
+}
+
+/*
+ * checkpoint_prune removes the model and optimiser files of rounds other
+ * than the state's (c->rd.model_round, set by checkpoint_read): a run
+ * killed between writing a round's files and the state, or between the
+ * state and the previous files' removal, leaves one model's worth behind
+ * each time. Returns how many went.
+ */
+unsigned
+checkpoint_prune(const coord *c)
+{
+	char dir[4200], path[4200 + 256];
+	unsigned n = 0;
+	DIR *d;
+	struct dirent *e;
+
+	snprintf(dir, sizeof(dir), "%s/checkpoint", c->cfg->output_dir);
+	if ((d = opendir(dir)) == NULL) {
+		return 0;
+	}
+	while ((e = readdir(d)) != NULL) {
+		unsigned r;
+		char ext[16];
+		int end = 0;
+		if ((sscanf(e->d_name, "model-%u.%15[a-z]%n", &r, ext, &end) !=
+		            2 ||
+		        strcmp(ext, "safetensors") != 0) &&
+		    (sscanf(e->d_name, "opt-%u.%15[a-z]%n", &r, ext, &end) !=
+		            2 ||
+		        strcmp(ext, "bin") != 0)) {
+			continue;
+		}
+		if (e->d_name[end] != '\0' || r == c->rd.model_round) {
+			continue;
+		}
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		n += unlink(path) == 0;
+	}
+	closedir(d);
+	return n;
 }
 
 /* Removes a fresh start's leftovers: every checkpoint file. */

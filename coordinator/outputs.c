@@ -192,8 +192,9 @@ metrics_repair(coord *c)
 
 /*
  * outputs_begin (once the coordinator listens: every start-up check
- * passed) removes temporary files a killed run left, then starts the
- * metrics afresh (fresh, force) or repairs them (resume).
+ * passed) removes temporary files a killed run left (and, on resume,
+ * model and optimiser files of other rounds than the checkpoint's), then
+ * starts the metrics afresh (fresh, force) or repairs them (resume).
  */
 fb_err
 outputs_begin(coord *c, fb_coord_start how)
@@ -209,7 +210,14 @@ outputs_begin(coord *c, fb_coord_start how)
 		    n, n == 1 ? "" : "s", c->cfg->output_dir);
 	}
 	if (how == FB_START_RESUME) {
-		fb_err rc = metrics_repair(c);
+		fb_err rc;
+		if ((n = checkpoint_prune(c)) > 0) {
+			fb_log_info("removed %u checkpoint file%s of rounds "
+			            "other than the checkpoint's (%u) a stopped "
+			            "run left", n, n == 1 ? "" : "s",
+			    c->rd.model_round);
+		}
+		rc = metrics_repair(c);
 		return rc == FB_OK ? checkpoint_export(c) : rc;
 	}
 	checkpoint_clear(c);

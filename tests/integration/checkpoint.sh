@@ -82,6 +82,12 @@ while :; do
 	break
 done
 echo "$life lives"
+# a kill between a round's files and the state, or between the state and
+# the previous files' removal, left files a later resume removed
+n=$(ls "$OUT"/checkpoint/ | grep -cE '^(model-[0-9]+\.safetensors|opt-[0-9]+\.bin)$')
+want=1
+[ "$rule" = fedavg ] || want=2
+[ "$n" -le "$want" ] || fail "$n model and optimiser files in checkpoint/: $(ls "$OUT/checkpoint")"
 # (the tensors; the metadata has each run's own run id)
 "$PY" - "$T/ref/model.safetensors" "$OUT/model.safetensors" <<'PYEOF' ||
 import json, struct, sys
@@ -165,12 +171,20 @@ st=0
 grep -q "do not match the checkpoint's checksum: corrupt" "$T/corrupt2.log" ||
 	fail "corrupt model: unclear message: $(cat "$T/corrupt2.log")"
 cp "$T/model.good" "$model"
-# with the good files it resumes, and the temporary file is gone
+# another round's model and optimiser files, as a kill can leave them
+touch "$OUT/checkpoint/model-99999.safetensors" "$OUT/checkpoint/opt-99999.bin"
+# with the good files it resumes, and the temporary and stale files go
 "$B/fedbox-coordinator" --config "$T/c2.yaml" --resume >/dev/null 2>"$T/resume.log" &
 rp=$!
 PIDS+=("$rp")
-wait_for "$T/resume.log" "removed [0-9]+ temporary files?" 30
+wait_for "$T/resume.log" "listening on" 30
+grep -Eq "removed [0-9]+ temporary files?" "$T/resume.log" || fail "no temp file removed"
+grep -Eq "removed 2 checkpoint files of rounds other than" "$T/resume.log" ||
+	fail "stale round files: $(cat "$T/resume.log")"
 [ ! -e "$OUT/checkpoint/model-99.safetensors.tmp.12345" ] || fail "temp file kept"
+[ ! -e "$OUT/checkpoint/model-99999.safetensors" ] && [ ! -e "$OUT/checkpoint/opt-99999.bin" ] ||
+	fail "stale round files kept"
+[ -e "$model" ] || fail "the checkpoint's own model was removed"
 kill -KILL "$rp"
 
 # Killed before its first commit (only the round-0 checkpoint, and a rule
