@@ -6,13 +6,14 @@
 # the resumed model is bitwise an uninterrupted run's; metrics.jsonl holds
 # every round once, untorn, the same as the uninterrupted run's).
 #   FB_KILLS  kills per run (50)    FB_ROUNDS  rounds per run (250)
+#   FB_KILL_AFTER  a life's length, "MIN SPAN" seconds ("0.5 2.5")
 # A run passes only if all FB_KILLS kills landed before it finished: a life
-# commits about three rounds, so 250 rounds leave room for 50.
+# commits two or three rounds, so 250 rounds leave room for 50.
 # make test-chaos runs it; it takes tens of minutes.
 set -uo pipefail
 case "${1:-}" in
 -h | --help)
-	sed -n '3,9p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//'
 	exit 0
 	;;
 "") ;;
@@ -24,6 +25,7 @@ esac
 cd "$(dirname "$0")/../.."
 export FB_BUILD=${FB_BUILD:-build}
 export FB_KILLS=${FB_KILLS:-50} FB_ROUNDS=${FB_ROUNDS:-250}
+export FB_KILL_AFTER=${FB_KILL_AFTER:-0.5 2.5}
 passed=0 failed=0
 for rule in fedavg fedavgm fedadam; do
 	for sa in 0 1; do

@@ -9,6 +9,8 @@
 # coordinator on the same folder, a corrupt checkpoint; and a killed
 # run's temporary files are removed at the next start.
 # FB_KILLS (default 4) is how many kills, FB_ROUNDS the rounds (8),
+# FB_KILL_AFTER "MIN SPAN" a life's length in seconds, MIN + SPAN x
+# uniform(0, 1) ("1 5"),
 # FB_RULE the server rule (fedadam), FB_SECAGG=1 secure aggregation (the
 # masks cancel exactly and the rounding is seeded, so that is bitwise too);
 # tests/faults/chaos.sh runs them all with 50 kills.
@@ -18,6 +20,7 @@ source tests/integration/lib.sh
 port=$(free_port)
 kills=${FB_KILLS:-4}
 rounds=${FB_ROUNDS:-8}
+read -r kill_min kill_span <<<"${FB_KILL_AFTER:-1 5}"
 rule=${FB_RULE:-fedadam}
 round_yaml="  rounds: $rounds
   min_workers: 3
@@ -66,9 +69,10 @@ while :; do
 	CPID=$!
 	PIDS+=("$CPID")
 	if [ "$kills" -gt 0 ]; then
-		# a random moment: 1 to 6 s into this life (workers come back
-		# within the liveness timeout, 3 s, and a round takes about 1 s)
-		sleep "$("$PY" -c "import random; print(1 + 5 * random.random())")"
+		# a random moment: 1 to 6 s into this life by default (workers
+		# come back within the liveness timeout, 3 s, and a round takes
+		# about 1 s)
+		sleep "$("$PY" -c "import random; print($kill_min + $kill_span * random.random())")"
 		if kill -KILL "$CPID" 2>/dev/null; then
 			wait "$CPID" 2>/dev/null || true
 			kills=$((kills - 1))
