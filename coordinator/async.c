@@ -85,15 +85,21 @@ async_begin(coord *c, int64_t now)
 	as->superseded = 0;
 	as->scale = NAN;
 	as->n_max = 1;
+	as->limit = (uint32_t)c->cfg->buffer_size;
 	for (uint32_t i = 0; i < c->reg.cap; i++) {
 		const worker *w = &c->reg.workers[i];
 		if (w->used && w->num_samples > as->n_max) {
 			as->n_max = w->num_samples;
 		}
+		as->limit += w->used;
 	}
-	/* Each weight is at most n_max / norm, and at most `limit` are
-	 * added: their sum stays within the accumulator's 1. */
-	as->limit = as->cap;
+	/* Each weight is at most n_max / norm, and at most `limit` begin
+	 * (async_on_begin holds back the rest): their sum stays within the
+	 * accumulator's 1. A buffer ends with at most buffer_size - 1
+	 * complete updates plus one upload per live worker, so `limit` is
+	 * seldom reached, and the weights stay large enough for the sum's
+	 * fixed point (its error grows as 1 / their sum). */
+	as->limit = as->limit < as->cap ? as->limit : as->cap;
 	as->norm = (double)as->limit * (double)as->n_max;
 	rd->nsel = 0;
 	rd->target_updates = UINT32_MAX; /* no over-selection */

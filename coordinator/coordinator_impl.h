@@ -384,7 +384,8 @@ typedef struct async_state {
 	async_entry *buf;        /* this step's complete updates */
 	uint32_t count, cap;     /* cap: buffer_size + registry slots */
 	uint32_t begun;          /* updates begun into this buffer */
-	uint32_t limit;          /* most updates one buffer takes */
+	uint32_t limit;          /* most updates one buffer takes: buffer_size
+	                          * + the live workers at its opening */
 	uint64_t n_max;          /* largest sample count at the opening */
 	double norm;             /* limit * n_max */
 	bool closing;            /* full or past its deadline: new begins
