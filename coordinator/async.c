@@ -38,6 +38,24 @@ async_on(const coord *c)
 	return c->cfg->mode == FB_MODE_ASYNC;
 }
 
+/* A worker's messages belong to its task, whose round may be older than
+ * the buffer's: its update stream, credits and cancel carry it. */
+bool
+round_open_to(const coord *c, const worker *w, uint32_t round)
+{
+	if (c->cfg->mode != FB_MODE_ASYNC) {
+		return round_open_for(c, round);
+	}
+	return round == w->task_round && (c->rd.phase == PHASE_TRAIN ||
+	                                     c->rd.phase == PHASE_OVERTIME);
+}
+
+uint32_t
+round_of(const coord *c, const worker *w)
+{
+	return c->cfg->mode == FB_MODE_ASYNC ? w->task_round : c->rd.number;
+}
+
 fb_err
 async_alloc(coord *c)
 {

@@ -54,22 +54,6 @@ round_open_for(const coord *c, uint32_t round)
 	    c->rd.phase != PHASE_DONE;
 }
 
-bool
-round_open_to(const coord *c, const worker *w, uint32_t round)
-{
-	if (c->cfg->mode != FB_MODE_ASYNC) {
-		return round_open_for(c, round);
-	}
-	return round == w->task_round && (c->rd.phase == PHASE_TRAIN ||
-	                                     c->rd.phase == PHASE_OVERTIME);
-}
-
-uint32_t
-round_of(const coord *c, const worker *w)
-{
-	return c->cfg->mode == FB_MODE_ASYNC ? w->task_round : c->rd.number;
-}
-
 void
 round_worker_failed(coord *c, worker *w, const char *why)
 {
