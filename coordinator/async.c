@@ -156,9 +156,11 @@ dispatch(coord *c, worker *w)
 	w->task_round = rd->number;
 	w->task_version = rd->committed;
 	w->staleness = 0;
-	/* round.seed, then a new stream of batches for every task */
+	/* round.seed, then a new stream of batches for every task (and for
+	 * every task of a resumed run: the version is in it too) */
 	w->task_seed = (uint64_t)c->cfg->seed +
-	    ++c->as.tasks * 0x9e3779b97f4a7c15ULL;
+	    (++c->as.tasks + ((uint64_t)rd->committed << 32)) *
+	        0x9e3779b97f4a7c15ULL;
 	rd->r.selected++;
 	round_send_start(c, w);
 }
@@ -298,7 +300,10 @@ harvest(coord *c)
 		}
 		w->state = W_IDLE;
 		if (as->count == as->cap) {
-			continue; /* (cannot be: begun <= limit = cap) */
+			/* cannot be: at most `limit` <= cap begin per buffer */
+			fb_log_error("round %u: buffer full; update of %s lost",
+			    c->rd.number, w->name);
+			continue;
 		}
 		e = &as->buf[as->count++];
 		snprintf(e->name, sizeof(e->name), "%s", w->name);

@@ -86,7 +86,11 @@ round_on_failed(coord *c, worker *w, const fb_msg *m)
 		registry_forget(c, w, why);
 		return;
 	}
-	if (!round_open_to(c, w, m->u.round_failed.round)) {
+	/* async: its task's failure counts in any phase (a worker left
+	 * training would not be given another task) */
+	if (c->cfg->mode == FB_MODE_ASYNC
+	        ? m->u.round_failed.round != w->task_round
+	        : !round_open_for(c, m->u.round_failed.round)) {
 		guard_drop(c, DROP_STALE_ROUND, "round_failed for round %u from "
 		    "%s (round %u is open)", m->u.round_failed.round, w->name,
 		    c->rd.number);

@@ -5,8 +5,11 @@
 # buffer_size 2: nobody waits for w2, whose task is simply gone; the
 # throttled worker's updates come in trained from older versions, with
 # their staleness and staleness weight in metrics.jsonl. A time budget
-# gives each task its steps from the worker's measured speed. Then async
-# with secure aggregation is refused at load, naming both keys.
+# gives each task its steps from the worker's measured speed. Then a run
+# whose coordinator is killed with SIGKILL after its third step resumes
+# (--resume) with an empty buffer and makes the rest of its steps from the
+# checkpoint's version; and async with secure aggregation is refused at
+# load, naming both keys.
 SECURE=1
 SECAGG=0
 source tests/integration/lib.sh
@@ -66,6 +69,51 @@ assert "w3" in stale, "the throttled worker never got an update in"
 assert max(stale["w3"]) >= 1, stale  # slower: trained from older models
 assert rows[-1]["test_accuracy"] is not None
 print("8 steps; staleness per worker:", stale)
+PYEOF
+# The coordinator killed after step 3 and resumed: the steps go on from
+# the checkpoint's version, with fresh tasks (the old ones are lost).
+port=$(free_port)
+OUT=$T/resumed
+coord_yaml "$port" "$OUT" "  mode: async
+  buffer_size: 2
+  rounds: 6
+  min_workers: 2
+  local_steps: 20
+  batch_size: 32
+  wait_for_workers: 30s" >"$T/c2.yaml"
+start_coordinator "$T/c2.yaml"
+for i in 0 1; do
+	worker_yaml "$port" "$i" 4 "  throttle: 3" >"$T/r$i.yaml"
+	start_worker "$T/r$i.yaml" "r$i"
+done
+for ((k = 0; k < 600; k++)); do
+	[ "$(cat "$OUT/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break
+	sleep 0.1
+done
+kill -KILL "$CPID"
+wait "$CPID" 2>/dev/null || true
+before=$(wc -l <"$OUT/metrics.jsonl")
+echo "killed the coordinator after $before steps"
+"$B/fedbox-coordinator" --config "$T/c2.yaml" --resume >"$T/rounds2.txt" \
+	2>"$T/coord2.log" &
+CPID=$!
+PIDS+=("$CPID")
+wait_exit "$CPID" 120 || fail "resumed coordinator exited with status $?"
+cat "$T/rounds2.txt"
+"$PY" - "$OUT/metrics.jsonl" "$before" <<'PYEOF' || fail "the resumed async run is wrong"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+before = int(sys.argv[2])
+last = {r["round"]: r for r in rows}
+assert sorted(last) == list(range(1, 7)), sorted(last)
+for k in range(before + 1, 7):
+    r = last[k]
+    assert r["status"] == "ok" and r["version"] == k, r
+    for w in r["workers"]:
+        # a task of the resumed run: trained from its first version on
+        assert w["trained_from"] >= before, (k, w)
+print("resumed after step %d; steps %d-6 from version %d on" %
+      (before, before + 1, before))
 PYEOF
 # async + secure aggregation: refused at load, naming both keys
 SECAGG=1 coord_yaml "$port" "$T/refused" "  mode: async" >"$T/r.yaml"

@@ -2466,6 +2466,35 @@ test_async_overtime_and_held_begin(void **state)
 	bench_stop();
 }
 
+/* Async: a worker whose task failed (RoundFailed) is out of this buffer
+ * and gets its next task when the next buffer opens. */
+static void
+test_async_failed_task_waits_next_buffer(void **state)
+{
+	fb_msg f = {.type = FB_MSG_ROUND_FAILED};
+	const fb_msg *rs;
+
+	bench_start(&(setup){.workers = 3, .extra = ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	f.u.round_failed.round = 1;
+	snprintf(f.u.round_failed.reason, sizeof(f.u.round_failed.reason),
+	    "trainer crashed");
+	deliver(2, &f, NULL, 0);
+	assert_int_equal(t.c->reg.workers[2].state, W_FAILED);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	assert_non_null(take_round_start(0)); /* w0 again, w2 not */
+	assert_null(take_round_start(2));
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	rs = take_round_start(2);
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 2);
+	bench_stop();
+}
+
 /* Async: a worker that dies mid-task is not waited for: the others fill
  * the buffers and the steps go on; its slot is freed. */
 static void
@@ -2578,6 +2607,8 @@ FB_TESTS = {
         test_async_too_stale_dropped},
     {"async: uploads under way finish into the full buffer, a begin waits",
         test_async_overtime_and_held_begin},
+    {"async: a failed task's worker gets a task in the next buffer",
+        test_async_failed_task_waits_next_buffer},
     {"async: a worker lost mid-task is not waited for",
         test_async_worker_lost_not_waited_for},
     {NULL, NULL},
