@@ -87,6 +87,7 @@ DEPS_worker      = worker model data aggregation proto crypto common
 DEPS_worker_sm   = $(DEPS_worker)
 DEPS_coordinator = coordinator model data aggregation proto crypto common
 DEPS_rules       = aggregation common
+DEPS_fedbuff     = aggregation common
 DEPS_metrics_http = coordinator common
 DEPS_worker_proc = $(DEPS_worker)
 DEPS_secagg = crypto aggregation common

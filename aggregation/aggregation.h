@@ -137,6 +137,26 @@ double fb_accum_resolution(const fb_accum *a);
 FB_MUST_CHECK fb_err fb_fedavg_weights(const uint64_t *n, uint32_t count,
     double *w);
 
+/*
+ * fb_staleness_weight is asynchronous aggregation's discount of an update
+ * trained from a model `staleness` server steps old: 1 / sqrt(1 + s)
+ * (FedBuff's polynomial weight with exponent 1/2), 1 for a fresh one.
+ * Pure; never fails.
+ */
+double fb_staleness_weight(uint64_t staleness);
+
+/*
+ * fb_fedbuff_weights turns one buffer of `count` updates (sample counts
+ * n[i] > 0, staleness[i] server steps each) into the accumulator's mixing
+ * weights w[i] = n_i g(s_i) / sum_j n_j g(s_j) (summing to 1) and the step's
+ * scale sum_j n_j g(s_j) / sum_j n_j (<= 1), so that scale times the
+ * weighted mean is D = sum_i n_i g(s_i) update_i / sum_i n_i: a fresh
+ * buffer is plain FedAvg, stale updates shrink the step as well as their
+ * share. Errors: FB_EINVAL (count == 0 or a zero n; *scale = 0).
+ */
+FB_MUST_CHECK fb_err fb_fedbuff_weights(const uint64_t *n,
+    const uint64_t *staleness, uint32_t count, double *w, double *scale);
+
 /* ======================================================================== */
 /*
  * Aggregation rules (rules.c): FedNova normalisation and server optimisers.

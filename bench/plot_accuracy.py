@@ -14,11 +14,11 @@ import json
 import math
 import sys
 
-COLORS = {"A": "#d62728", "B": "#1f77b4", "C": "#2ca02c"}
+COLORS = {"A": "#d62728", "B": "#1f77b4", "C": "#2ca02c", "D": "#ff7f0e"}
 OTHER = ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 DASHES = ["", "6,3", "2,2", "8,3,2,3"]
 NAMES = {"A": "A fixed 1 epoch + FedAvg", "B": "B time_budget + FedAvg",
-         "C": "C time_budget + FedNova"}
+         "C": "C time_budget + FedNova", "D": "D async + FedAvg"}
 
 
 def esc(s):

@@ -155,7 +155,9 @@ broadcast_on_fetch(coord *c, worker *w, const fb_msg *m)
 	uint32_t k = m->u.model_fetch.chunk;
 	fb_err rc;
 
-	if (!round_open_for(c, m->u.model_fetch.round)) {
+	if (!round_open_to(c, w, m->u.model_fetch.round) &&
+	    !(c->cfg->mode == FB_MODE_ASYNC &&
+	        m->u.model_fetch.round == w->task_round)) {
 		guard_drop(c, DROP_STALE_ROUND, "model_fetch for round %u from "
 		    "%s (round %u is open)", m->u.model_fetch.round, w->name,
 		    c->rd.number);
@@ -166,12 +168,15 @@ broadcast_on_fetch(coord *c, worker *w, const fb_msg *m)
 		    w->name, worker_state_names[w->state]);
 		return;
 	}
+	if (!async_fetch_ok(c, w)) {
+		return; /* round.mode async: its model has gone; a new task */
+	}
 	if (k >= c->chunk_count) {
 		guard_drop(c, DROP_WRONG_SIZE, "model_fetch of chunk %u of %u "
 		    "from %s", k, c->chunk_count, w->name);
 		return;
 	}
-	out.u.model_chunk.round = c->rd.number;
+	out.u.model_chunk.round = round_of(c, w);
 	out.u.model_chunk.chunk = k;
 	if (c->secure) {
 		rc = coord_send(c, w, &out, c->bc.data + (uint64_t)k * c->bc.stride,

@@ -20,6 +20,7 @@ static const char *const log_levels[] = {"debug", "info", "warn", "error",
     NULL};
 static const char *const local_works[] = {"fixed", "time_budget", NULL};
 static const char *const straggler_modes[] = {"drop", "wait", NULL};
+static const char *const round_modes[] = {"sync", "async", NULL};
 static const char *const auto_word[] = {"auto", NULL}; /* -1 */
 static const char *const eval_sets[] = {"fashion-mnist", "files", NULL};
 #define MB NULL
@@ -53,8 +54,18 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "init: safetensors file of the model's tensors and initial values "
         "(python -m fedbox init); its F32/F16/BF16/F64 tensors are "
         "federated as float32, integer ones skipped"},
+    {"round.mode", FB_CFG_ENUM, F(mode), "sync", NOB, round_modes,
+        "sync (rounds: every selected worker trains from one model, the "
+        "round closes, the server steps) or async (buffered: each worker "
+        "gets a new task as soon as it is free, the server steps every "
+        "round.buffer_size updates, each weighted 1/sqrt(1 + staleness))"},
+    {"round.buffer_size", FB_CFG_INT, F(buffer_size), "2", 1, 1e6, MB,
+        "async: complete updates that make one server step"},
+    {"round.max_staleness", FB_CFG_INT, F(max_staleness), "8", 0, 1e6, MB,
+        "async: an update trained from a model more than this many server "
+        "steps old is dropped (counted as dropped_stale)"},
     {"round.rounds", FB_CFG_INT, F(rounds), "20", 1, 1e6, MB,
-        "rounds to run"},
+        "rounds to run (async: server steps)"},
     {"round.workers_per_round", FB_CFG_INT, F(workers_per_round), "0", 0,
         1e6, MB, "workers sampled each round; 0 = every live worker"},
     {"round.min_workers", FB_CFG_INT, F(min_workers), "auto", 1, 1e6,
@@ -297,6 +308,52 @@ at_fault(const fb_cfg_pos *pos, const char *a, const char *b)
 	return !fb_cfg_given(sch, pos, a) && fb_cfg_given(sch, pos, b) ? b : a;
 }
 
+/* async_check refuses what round.mode: async cannot honour, naming both
+ * keys: secure aggregation (a buffer is not a secure-aggregation instance
+ * yet), and the sync round's selection, straggler and final-round keys,
+ * which have no meaning when nobody waits for anybody. */
+static fb_err
+async_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
+{
+	const fb_cfg_field *sch = fb_coord_config_schema;
+	const char *key = NULL, *why = NULL;
+
+	if (cfg->mode != FB_MODE_ASYNC) {
+		return FB_OK;
+	}
+	if (cfg->sa_enabled) {
+		key = "secure_aggregation.enabled";
+		why = "round.mode: async does not run with secure aggregation "
+		      "yet: set secure_aggregation.enabled: false (the updates "
+		      "then stay encrypted and signed on the wire, but the "
+		      "coordinator sees each one), or round.mode: sync";
+	} else if (cfg->workers_per_round > 0) {
+		key = "round.workers_per_round";
+		why = "has no meaning with round.mode: async (every free worker "
+		      "gets a task); leave it at 0";
+	} else if (cfg->over_select > 0) {
+		key = "round.over_select";
+		why = "has no meaning with round.mode: async (no round waits "
+		      "for its last workers); leave it at 0";
+	} else if (cfg->stragglers == FB_STRAGGLERS_WAIT) {
+		key = "round.stragglers";
+		why = "wait has no meaning with round.mode: async (a step needs "
+		      "round.buffer_size updates from anyone); use drop";
+	} else if (cfg->fed_final) {
+		key = "evaluation.federated_final";
+		why = "is not run with round.mode: async; set it to false";
+	} else if (cfg->min_updates > cfg->buffer_size) {
+		key = at_fault(pos, "round.min_updates", "round.buffer_size");
+		why = "round.min_updates exceeds round.buffer_size with "
+		      "round.mode: async: a step at the deadline could never "
+		      "have enough";
+	}
+	if (key == NULL) {
+		return FB_OK;
+	}
+	return fb_cfg_error(path, sch, pos, key, "%s", why);
+}
+
 /* cross_check refuses combinations of keys that can never work, naming
  * the key at fault with its place in the file. */
 static fb_err
@@ -425,6 +482,9 @@ cross_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
 	} else if (strcmp(cfg->model_arch, "synthetic") != 0 &&
 	    cfg->eval_every > 0 && cfg->eval_dataset == 0) {
 		rc = eval_files_fail(path, pos, cfg->data_dir);
+	}
+	if (rc == FB_OK) {
+		rc = async_check(path, pos, cfg);
 	}
 	if (rc == FB_OK) {
 		/* The evaluation set is read for the model's task and classes. */

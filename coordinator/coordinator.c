@@ -30,7 +30,7 @@ link_send_worker(coord *c, worker *w, const fb_msg *m, const void *payload,
     size_t len, fb_lent *origin)
 {
 	return c->secure
-	    ? fb_secure_send_from(c->link, &w->peer, w->sess, c->rd.number, m,
+	    ? fb_secure_send_from(c->link, &w->peer, w->sess, round_of(c, w), m,
 	          payload, len, origin)
 	    : fb_link_send_from(c->link, &w->peer, m, payload, len, origin);
 }
@@ -288,6 +288,7 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 		return rc;
 	}
 	if ((rc = upload_credits_alloc(c)) != FB_OK ||
+	    (rc = async_alloc(c)) != FB_OK ||
 	    (cfg->sa_enabled && (rc = upload_partials_alloc(c)) != FB_OK)) {
 		return rc;
 	}
@@ -321,6 +322,7 @@ coord_fini(coord *c)
 	}
 	pthread_mutex_destroy(&c->extra_mu);
 	sa_free(&c->sa);
+	async_fini(c);
 	fb_link_close(c->link);
 	fb_accum_free(c->accum);
 	fb_server_opt_free(c->opt);

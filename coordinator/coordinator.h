@@ -28,6 +28,13 @@ typedef enum fb_stragglers {
 	FB_STRAGGLERS_WAIT = 1, /* the round waits for every selected worker */
 } fb_stragglers;
 
+/* round.mode */
+typedef enum fb_round_mode {
+	FB_MODE_SYNC = 0,  /* rounds: select, train, aggregate, commit */
+	FB_MODE_ASYNC = 1, /* buffered (FedBuff): a step every buffer_size
+	                    * updates, each worker busy all the time */
+} fb_round_mode;
+
 typedef struct fb_coord_config {
 	char *listen;             /* ZeroMQ endpoint to bind */
 	char *output_dir;         /* metrics.jsonl, model.safetensors */
@@ -43,6 +50,9 @@ typedef struct fb_coord_config {
 	char *plugin;
 	char *init;               /* arch init: the safetensors file */
 	/* round policy */
+	fb_round_mode mode;
+	int64_t buffer_size;       /* async: updates per server step */
+	int64_t max_staleness;     /* async: older updates are dropped */
 	int64_t rounds;
 	int64_t workers_per_round; /* 0 = every live worker */
 	int64_t min_workers;       /* connected before a round starts */

@@ -173,6 +173,12 @@ typedef struct worker {
 	char eval_name[FB_WIRE_METRICS_MAX][FB_WIRE_METRIC_NAME];
 	double eval_metric[FB_WIRE_METRICS_MAX];
 	uint32_t sa_slot;        /* SecAgg: its slot in the round */
+	/* round.mode: async */
+	uint32_t task_round;     /* the round number of its task's RoundStart */
+	uint32_t task_version;   /* the model version (rd.committed) it
+	                          * trains from */
+	uint32_t staleness;      /* steps since task_version, at its begin */
+	uint64_t task_seed;      /* its batch order's seed */
 	/* heterogeneity */
 	double speed;            /* smoothed local steps per second */
 	bool has_speed;
@@ -355,6 +361,44 @@ typedef struct round_result {
 	                                                    * and its words */
 } round_result;
 
+/*
+ * round.mode: async (async.c). Each round is one server step: its buffer
+ * takes the updates that complete while it is open, whatever model version
+ * each was trained from. An update's accumulator weight is
+ * n_i g(s_i) / norm (fb_staleness_weight), norm fixed when the buffer
+ * opens so that at most `limit` updates keep the weights' sum <= 1; the
+ * step's scale comes from fb_fedbuff_weights over the entries.
+ */
+typedef struct async_entry {
+	char name[FB_NAME_MAX];
+	char backend[FB_TEXT_MAX];
+	uint64_t n;              /* its sample count */
+	uint32_t version;        /* the model it was trained from */
+	uint32_t staleness;      /* server steps since */
+	uint64_t steps;
+	double train_loss, train_seconds, speed, a_norm;
+} async_entry;
+
+typedef struct async_state {
+	async_entry *buf;        /* this step's complete updates */
+	uint32_t count, cap;     /* cap: buffer_size + registry slots */
+	uint32_t begun;          /* updates begun into this buffer */
+	uint32_t limit;          /* most updates one buffer takes: buffer_size
+	                          * + the live workers at its opening */
+	uint64_t n_max;          /* largest sample count at the opening */
+	double norm;             /* limit * n_max */
+	bool closing;            /* full or past its deadline: new begins
+	                          * wait for the next buffer */
+	int64_t closing_ms;
+	uint64_t dropped_stale;  /* this step's updates past max_staleness */
+	uint64_t superseded;     /* tasks whose model went before fetched */
+	double scale;            /* the step's fb_fedbuff_weights scale */
+	uint64_t tasks;          /* tasks given out since the start */
+	fb_msg *deferred;        /* per slot: an UpdateBegin held back */
+	uint32_t *deferred_id;   /* ... from the worker of this id */
+	bool *has_deferred;
+} async_state;
+
 typedef struct round_state {
 	round_phase phase;
 	uint32_t number;         /* the round being run, 1-based */
@@ -499,6 +543,7 @@ struct coord {
 	credits cr;
 	partials part;
 	sa_round sa;
+	async_state as;          /* round.mode: async */
 	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */
 	job job;
 	int wake_fd;             /* epoll set: ingest results, job done */
@@ -551,6 +596,37 @@ bool round_open_for(const coord *c, uint32_t round);
 void round_rejoin(coord *c, worker *w, int64_t now);
 int64_t round_next_timer(const coord *c, int64_t now);
 void round_stop(coord *c, int64_t now);
+
+/* Shared by round.c and async.c. */
+void round_enter(coord *c, round_phase p, int64_t now);
+void round_reset(coord *c, int64_t now);
+void round_fail(coord *c, round_status st, int64_t now, const char *fmt,
+    ...) __attribute__((format(printf, 4, 5)));
+void round_record(coord *c, int64_t now);
+void round_send_start(coord *c, worker *w);
+uint64_t round_schedule_steps(const coord *c, const worker *w);
+/* round_open_to says whether a message of worker w for `round` belongs to
+ * its current task (sync: round_open_for). */
+bool round_open_to(const coord *c, const worker *w, uint32_t round);
+/* round_of is the round number of w's task (sync: the round's). */
+uint32_t round_of(const coord *c, const worker *w);
+
+/* ---- async.c: round.mode async, one server step per buffer ---- */
+FB_MUST_CHECK fb_err async_alloc(coord *c);
+void async_fini(coord *c);
+/* async_begin opens the next buffer (IDLE -> PREPARE or TRAIN). */
+void async_begin(coord *c, int64_t now);
+/* async_open starts the buffer's TRAIN: held begins, then tasks. */
+void async_open(coord *c, int64_t now);
+/* async_step: harvest complete updates, give free workers tasks, close. */
+void async_step(coord *c, int64_t now);
+/* async_on_begin decides an UpdateBegin first: true when it is taken care
+ * of here (held for the next buffer, or dropped as too stale), false when
+ * upload_on_begin goes on (w->weight set). */
+bool async_on_begin(coord *c, worker *w, const fb_msg *m);
+/* async_fetch_ok says whether w's ModelFetch can be served the model of
+ * its task; if not, the task is cancelled (a new one follows). */
+bool async_fetch_ok(coord *c, worker *w);
 
 /* ---- broadcast.c ---- */
 FB_MUST_CHECK fb_err broadcast_alloc(coord *c);

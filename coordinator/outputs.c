@@ -352,6 +352,40 @@ json_worker(coord *c, FILE *f, const worker *w)
 	fputc('}', f);
 }
 
+/* round.mode async: the step, and the buffer's updates as "workers". */
+static void
+json_async(coord *c, FILE *f)
+{
+	const async_state *as = &c->as;
+
+	fprintf(f, "\"mode\": \"async\", \"version\": %u, "
+	           "\"buffer_size\": %lld, ",
+	    c->rd.committed, (long long)c->cfg->buffer_size);
+	json_num(f, "step_scale", as->scale, 6, false);
+	fprintf(f, "\"dropped_stale\": %" PRIu64 ", \"superseded\": %" PRIu64
+	           ", \"workers\": [",
+	    as->dropped_stale, as->superseded);
+	for (uint32_t i = 0; i < as->count; i++) {
+		const async_entry *e = &as->buf[i];
+		fprintf(f, "%s{\"name\": ", i ? ", " : "");
+		json_str(f, e->name);
+		fprintf(f, ", \"status\": \"done\", \"trained_from\": %u, "
+		           "\"staleness\": %u, \"staleness_weight\": %.6g, "
+		           "\"samples\": %" PRIu64 ", \"steps\": %" PRIu64
+		           ", \"train_seconds\": %.3f, \"steps_per_s\": %.3f",
+		    e->version, e->staleness,
+		    fb_staleness_weight(e->staleness), e->n, e->steps,
+		    e->train_seconds, e->speed);
+		if (fb_rule_is_fednova(c->cfg->rule)) {
+			fprintf(f, ", \"a_norm\": %.6g", e->a_norm);
+		}
+		fprintf(f, ", \"backend\": ");
+		json_str(f, e->backend);
+		fputc('}', f);
+	}
+	fprintf(f, "]}\n");
+}
+
 static void
 json_round(coord *c, FILE *f)
 {
@@ -397,6 +431,11 @@ json_round(coord *c, FILE *f)
 		c->rd.rejected[i] = c->g.drops[i] - c->g.drops_reported[i];
 		fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", drop_names[i],
 		    c->rd.rejected[i]);
+	}
+	if (c->cfg->mode == FB_MODE_ASYNC) {
+		fprintf(f, "}, ");
+		json_async(c, f);
+		return;
 	}
 	fprintf(f, "}, \"workers\": [");
 	for (uint32_t i = 0, n = 0; i < c->reg.cap; i++) {
@@ -454,7 +493,16 @@ outputs_round_line(coord *c)
 	const round_result *r = &rd->r;
 	char fed[48];
 
-	if (rd->final) {
+	if (c->cfg->mode == FB_MODE_ASYNC) {
+		/* a server step: its updates, and how stale the stalest was */
+		uint32_t smax = 0;
+		for (uint32_t i = 0; i < c->as.count; i++) {
+			smax = c->as.buf[i].staleness > smax ? c->as.buf[i].staleness
+			                                     : smax;
+		}
+		printf("step  %3u/%lld  updates %u  staleness <= %u  ", rd->number,
+		    (long long)c->cfg->rounds, r->participants, smax);
+	} else if (rd->final) {
 		printf("final      workers %u/%u%s  ", r->participants,
 		    r->selected, r->partial ? " (+partial)" : "");
 	} else {

@@ -37,8 +37,8 @@ const char *const round_phase_names[PHASE_COUNT_] = {"idle", "prepare",
 const char *const round_status_names[ROUND_STATUS_COUNT_] = {"ok", "failed",
     "aborted"};
 
-static void
-enter(coord *c, round_phase p, int64_t now)
+void
+round_enter(coord *c, round_phase p, int64_t now)
 {
 	fb_log_debug("round %u: %s -> %s", c->rd.number,
 	    round_phase_names[c->rd.phase], round_phase_names[p]);
@@ -86,7 +86,11 @@ round_on_failed(coord *c, worker *w, const fb_msg *m)
 		registry_forget(c, w, why);
 		return;
 	}
-	if (!round_open_for(c, m->u.round_failed.round)) {
+	/* async: its task's failure counts in any phase (a worker left
+	 * training would not be given another task) */
+	if (c->cfg->mode == FB_MODE_ASYNC
+	        ? m->u.round_failed.round != w->task_round
+	        : !round_open_for(c, m->u.round_failed.round)) {
 		guard_drop(c, DROP_STALE_ROUND, "round_failed for round %u from "
 		    "%s (round %u is open)", m->u.round_failed.round, w->name,
 		    c->rd.number);
@@ -112,7 +116,7 @@ round_cancel(coord *c, worker *w, const char *why)
 {
 	fb_msg m = {.type = FB_MSG_ROUND_CANCEL};
 
-	m.u.round_cancel.round = c->rd.number;
+	m.u.round_cancel.round = round_of(c, w);
 	snprintf(m.u.round_cancel.reason, sizeof(m.u.round_cancel.reason), "%s",
 	    why);
 	(void)coord_send(c, w, &m, NULL, 0, NULL);
@@ -143,8 +147,8 @@ cancel_stragglers(coord *c, bool deadline, bool keep_uploads)
  * aggregation no speed is known here (workers report none): a time
  * budget goes to the workers as such (send_round_starts), and this is
  * the fixed work a worker does until it has measured its speed. */
-static uint64_t
-schedule_steps(const coord *c, const worker *w)
+uint64_t
+round_schedule_steps(const coord *c, const worker *w)
 {
 	const fb_coord_config *cfg = c->cfg;
 	uint64_t steps = (uint64_t)cfg->local_steps;
@@ -218,7 +222,7 @@ select_workers(coord *c)
 	for (uint32_t s = 0; s < nsel; s++) {
 		worker *w = &c->reg.workers[rd->sel[s]];
 		rd->sel_id[s] = w->id;
-		w->assigned_steps = schedule_steps(c, w);
+		w->assigned_steps = round_schedule_steps(c, w);
 		w->weight = 0;
 		w->round_speed = 0;
 		w->a_norm = 0;
@@ -238,7 +242,7 @@ select_workers(coord *c)
 }
 
 /* The round's results start empty; the round's clock starts. */
-static void
+void
 round_reset(coord *c, int64_t now)
 {
 	round_state *rd = &c->rd;
@@ -261,14 +265,8 @@ round_reset(coord *c, int64_t now)
 	sa_free(&c->sa);
 }
 
-static void record_round(coord *c, int64_t now);
-
 /* Ends the round without a commit: the model stays as it was. */
-static void
-round_fail(coord *c, round_status st, int64_t now, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void
+void
 round_fail(coord *c, round_status st, int64_t now, const char *fmt, ...)
 {
 	va_list ap;
@@ -281,12 +279,12 @@ round_fail(coord *c, round_status st, int64_t now, const char *fmt, ...)
 	}
 	fb_log_error("round %u %s: %s; the model is unchanged", c->rd.number,
 	    st == ROUND_ABORTED ? "aborted" : "failed", c->rd.why);
-	record_round(c, now);
+	round_record(c, now);
 }
 
 /* Sends worker w its RoundStart and puts it in training. */
-static void
-send_round_start(coord *c, worker *w)
+void
+round_send_start(coord *c, worker *w)
 {
 	const fb_coord_config *cfg = c->cfg;
 	round_state *rd = &c->rd;
@@ -307,6 +305,11 @@ send_round_start(coord *c, worker *w)
 	m.u.round_start.momentum = (float)cfg->momentum;
 	m.u.round_start.weight_decay = (float)cfg->weight_decay;
 	m.u.round_start.seed = (uint64_t)cfg->seed;
+	if (cfg->mode == FB_MODE_ASYNC) {
+		/* a task of its own: two tasks from one model version do not
+		 * repeat each other's batches */
+		m.u.round_start.seed = w->task_seed;
+	}
 	m.u.round_start.deadline_ms = (uint32_t)cfg->deadline_ms;
 	m.u.round_start.prox_mu = (float)cfg->prox_mu;
 	m.u.round_start.fednova = fb_rule_is_fednova(cfg->rule);
@@ -356,9 +359,9 @@ send_round_starts(coord *c, int64_t now)
 			continue; /* gone since the selection */
 		}
 		rd->r.selected++;
-		send_round_start(c, w);
+		round_send_start(c, w);
 	}
-	enter(c, PHASE_TRAIN, now);
+	round_enter(c, PHASE_TRAIN, now);
 }
 
 /*
@@ -375,6 +378,9 @@ round_rejoin(coord *c, worker *w, int64_t now)
 	wslot slot = registry_slot(c, w);
 	uint32_t s;
 
+	if (c->cfg->mode == FB_MODE_ASYNC) {
+		return; /* free again: the next task is its way back */
+	}
 	if (rd->phase != PHASE_TRAIN || now >= rd->deadline_ms ||
 	    rd->upload_round[slot.v] == rd->number ||
 	    w->state == W_TRAINING || w->state == W_UPLOADING ||
@@ -405,14 +411,14 @@ round_rejoin(coord *c, worker *w, int64_t now)
 	}
 	/* what the selection gave it (a slot forgotten meanwhile lost it) */
 	w->weight = rd->sel_weight[s];
-	w->assigned_steps = schedule_steps(c, w);
+	w->assigned_steps = round_schedule_steps(c, w);
 	w->first_chunk = (uint32_t)((uint64_t)s * c->chunk_count / rd->nsel);
 	w->next_chunk = 0;
 	w->steps = 0;
 	w->fail_reason = NULL;
 	fb_log_info("round %u: %s rejoins the round (%.1fs left)", rd->number,
 	    w->name, (double)(rd->deadline_ms - now) / 1000.0);
-	send_round_start(c, w);
+	round_send_start(c, w);
 }
 
 /* IDLE -> PREPARE or TRAIN: selects, schedules, sets up SecAgg. */
@@ -448,7 +454,7 @@ round_begin(coord *c, int64_t now)
 		return;
 	}
 	jobs_submit(c, JOB_ENCRYPT);
-	enter(c, PHASE_PREPARE, now);
+	round_enter(c, PHASE_PREPARE, now);
 }
 
 /* ---- closing ---------------------------------------------------------------- */
@@ -541,7 +547,7 @@ start_aggregate(coord *c, int64_t now)
 		j->scale = 1.0;
 		j->evaluate = false;
 		jobs_submit(c, JOB_AGGREGATE);
-		enter(c, PHASE_AGGREGATE, now);
+		round_enter(c, PHASE_AGGREGATE, now);
 		return;
 	}
 	if (c->sa.phase == SA_OFF && fb_rule_is_fednova(c->cfg->rule) &&
@@ -561,7 +567,7 @@ start_aggregate(coord *c, int64_t now)
 	    (c->rd.number % c->cfg->eval_every == 0 ||
 	        c->rd.number == (uint32_t)c->cfg->rounds);
 	jobs_submit(c, JOB_AGGREGATE);
-	enter(c, PHASE_AGGREGATE, now);
+	round_enter(c, PHASE_AGGREGATE, now);
 }
 
 /* TRAIN/OVERTIME -> UNMASK, AGGREGATE or (too few updates) RECORD. */
@@ -594,7 +600,7 @@ round_close(coord *c, int64_t now)
 			return;
 		}
 		sa_request_confirms(c, now);
-		enter(c, PHASE_UNMASK, now);
+		round_enter(c, PHASE_UNMASK, now);
 		return;
 	}
 	start_aggregate(c, now);
@@ -621,7 +627,7 @@ round_train_step(coord *c, int64_t now)
 			fb_log_warn("round %u: deadline (%.1fs) passed; waiting for "
 			            "the stragglers (round.stragglers: wait)",
 			    rd->number, (double)cfg->deadline_ms / 1000.0);
-			enter(c, PHASE_OVERTIME, now);
+			round_enter(c, PHASE_OVERTIME, now);
 		}
 		return;
 	}
@@ -634,7 +640,7 @@ round_train_step(coord *c, int64_t now)
 			            "masked uploads under way finish",
 			    rd->number, (double)cfg->deadline_ms / 1000.0);
 			cancel_stragglers(c, true, true);
-			enter(c, PHASE_OVERTIME, now);
+			round_enter(c, PHASE_OVERTIME, now);
 		}
 		return;
 	}
@@ -652,8 +658,8 @@ round_train_step(coord *c, int64_t now)
 
 /* Builds the metrics line (on the loop: it reads the roster) and has the
  * job thread append it. */
-static void
-record_round(coord *c, int64_t now)
+void
+round_record(coord *c, int64_t now)
 {
 	round_state *rd = &c->rd;
 	job *j = &c->job;
@@ -665,11 +671,11 @@ record_round(coord *c, int64_t now)
 	j->line = NULL;
 	if (outputs_metrics_line(c, &j->line, &j->line_len) != FB_OK) {
 		rd->exit_rc = FB_ENOMEM;
-		enter(c, PHASE_DONE, now);
+		round_enter(c, PHASE_DONE, now);
 		return;
 	}
 	jobs_submit(c, JOB_RECORD);
-	enter(c, PHASE_RECORD, now);
+	round_enter(c, PHASE_RECORD, now);
 }
 
 /* AGGREGATE is done: the round committed, or it did not and why. */
@@ -683,7 +689,7 @@ aggregate_done(coord *c, int64_t now)
 		/* the model could not be evaluated: the run stops */
 		fb_log_error("round %u: %s; stopping", rd->number, j->why);
 		rd->exit_rc = j->rc;
-		enter(c, PHASE_DONE, now);
+		round_enter(c, PHASE_DONE, now);
 		return;
 	}
 	if (j->rc != FB_OK) {
@@ -701,7 +707,7 @@ aggregate_done(coord *c, int64_t now)
 	}
 	if (rd->final) {
 		rd->r.train_loss = NAN; /* nobody trained */
-		record_round(c, now);
+		round_record(c, now);
 		return;
 	}
 	rd->tau_eff = j->secure_sum && fb_rule_is_fednova(c->cfg->rule)
@@ -709,7 +715,7 @@ aggregate_done(coord *c, int64_t now)
 	rd->r.test_accuracy = j->test_accuracy;
 	rd->r.test_loss = j->test_loss;
 	rd->committed++;
-	record_round(c, now);
+	round_record(c, now);
 }
 
 /* RECORD is done: the round line, then the next round or the end. */
@@ -721,7 +727,7 @@ record_done(coord *c, int64_t now)
 	if (c->job.rc != FB_OK) {
 		fb_log_error("round %u: %s; stopping", rd->number, c->job.why);
 		rd->exit_rc = c->job.rc;
-		enter(c, PHASE_DONE, now);
+		round_enter(c, PHASE_DONE, now);
 		return;
 	}
 	rd->ran++;
@@ -732,7 +738,7 @@ record_done(coord *c, int64_t now)
 	if (rd->final || (rd->number >= (uint32_t)c->cfg->rounds &&
 	                     !c->cfg->fed_final)) {
 		rd->exit_rc = FB_OK;
-		enter(c, PHASE_DONE, now);
+		round_enter(c, PHASE_DONE, now);
 		return;
 	}
 	if (rd->number >= (uint32_t)c->cfg->rounds) {
@@ -743,7 +749,7 @@ record_done(coord *c, int64_t now)
 	rd->number++;
 	rd->idle_since_ms = now;
 	rd->last_note_ms = now;
-	enter(c, PHASE_IDLE, now);
+	round_enter(c, PHASE_IDLE, now);
 }
 
 void
@@ -754,6 +760,10 @@ round_job_done(coord *c, job_kind kind, int64_t now)
 		if (c->job.rc != FB_OK) {
 			round_fail(c, ROUND_FAILED, now, "cannot encrypt the model: "
 			    "%s", fb_strerror(c->job.rc));
+			return;
+		}
+		if (c->cfg->mode == FB_MODE_ASYNC) {
+			async_open(c, now);
 			return;
 		}
 		send_round_starts(c, now);
@@ -816,7 +826,15 @@ round_idle_step(coord *c, int64_t now)
 	const fb_coord_config *cfg = c->cfg;
 	round_state *rd = &c->rd;
 	uint32_t live = registry_live_count(c);
+	/* async: min_workers before the first step; then the buffers go on
+	 * with whoever is live (nobody waits for a worker that left) */
+	uint32_t need = cfg->mode == FB_MODE_ASYNC && rd->ran > 0
+	    ? 1 : (uint32_t)cfg->min_workers;
 
+	if (live >= need && cfg->mode == FB_MODE_ASYNC) {
+		async_begin(c, now);
+		return;
+	}
 	if (live >= (uint32_t)cfg->min_workers) {
 		round_begin(c, now);
 		return;
@@ -828,7 +846,7 @@ round_idle_step(coord *c, int64_t now)
 		    live, (long long)cfg->min_workers,
 		    (double)cfg->wait_for_workers_ms / 1000.0);
 		rd->exit_rc = FB_ETIMEDOUT;
-		enter(c, PHASE_DONE, now);
+		round_enter(c, PHASE_DONE, now);
 		return;
 	}
 	if (now - rd->last_note_ms > 10000) {
@@ -847,6 +865,10 @@ round_step(coord *c, int64_t now)
 		return;
 	case PHASE_TRAIN:
 	case PHASE_OVERTIME:
+		if (c->cfg->mode == FB_MODE_ASYNC) {
+			async_step(c, now);
+			return;
+		}
 		round_train_step(c, now);
 		return;
 	case PHASE_UNMASK:
@@ -882,5 +904,5 @@ round_stop(coord *c, int64_t now)
 		cancel_stragglers(c, true, false);
 	}
 	c->rd.exit_rc = FB_ECLOSED;
-	enter(c, PHASE_DONE, now);
+	round_enter(c, PHASE_DONE, now);
 }

@@ -225,7 +225,7 @@ upload_credit_pump(coord *c)
 			credit_want(c, w); /* when a masked upload is whole */
 			continue;
 		}
-		m.u.update_credit.round = c->rd.number;
+		m.u.update_credit.round = round_of(c, w);
 		m.u.update_credit.chunks = give;
 		if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
 			credit_want(c, w); /* again on the next pass */
@@ -275,7 +275,7 @@ begin_plain_ok(coord *c, worker *w, const fb_msg *m)
 static fb_stream_pull *
 begin_stream(coord *c, worker *w, const fb_msg *m)
 {
-	fb_stream_ctx ctx = {.run = c->run, .round = c->rd.number,
+	fb_stream_ctx ctx = {.run = c->run, .round = round_of(c, w),
 	    .sender = w->id};
 	fb_reject why = FB_REJECT_NONE;
 	fb_stream_pull *pull = NULL;
@@ -308,7 +308,7 @@ begin_needed(coord *c, worker *w)
 	if (updates_claimed(c) < c->rd.target_updates) {
 		return true;
 	}
-	cm.u.round_cancel.round = c->rd.number;
+	cm.u.round_cancel.round = round_of(c, w);
 	snprintf(cm.u.round_cancel.reason, sizeof(cm.u.round_cancel.reason),
 	    "the round has its %u updates (over-selection)",
 	    c->rd.target_updates);
@@ -361,7 +361,10 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 	fb_stream_pull *pull = NULL;
 	bool masked = c->sa.phase != SA_OFF;
 
-	if (!round_open_for(c, m->u.update_begin.round)) {
+	if (async_on_begin(c, w, m)) {
+		return; /* round.mode async: held back, or too stale */
+	}
+	if (!round_open_to(c, w, m->u.update_begin.round)) {
 		guard_drop(c, DROP_STALE_ROUND, "update for round %u from %s "
 		    "(round %u is open)", m->u.update_begin.round, w->name,
 		    c->rd.number);
@@ -427,7 +430,7 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 	size_t len = fb_buf_len(buf);
 	uint64_t elems;
 
-	if (!round_open_for(c, m->u.update_chunk.round)) {
+	if (!round_open_to(c, w, m->u.update_chunk.round)) {
 		guard_drop(c, DROP_STALE_ROUND, "update chunk for round %u from "
 		    "%s (round %u is open)", m->u.update_chunk.round, w->name,
 		    c->rd.number);
@@ -499,7 +502,7 @@ upload_on_end(coord *c, worker *w, const fb_msg *m)
 {
 	fb_pubkey pk;
 
-	if (!round_open_for(c, m->u.update_end.round)) {
+	if (!round_open_to(c, w, m->u.update_end.round)) {
 		guard_drop(c, DROP_STALE_ROUND, "update end for round %u from %s",
 		    m->u.update_end.round, w->name);
 		return;

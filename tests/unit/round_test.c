@@ -2295,6 +2295,236 @@ test_secure_time_budget_private(void **state)
 	bench_stop();
 }
 
+/* ---- round.mode: async --------------------------------------------------- */
+
+#define ASYNC_ROUND "  mode: async\n  buffer_size: 2\n  max_staleness: 1\n"
+
+/* The largest deviation of the model from before - D, D = sum_i n_i
+ * (1 + s_i)^-1/2 x_i / sum_i n_i over the buffer's (worker, staleness)
+ * pairs: the formula written out here, not the library's. */
+static double
+async_error(const float *before, const uint32_t *who, const uint32_t *st,
+    uint32_t k)
+{
+	double err = 0, nsum = 0;
+
+	for (uint32_t s = 0; s < k; s++) {
+		nsum += (double)t.fw[who[s]].samples;
+	}
+	for (uint32_t j = 0; j < PARAMS; j++) {
+		double d = 0;
+		for (uint32_t s = 0; s < k; s++) {
+			d += (double)t.fw[who[s]].samples / sqrt(1.0 + st[s]) *
+			    t.fw[who[s]].update[j];
+		}
+		d = fabs((double)t.c->params[j] - (before[j] - d / nsum));
+		err = d > err ? d : err;
+	}
+	return err;
+}
+
+/* Async: every worker gets a task at once; a worker done while the
+ * buffer fills gets another at once (its own batch seed); every 2
+ * updates the server steps, fresh updates by FedAvg, stale ones by
+ * 1/sqrt(1 + s) of their share and of the step; each step is one line
+ * with the versions. */
+static void
+test_async_buffer_steps_with_staleness(void **state)
+{
+	char line[16384];
+	float before[PARAMS];
+	const fb_msg *rs;
+	uint64_t seed0;
+
+	bench_start(&(setup){.workers = 3, .extra = ASYNC_ROUND});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	for (uint32_t i = 0; i < 3; i++) {
+		rs = take_round_start(i);
+		assert_non_null(rs);
+		assert_int_equal(rs->u.round_start.round, 1);
+	}
+	seed0 = t.fw[0].rs->u.round_start.seed;
+	assert_true(seed0 != t.fw[1].rs->u.round_start.seed);
+	/* w0 done: into the buffer (1 of 2), and a new task of version 0 */
+	upload(0, t.fw[0].update, UINT32_MAX);
+	assert_phase(PHASE_TRAIN);
+	assert_int_equal(t.c->rd.committed, 0);
+	rs = take_round_start(0);
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 1);
+	assert_true(rs->u.round_start.seed != seed0);
+	/* w1 done: the buffer is full, the server steps (fresh: FedAvg) */
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_int_equal(t.c->rd.number, 2);
+	assert_phase(PHASE_TRAIN);
+	assert_true(async_error(t.start, (uint32_t[]){0, 1},
+	                (uint32_t[]){0, 0}, 2) < 1e-5);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"mode\": \"async\", \"version\": 1,"));
+	assert_non_null(strstr(line, "\"trained_from\": 0, \"staleness\": 0"));
+	assert_non_null(strstr(line, "\"participants\": 2"));
+	/* w1 has a task of version 1 (round 2); w2's and w0's tasks are of
+	 * version 0: one step stale each */
+	rs = take_round_start(1);
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 2);
+	memcpy(before, t.c->params, sizeof(before));
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 2);
+	assert_true(async_error(before, (uint32_t[]){2, 0},
+	                (uint32_t[]){1, 1}, 2) < 1e-5);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"version\": 2,"));
+	assert_non_null(strstr(line, "\"trained_from\": 0, \"staleness\": 1, "
+	                             "\"staleness_weight\": 0.707107"));
+	assert_non_null(strstr(line, "\"dropped_stale\": 0"));
+	assert_int_equal(metrics_lines(), 2);
+	bench_stop();
+}
+
+/* Async: an update more than max_staleness steps old is dropped at its
+ * begin (counted, its worker cancelled and given a fresh task), and the
+ * model does not move for it. */
+static void
+test_async_too_stale_dropped(void **state)
+{
+	char line[16384];
+	float before[PARAMS];
+	uint32_t cancels;
+
+	bench_start(&(setup){.workers = 3, .extra = ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	/* w0 and w1 make two steps while w2 trains from version 0 */
+	for (int step = 0; step < 2; step++) {
+		upload(0, t.fw[0].update, UINT32_MAX);
+		upload(1, t.fw[1].update, UINT32_MAX);
+		assert_non_null(take_round_start(0));
+		assert_non_null(take_round_start(1));
+	}
+	assert_int_equal(t.c->rd.committed, 2);
+	memcpy(before, t.c->params, sizeof(before));
+	cancels = count_to(2, FB_MSG_ROUND_CANCEL);
+	upload(2, t.fw[2].update, UINT32_MAX); /* staleness 2 > 1 */
+	assert_int_equal(count_to(2, FB_MSG_ROUND_CANCEL), cancels + 1);
+	assert_int_equal(take_credits(2), 0);
+	assert_true(memcmp(before, t.c->params, sizeof(before)) == 0);
+	{
+		const fb_msg *rs = take_round_start(2);
+		assert_non_null(rs);
+		assert_int_equal(rs->u.round_start.round, 3); /* version 2 */
+	}
+	/* the next step holds w0, w1; its line counts the drop */
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 3);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"dropped_stale\": 1"));
+	bench_stop();
+}
+
+/* Async: uploads under way when the buffer fills finish into it
+ * (OVERTIME); a begin that comes meanwhile waits for the next buffer
+ * and is then taken, one step stale. */
+static void
+test_async_overtime_and_held_begin(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){.workers = 4, .extra = ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 4; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	upload(0, t.fw[0].update, 1); /* one chunk of three */
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_phase(PHASE_OVERTIME);
+	assert_int_equal(t.c->rd.committed, 0);
+	upload_begin(3, t.fw[3].update); /* held: no credit */
+	assert_false(upload_more(3, UINT32_MAX));
+	assert_true(upload_more(0, UINT32_MAX));
+	/* the step took w1, w2 and w0, fresh */
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(async_error(t.start, (uint32_t[]){1, 2, 0},
+	                (uint32_t[]){0, 0, 0}, 3) < 1e-5);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"participants\": 3"));
+	/* buffer 2 took w3's held begin: its credit came */
+	assert_true(upload_more(3, UINT32_MAX));
+	assert_int_equal(t.c->rd.number, 2);
+	assert_int_equal(t.c->as.count, 1);
+	assert_string_equal(t.c->as.buf[0].name, "w3");
+	assert_int_equal(t.c->as.buf[0].version, 0);
+	assert_int_equal(t.c->as.buf[0].staleness, 1);
+	bench_stop();
+}
+
+/* Async: a worker whose task failed (RoundFailed) is out of this buffer
+ * and gets its next task when the next buffer opens. */
+static void
+test_async_failed_task_waits_next_buffer(void **state)
+{
+	fb_msg f = {.type = FB_MSG_ROUND_FAILED};
+	const fb_msg *rs;
+
+	bench_start(&(setup){.workers = 3, .extra = ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	f.u.round_failed.round = 1;
+	snprintf(f.u.round_failed.reason, sizeof(f.u.round_failed.reason),
+	    "trainer crashed");
+	deliver(2, &f, NULL, 0);
+	assert_int_equal(t.c->reg.workers[2].state, W_FAILED);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	assert_non_null(take_round_start(0)); /* w0 again, w2 not */
+	assert_null(take_round_start(2));
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	rs = take_round_start(2);
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 2);
+	bench_stop();
+}
+
+/* Async: a worker that dies mid-task is not waited for: the others fill
+ * the buffers and the steps go on; its slot is freed. */
+static void
+test_async_worker_lost_not_waited_for(void **state)
+{
+	bench_start(&(setup){.workers = 3, .extra = ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	for (int s = 0; s < 6; s++) {
+		fb_msg hb = {.type = FB_MSG_HEARTBEAT};
+		deliver(0, &hb, NULL, 0);
+		deliver(1, &hb, NULL, 0);
+		advance(1000);
+	}
+	assert_false(t.c->reg.workers[2].used);
+	for (int step = 0; step < 3; step++) {
+		upload(0, t.fw[0].update, UINT32_MAX);
+		upload(1, t.fw[1].update, UINT32_MAX);
+		if (step < 2) {
+			assert_non_null(take_round_start(0));
+			assert_non_null(take_round_start(1));
+		}
+	}
+	assert_int_equal(t.c->rd.committed, 3);
+	assert_phase(PHASE_DONE); /* rounds: 3 steps */
+	bench_stop();
+}
+
 FB_TESTS = {
 	{"the final round only evaluates: no step, a final line",
 	    test_final_round_only_evaluates},
@@ -2371,6 +2601,16 @@ FB_TESTS = {
         test_secure_other_set_not_counted},
     {"secure: a time budget goes to the workers, and no speed is kept",
         test_secure_time_budget_private},
+    {"async: free workers get tasks, the buffer steps with staleness weights",
+        test_async_buffer_steps_with_staleness},
+    {"async: an update past max_staleness is dropped and counted",
+        test_async_too_stale_dropped},
+    {"async: uploads under way finish into the full buffer, a begin waits",
+        test_async_overtime_and_held_begin},
+    {"async: a failed task's worker gets a task in the next buffer",
+        test_async_failed_task_waits_next_buffer},
+    {"async: a worker lost mid-task is not waited for",
+        test_async_worker_lost_not_waited_for},
     {NULL, NULL},
 };
 
