@@ -249,19 +249,52 @@ typedef enum fb_server_opt_kind {
 	FB_SERVER_KIND_COUNT_
 } fb_server_opt_kind;
 
+/*
+ * The server learning rate's schedule over the run's rounds t = 1 .. R:
+ *     none    lr_t = lr
+ *     cosine  lr_t = lr * (f + (1 - f) * (1 + cos(pi * (t - 1) / R)) / 2)
+ * with f = lr_final, the fraction of lr the schedule falls to (cosine
+ * annealing, Loshchilov and Hutter 2017, one cycle, no restart). Round 1
+ * steps with lr; round R with lr * (f + (1 - f) * (1 - cos(pi / R)) / 2),
+ * just above lr * f; rounds past R keep lr * f. Under label skew the
+ * workers' updates disagree from round to round, and a server step of
+ * constant size keeps the model moving among them; the decay lets the last
+ * rounds settle, so that the final model is a good one rather than the
+ * latest swing.
+ */
+typedef enum fb_server_lr_decay {
+	FB_LR_DECAY_NONE = 0,
+	FB_LR_DECAY_COSINE,
+	FB_LR_DECAY_COUNT_
+} fb_server_lr_decay;
+
+/* fb_server_lr_decay_names: "none", "cosine", NULL-terminated, in enum
+ * order (config names). */
+extern const char *const fb_server_lr_decay_names[];
+
 typedef struct fb_server_opt_params {
 	fb_server_opt_kind kind;
 	double lr;    /* server learning rate, > 0 */
 	double beta1; /* avgm: momentum; adam, yogi: first moment; [0, 1) */
 	double beta2; /* adam, yogi: second moment decay, [0, 1) */
 	double tau;   /* adam, yogi: adaptivity (epsilon), > 0 */
+	fb_server_lr_decay decay; /* the lr's schedule over `rounds` */
+	double lr_final;  /* cosine: the fraction of lr it ends at, [0, 1] */
+	uint64_t rounds;  /* cosine: the schedule's length R, >= 1 */
 } fb_server_opt_params;
+
+/*
+ * fb_server_lr_at returns the scheduled server learning rate of round
+ * `round` (1-based; 0 reads as 1) for params `p` (as above; p->lr for
+ * FB_LR_DECAY_NONE). Pure; does not check p (fb_server_opt_alloc does).
+ */
+double fb_server_lr_at(const fb_server_opt_params *p, uint64_t round);
 
 /*
  * fb_server_opt_params_default fills the defaults for `kind`: lr 1 (sgd,
  * avgm) or 0.01 (adam, yogi; Reddi et al. tune it in 10^-3 .. 10^0), beta1
- * 0.9, beta2 0.99, tau 1e-3 (the paper's defaults). With avgm the step on
- * a steady D is lr / (1 - beta1) times D.
+ * 0.9, beta2 0.99, tau 1e-3 (the paper's defaults), no decay (lr_final 0,
+ * rounds 1). With avgm the step on a steady D is lr / (1 - beta1) times D.
  */
 void fb_server_opt_params_default(fb_server_opt_params *p,
     fb_server_opt_kind kind);
@@ -282,6 +315,17 @@ void fb_server_opt_free(fb_server_opt *opt);
 
 /* fb_server_opt_reset puts the state back to m = 0, v = tau^2. */
 void fb_server_opt_reset(fb_server_opt *opt);
+
+/*
+ * fb_server_opt_set_round makes the next steps use round `round`'s
+ * learning rate, fb_server_lr_at(params, round) (1-based); until it is
+ * called they use round 1's. Not thread-safe against a step in progress:
+ * call it before the round's fb_server_opt_step_chunks calls start.
+ */
+void fb_server_opt_set_round(fb_server_opt *opt, uint64_t round);
+
+/* fb_server_opt_lr returns the learning rate the next step uses. */
+double fb_server_opt_lr(const fb_server_opt *opt);
 
 /*
  * fb_server_opt_state gives the state vectors (count floats each; NULL for

@@ -3,7 +3,8 @@
  * rules.c -- the aggregation rules applied to the accumulator's mean:
  * FedNova's normaliser and effective step count (Wang et al. 2020), and the
  * server optimisers FedAvg, FedAvgM, FedAdam and FedYogi (Reddi et al. 2021,
- * Algorithm 2). aggregation.h states the math and the sign convention.
+ * Algorithm 2) with an optional cosine schedule of the server learning rate
+ * over the run. aggregation.h states the math and the sign convention.
  *
  * The server step reads the fixed-point sums of each chunk directly (the
  * layout comes from aggregation_impl.h) and updates params and state one
@@ -20,6 +21,7 @@
 
 struct fb_server_opt {
 	fb_server_opt_params p;
+	double lr;      /* this round's, fb_server_lr_at(p, round) */
 	uint64_t count; /* model floats, > 0 */
 	float *m;       /* count floats; NULL for sgd */
 	float *v;       /* count floats; adam and yogi only */
@@ -34,6 +36,12 @@ const char *const fb_rule_names[] = {
 	"fedavgm",
 	"fedadam",
 	"fedyogi",
+	NULL,
+};
+
+const char *const fb_server_lr_decay_names[] = {
+	"none",
+	"cosine",
 	NULL,
 };
 
@@ -225,6 +233,35 @@ fb_server_opt_params_default(fb_server_opt_params *p, fb_server_opt_kind kind)
 	p->beta1 = 0.9;
 	p->beta2 = 0.99;
 	p->tau = 1e-3;
+	p->decay = FB_LR_DECAY_NONE;
+	p->lr_final = 0.0;
+	p->rounds = 1;
+}
+
+double
+fb_server_lr_at(const fb_server_opt_params *p, uint64_t round)
+{
+	double t, c, f = p->lr_final;
+
+	if (p->decay == FB_LR_DECAY_NONE) {
+		return p->lr;
+	}
+	if (round > p->rounds) {
+		return p->lr * f;
+	}
+	/* t = (round - 1) / R in [0, 1): round 1 gets lr, round R just above
+	 * lr f. (1 + cos(pi t)) / 2 = cos^2(pi t / 2) = sin^2(pi (1 - t) / 2):
+	 * the cosine for t <= 1/2 and the sine after keep every round's value
+	 * to a few ulps, where 1 + cos(pi t) would cancel near t = 1. */
+	if (round == 0) {
+		round = 1;
+	}
+	t = (double)(round - 1) / (double)p->rounds;
+	c = 2 * (round - 1) <= p->rounds
+	        ? cos(M_PI_2 * t)
+	        : sin(M_PI_2 * ((double)(p->rounds - round + 1) /
+	                          (double)p->rounds));
+	return p->lr * (f + (1.0 - f) * c * c);
 }
 
 static bool
@@ -241,6 +278,13 @@ params_ok(const fb_server_opt_params *p)
 	}
 	if (adaptive && (!(p->beta2 >= 0 && p->beta2 < 1) || !(p->tau > 0) ||
 	                    !isfinite(p->tau) || !isfinite(p->tau * p->tau))) {
+		return false;
+	}
+	if ((unsigned)p->decay >= FB_LR_DECAY_COUNT_) {
+		return false;
+	}
+	if (p->decay != FB_LR_DECAY_NONE &&
+	    (!(p->lr_final >= 0 && p->lr_final <= 1) || p->rounds == 0)) {
 		return false;
 	}
 	return true;
@@ -263,6 +307,7 @@ fb_server_opt_alloc(const fb_server_opt_params *p, uint64_t count,
 		goto out;
 	}
 	opt->p = *p;
+	opt->lr = fb_server_lr_at(p, 1);
 	opt->count = count;
 	if (p->kind != FB_SERVER_SGD &&
 	    (opt->m = fb_alloc(count * sizeof(float))) == NULL) {
@@ -308,6 +353,18 @@ fb_server_opt_reset(fb_server_opt *opt)
 }
 
 void
+fb_server_opt_set_round(fb_server_opt *opt, uint64_t round)
+{
+	opt->lr = fb_server_lr_at(&opt->p, round);
+}
+
+double
+fb_server_opt_lr(const fb_server_opt *opt)
+{
+	return opt->lr;
+}
+
+void
 fb_server_opt_state(fb_server_opt *opt, float **m, float **v)
 {
 	*m = opt->m;
@@ -326,7 +383,7 @@ step_chunk(fb_server_opt *opt, const uint32_t *sum, double k, uint64_t first,
 	float *x = params + first;
 	float *m = opt->m != NULL ? opt->m + first : NULL;
 	float *v = opt->v != NULL ? opt->v + first : NULL;
-	double lr = p->lr, b1 = p->beta1, b2 = p->beta2, tau = p->tau;
+	double lr = opt->lr, b1 = p->beta1, b2 = p->beta2, tau = p->tau;
 
 	switch (p->kind) {
 	case FB_SERVER_SGD:

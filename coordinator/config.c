@@ -23,6 +23,9 @@ static const char *const straggler_modes[] = {"drop", "wait", NULL};
 static const char *const round_modes[] = {"sync", "async", NULL};
 static const char *const auto_word[] = {"auto", NULL}; /* -1 */
 static const char *const eval_sets[] = {"fashion-mnist", "files", NULL};
+/* fb_server_lr_decay's names in its order, then "auto" (stored as
+ * FB_LR_DECAY_COUNT_ and resolved by the rule in cross_check) */
+static const char *const lr_decays[] = {"none", "cosine", "auto", NULL};
 #define MB NULL
 
 const fb_cfg_field fb_coord_config_schema[] = {
@@ -117,6 +120,15 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "fedadam/fedyogi: second moment decay"},
     {"aggregation.tau", FB_CFG_FLOAT, F(tau), "0.001", 1e-12, 10, MB,
         "fedadam/fedyogi: adaptivity (epsilon)"},
+    {"aggregation.server_lr_decay", FB_CFG_ENUM, F(server_lr_decay), "auto",
+        NOB, lr_decays, "schedule of round.server_lr over round.rounds: "
+        "none, or cosine (round t of R steps with server_lr * (f + (1 - f) "
+        "(1 + cos(pi (t - 1) / R)) / 2), f = server_lr_final); auto = "
+        "cosine for fedavgm, fedadam and fedyogi, none for fedavg and "
+        "fednova"},
+    {"aggregation.server_lr_final", FB_CFG_FLOAT, F(server_lr_final), "0",
+        0, 1, MB, "cosine: the fraction of round.server_lr the schedule "
+        "falls to by the last round"},
     {"aggregation.clip", FB_CFG_FLOAT, F(clip), "16", 1e-6, 1e6, MB,
         "update coordinates are clamped to [-clip, clip] (fixed point)"},
     {"aggregation.ingest_threads", FB_CFG_INT, F(ingest_threads), "auto",
@@ -365,6 +377,14 @@ cross_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
 	/* min_workers auto: a secure round needs two masked inputs. */
 	if (cfg->min_workers < 0) {
 		cfg->min_workers = cfg->sa_enabled ? 2 : 1;
+	}
+	/* server_lr_decay auto: the server optimisers anneal, FedAvg's and
+	 * FedNova's plain step stays as it was. */
+	if (cfg->server_lr_decay == FB_LR_DECAY_COUNT_) {
+		cfg->server_lr_decay =
+		    fb_rule_server_kind(cfg->rule) == FB_SERVER_SGD
+		        ? FB_LR_DECAY_NONE
+		        : FB_LR_DECAY_COSINE;
 	}
 	if (cfg->liveness_ms <= cfg->heartbeat_ms) {
 		rc = fb_cfg_error(path, sch, pos,

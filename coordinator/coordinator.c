@@ -174,6 +174,9 @@ open_aggregation(coord *c)
 	op.beta1 = cfg->beta1;
 	op.beta2 = cfg->beta2;
 	op.tau = cfg->tau;
+	op.decay = (fb_server_lr_decay)cfg->server_lr_decay;
+	op.lr_final = cfg->server_lr_final;
+	op.rounds = (uint64_t)cfg->rounds;
 	return fb_server_opt_alloc(&op, c->param_count, &c->opt);
 }
 

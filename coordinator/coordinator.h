@@ -78,6 +78,8 @@ typedef struct fb_coord_config {
 	double beta1;
 	double beta2;
 	double tau;
+	int server_lr_decay;       /* fb_server_lr_decay (auto resolved) */
+	double server_lr_final;    /* cosine: fraction of server_lr at the end */
 	double clip;
 	int64_t ingest_threads;    /* -1 = auto; 0 = on the event loop */
 	/* evaluation */

@@ -60,6 +60,8 @@ server_step(coord *c, job *j)
 		    "not a positive number", j->scale);
 		return FB_ERANGE;
 	}
+	/* the schedule's lr for this round (aggregation.server_lr_decay) */
+	fb_server_opt_set_round(c->opt, c->rd.number);
 	a.per = (c->chunk_count + pieces - 1) / pieces;
 	atomic_init(&a.rc, FB_OK);
 	fb_pool_for(c->pool, (c->chunk_count + a.per - 1) / a.per, step_piece,

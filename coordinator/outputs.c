@@ -406,6 +406,9 @@ json_round(coord *c, FILE *f)
 	json_num(f, "test_loss", r->test_loss, 6, true);
 	fprintf(f, "\"rule\": \"%s\", ", fb_rule_names[c->cfg->rule]);
 	json_num(f, "tau_eff", rd->tau_eff, 6, false);
+	/* the server lr this round stepped with (aggregation.server_lr_decay) */
+	json_num(f, "server_lr", r->status == ROUND_OK && !rd->final
+	        ? fb_server_opt_lr(c->opt) : NAN, 6, false);
 	json_num(f, "train_loss", r->train_loss, 6, true);
 	fedeval_json(c, f);
 	if (r->status != ROUND_OK && rd->why[0] != '\0') {

@@ -18,6 +18,11 @@ An independent reference written from the papers, not from rules.c:
   v = v - (1-b2) D^2 sign(v - D^2). m starts at 0, v at tau^2. D = scale *
   mean, scale = tau_eff for FedNova, 1 otherwise. The mean is per chunk over
   the updates that sent that chunk; a chunk nobody sent leaves x, m, v.
+* The server learning rate's schedule (cosine annealing, Loshchilov and
+  Hutter 2017, one cycle): round t = 1 .. R steps with
+  lr_t = lr (f + (1 - f) (1 + cos(pi (t - 1) / R)) / 2), rounds past R with
+  lr f; "none" keeps lr. Computed here with Python's math in float64 for
+  the cases, and for the lrsched table in long double by Taylor series.
 
 Workers really train: full-batch gradient descent on least squares
 f_i(x) = ||A_i x - b_i||^2 / (2 n_i), with different optima per worker
@@ -32,10 +37,13 @@ Format (one record per line, fields separated by spaces):
   anorm TAU RHO LR MU NORM        ||a||_1 by the reference (long double)
   case NAME KIND NOVA             KIND sgd|avgm|adam|yogi; NOVA 0|1
   dims N CHUNK CLIP K ROUNDS
+  lrsched DECAY LR F R T LR_T     the schedule alone (long double)
   server LR BETA1 BETA2 TAU
+  schedule DECAY F R              DECAY none|cosine
   local LR MOMENTUM MU            the workers' local SGD
   model x_1 .. x_N                float32, the initial model
   round R
+    lr LR_T                       the server lr of this round (1-based T)
     worker N_I TAU_I ANORM SENT   SENT: chunks 0 .. SENT-1 were sent
     weight P_I                    n_i / sum n (float64)
     update u_1 .. u_N             NOVA only: x_global - x_local (float32)
@@ -45,6 +53,7 @@ Format (one record per line, fields separated by spaces):
     expect x_1 .. x_N             float64 model after the round
   end
 """
+import math
 import os
 import sys
 
@@ -93,6 +102,69 @@ def a_norm_long(tau, rho, lr, mu):
         total += abs(s[0]) / lr
         s = m @ s
     return total
+
+
+# ---- the server learning rate's schedule --------------------------------------
+
+def lr_at(decay, lr, f, rounds, t):
+    """lr of round t (1-based; 0 reads as 1), in float64."""
+    if decay == "none":
+        return lr
+    if t > rounds:
+        return lr * f
+    frac = max(t - 1, 0) / rounds
+    return lr * (f + (1 - f) * (1 + math.cos(math.pi * frac)) / 2)
+
+
+def lr_at_long(decay, lr, f, rounds, t):
+    """The same in long double: (1 + cos(pi s)) / 2 = cos^2(pi s / 2) with
+    s = (t - 1) / R, and cos(pi s / 2) = sin(pi (1 - s) / 2), by the sine's
+    Taylor series on whichever angle is below pi / 4 (no cancellation)."""
+    ld = np.longdouble
+    if decay == "none":
+        return ld(lr)
+    t = max(t, 1)
+    if t > rounds:
+        return ld(lr) * ld(f)
+    pi = ld(4) * np.arctan(ld(1))
+
+    def sin_taylor(y):
+        total, term = ld(0), y
+        for k in range(1, 40):
+            total += term
+            term *= -y * y / ld((2 * k) * (2 * k + 1))
+        return total
+
+    a = pi * ld(t - 1) / ld(2 * rounds)           # cos(a) wanted
+    b = pi * ld(rounds - t + 1) / ld(2 * rounds)  # a + b = pi / 2
+    if a <= b:
+        # cos(a) = 1 - 2 sin^2(a / 2)
+        h = sin_taylor(a / 2)
+        c = 1 - 2 * h * h
+    else:
+        c = sin_taylor(b)
+    return ld(lr) * (ld(f) + (1 - ld(f)) * c * c)
+
+
+def lrsched_lines(out):
+    table = [("none", 0.5, 0.0, 1, 1), ("none", 0.5, 0.3, 40, 40),
+             ("cosine", 1.0, 0.0, 1, 1), ("cosine", 1.0, 0.0, 1, 2),
+             ("cosine", 1.0, 0.0, 40, 0), ("cosine", 1.0, 0.0, 40, 1),
+             ("cosine", 1.0, 0.0, 40, 2), ("cosine", 1.0, 0.0, 40, 20),
+             ("cosine", 1.0, 0.0, 40, 21), ("cosine", 1.0, 0.0, 40, 40),
+             ("cosine", 1.0, 0.0, 40, 41), ("cosine", 0.01, 0.1, 40, 40),
+             ("cosine", 0.01, 0.1, 40, 1000), ("cosine", 0.3, 1.0, 7, 4),
+             ("cosine", 2.5, 0.25, 3, 2), ("cosine", 1.0, 0.0, 1000000,
+                                            999999)]
+    for decay, lr, f, rounds, t in table:
+        want = lr_at_long(decay, lr, f, rounds, t)
+        # the float64 textbook form agrees, up to its cancellation near
+        # the end of a long schedule
+        assert abs(float(want) - lr_at(decay, lr, f, rounds, t)) <= \
+            1e-14 * lr
+        out.append("lrsched %s %s %s %d %d %s" % (
+            decay, fmt64(lr), fmt64(f), rounds, t, "%.20Lg" % want
+            if hasattr(np, "longdouble") else fmt64(want)))
 
 
 # ---- local training ----------------------------------------------------------
@@ -144,7 +216,7 @@ class Server:
 
 def run_case(out, rng, name, kind, nova, n=23, chunk=8, clip=None, k=4,
              rounds=3, server=(1.0, 0.9, 0.99, 1e-3), local=(0.05, 0.0, 0.0),
-             taus=None, partial=None):
+             taus=None, partial=None, schedule=("none", 0.0, 1)):
     """partial: {round: {worker: chunks sent}}; others send every chunk."""
     partial = partial or {}
     if clip is None:
@@ -167,11 +239,15 @@ def run_case(out, rng, name, kind, nova, n=23, chunk=8, clip=None, k=4,
     out.append("case %s %s %d" % (name, kind, nova))
     out.append("dims %d %d %s %d %d" % (n, chunk, fmt64(clip), k, rounds))
     out.append("server " + " ".join(fmt64(v) for v in server))
+    decay, lr_f, lr_rounds = schedule
+    out.append("schedule %s %s %d" % (decay, fmt64(lr_f), lr_rounds))
     out.append("local " + " ".join(fmt64(v) for v in local))
     out.append("model " + " ".join(fmt32(v) for v in x))
     p = counts / counts.sum()
     for r in range(rounds):
         out.append("round %d" % r)
+        srv.lr = lr_at(decay, server[0], lr_f, lr_rounds, r + 1)
+        out.append("lr " + fmt64(srv.lr))
         sends = []
         sent = []
         norms = []
@@ -251,6 +327,7 @@ def main():
            "tests/gen/rules_vectors.py (numpy %s). Do not edit."
            % np.__version__]
     anorm_lines(out)
+    lrsched_lines(out)
     sgd = (1.0, 0.9, 0.99, 1e-3)
     run_case(out, rng, "fedavg_sgd_workers", "sgd", 0)
     run_case(out, rng, "fednova_plain_sgd", "sgd", 1)
@@ -281,6 +358,15 @@ def main():
              rounds=4, local=(0.05, 0.9, 0.1),
              server=(0.05, 0.9, 0.99, 1e-3),
              partial={1: {1: 1}, 2: {0: 2, 1: 1, 2: 2, 3: 2}})
+    # the server lr's cosine schedule: over the case's own rounds, and
+    # shorter than the run (the last rounds keep lr f)
+    run_case(out, rng, "fedavgm_cosine", "avgm", 0, rounds=6,
+             server=(0.5, 0.9, 0.99, 1e-3), schedule=("cosine", 0.0, 6))
+    run_case(out, rng, "fedadam_cosine_past_the_end", "adam", 0, rounds=6,
+             server=(0.02, 0.9, 0.99, 1e-3), schedule=("cosine", 0.1, 4))
+    run_case(out, rng, "fednova_momentum_fedyogi_cosine", "yogi", 1,
+             rounds=5, local=(0.02, 0.8, 0.0),
+             server=(0.05, 0.5, 0.9, 1e-2), schedule=("cosine", 0.2, 5))
     with open(OUT, "w") as f:
         f.write("\n".join(out) + "\n")
     print("wrote %s" % OUT, file=sys.stderr)

@@ -106,18 +106,29 @@ assert a[0] == b[0], "layouts differ"
 assert a[1] == b[1], "tensor bytes differ"
 PYEOF
 	fail "the resumed run's model is not bitwise the uninterrupted run's"
-"$PY" - "$T/ref/metrics.jsonl" "$OUT/metrics.jsonl" "$rounds" <<'PYEOF' ||
-import json, sys
+"$PY" - "$T/ref/metrics.jsonl" "$OUT/metrics.jsonl" "$rounds" \
+	"${FB_SERVER_LR:-0.001}" "$rule" <<'PYEOF' ||
+import json, math, sys
 ref = [json.loads(l) for l in open(sys.argv[1])]
 run = [json.loads(l) for l in open(sys.argv[2])]  # a torn line fails here
 n = int(sys.argv[3])
 assert [r["round"] for r in run] == list(range(1, n + 1)), [r["round"] for r in run]
 for a, b in zip(ref, run):
-    for k in ("status", "participants", "test_accuracy", "test_loss", "train_loss"):
+    for k in ("status", "participants", "test_accuracy", "test_loss", "train_loss",
+              "server_lr"):
         assert a[k] == b[k], (a["round"], k, a[k], b[k])
     names = lambda r: sorted(w["name"] for w in r["workers"])
     assert names(a) == names(b), (a["round"], names(a), names(b))
-print("metrics: rounds 1..%d once each, the same as uninterrupted" % n)
+# the server optimisers anneal their lr by default (server_lr_decay auto:
+# cosine over round.rounds), and a resumed coordinator goes on with it
+lr, cosine = float(sys.argv[4]), sys.argv[5] not in ("fedavg", "fednova")
+for r in run:
+    if r["status"] != "ok":
+        continue
+    want = lr * (math.cos(math.pi / 2 * (r["round"] - 1) / n) ** 2 if cosine else 1)
+    assert abs(r["server_lr"] - want) <= 1e-5 * want, (r["round"], r["server_lr"], want)
+print("metrics: rounds 1..%d once each, the same as uninterrupted; server lr %s"
+      % (n, "cosine" if cosine else "constant"))
 PYEOF
 	fail "metrics differ from the uninterrupted run"
 

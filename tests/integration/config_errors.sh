@@ -57,6 +57,21 @@ round:
 YAML
 expect2 "out of range" "c5.yaml:2:11: round.rounds" "$B/fedbox-coordinator" --config "$T/c5.yaml"
 
+cat >"$T/c5d.yaml" <<'YAML'
+aggregation:
+  rule: fedavgm
+  server_lr_decay: linear
+YAML
+expect2 "unknown server lr schedule" "c5d.yaml:3:20: aggregation.server_lr_decay" \
+	"$B/fedbox-coordinator" --config "$T/c5d.yaml"
+
+cat >"$T/c5f.yaml" <<'YAML'
+aggregation:
+  server_lr_final: 1.5
+YAML
+expect2 "server lr final fraction above 1" "c5f.yaml:2:20: aggregation.server_lr_final" \
+	"$B/fedbox-coordinator" --config "$T/c5f.yaml"
+
 cat >"$T/w1.yaml" <<'YAML'
 coordinator: tcp://127.0.0.1:1
 name: w

@@ -6,8 +6,9 @@
  * reference (tests/vectors/rules.txt, written by tests/gen/rules_vectors.py),
  * held to aggregation.h's quantisation bound carried through each rule's
  * state plus the float32 rounding of params and state; the normaliser
- * checked against the local recurrence itself; and the contract: zero-weight
- * chunks, state across rounds, names, bad arguments.
+ * checked against the local recurrence itself; the server learning rate's
+ * schedule against the reference's long double table; and the contract:
+ * zero-weight chunks, state across rounds, names, bad arguments.
  */
 #include <float.h>
 #include <math.h>
@@ -38,6 +39,7 @@ typedef struct rworker {
 
 typedef struct rround {
 	rworker *w; /* k */
+	double lr;  /* the reference's server lr of this round */
 	double tau_eff;
 	double *expect;
 } rround;
@@ -50,6 +52,9 @@ typedef struct rcase {
 	double clip;
 	uint32_t k, rounds;
 	double server[4]; /* lr beta1 beta2 tau */
+	char decay[16];   /* the lr schedule: none, cosine */
+	double lr_final;
+	uint64_t lr_rounds;
 	double local[3];  /* lr momentum mu */
 	float *model;
 	rround *r;
@@ -60,11 +65,19 @@ typedef struct anorm_row {
 	double rho, lr, mu, norm;
 } anorm_row;
 
+typedef struct lrsched_row {
+	char decay[16];
+	double lr, f, want;
+	uint64_t rounds, t;
+} lrsched_row;
+
 typedef struct vfile {
 	rcase *cases;
 	size_t ncases;
 	anorm_row anorm[MAX_ANORM];
 	size_t nanorm;
+	lrsched_row lrsched[MAX_ANORM];
+	size_t nlrsched;
 } vfile;
 
 static void
@@ -157,6 +170,17 @@ load_vectors(void)
 			    5);
 			a->tau = tau;
 			v->nanorm++;
+		} else if (strncmp(line, "lrsched ", 8) == 0) {
+			unsigned long long rounds, t;
+			lrsched_row *l = &v->lrsched[v->nlrsched];
+			assert_true(v->nlrsched < MAX_ANORM);
+			assert_int_equal(sscanf(rest, "%15s %lf %lf %llu %llu %lf",
+			                     l->decay, &l->lr, &l->f, &rounds, &t,
+			                     &l->want),
+			    6);
+			l->rounds = rounds;
+			l->t = t;
+			v->nlrsched++;
 		} else if (strncmp(line, "case ", 5) == 0) {
 			v->cases = realloc(v->cases,
 			    (v->ncases + 1) * sizeof(*v->cases));
@@ -166,6 +190,8 @@ load_vectors(void)
 			assert_int_equal(sscanf(rest, "%95s %15s %d", c->name,
 			                     c->kind, &c->nova),
 			    3);
+			strcpy(c->decay, "none");
+			c->lr_rounds = 1;
 			nround = 0;
 		} else if (strncmp(line, "dims ", 5) == 0) {
 			unsigned long long n, ch;
@@ -179,6 +205,16 @@ load_vectors(void)
 			assert_non_null(c->r);
 		} else if (strncmp(line, "server ", 7) == 0) {
 			parse_doubles(rest, c->server, 4);
+		} else if (strncmp(line, "schedule ", 9) == 0) {
+			unsigned long long rounds;
+			assert_non_null(c);
+			assert_int_equal(sscanf(rest, "%15s %lf %llu", c->decay,
+			                     &c->lr_final, &rounds),
+			    3);
+			c->lr_rounds = rounds;
+		} else if (strncmp(line, "lr ", 3) == 0) {
+			assert_non_null(rr);
+			parse_doubles(rest, &rr->lr, 1);
 		} else if (strncmp(line, "local ", 6) == 0) {
 			parse_doubles(rest, c->local, 3);
 		} else if (strncmp(line, "model ", 6) == 0) {
@@ -219,7 +255,7 @@ load_vectors(void)
 	}
 	free(line);
 	fclose(fp);
-	assert_true(v->ncases > 0 && v->nanorm > 0);
+	assert_true(v->ncases > 0 && v->nanorm > 0 && v->nlrsched > 0);
 	return v;
 }
 
@@ -231,6 +267,22 @@ ulpf(double v)
 {
 	float f = (float)fabs(v);
 	return (double)nextafterf(f, INFINITY) - (double)f;
+}
+
+static fb_server_lr_decay
+decay_of(const char *name)
+{
+	fb_server_lr_decay d = FB_LR_DECAY_COUNT_;
+
+	for (int i = 0; fb_server_lr_decay_names[i] != NULL; i++) {
+		if (strcmp(name, fb_server_lr_decay_names[i]) == 0) {
+			d = (fb_server_lr_decay)i;
+		}
+	}
+	if (d == FB_LR_DECAY_COUNT_) {
+		fail_msg("unknown lr schedule %s", name);
+	}
+	return d;
 }
 
 static fb_server_opt_kind
@@ -292,6 +344,9 @@ check_case(const rcase *c)
 	sp.beta1 = c->server[1];
 	sp.beta2 = c->server[2];
 	sp.tau = c->server[3];
+	sp.decay = decay_of(c->decay);
+	sp.lr_final = c->lr_final;
+	sp.rounds = c->lr_rounds;
 	assert_int_equal(fb_server_opt_alloc(&sp, n, &opt), FB_OK);
 	assert_int_equal(fb_accum_alloc(n, c->chunk, c->clip, &a), FB_OK);
 	nchunks = fb_accum_chunk_count(a);
@@ -365,12 +420,19 @@ check_case(const rcase *c)
 		if (v != NULL) {
 			memcpy(prev_v, v, n * sizeof(*v));
 		}
+		/* this round's server lr: the reference's */
+		fb_server_opt_set_round(opt, r + 1);
+		if (rel_diff(fb_server_opt_lr(opt), rr->lr) > 1e-14) {
+			fail_msg("%s round %u: server lr %.17g want %.17g",
+			    c->name, r, fb_server_opt_lr(opt), rr->lr);
+		}
 		assert_int_equal(fb_server_opt_step(opt, a, x, tau_eff), FB_OK);
 
 		for (uint64_t j = 0; j < n; j++) {
 			uint32_t ch = (uint32_t)(j / c->chunk);
 			double wsum = fb_accum_chunk_weight(a, ch);
-			double lr = sp.lr, b1 = sp.beta1, b2 = sp.beta2;
+			double lr = fb_server_opt_lr(opt), b1 = sp.beta1,
+			       b2 = sp.beta2;
 			double d, dabs, ed, err, bound;
 
 			if (senders[ch] == 0) {
@@ -472,6 +534,113 @@ test_vectors_within_bound(void **state)
 	}
 	assert_true(nova);
 	vfile_free(v);
+}
+
+/* The schedule alone, against the reference's long double values: the
+ * first round at lr, the last just above lr * f, past the end lr * f. */
+static void
+test_lr_schedule_matches_reference(void **state)
+{
+	vfile *v = load_vectors();
+	bool cosine = false;
+
+	for (size_t i = 0; i < v->nlrsched; i++) {
+		const lrsched_row *l = &v->lrsched[i];
+		fb_server_opt_params sp;
+		double got;
+
+		fb_server_opt_params_default(&sp, FB_SERVER_AVGM);
+		sp.lr = l->lr;
+		sp.decay = decay_of(l->decay);
+		sp.lr_final = l->f;
+		sp.rounds = l->rounds;
+		got = fb_server_lr_at(&sp, l->t);
+		cosine |= sp.decay == FB_LR_DECAY_COSINE;
+		/* relative where it can be; an exact 0 must come out 0 */
+		if (l->want == 0 ? got != 0
+		                 : rel_diff(got, l->want) > 4 * DBL_EPSILON) {
+			fail_msg("lr_at(%s, lr %g, f %g, R %llu, t %llu) = "
+			         "%.17g, want %.17g", l->decay, l->lr, l->f,
+			    (unsigned long long)l->rounds,
+			    (unsigned long long)l->t, got, l->want);
+		}
+	}
+	assert_true(cosine);
+	vfile_free(v);
+}
+
+/* A scheduled optimiser steps round r exactly as a constant one whose lr is
+ * the schedule's lr of round r; set_round changes the lr and nothing else. */
+static void
+test_scheduled_step_is_the_constant_step_at_its_lr(void **state)
+{
+	enum { N = 40, CHUNK = 16, ROUNDS = 5 };
+	static float g[N], xs[N], xc[N];
+	fb_accum *a = NULL;
+
+	for (int j = 0; j < N; j++) {
+		g[j] = (float)cos(j * 0.71) * 0.25f;
+	}
+	assert_int_equal(fb_accum_alloc(N, CHUNK, 1.0, &a), FB_OK);
+	for (uint32_t c = 0; c < fb_accum_chunk_count(a); c++) {
+		assert_int_equal(fb_accum_add(a, c, g + (uint64_t)c * CHUNK, 0.5,
+		                     NULL),
+		    FB_OK);
+	}
+	for (int k = 0; k < FB_SERVER_KIND_COUNT_; k++) {
+		fb_server_opt_params ps, pc;
+		fb_server_opt *os = NULL;
+		float *ms, *vs;
+
+		fb_server_opt_params_default(&ps, (fb_server_opt_kind)k);
+		ps.decay = FB_LR_DECAY_COSINE;
+		ps.lr_final = 0.05;
+		ps.rounds = ROUNDS;
+		assert_int_equal(fb_server_opt_alloc(&ps, N, &os), FB_OK);
+		/* before any set_round: round 1's lr, the full one */
+		assert_true(fb_server_opt_lr(os) == ps.lr);
+		for (int j = 0; j < N; j++) {
+			xs[j] = xc[j] = (float)j * 0.01f;
+		}
+		for (uint32_t r = 1; r <= ROUNDS + 1; r++) {
+			fb_server_opt *oc = NULL;
+			float *mc, *vc;
+
+			/* a constant optimiser at round r's lr, given the
+			 * scheduled one's state */
+			pc = ps;
+			pc.decay = FB_LR_DECAY_NONE;
+			pc.lr = fb_server_lr_at(&ps, r);
+			assert_true(pc.lr > 0 && pc.lr <= ps.lr);
+			assert_int_equal(fb_server_opt_alloc(&pc, N, &oc), FB_OK);
+			fb_server_opt_state(os, &ms, &vs);
+			fb_server_opt_state(oc, &mc, &vc);
+			if (ms != NULL) {
+				memcpy(mc, ms, N * sizeof(*ms));
+			}
+			if (vs != NULL) {
+				memcpy(vc, vs, N * sizeof(*vs));
+			}
+			fb_server_opt_set_round(os, r);
+			assert_true(fb_server_opt_lr(os) == pc.lr);
+			assert_int_equal(fb_server_opt_step(os, a, xs, 1.0), FB_OK);
+			assert_int_equal(fb_server_opt_step(oc, a, xc, 1.0), FB_OK);
+			assert_memory_equal(xs, xc, sizeof(xs));
+			if (ms != NULL) {
+				assert_memory_equal(ms, mc, N * sizeof(*ms));
+			}
+			fb_server_opt_free(oc);
+		}
+		/* past the end it stays at lr * f; the lr falls monotonically */
+		assert_true(fb_server_lr_at(&ps, ROUNDS + 7) ==
+		    ps.lr * ps.lr_final);
+		for (uint32_t r = 1; r < ROUNDS; r++) {
+			assert_true(fb_server_lr_at(&ps, r + 1) <
+			    fb_server_lr_at(&ps, r));
+		}
+		fb_server_opt_free(os);
+	}
+	fb_accum_free(a);
 }
 
 static void
@@ -884,6 +1053,27 @@ test_bad_arguments_rejected(void **state)
 	fb_server_opt_params_default(&sp, FB_SERVER_SGD);
 	sp.kind = FB_SERVER_KIND_COUNT_;
 	assert_int_equal(fb_server_opt_alloc(&sp, 8, &opt), FB_EINVAL);
+	/* the lr schedule */
+	fb_server_opt_params_default(&sp, FB_SERVER_AVGM);
+	sp.decay = FB_LR_DECAY_COUNT_;
+	assert_int_equal(fb_server_opt_alloc(&sp, 8, &opt), FB_EINVAL);
+	sp.decay = FB_LR_DECAY_COSINE;
+	sp.rounds = 0;
+	assert_int_equal(fb_server_opt_alloc(&sp, 8, &opt), FB_EINVAL);
+	sp.rounds = 40;
+	sp.lr_final = -0.1;
+	assert_int_equal(fb_server_opt_alloc(&sp, 8, &opt), FB_EINVAL);
+	sp.lr_final = 1.5;
+	assert_int_equal(fb_server_opt_alloc(&sp, 8, &opt), FB_EINVAL);
+	sp.lr_final = NAN;
+	assert_int_equal(fb_server_opt_alloc(&sp, 8, &opt), FB_EINVAL);
+	assert_null(opt);
+	/* without a schedule its fields are not read */
+	sp.decay = FB_LR_DECAY_NONE;
+	sp.rounds = 0;
+	assert_int_equal(fb_server_opt_alloc(&sp, 8, &opt), FB_OK);
+	fb_server_opt_free(opt);
+	opt = NULL;
 	/* sgd ignores the betas */
 	fb_server_opt_params_default(&sp, FB_SERVER_SGD);
 	sp.beta1 = 7;
@@ -975,6 +1165,10 @@ FB_TESTS = {
 	{"a step taken in chunk ranges is bitwise the whole step",
 	    test_step_by_ranges_is_the_whole_step},
 	{"rule names parse and pick their server optimiser", test_rule_names},
+	{"server lr schedule matches the reference table",
+	    test_lr_schedule_matches_reference},
+	{"a scheduled step is the constant step at its round's lr",
+	    test_scheduled_step_is_the_constant_step_at_its_lr},
 	{"bad arguments are rejected", test_bad_arguments_rejected},
 	{NULL, NULL},
 };
