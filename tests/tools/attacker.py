@@ -138,12 +138,14 @@ def hostile(endpoint, seconds, rng):
                  index=100 + k)
         s.setsockopt(zmq.RCVTIMEO, 50)
         socks[who] = s
-    # at least `seconds`, and on until it has had a round to attack: it is
-    # selected from the next round on, which a slow round may start late
+    # at least `seconds`, and on until each identity has had a round to
+    # attack: they are selected from the next round on, which a slow round
+    # may start late, and each sees its round start in its own time
     end = time.time() + seconds
     last = end + 60
     n = 0
-    while time.time() < end or (n == 0 and time.time() < last):
+    attacked = set()
+    while time.time() < end or (len(attacked) < len(socks) and time.time() < last):
         for who, s in socks.items():
             try:
                 frames = s.recv_multipart()
@@ -174,10 +176,11 @@ def hostile(endpoint, seconds, rng):
             for m in msgs:
                 s.send_multipart(m)
                 n += 1
+            attacked.add(who)
         for s in socks.values():
             s.send(fbwire.heartbeat())
         time.sleep(0.05)
-    print("hostile: sent %d bad messages" % n)
+    print("hostile: sent %d bad messages from %d identities" % (n, len(attacked)))
     for s in socks.values():
         s.close()
     ctx.term()
