@@ -17,7 +17,18 @@
 #include "model/model.h"
 #include "tests/unit/harness.h"
 
-#define PLUGIN_PATH "build/examples/tiny.so"
+/* The example plug-in of this build (tests/run exports FB_BUILD: build,
+ * or build/san-* for a sanitizer build, which makes its own). */
+static const char *
+plugin_path(void)
+{
+	static char path[256];
+	const char *b = getenv("FB_BUILD");
+
+	snprintf(path, sizeof(path), "%s/examples/tiny.so",
+	    b != NULL && *b != '\0' ? b : "build");
+	return path;
+}
 
 static fb_model_spec
 spec_mlp(uint32_t in, const uint32_t *hidden, uint32_t hc, uint32_t classes)
@@ -40,7 +51,7 @@ spec_plugin(uint32_t in, uint32_t classes)
 	fb_model_spec s;
 	memset(&s, 0, sizeof(s));
 	strcpy(s.arch, "plugin");
-	strcpy(s.plugin, PLUGIN_PATH);
+	snprintf(s.plugin, sizeof(s.plugin), "%s", plugin_path());
 	s.input_dim = in;
 	s.classes = classes;
 	return s;
