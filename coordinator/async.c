@@ -121,16 +121,7 @@ async_begin(coord *c, int64_t now)
 	as->norm = (double)as->limit * (double)as->n_max;
 	rd->nsel = 0;
 	rd->target_updates = UINT32_MAX; /* no over-selection */
-	if (!c->secure) {
-		async_open(c, now);
-		return;
-	}
-	if (broadcast_prepare(c) != FB_OK) {
-		round_fail(c, ROUND_FAILED, now, "out of memory for the model");
-		return;
-	}
-	jobs_submit(c, JOB_ENCRYPT);
-	round_enter(c, PHASE_PREPARE, now);
+	round_open_model(c, now);
 }
 
 /* Gives worker w a task trained from the model of this moment. */

@@ -599,6 +599,10 @@ void round_stop(coord *c, int64_t now);
 
 /* Shared by round.c and async.c. */
 void round_enter(coord *c, round_phase p, int64_t now);
+/* round_open_model sends the round's model out: at once in plain mode,
+ * after its encryption on the job thread (PHASE_PREPARE) in secure mode;
+ * then the workers get their tasks (round starts, or async tasks). */
+void round_open_model(coord *c, int64_t now);
 void round_reset(coord *c, int64_t now);
 void round_fail(coord *c, round_status st, int64_t now, const char *fmt,
     ...) __attribute__((format(printf, 4, 5)));

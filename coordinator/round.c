@@ -445,16 +445,7 @@ round_begin(coord *c, int64_t now)
 		}
 		rd->in_chunks = c->chunk_count + 1;
 	}
-	if (!c->secure) {
-		send_round_starts(c, now);
-		return;
-	}
-	if (broadcast_prepare(c) != FB_OK) {
-		round_fail(c, ROUND_FAILED, now, "out of memory for the model");
-		return;
-	}
-	jobs_submit(c, JOB_ENCRYPT);
-	round_enter(c, PHASE_PREPARE, now);
+	round_open_model(c, now);
 }
 
 /* ---- closing ---------------------------------------------------------------- */
@@ -752,6 +743,32 @@ record_done(coord *c, int64_t now)
 	round_enter(c, PHASE_IDLE, now);
 }
 
+/* The model is ready to go out: the workers get their tasks. */
+static void
+train_open(coord *c, int64_t now)
+{
+	if (c->cfg->mode == FB_MODE_ASYNC) {
+		async_open(c, now);
+	} else {
+		send_round_starts(c, now);
+	}
+}
+
+void
+round_open_model(coord *c, int64_t now)
+{
+	if (!c->secure) {
+		train_open(c, now);
+		return;
+	}
+	if (broadcast_prepare(c) != FB_OK) {
+		round_fail(c, ROUND_FAILED, now, "out of memory for the model");
+		return;
+	}
+	jobs_submit(c, JOB_ENCRYPT);
+	round_enter(c, PHASE_PREPARE, now);
+}
+
 void
 round_job_done(coord *c, job_kind kind, int64_t now)
 {
@@ -762,11 +779,7 @@ round_job_done(coord *c, job_kind kind, int64_t now)
 			    "%s", fb_strerror(c->job.rc));
 			return;
 		}
-		if (c->cfg->mode == FB_MODE_ASYNC) {
-			async_open(c, now);
-			return;
-		}
-		send_round_starts(c, now);
+		train_open(c, now);
 		return;
 	case JOB_AGGREGATE:
 		aggregate_done(c, now);
