@@ -538,6 +538,34 @@ FB_MUST_CHECK fb_err fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c,
     fb_reject *why);
 
 /*
+ * fb_stream_pull_chunk_at verifies (MAC first) and decrypts chunk `index`
+ * of a FULL stream on its own, as fb_stream_pull_chunk would have as the
+ * index-th chunk, and writes the chunk's hash for the trailer's digest to
+ * `hash`. Chunks may be taken in any order and on several threads at once
+ * (`p` is only read); `m` and `c` must not overlap. *final is set on the
+ * FINAL chunk. Nothing counts until fb_stream_pull_hashes has taken the
+ * hashes in index order, and nothing is complete or attributed before
+ * fb_stream_pull_final. Errors (with *why): FB_EINVAL (a TAGS stream, or
+ * finished or dead), FB_EPROTO (MALFORMED, TOO_LARGE), FB_ERANGE (m_cap),
+ * FB_EAUTH (BAD_MAC: tampered, another index or another stream).
+ */
+FB_MUST_CHECK fb_err fb_stream_pull_chunk_at(const fb_stream_pull *p,
+    uint64_t index, const uint8_t *c, size_t c_len, uint8_t *m,
+    size_t m_cap, size_t *m_len, int *final, uint8_t hash[FB_STREAM_HASH_LEN],
+    fb_reject *why);
+
+/*
+ * fb_stream_pull_hashes appends `count` chunk hashes (count *
+ * FB_STREAM_HASH_LEN bytes) from fb_stream_pull_chunk_at of the chunks
+ * numbered from the stream's chunk count on, in index order, holding
+ * payload_len plaintext bytes in all, to a FULL stream's digest; `final`
+ * says the last of them was the FINAL chunk. One thread. Errors:
+ * FB_EINVAL (a TAGS stream, or finished or dead).
+ */
+FB_MUST_CHECK fb_err fb_stream_pull_hashes(fb_stream_pull *p,
+    const uint8_t *hashes, uint64_t count, uint64_t payload_len, int final);
+
+/*
  * fb_stream_pull_final verifies the trailer: signature by `signer`, then
  * run/round/sender against the ctx, then payload length, chunk count and
  * digest against what was pulled. On FB_OK *payload_len (may be NULL) is

@@ -484,6 +484,73 @@ fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 }
 
 fb_err
+fb_stream_pull_chunk_at(const fb_stream_pull *p, uint64_t index,
+    const uint8_t *c, size_t c_len, uint8_t *m, size_t m_cap, size_t *m_len,
+    int *final, uint8_t hash[FB_STREAM_HASH_LEN], fb_reject *why)
+{
+	uint8_t nonce[IX_NONCE_LEN + 8], ad[IX_AD_LEN];
+	size_t n;
+	uint8_t flag;
+
+	*m_len = 0;
+	*final = 0;
+	memset(hash, 0, FB_STREAM_HASH_LEN);
+	fb_set_why(why, FB_REJECT_NONE);
+	if (p->c.tags_only || p->c.finished || p->c.dead != FB_OK) {
+		return FB_EINVAL;
+	}
+	if (c_len < FB_STREAM_CHUNK_OVERHEAD) {
+		fb_set_why(why, FB_REJECT_MALFORMED);
+		return FB_EPROTO;
+	}
+	n = c_len - FB_STREAM_CHUNK_OVERHEAD;
+	if (n > p->c.chunk_len) {
+		fb_set_why(why, FB_REJECT_TOO_LARGE);
+		return FB_EPROTO;
+	}
+	if (m_cap < n) {
+		return FB_ERANGE;
+	}
+	ix_chunk_hash(c, c_len, hash);
+	/* The flag is authenticated as it came; only then is it read. */
+	flag = c[0];
+	ix_nonce_ad(&p->c, index, flag, nonce, ad);
+	if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL,
+	        c + 1, n, c + 1 + n, ad, sizeof(ad), nonce, p->c.key) != 0) {
+		memset(hash, 0, FB_STREAM_HASH_LEN);
+		fb_set_why(why, FB_REJECT_BAD_MAC);
+		return FB_EAUTH;
+	}
+	if (flag != IX_FLAG_MESSAGE && flag != IX_FLAG_FINAL) {
+		sodium_memzero(m, n);
+		memset(hash, 0, FB_STREAM_HASH_LEN);
+		fb_set_why(why, FB_REJECT_MALFORMED);
+		return FB_EPROTO;
+	}
+	*final = flag == IX_FLAG_FINAL;
+	*m_len = n;
+	return FB_OK;
+}
+
+fb_err
+fb_stream_pull_hashes(fb_stream_pull *p, const uint8_t *hashes,
+    uint64_t count, uint64_t payload_len, int final)
+{
+	if (p->c.tags_only || p->c.finished || p->c.dead != FB_OK) {
+		return FB_EINVAL;
+	}
+	crypto_generichash_update(&p->c.hash, hashes,
+	    (size_t)count * FB_STREAM_HASH_LEN);
+	p->c.payload_len += payload_len;
+	p->c.chunk_count += count;
+	if (final) {
+		p->c.finished = 1;
+		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
+	}
+	return FB_OK;
+}
+
+fb_err
 fb_stream_pull_final(fb_stream_pull *p, const fb_pubkey *signer,
     const uint8_t *trailer, size_t trailer_len, uint64_t *payload_len,
     fb_reject *why)

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/pool.h"
 #include "common/util.h"
 #include "worker/worker_impl.h"
 
@@ -424,6 +425,8 @@ round_settings(fb_wk *w, const fb_msg *m)
 	w->first_chunk = m->u.round_start.first_chunk;
 	w->next_chunk = 0;
 	w->next_fetch = 0;
+	w->dl_first = 0;
+	w->dl_n = 0;
 }
 
 /* Secure mode: the round's model stream, under the round key. */
@@ -554,30 +557,96 @@ start_training(fb_wk *w)
 	w->phase = FB_WK_TRAINING;
 }
 
-/* Verifies (secure mode) and stores model chunk w->next_chunk. */
-static bool
-model_chunk_take(fb_wk *w, const fb_frame *f, uint64_t off, uint64_t len)
+/*
+ * Secure mode: the slots received model chunks wait in before their
+ * check, one per core (up to FB_WK_BATCH_MAX), made once.
+ */
+static fb_err
+dl_slots_ready(fb_wk *w)
 {
+	uint32_t n = fb_pool_threads(w->pool) + 1;
+	size_t stride = ((size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD +
+	                    63) & ~(size_t)63;
+
+	n = n > FB_WK_BATCH_MAX ? FB_WK_BATCH_MAX : n;
+	if (w->dl_slots != NULL && w->dl_cap == n && w->dl_stride == stride) {
+		return FB_OK;
+	}
+	fb_free(w->dl_slots);
+	w->dl_cap = 0;
+	if ((w->dl_slots = fb_alloc((size_t)n * stride)) == NULL) {
+		fb_log_error("round %u: out of memory for the model's chunks",
+		    w->round);
+		return FB_ENOMEM;
+	}
+	w->dl_cap = n;
+	w->dl_stride = stride;
+	return FB_OK;
+}
+
+/* The checks of a batch of model chunks: slot i is position dl_first + i. */
+typedef struct dl_arg {
+	fb_wk *w;
+	fb_err rc[FB_WK_BATCH_MAX];
+	fb_reject why[FB_WK_BATCH_MAX];
+	int final[FB_WK_BATCH_MAX];
+	uint8_t hash[FB_WK_BATCH_MAX][FB_STREAM_HASH_LEN];
+} dl_arg;
+
+static void
+dl_piece(void *arg, uint32_t i)
+{
+	dl_arg *a = arg;
+	fb_wk *w = a->w;
+	uint64_t k = (uint64_t)w->dl_first + i;
 	size_t mlen = 0;
-	int final = 0;
+
+	a->rc[i] = fb_stream_pull_chunk_at(w->mpull, k,
+	    w->dl_slots + (size_t)i * w->dl_stride, w->dl_len[i],
+	    (uint8_t *)w->global + k * w->chunk_bytes,
+	    w->dl_len[i] - FB_STREAM_CHUNK_OVERHEAD, &mlen, &a->final[i],
+	    a->hash[i], &a->why[i]);
+}
+
+/*
+ * Secure mode: verifies and decrypts the chunks waiting in the slots, all
+ * at once on the pool, into w->global; their hashes then go into the
+ * model stream's digest in order, and after the last chunk the trailer's
+ * signature is checked. False: the model is refused (logged).
+ */
+static bool
+dl_check(fb_wk *w)
+{
+	dl_arg a = {.w = w};
+	uint64_t bytes = 0;
+	bool last = false;
 	fb_reject why = FB_REJECT_NONE;
 
-	if (!w->secure) {
-		memcpy((uint8_t *)w->global + off, f->payload, len);
-		return true;
+	fb_pool_for(w->pool, w->dl_n, dl_piece, &a);
+	for (uint32_t i = 0; i < w->dl_n; i++) {
+		uint32_t k = w->dl_first + i;
+
+		last = k + 1 == w->chunk_count;
+		if (a.rc[i] != FB_OK || (a.final[i] != 0) != last) {
+			fb_log_warn("round %u: model chunk %u rejected (%s); "
+			            "abandoning the round",
+			    w->round, k,
+			    fb_reject_name(a.rc[i] != FB_OK ? a.why[i]
+			                                    : FB_REJECT_MALFORMED));
+			return false;
+		}
+		bytes += w->dl_len[i] - FB_STREAM_CHUNK_OVERHEAD;
 	}
-	if (fb_stream_pull_chunk(w->mpull, f->payload, f->payload_len,
-	        (uint8_t *)w->global + off, len, &mlen, &final,
-	        &why) != FB_OK ||
-	    mlen != len ||
-	    (final != 0) != (w->next_chunk + 1 == w->chunk_count)) {
-		fb_log_warn(
-		    "round %u: model chunk %u rejected (%s); abandoning "
-		    "the round",
-		    w->round, w->next_chunk, fb_reject_name(why));
+	if (fb_stream_pull_hashes(w->mpull, a.hash[0], w->dl_n, bytes,
+	        last) != FB_OK) {
+		fb_log_warn("round %u: the model stream took no more chunks; "
+		            "abandoning the round",
+		    w->round);
 		return false;
 	}
-	if (w->next_chunk + 1 < w->chunk_count) {
+	w->dl_first += w->dl_n;
+	w->dl_n = 0;
+	if (!last) {
 		return true;
 	}
 	if (fb_stream_pull_final(w->mpull, &w->coord_pk, w->model_trailer.b,
@@ -588,6 +657,30 @@ model_chunk_take(fb_wk *w, const fb_frame *f, uint64_t off, uint64_t len)
 		return false;
 	}
 	return true;
+}
+
+/*
+ * Stores model chunk w->next_chunk. Secure mode: into a slot, checked with
+ * the others once the slots are full or the model is all here, so that
+ * the decryption runs on every core.
+ */
+static bool
+model_chunk_take(fb_wk *w, const fb_frame *f, uint64_t off, uint64_t len)
+{
+	if (!w->secure) {
+		memcpy((uint8_t *)w->global + off, f->payload, len);
+		return true;
+	}
+	if (w->dl_n == 0 && dl_slots_ready(w) != FB_OK) {
+		return false;
+	}
+	memcpy(w->dl_slots + (size_t)w->dl_n * w->dl_stride, f->payload,
+	    f->payload_len);
+	w->dl_len[w->dl_n++] = f->payload_len;
+	if (w->dl_n < w->dl_cap && w->next_chunk + 1 < w->chunk_count) {
+		return true;
+	}
+	return dl_check(w);
 }
 
 void

@@ -92,6 +92,7 @@ fb_wk_fini(fb_wk *w)
 	fb_lent_free(w->send_ct[0]); /* freed once no message holds it */
 	fb_lent_free(w->send_ct[1]);
 	fb_free(w->encbuf);
+	fb_free(w->dl_slots);
 	free(w->peers);
 	fb_stream_pull_free(w->mpull);
 	fb_handshake_free(w->hs);
@@ -103,6 +104,7 @@ fb_wk_fini(fb_wk *w)
 	w->local_lent = NULL;
 	w->send_ct[0] = w->send_ct[1] = NULL;
 	w->encbuf = NULL;
+	w->dl_slots = NULL;
 	w->peers = NULL;
 	w->mpull = NULL;
 	w->hs = NULL;

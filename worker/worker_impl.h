@@ -244,6 +244,14 @@ struct fb_wk {
 	uint32_t first_chunk; /* the update goes up from this chunk on */
 	uint32_t next_chunk;  /* next model chunk expected */
 	uint32_t next_fetch;  /* next model chunk to request */
+	/* secure mode: model chunks received and not yet checked, positions
+	 * dl_first .. dl_first + dl_n - 1, their ciphertexts in dl_slots
+	 * (dl_cap slots of dl_stride bytes), checked and decrypted together
+	 * on the pool */
+	uint8_t *dl_slots;
+	size_t dl_stride;
+	uint32_t dl_cap, dl_first, dl_n;
+	size_t dl_len[FB_WK_BATCH_MAX];
 	/* secure mode */
 	bool secure;
 	fb_identity *self;

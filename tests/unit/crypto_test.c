@@ -1074,6 +1074,106 @@ test_stream_chunks_sealed_out_of_order(void **state)
 	fb_stream_push_free(p);
 }
 
+/*
+ * A FULL stream pushed in order opens chunk by chunk out of order (last
+ * first, as threads would) into the same plaintext, and verifies once the
+ * hashes are in, in order; a chunk opened at another index, a tampered
+ * one, the FINAL flag moved, or hashes taken in another order fail, and a
+ * TAGS stream cannot be opened that way.
+ */
+static void
+test_stream_chunks_opened_out_of_order(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w;
+	static uint8_t plain[4 * CH], one[CH + FB_STREAM_CHUNK_OVERHEAD];
+	uint8_t hashes[4][FB_STREAM_HASH_LEN], swapped[4][FB_STREAM_HASH_LEN];
+	fb_stream_pull *p = NULL;
+	size_t len = 3 * CH + 5, mlen = 0;
+	int final = 0;
+	uint64_t total = 0;
+	fb_reject why;
+
+	cur_mode = FB_STREAM_DIGEST_FULL;
+	push_wire(&ctx, f->w1, len, 9, &w);
+	assert_int_equal(w.nchunks, 4);
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_FULL,
+	                     w.key, w.header, sizeof(w.header), CH, &p, &why),
+	    FB_OK);
+	for (size_t k = 4; k-- > 0;) {
+		assert_int_equal(fb_stream_pull_chunk_at(p, k, w.chunks[k],
+		                     w.chunk_len[k], plain + k * CH, CH, &mlen,
+		                     &final, hashes[k], &why),
+		    FB_OK);
+		assert_int_equal(mlen, k == 3 ? 5 : CH);
+		assert_int_equal(final, k == 3);
+	}
+	assert_memory_equal(plain, w.plain, len);
+	/* at another index, or tampered: the MAC fails, nothing written */
+	assert_int_equal(fb_stream_pull_chunk_at(p, 1, w.chunks[2],
+	                     w.chunk_len[2], one, CH, &mlen, &final,
+	                     swapped[0], &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	assert_int_equal(mlen, 0);
+	memcpy(one, w.chunks[1], w.chunk_len[1]);
+	one[0] = 1; /* FINAL moved to chunk 1 */
+	assert_int_equal(fb_stream_pull_chunk_at(p, 1, one, w.chunk_len[1],
+	                     plain, CH, &mlen, &final, swapped[0], &why),
+	    FB_EAUTH);
+	assert_int_equal(fb_stream_pull_chunk_at(p, 0, w.chunks[0],
+	                     w.chunk_len[0], plain, CH - 1, &mlen, &final,
+	                     swapped[0], &why),
+	    FB_ERANGE);
+	/* the trailer verifies only after all the hashes, in order */
+	assert_int_equal(fb_stream_pull_final(p, &f->allowed[1], w.trailer,
+	                     sizeof(w.trailer), &total, &why),
+	    FB_EPROTO);
+	assert_int_equal(fb_stream_pull_hashes(p, hashes[0], 2, 2 * CH, 0),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_hashes(p, hashes[2], 2, CH + 5, 1),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_final(p, &f->allowed[1], w.trailer,
+	                     sizeof(w.trailer), &total, &why),
+	    FB_OK);
+	assert_int_equal(total, len);
+	assert_int_equal(fb_stream_pull_hashes(p, hashes[0], 1, 1, 1),
+	    FB_EINVAL); /* finished */
+	assert_int_equal(fb_stream_pull_chunk_at(p, 0, w.chunks[0],
+	                     w.chunk_len[0], plain, CH, &mlen, &final,
+	                     swapped[0], &why),
+	    FB_EINVAL);
+	fb_stream_pull_free(p);
+	/* hashes in another order: the digest differs */
+	memcpy(swapped[0], hashes[1], FB_STREAM_HASH_LEN);
+	memcpy(swapped[1], hashes[0], FB_STREAM_HASH_LEN);
+	memcpy(swapped[2], hashes[2], 2 * FB_STREAM_HASH_LEN);
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_FULL,
+	                     w.key, w.header, sizeof(w.header), CH, &p, &why),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_hashes(p, swapped[0], 4, len, 1),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_final(p, &f->allowed[1], w.trailer,
+	                     sizeof(w.trailer), &total, &why),
+	    FB_EAUTH);
+	fb_stream_pull_free(p);
+	/* TAGS streams chain their chunks: no opening out of order */
+	cur_mode = FB_STREAM_DIGEST_TAGS;
+	push_wire(&ctx, f->w1, len, 9, &w);
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	                     w.key, w.header, sizeof(w.header), CH, &p, &why),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_chunk_at(p, 0, w.chunks[0],
+	                     w.chunk_len[0], plain, CH, &mlen, &final,
+	                     hashes[0], &why),
+	    FB_EINVAL);
+	assert_int_equal(fb_stream_pull_hashes(p, hashes[0], 1, CH, 0),
+	    FB_EINVAL);
+	fb_stream_pull_free(p);
+	cur_mode = FB_STREAM_DIGEST_FULL;
+}
+
 static void
 test_stream_roundtrip(void **state)
 {
@@ -1487,6 +1587,8 @@ FB_TESTS = {
         test_stream_tags_mode},
     {"FULL chunks sealed out of order on their own pull as one stream",
         test_stream_chunks_sealed_out_of_order},
+    {"FULL chunks opened out of order on their own verify as one stream",
+        test_stream_chunks_opened_out_of_order},
     {"global model is encrypted once and opens for each selected worker",
         test_broadcast},
     {"reject reasons have distinct names", test_reject_names},

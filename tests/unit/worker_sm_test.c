@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/pool.h"
 #include "common/util.h"
 #include "tests/unit/harness.h"
 #include "worker/worker_impl.h"
@@ -1518,6 +1519,50 @@ test_secure_model_tampered(void **state)
 	fix_free(x);
 }
 
+/*
+ * With a pool, the model's chunks are checked and decrypted in batches of
+ * one per core: the model arrives whole whatever the batch size, and a
+ * chunk tampered with anywhere (first batch, last one, the short last
+ * chunk) still stops the round before training, with RoundFailed sent.
+ */
+static void
+test_secure_model_on_pool(void **state)
+{
+	for (uint32_t threads = 1; threads <= 4; threads++) {
+		for (int bad = -1; bad < NCHUNK; bad++) {
+			fb_pool *pool = NULL;
+			fix *x = fix_new(true);
+			fb_msg rs = round_msg(2, 0);
+			size_t at;
+
+			assert_int_equal(fb_pool_alloc(threads, &pool), FB_OK);
+			x->w.pool = pool;
+			secure_join(x);
+			x->cfg.secure_aggregation = 1;
+			if (bad < 0) {
+				run_to_training(x, 3, 1);
+				assert_int_equal(x->w.dl_cap,
+				    threads + 1 > FB_WK_BATCH_MAX ? FB_WK_BATCH_MAX
+				                                  : threads + 1);
+				fix_free(x);
+				fb_pool_free(pool);
+				continue;
+			}
+			model_stream(x, &rs);
+			x->mchunk[bad][FB_STREAM_CHUNK_OVERHEAD] ^= 4;
+			x->served = x->nlog;
+			at = x->nlog;
+			assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+			serve_model(x);
+			assert_int_equal(x->w.phase, FB_WK_IDLE);
+			assert_int_equal(x->starts, 0);
+			assert_int_equal(count_of(x, FB_MSG_ROUND_FAILED, at), 1);
+			fix_free(x);
+			fb_pool_free(pool);
+		}
+	}
+}
+
 static void
 test_refusal_before_authentication(void **state)
 {
@@ -2457,6 +2502,9 @@ FB_TESTS = {
         test_secure_join_and_round},
     {"a tampered model chunk or an unwanted round starts no training",
         test_secure_model_tampered},
+    {"the model's chunks are checked in batches on the pool, tampering "
+     "anywhere stops the round",
+        test_secure_model_on_pool},
     {"a refusal in clear is taken before the coordinator authenticated",
         test_refusal_before_authentication},
     {"after admission a refusal or cancel in clear changes nothing",
