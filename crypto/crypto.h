@@ -583,6 +583,43 @@ FB_MUST_CHECK fb_err fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c,
     fb_reject *why);
 
 /*
+ * A TAGS chunk opened on several threads, the pull side of
+ * fb_stream_push_open: fb_stream_pull_open checks the next chunk (sizes,
+ * then its MAC over the whole chunk, then its tag; one thread), takes it
+ * into the digest and moves the chain on; fb_stream_pull_decrypt then
+ * decrypts parts of it, and fb_stream_pull_close ends it. Chunks come in
+ * order as for fb_stream_pull_chunk, and so do its errors: after any
+ * error the stream is dead.
+ */
+
+/*
+ * fb_stream_pull_open checks ciphertext chunk `c` (c_len bytes) of a TAGS
+ * stream as fb_stream_pull_chunk would, and opens it for its parts: on
+ * FB_OK *m_len is its plaintext length (<= m_cap) and *final is set on the
+ * FINAL chunk; nothing is decrypted yet. No other pull call but
+ * fb_stream_pull_decrypt until fb_stream_pull_close. Errors (with *why):
+ * as fb_stream_pull_chunk's, and FB_EINVAL (a FULL stream, or a chunk
+ * already open).
+ */
+FB_MUST_CHECK fb_err fb_stream_pull_open(fb_stream_pull *p, const uint8_t *c,
+    size_t c_len, size_t m_cap, size_t *m_len, int *final, fb_reject *why);
+
+/*
+ * fb_stream_pull_decrypt decrypts plaintext bytes off .. off + len - 1 of
+ * the open chunk `c` (as given to fb_stream_pull_open) into m[off ..].
+ * `off` is a multiple of FB_STREAM_PART_ALIGN; `m` and `c` do not
+ * overlap, or m == c + 1 (in place). Any number of threads at once (`p` is only read), on parts
+ * that do not overlap. Errors: FB_EINVAL (no chunk open), FB_ERANGE (off,
+ * len).
+ */
+FB_MUST_CHECK fb_err fb_stream_pull_decrypt(const fb_stream_pull *p,
+    const uint8_t *c, size_t off, size_t len, uint8_t *m);
+
+/* fb_stream_pull_close ends the open chunk (wipes its key); after its
+ * parts, one thread. No-op without one. */
+void fb_stream_pull_close(fb_stream_pull *p);
+
+/*
  * fb_stream_pull_chunk_at verifies (MAC first) and decrypts chunk `index`
  * of a FULL stream on its own, as fb_stream_pull_chunk would have as the
  * index-th chunk, and writes the chunk's hash for the trailer's digest to

@@ -79,6 +79,10 @@ typedef struct stream_core {
 	int part_open;
 	int part_final;
 	size_t part_len;
+	/* TAGS pull: the open chunk's key and nonce, for its parts (the
+	 * chain has moved on already) */
+	uint8_t part_k[crypto_stream_chacha20_ietf_KEYBYTES];
+	uint8_t part_nonce[crypto_stream_chacha20_ietf_NONCEBYTES];
 	fb_err dead;  /* pull: first error, repeated afterwards */
 	fb_reject dead_why;
 } stream_core;
@@ -567,6 +571,9 @@ fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 		fb_set_why(why, p->c.dead_why);
 		return p->c.dead;
 	}
+	if (p->c.part_open) {
+		return FB_EINVAL;
+	}
 	if (p->c.finished || c_len < FB_STREAM_CHUNK_OVERHEAD) {
 		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
 	}
@@ -600,6 +607,125 @@ fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	}
 	*m_len = (size_t)mlen;
 	return FB_OK;
+}
+
+/*
+ * A TAGS chunk opened in parts: the steps of
+ * crypto_secretstream_xchacha20poly1305_pull (see the push side above),
+ * the MAC checked over the whole chunk first, on one thread, and the
+ * ChaCha20 pass split. The chain moves on at the open; the parts use the
+ * key and nonce the chunk was sealed under, kept in the stream.
+ */
+fb_err
+fb_stream_pull_open(fb_stream_pull *p, const uint8_t *c, size_t c_len,
+    size_t m_cap, size_t *m_len, int *final, fb_reject *why)
+{
+	static const uint8_t zero[16];
+	crypto_secretstream_xchacha20poly1305_state *ss = &p->c.ss;
+	crypto_onetimeauth_poly1305_state poly;
+	uint8_t block[SS_BLOCK_LEN], l[8], mac[FB_MSG_MAC_LEN];
+	size_t n;
+	uint8_t tag;
+
+	*m_len = 0;
+	*final = 0;
+	fb_set_why(why, FB_REJECT_NONE);
+	if (p->c.dead != FB_OK) {
+		fb_set_why(why, p->c.dead_why);
+		return p->c.dead;
+	}
+	if (!p->c.tags_only || p->c.part_open) {
+		return FB_EINVAL;
+	}
+	if (p->c.finished || c_len < FB_STREAM_CHUNK_OVERHEAD) {
+		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
+	}
+	n = c_len - FB_STREAM_CHUNK_OVERHEAD;
+	if (n > p->c.chunk_len) {
+		return pull_die(p, FB_EPROTO, FB_REJECT_TOO_LARGE, why);
+	}
+	if (m_cap < n) {
+		return FB_ERANGE; /* caller's buffer; the stream lives on */
+	}
+	crypto_stream_chacha20_ietf(block, sizeof(block), ss->nonce, ss->k);
+	crypto_onetimeauth_poly1305_init(&poly, block);
+	crypto_onetimeauth_poly1305_update(&poly, p->c.ad, AD_LEN);
+	crypto_onetimeauth_poly1305_update(
+	    &poly, zero, (0x10 - (size_t)AD_LEN) & 0xf);
+	memset(block, 0, sizeof(block));
+	block[0] = c[0];
+	crypto_stream_chacha20_ietf_xor_ic(
+	    block, block, sizeof(block), ss->nonce, 1U, ss->k);
+	tag = block[0];
+	block[0] = c[0];
+	crypto_onetimeauth_poly1305_update(&poly, block, sizeof(block));
+	crypto_onetimeauth_poly1305_update(&poly, c + 1, n);
+	crypto_onetimeauth_poly1305_update(
+	    &poly, zero, (0x10 - sizeof(block) + n) & 0xf);
+	fb_store_le64(l, AD_LEN);
+	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
+	fb_store_le64(l, (uint64_t)(sizeof(block) + n));
+	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
+	crypto_onetimeauth_poly1305_final(&poly, mac);
+	sodium_memzero(&poly, sizeof(poly));
+	sodium_memzero(block, sizeof(block));
+	if (sodium_memcmp(mac, c + 1 + n, sizeof(mac)) != 0) {
+		sodium_memzero(mac, sizeof(mac));
+		return pull_die(p, FB_EAUTH, FB_REJECT_BAD_MAC, why);
+	}
+	if (tag != crypto_secretstream_xchacha20poly1305_TAG_MESSAGE &&
+	    tag != crypto_secretstream_xchacha20poly1305_TAG_FINAL) {
+		sodium_memzero(mac, sizeof(mac));
+		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
+	}
+	memcpy(p->c.part_k, ss->k, sizeof(p->c.part_k));
+	memcpy(p->c.part_nonce, ss->nonce, sizeof(p->c.part_nonce));
+	for (size_t i = 0; i < SS_INONCE_LEN; i++) {
+		ss->nonce[SS_COUNTER_LEN + i] ^= mac[i];
+	}
+	sodium_memzero(mac, sizeof(mac));
+	sodium_increment(ss->nonce, SS_COUNTER_LEN);
+	if ((tag & crypto_secretstream_xchacha20poly1305_TAG_REKEY) != 0 ||
+	    sodium_is_zero(ss->nonce, SS_COUNTER_LEN)) {
+		crypto_secretstream_xchacha20poly1305_rekey(ss);
+	}
+	core_hash_chunk(&p->c, c, c_len);
+	p->c.payload_len += n;
+	p->c.chunk_count++;
+	p->c.part_open = 1;
+	p->c.part_len = n;
+	if (tag == crypto_secretstream_xchacha20poly1305_TAG_FINAL) {
+		p->c.finished = 1;
+		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
+		*final = 1;
+	}
+	*m_len = n;
+	return FB_OK;
+}
+
+fb_err
+fb_stream_pull_decrypt(const fb_stream_pull *p, const uint8_t *c, size_t off,
+    size_t len, uint8_t *m)
+{
+	if (!p->c.part_open) {
+		return FB_EINVAL;
+	}
+	if (off % SS_BLOCK_LEN != 0 || off > p->c.part_len ||
+	    len > p->c.part_len - off) {
+		return FB_ERANGE;
+	}
+	crypto_stream_chacha20_ietf_xor_ic(m + off, c + 1 + off, len,
+	    p->c.part_nonce, (uint32_t)(2 + off / SS_BLOCK_LEN), p->c.part_k);
+	return FB_OK;
+}
+
+void
+fb_stream_pull_close(fb_stream_pull *p)
+{
+	sodium_memzero(p->c.part_k, sizeof(p->c.part_k));
+	sodium_memzero(p->c.part_nonce, sizeof(p->c.part_nonce));
+	p->c.part_open = 0;
+	p->c.part_len = 0;
 }
 
 fb_err

@@ -828,6 +828,153 @@ test_parallel_accum_adds_exact(void **state)
 	fb_accum_free(a);
 }
 
+/* Big encrypted chunks: their decryption splits into parts. */
+enum { DEC_ELEMS = 131072, DEC_CHUNKS = 6 };
+
+typedef struct dec_region {
+	uint32_t *at; /* DEC_CHUNKS x DEC_ELEMS */
+} dec_region;
+
+static void *
+dec_dst_cb(void *arg, void *stream_arg, uint32_t chunk, size_t *cap)
+{
+	dec_region *r = stream_arg;
+
+	(void)arg;
+	*cap = DEC_ELEMS * 4;
+	return r->at + (size_t)chunk * DEC_ELEMS;
+}
+
+static fb_err
+dec_chunk_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
+    size_t len, uint64_t *counter)
+{
+	dec_region *r = stream_arg;
+
+	(void)arg;
+	(void)counter;
+	return data == r->at + (size_t)chunk * DEC_ELEMS && len == DEC_ELEMS * 4
+	           ? FB_OK
+	           : FB_EPROTO;
+}
+
+/* Stream s of test_decrypt_in_parts, pushed by libsodium's secretstream. */
+typedef struct dec_stream {
+	uint32_t plain[DEC_CHUNKS * DEC_ELEMS];
+	uint32_t region[DEC_CHUNKS * DEC_ELEMS];
+	uint8_t ct[DEC_CHUNKS][DEC_ELEMS * 4 + FB_STREAM_CHUNK_OVERHEAD];
+	uint8_t key[FB_STREAM_KEY_LEN];
+	uint8_t header[FB_STREAM_HEADER_LEN];
+	uint8_t trailer[FB_STREAM_TRAILER_LEN];
+	fb_stream_ctx ctx;
+} dec_stream;
+
+static void
+dec_encrypt(uint32_t s, const fb_identity *id, dec_stream *d)
+{
+	fb_stream_push *p = NULL;
+
+	memset(&d->ctx, 0, sizeof(d->ctx));
+	d->ctx.round = 3;
+	d->ctx.sender = s;
+	assert_int_equal(fb_run_id_random(&d->ctx.run), FB_OK);
+	assert_int_equal(fb_stream_push_alloc(&d->ctx, DEC_ELEMS * 4,
+	                     FB_STREAM_DIGEST_TAGS, d->key, d->header, &p),
+	    FB_OK);
+	for (uint32_t k = 0; k < DEC_CHUNKS; k++) {
+		uint32_t *m = d->plain + (size_t)k * DEC_ELEMS;
+		size_t clen = 0;
+		for (uint32_t i = 0; i < DEC_ELEMS; i++) {
+			m[i] = value(s, k, i);
+		}
+		assert_int_equal(fb_stream_push_chunk(p, (const uint8_t *)m,
+		                     DEC_ELEMS * 4, k + 1 == DEC_CHUNKS, d->ct[k],
+		                     sizeof(d->ct[k]), &clen),
+		    FB_OK);
+	}
+	assert_int_equal(fb_stream_push_final(p, id, d->trailer), FB_OK);
+	fb_stream_push_free(p);
+	memset(d->region, 0xaa, sizeof(d->region));
+}
+
+/*
+ * Encrypted chunks big enough to split (512 KiB) are decrypted in parts
+ * that the pool's idle threads help with: the plaintext lands whole where
+ * the destination callback says, and a chunk whose MAC fails fails its
+ * stream at the decryption and leaves its region untouched.
+ */
+static void
+test_decrypt_in_parts(void **state)
+{
+	static dec_stream d[2];
+	dec_region dr[2] = {{d[0].region}, {d[1].region}};
+	fb_identity *id = NULL;
+	fb_pubkey pk;
+	fb_ingest *g = NULL;
+	fb_ingest_result res[3];
+	uint64_t gen;
+	fb_reject why;
+
+	(void)state;
+	assert_int_equal(fb_crypto_init(), FB_OK);
+	assert_int_equal(fb_identity_alloc("w", &id), FB_OK);
+	fb_identity_pubkey(id, &pk);
+	dec_encrypt(0, id, &d[0]);
+	dec_encrypt(1, id, &d[1]);
+	d[1].ct[3][300000] ^= 0x40; /* stream 1, chunk 3: its MAC fails */
+	fb_ingest_opts o = {
+	    .threads = 4,
+	    .slots = 2,
+	    .chunk_count = DEC_CHUNKS,
+	    .max_chunk_len = DEC_ELEMS * 4,
+	    .chunk_cb = dec_chunk_cb,
+	    .dst_cb = dec_dst_cb,
+	};
+	assert_int_equal(fb_ingest_alloc(&o, &g), FB_OK);
+	for (uint32_t s = 0; s < 2; s++) {
+		fb_stream_pull *pull = NULL;
+		assert_int_equal(fb_stream_pull_alloc(&d[s].ctx,
+		                     FB_STREAM_DIGEST_TAGS, d[s].key, d[s].header,
+		                     FB_STREAM_HEADER_LEN, DEC_ELEMS * 4, &pull,
+		                     &why),
+		    FB_OK);
+		assert_int_equal(fb_ingest_begin(g, s, pull, &dr[s], &gen),
+		    FB_OK);
+		/* all of a stream's chunks queue at once: it falls behind */
+		for (uint32_t k = 0; k < DEC_CHUNKS; k++) {
+			fb_buf *b = NULL;
+			assert_int_equal(fb_buf_alloc(sizeof(d[s].ct[k]), &b),
+			    FB_OK);
+			memcpy(fb_buf_data(b), d[s].ct[k], sizeof(d[s].ct[k]));
+			assert_int_equal(fb_ingest_chunk(g, s, k, b,
+			                     k + 1 == DEC_CHUNKS),
+			    FB_OK);
+		}
+		assert_int_equal(fb_ingest_end(g, s, &pk, d[s].trailer,
+		                     sizeof(d[s].trailer)),
+		    FB_OK);
+	}
+	fb_ingest_drain(g);
+	assert_int_equal(take_results(g, res, 3), 2);
+	for (uint32_t i = 0; i < 2; i++) {
+		if (res[i].status == FB_INGEST_DONE) {
+			continue;
+		}
+		assert_int_equal(res[i].status, FB_INGEST_FAILED);
+		assert_int_equal(res[i].stage, FB_INGEST_AT_DECRYPT);
+		assert_int_equal(res[i].reject, FB_REJECT_BAD_MAC);
+		assert_int_equal(res[i].chunk, 3);
+	}
+	assert_true(res[0].status != res[1].status);
+	assert_memory_equal(d[0].region, d[0].plain, sizeof(d[0].plain));
+	assert_memory_equal(d[1].region, d[1].plain, 3 * DEC_ELEMS * 4);
+	for (size_t i = 3 * (size_t)DEC_ELEMS; i < 4 * (size_t)DEC_ELEMS; i++) {
+		assert_int_equal(d[1].region[i], 0xaaaaaaaa);
+	}
+	fb_ingest_free(g);
+	fb_identity_free(id);
+}
+
 FB_TESTS = {
 	{"each stream's chunks are consumed in order and sums are exact "
 	 "whatever the thread count",
@@ -848,6 +995,8 @@ FB_TESTS = {
 	 "stream that falls behind", test_parallel_pieces},
 	{"accumulator adds split over the pool's threads are exact",
 	    test_parallel_accum_adds_exact},
+	{"big encrypted chunks are decrypted in parts, a bad MAC fails first",
+	    test_decrypt_in_parts},
 	{NULL, NULL},
 };
 

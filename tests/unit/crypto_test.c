@@ -1296,6 +1296,142 @@ test_stream_tags_chunks_sealed_in_parts(void **state)
 	fb_stream_push_free(p);
 }
 
+/* open_parts opens chunk c of TAGS stream p and decrypts it into m in
+ * three parts, last part first. */
+static fb_err
+open_parts(fb_stream_pull *p, const uint8_t *c, size_t c_len, uint8_t *m,
+    size_t *m_len, int *final, fb_reject *why)
+{
+	fb_err rc = fb_stream_pull_open(p, c, c_len, CH, m_len, final, why);
+	size_t n = *m_len, cut1, cut2;
+
+	if (rc != FB_OK) {
+		return rc;
+	}
+	cut1 = n / 3 / FB_STREAM_PART_ALIGN * FB_STREAM_PART_ALIGN;
+	cut2 = 2 * cut1;
+	assert_int_equal(fb_stream_pull_decrypt(p, c, cut2, n - cut2, m), FB_OK);
+	assert_int_equal(fb_stream_pull_decrypt(p, c, 0, cut1, m), FB_OK);
+	assert_int_equal(fb_stream_pull_decrypt(p, c, cut1, cut2 - cut1, m),
+	    FB_OK);
+	/* no second chunk while one is open */
+	{
+		size_t n2 = 0;
+		int f2 = 0;
+		assert_int_equal(
+		    fb_stream_pull_open(p, c, c_len, CH, &n2, &f2, NULL),
+		    FB_EINVAL);
+	}
+	fb_stream_pull_close(p);
+	return FB_OK;
+}
+
+/*
+ * A TAGS stream pushed by libsodium's secretstream opens chunk by chunk in
+ * parts (fb_stream_pull_open, _decrypt out of order, _close) into the same
+ * plaintext, and its trailer verifies; a flipped bit in a chunk or its tag
+ * fails the MAC before anything is decrypted and kills the stream, chunks
+ * out of order fail, parts out of range and a FULL stream are refused.
+ */
+static void
+test_stream_tags_chunks_opened_in_parts(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w;
+	static uint8_t plain[8 * CH], c[CH + FB_STREAM_CHUNK_OVERHEAD];
+	fb_stream_pull *p = NULL;
+	size_t len = 3 * CH + 100, mlen = 0, off = 0;
+	int final = 0;
+	uint64_t total = 0;
+	fb_reject why;
+
+	cur_mode = FB_STREAM_DIGEST_TAGS;
+	push_wire(&ctx, f->w1, len, 5, &w);
+	assert_int_equal(w.nchunks, 4);
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	                     w.key, w.header, sizeof(w.header), CH, &p, &why),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_decrypt(p, w.chunks[0], 0, 1, plain),
+	    FB_EINVAL); /* nothing open */
+	for (size_t k = 0; k < w.nchunks; k++) {
+		assert_int_equal(open_parts(p, w.chunks[k], w.chunk_len[k],
+		                     plain + off, &mlen, &final, &why),
+		    FB_OK);
+		assert_int_equal(final != 0, k + 1 == w.nchunks);
+		off += mlen;
+	}
+	assert_int_equal(off, len);
+	assert_memory_equal(plain, w.plain, len);
+	assert_int_equal(fb_stream_pull_final(p, &f->allowed[1], w.trailer,
+	                     sizeof(w.trailer), &total, &why),
+	    FB_OK);
+	assert_int_equal(total, len);
+	fb_stream_pull_free(p);
+	/* tampered: body, tag byte, MAC; each kills the stream */
+	for (size_t at = 0; at < 3; at++) {
+		size_t pos = at == 0 ? 40 : at == 1 ? 0 : w.chunk_len[1] - 1;
+		assert_int_equal(fb_stream_pull_alloc(&ctx,
+		                     FB_STREAM_DIGEST_TAGS, w.key, w.header,
+		                     sizeof(w.header), CH, &p, &why),
+		    FB_OK);
+		assert_int_equal(open_parts(p, w.chunks[0], w.chunk_len[0],
+		                     plain, &mlen, &final, &why),
+		    FB_OK);
+		memcpy(c, w.chunks[1], w.chunk_len[1]);
+		c[pos] ^= 0x10;
+		memset(plain, 0xAA, CH);
+		assert_int_equal(fb_stream_pull_open(p, c, w.chunk_len[1], CH,
+		                     &mlen, &final, &why),
+		    FB_EAUTH);
+		assert_int_equal(why, FB_REJECT_BAD_MAC);
+		assert_int_equal(mlen, 0);
+		assert_int_equal(fb_stream_pull_decrypt(p, c, 0, 64, plain),
+		    FB_EINVAL);
+		assert_int_equal(plain[0], 0xAA);
+		assert_int_equal(fb_stream_pull_open(p, w.chunks[1],
+		                     w.chunk_len[1], CH, &mlen, &final, &why),
+		    FB_EAUTH); /* dead */
+		fb_stream_pull_free(p);
+	}
+	/* out of order: chunk 2 where chunk 1 belongs */
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	                     w.key, w.header, sizeof(w.header), CH, &p, &why),
+	    FB_OK);
+	assert_int_equal(open_parts(p, w.chunks[0], w.chunk_len[0], plain,
+	                     &mlen, &final, &why),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_open(p, w.chunks[2], w.chunk_len[2],
+	                     CH, &mlen, &final, &why),
+	    FB_EAUTH);
+	fb_stream_pull_free(p);
+	/* parts out of range, a short buffer, a FULL stream */
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	                     w.key, w.header, sizeof(w.header), CH, &p, &why),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_open(p, w.chunks[0], w.chunk_len[0],
+	                     CH - 1, &mlen, &final, &why),
+	    FB_ERANGE);
+	assert_int_equal(fb_stream_pull_open(p, w.chunks[0], w.chunk_len[0],
+	                     CH, &mlen, &final, &why),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_decrypt(p, w.chunks[0], 1, 64, plain),
+	    FB_ERANGE);
+	assert_int_equal(fb_stream_pull_decrypt(p, w.chunks[0], 64, CH, plain),
+	    FB_ERANGE);
+	fb_stream_pull_close(p);
+	fb_stream_pull_free(p);
+	cur_mode = FB_STREAM_DIGEST_FULL;
+	push_wire(&ctx, f->w1, len, 5, &w);
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_FULL,
+	                     w.key, w.header, sizeof(w.header), CH, &p, &why),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_open(p, w.chunks[0], w.chunk_len[0],
+	                     CH, &mlen, &final, &why),
+	    FB_EINVAL);
+	fb_stream_pull_free(p);
+}
+
 static void
 test_stream_roundtrip(void **state)
 {
@@ -1713,6 +1849,8 @@ FB_TESTS = {
         test_stream_chunks_opened_out_of_order},
     {"a TAGS stream's chunks sealed in parts are libsodium's push",
         test_stream_tags_chunks_sealed_in_parts},
+    {"a TAGS stream's chunks opened in parts are libsodium's pull",
+        test_stream_tags_chunks_opened_in_parts},
     {"global model is encrypted once and opens for each selected worker",
         test_broadcast},
     {"reject reasons have distinct names", test_reject_names},
