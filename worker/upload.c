@@ -9,15 +9,10 @@
  * allows (UpdateCredit: it grants chunks from one budget for all its
  * workers) and returns; the loop calls it again when the link has room or
  * a credit came, and meanwhile receives and answers the coordinator
- * (heartbeats, a RoundCancel, SecAgg reveals). In a secure session each
- * chunk is encrypted once, when it is next to go, into a slot of one of
+ * (heartbeats, a RoundCancel, SecAgg reveals). A chunk is
+ * encrypted (and masked) once, when it is next to go, into a slot of one of
  * two buffers used in turn (w->send_ct), and sent from there without a
- * copy: with secure aggregation its masked input is made there first (a
- * batch of chunks at once on the pool) and encrypted in place, otherwise
- * it is encrypted from w->local. The stream's chunks chain, so they are
- * encrypted one after the other, but each one's cipher pass is split over
- * the pool; the loop thread adds only its MAC (fb_stream_push_close).
- * Without security the chunks go from w->local itself, without a copy.
+ * copy. Plain updates go from w->local itself, without a copy.
  *
  * debug.dump_updates (tests only) writes each round's update as sent:
  * plain, encoded and masked, in element order.
@@ -99,6 +94,7 @@ fb_wk_upload_drop(fb_wk *w)
 	}
 	fb_stream_push_free(u->push);
 	fb_wipe(&u->begin, sizeof(u->begin)); /* the stream key */
+	fb_free(u->batch);
 	memset(u, 0, sizeof(*u));
 	if (w->phase == FB_WK_UPLOADING) {
 		w->phase = FB_WK_IDLE;
@@ -167,19 +163,83 @@ chunk_span(const fb_wk *w, uint32_t k, uint64_t *off, uint64_t *len)
 	                                       : w->chunk_bytes;
 }
 
-/*
- * A ct slot: the chunk starts CT_LEAD - 1 bytes in, so that its body (the
- * plaintext when encrypted in place: a masked input, written as uint32)
- * is 64-byte aligned; fb_lent_new's memory and the stride are.
- */
-#define CT_LEAD 64
+/* One piece of a batch: the masked input of position batch_first + i. */
+typedef struct batch_arg {
+	fb_wk *w;
+	uint64_t clipped[FB_WK_BATCH_MAX];
+	atomic_int rc;
+} batch_arg;
 
-/* Bytes of one slot in a send_ct buffer. */
+static void
+batch_piece(void *arg, uint32_t i)
+{
+	batch_arg *a = arg;
+	fb_wk *w = a->w;
+	fb_wk_upload *u = &w->up;
+	uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
+	    u->batch_first + i);
+	uint64_t off, len;
+	fb_err rc;
+
+	chunk_span(w, k, &off, &len);
+	rc = fb_wk_sa_encode_chunk(w, w->local,
+	    k == w->chunk_count ? w->param_count : off / 4, len / 4, u->loss,
+	    &a->clipped[i], NULL, NULL,
+	    u->batch + (size_t)i * (w->chunk_bytes / 4));
+	if (rc != FB_OK) {
+		int ok = FB_OK;
+		atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
+	}
+}
+
+/*
+ * The masked inputs of the positions from u->pos on, a batch of them at
+ * once on the pool (one per core, up to FB_WK_BATCH_MAX). With the debug
+ * dumps open, one at a time, in order (they are written as made).
+ */
+static fb_err
+batch_make(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+	uint32_t n = fb_pool_threads(w->pool) + 1;
+	batch_arg a = {.w = w};
+
+	n = n > FB_WK_BATCH_MAX ? FB_WK_BATCH_MAX : n;
+	if (u->enc_dump != NULL || u->mask_dump != NULL) {
+		n = 1;
+	}
+	if (u->batch == NULL || u->batch_cap < n) {
+		fb_free(u->batch);
+		u->batch_cap = 0;
+		if ((u->batch = fb_alloc((size_t)n * w->chunk_bytes)) == NULL) {
+			return FB_ENOMEM;
+		}
+		u->batch_cap = n;
+	}
+	u->batch_first = u->pos;
+	u->batch_n = u->chunks - u->pos < n ? u->chunks - u->pos : n;
+	atomic_init(&a.rc, FB_OK);
+	if (u->batch_n == 1) {
+		uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
+		    u->pos);
+		uint64_t off, len;
+		chunk_span(w, k, &off, &len);
+		return fb_wk_sa_encode_chunk(w, w->local,
+		    k == w->chunk_count ? w->param_count : off / 4, len / 4,
+		    u->loss, &u->clipped, u->enc_dump, u->mask_dump, u->batch);
+	}
+	fb_pool_for(w->pool, u->batch_n, batch_piece, &a);
+	for (uint32_t i = 0; i < u->batch_n; i++) {
+		u->clipped += a.clipped[i];
+	}
+	return (fb_err)atomic_load(&a.rc);
+}
+
+/* Bytes of one encrypted chunk's slot in a send_ct buffer. */
 static size_t
 ct_stride(const fb_wk *w)
 {
-	return (CT_LEAD + (size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD +
-	           63) &
+	return ((size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD + 63) &
 	       ~(size_t)63;
 }
 
@@ -187,10 +247,8 @@ ct_stride(const fb_wk *w)
  * The ct buffer for position u->pos, made ready when pos leaves the one in
  * use: the other of the two, after messages of its last use have left it
  * (else fb_lent_own gives fresh memory and leaves the old to them). Chunks
- * are written only into slots no message holds yet: each slot of the
- * window in use is written once (masked, then encrypted in place), the
- * batches of masked inputs never reach past the window, and the chunks
- * are sent in order.
+ * are written only into slots no message holds yet: the slots of the
+ * window in use are written in order, each once.
  */
 static fb_err
 ct_window(fb_wk *w)
@@ -220,164 +278,26 @@ ct_window(fb_wk *w)
 	return FB_OK;
 }
 
-/* Where the chunk at position pos (of the window in use) is encrypted:
- * its tag byte, then its body at + 1 (aligned), then its MAC. */
+/* Where the chunk at position u->pos is (to be) encrypted. */
 static uint8_t *
-ct_chunk(fb_wk *w, uint32_t pos)
+ct_slot(fb_wk *w)
 {
 	fb_wk_upload *u = &w->up;
 
 	return (uint8_t *)fb_lent_data(w->send_ct[u->ct_which]) +
-	       (size_t)(pos - u->ct_first) * ct_stride(w) + CT_LEAD - 1;
+	       (size_t)(u->pos - u->ct_first) * ct_stride(w);
 }
 
-/* The masked input of position pos goes in its slot's body. */
-static uint32_t *
-ct_body(fb_wk *w, uint32_t pos)
-{
-	return (uint32_t *)(void *)(ct_chunk(w, pos) + 1);
-}
-
-/* One piece of a batch: the masked input of position batch_first + i. */
-typedef struct batch_arg {
-	fb_wk *w;
-	uint64_t clipped[FB_WK_BATCH_MAX];
-	atomic_int rc;
-} batch_arg;
-
-static void
-batch_piece(void *arg, uint32_t i)
-{
-	batch_arg *a = arg;
-	fb_wk *w = a->w;
-	fb_wk_upload *u = &w->up;
-	uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
-	    u->batch_first + i);
-	uint64_t off, len;
-	fb_err rc;
-
-	chunk_span(w, k, &off, &len);
-	rc = fb_wk_sa_encode_chunk(w, w->local,
-	    k == w->chunk_count ? w->param_count : off / 4, len / 4, u->loss,
-	    &a->clipped[i], NULL, NULL, ct_body(w, u->batch_first + i));
-	if (rc != FB_OK) {
-		int ok = FB_OK;
-		atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
-	}
-}
-
-/*
- * The masked inputs of the positions from u->pos on, in their ct slots of
- * the window in use, a batch of them at once on the pool (one per core, to
- * the window's end). With the debug dumps open, one at a time, in order
- * (they are written as made).
- */
+/* Secure mode: masks (SecAgg) and encrypts chunk at position u->pos into
+ * its ct slot, once: from the masked batch or w->local straight into the
+ * memory it is sent from. */
 static fb_err
-batch_make(fb_wk *w)
-{
-	fb_wk_upload *u = &w->up;
-	uint32_t n = fb_pool_threads(w->pool) + 1;
-	uint32_t room = u->ct_first + FB_WK_BATCH_MAX - u->pos;
-	batch_arg a = {.w = w};
-
-	n = n > room ? room : n;
-	if (u->enc_dump != NULL || u->mask_dump != NULL) {
-		n = 1;
-	}
-	u->batch_first = u->pos;
-	u->batch_n = u->chunks - u->pos < n ? u->chunks - u->pos : n;
-	atomic_init(&a.rc, FB_OK);
-	if (u->batch_n == 1) {
-		uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
-		    u->pos);
-		uint64_t off, len;
-		chunk_span(w, k, &off, &len);
-		return fb_wk_sa_encode_chunk(w, w->local,
-		    k == w->chunk_count ? w->param_count : off / 4, len / 4,
-		    u->loss, &u->clipped, u->enc_dump, u->mask_dump,
-		    ct_body(w, u->pos));
-	}
-	fb_pool_for(w->pool, u->batch_n, batch_piece, &a);
-	for (uint32_t i = 0; i < u->batch_n; i++) {
-		u->clipped += a.clipped[i];
-	}
-	return (fb_err)atomic_load(&a.rc);
-}
-
-/* Parts of one chunk's cipher pass, one per pool piece. */
-#define SEAL_PART_MIN (32u << 10)
-
-typedef struct seal_arg {
-	const fb_stream_push *push;
-	const uint8_t *m;
-	uint8_t *c;
-	size_t len, part;
-	atomic_int rc;
-} seal_arg;
-
-static void
-seal_piece(void *arg, uint32_t i)
-{
-	seal_arg *a = arg;
-	size_t off = (size_t)i * a->part;
-	size_t n = a->len - off < a->part ? a->len - off : a->part;
-	fb_err rc = fb_stream_push_encrypt(a->push, a->m, off, n, a->c);
-
-	if (rc != FB_OK) {
-		int ok = FB_OK;
-		atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
-	}
-}
-
-/*
- * Encrypts the chunk at position u->pos, `len` bytes of plaintext `m`
- * (its slot's body: in place), into its slot: the cipher pass in parts on
- * the pool, then the MAC here.
- */
-static fb_err
-chunk_seal(fb_wk *w, const uint8_t *m, size_t len)
-{
-	fb_wk_upload *u = &w->up;
-	uint8_t *c = ct_chunk(w, u->pos);
-	uint32_t threads = fb_pool_threads(w->pool) + 1;
-	seal_arg a = {.push = u->push, .m = m, .c = c, .len = len};
-	uint32_t parts;
-	fb_err rc;
-
-	rc = fb_stream_push_open(u->push, len, u->pos + 1 == u->chunks,
-	    ct_stride(w) - (CT_LEAD - 1));
-	if (rc != FB_OK) {
-		return rc;
-	}
-	a.part = (len / threads + FB_STREAM_PART_ALIGN - 1) /
-	         FB_STREAM_PART_ALIGN * FB_STREAM_PART_ALIGN;
-	a.part = a.part < SEAL_PART_MIN ? SEAL_PART_MIN : a.part;
-	parts = (uint32_t)((len + a.part - 1) / a.part);
-	atomic_init(&a.rc, FB_OK);
-	if (parts > 1) {
-		fb_pool_for(w->pool, parts, seal_piece, &a);
-	} else if (len > 0) {
-		seal_piece(&a, 0);
-	}
-	if ((rc = (fb_err)atomic_load(&a.rc)) != FB_OK) {
-		return rc;
-	}
-	return fb_stream_push_close(u->push, c, &u->staged_len);
-}
-
-/* Secure mode: makes chunk at position u->pos in its ct slot, once: the
- * masked input (SecAgg) or w->local's bytes, encrypted into the memory it
- * is sent from. */
-static fb_err
-chunk_stage(fb_wk *w, uint64_t off, uint64_t len)
+chunk_stage(fb_wk *w, uint32_t k, uint64_t off, uint64_t len)
 {
 	fb_wk_upload *u = &w->up;
 	const uint8_t *src = (const uint8_t *)w->local + off;
 	fb_err rc;
 
-	if ((rc = ct_window(w)) != FB_OK) {
-		return rc;
-	}
 	if (w->sa != NULL) {
 		if (u->batch_n == 0 || u->pos < u->batch_first ||
 		    u->pos >= u->batch_first + u->batch_n) {
@@ -389,9 +309,15 @@ chunk_stage(fb_wk *w, uint64_t off, uint64_t len)
 				return rc;
 			}
 		}
-		src = (const uint8_t *)ct_body(w, u->pos);
+		src = (const uint8_t *)(u->batch + (size_t)(u->pos -
+		                                            u->batch_first) *
+		                                       (w->chunk_bytes / 4));
 	}
-	rc = chunk_seal(w, src, len);
+	if ((rc = ct_window(w)) != FB_OK) {
+		return rc;
+	}
+	rc = fb_stream_push_chunk(u->push, src, len, u->pos + 1 == u->chunks,
+	    ct_slot(w), ct_stride(w), &u->staged_len);
 	if (rc == FB_OK) {
 		u->staged = true;
 	}
@@ -417,11 +343,11 @@ chunk_send(fb_wk *w)
 		return fb_wk_send_now(
 		    w, &c, (const uint8_t *)w->local + off, len, w->local_lent);
 	}
-	if (!u->staged && (rc = chunk_stage(w, off, len)) != FB_OK) {
+	if (!u->staged && (rc = chunk_stage(w, k, off, len)) != FB_OK) {
 		return rc;
 	}
 	/* from its ct slot, without a copy */
-	rc = fb_wk_send_now(w, &c, ct_chunk(w, u->pos), u->staged_len,
+	rc = fb_wk_send_now(w, &c, ct_slot(w), u->staged_len,
 	    w->send_ct[u->ct_which]);
 	if (rc == FB_OK) {
 		u->staged = false;

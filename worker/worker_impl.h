@@ -123,7 +123,7 @@ typedef struct fb_wk_out {
 
 /* The update being sent: UpdateBegin, the chunks in rotated order, then
  * (secure) UpdateEnd. */
-#define FB_WK_BATCH_MAX 16 /* ct slots per window; masked chunks ahead */
+#define FB_WK_BATCH_MAX 16 /* masked chunks made ahead at once */
 
 typedef struct fb_wk_upload {
 	bool begun;      /* UpdateBegin is on the link */
@@ -144,10 +144,11 @@ typedef struct fb_wk_upload {
 	double loss;          /* what goes into the extra coordinates */
 	uint64_t clipped;
 	FILE *enc_dump, *mask_dump; /* debug.dump_updates, or NULL */
-	/* SecAgg: masked inputs made ahead in their ct slots, several
-	 * chunks at once on the pool (the masks' expansion is the upload's
-	 * cost): positions batch_first .. batch_first + batch_n - 1, inside
-	 * the ct window in use */
+	/* SecAgg: masked inputs made ahead, several chunks at once on the
+	 * pool (the masks' expansion is the upload's cost): positions
+	 * batch_first .. batch_first + batch_n - 1, in batch */
+	uint32_t *batch;      /* batch_cap chunks of chunk_bytes */
+	uint32_t batch_cap;
 	uint32_t batch_first, batch_n;
 } fb_wk_upload;
 
@@ -260,9 +261,9 @@ struct fb_wk {
 	fb_session *sess;
 	fb_stream_pull *mpull; /* this round's model stream */
 	fb_blob model_trailer;
-	/* secure mode: encrypted update chunks, FB_WK_BATCH_MAX slots (of
-	 * upload.c's ct_stride bytes) in each of two buffers used in turn,
-	 * sent from there without a copy (worker/upload.c) */
+	/* secure mode: encrypted update chunks, FB_WK_BATCH_MAX slots of
+	 * fb_wk_ct_stride() bytes in each of two buffers used in turn, sent
+	 * from there without a copy (worker/upload.c) */
 	fb_lent *send_ct[2];
 	/* secure aggregation of the current round */
 	fb_wk_sa_phase sa_phase;
