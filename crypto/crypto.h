@@ -122,7 +122,7 @@
 #define FB_STREAM_CHUNK_MAX (64u << 20) /* bytes of plaintext per chunk */
 #define FB_STREAM_TRAILER_LEN 140
 #define FB_STREAM_HASH_LEN 32 /* a FULL chunk's own digest */
-#define FB_STREAM_PART_ALIGN 64 /* fb_stream_push_encrypt offsets */
+#define FB_STREAM_PART_ALIGN 64 /* fb_stream_pull_decrypt offsets */
 
 /* Sender id the coordinator uses; worker ids are never this value. */
 #define FB_SENDER_COORDINATOR UINT32_C(0xffffffff)
@@ -473,8 +473,7 @@ FB_MUST_CHECK fb_err fb_stream_push_alloc(const fb_stream_ctx *ctx,
  * (c_cap >= m_len + FB_STREAM_CHUNK_OVERHEAD); `final` != 0 marks the last
  * chunk (it may be empty). For zero copy put the plaintext at c + 1 (in
  * place); otherwise `m` and `c` must not overlap.
- * Errors: FB_ERANGE (sizes), FB_EINVAL (after the final chunk, or with a
- * chunk open by fb_stream_push_open).
+ * Errors: FB_ERANGE (sizes), FB_EINVAL (after the final chunk).
  */
 FB_MUST_CHECK fb_err fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m,
     size_t m_len, int final, uint8_t *c, size_t c_cap, size_t *c_len);
@@ -500,49 +499,6 @@ FB_MUST_CHECK fb_err fb_stream_push_chunk_at(const fb_stream_push *p,
  */
 FB_MUST_CHECK fb_err fb_stream_push_hashes(fb_stream_push *p,
     const uint8_t *hashes, uint64_t count, uint64_t payload_len, int final);
-
-/*
- * A TAGS chunk sealed on several threads. Its chunks chain (each one's
- * nonce takes in the previous one's MAC), so they are sealed one after the
- * other, but the bulk of a chunk's work, its ChaCha20 pass, splits into
- * parts that threads encrypt at once: fb_stream_push_open starts the next
- * chunk, fb_stream_push_encrypt encrypts any part of it, and
- * fb_stream_push_close adds the tag byte and the MAC (Poly1305 over the
- * whole chunk, one thread) and moves the stream on. The chunk comes out
- * byte for byte as fb_stream_push_chunk would have made it, so the pull
- * side is the same.
- */
-
-/*
- * fb_stream_push_open starts the next chunk of a TAGS stream: `m_len`
- * (<= chunk_len) bytes of plaintext, to be written to a buffer `c` of
- * c_cap >= m_len + FB_STREAM_CHUNK_OVERHEAD bytes; `final` != 0 marks the
- * last chunk. One thread; no other push call until fb_stream_push_close.
- * Errors: FB_EINVAL (a FULL stream, finished, or a chunk already open),
- * FB_ERANGE (sizes).
- */
-FB_MUST_CHECK fb_err fb_stream_push_open(
-    fb_stream_push *p, size_t m_len, int final, size_t c_cap);
-
-/*
- * fb_stream_push_encrypt encrypts plaintext bytes off .. off + len - 1 of
- * the open chunk, m[off ..], into c[1 + off ..], where `m` is the chunk's
- * plaintext and `c` its buffer. In place when m == c + 1; otherwise the
- * two must not overlap. `off` is a multiple of FB_STREAM_PART_ALIGN. Any
- * number of threads at once (`p` is only read), on parts that do not
- * overlap and that cover the chunk once between open and close. Errors:
- * FB_EINVAL (no chunk open), FB_ERANGE (off, len).
- */
-FB_MUST_CHECK fb_err fb_stream_push_encrypt(const fb_stream_push *p,
-    const uint8_t *m, size_t off, size_t len, uint8_t *c);
-
-/*
- * fb_stream_push_close finishes the open chunk in `c` (every part
- * encrypted): its tag byte and MAC, the digest; *c_len gets its length.
- * One thread. Errors: FB_EINVAL (no chunk open).
- */
-FB_MUST_CHECK fb_err fb_stream_push_close(
-    fb_stream_push *p, uint8_t *c, size_t *c_len);
 
 /*
  * fb_stream_push_final signs the trailer with `signer` (whose key the
@@ -583,8 +539,7 @@ FB_MUST_CHECK fb_err fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c,
     fb_reject *why);
 
 /*
- * A TAGS chunk opened on several threads, the pull side of
- * fb_stream_push_open: fb_stream_pull_open checks the next chunk (sizes,
+ * A TAGS chunk opened on several threads: fb_stream_pull_open checks the next chunk (sizes,
  * then its MAC over the whole chunk, then its tag; one thread), takes it
  * into the digest and moves the chain on; fb_stream_pull_decrypt then
  * decrypts parts of it, and fb_stream_pull_close ends it. Chunks come in

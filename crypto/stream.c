@@ -23,8 +23,9 @@
  * another worker would accept as the coordinator's.
  * Work per chunk either way: one ChaCha20 + Poly1305 pass (+ one BLAKE2b
  * pass over the ciphertext in FULL mode); in place, no copies. A TAGS
- * chunk's ChaCha20 pass may be split over threads (fb_stream_push_open,
- * _encrypt, _close); its chain of chunks stays in order.
+ * chunk's ChaCha20 pass may be split over threads on the pull side
+ * (fb_stream_pull_open, _decrypt, _close); its chain of chunks stays in
+ * order.
  */
 #include <string.h>
 
@@ -75,9 +76,8 @@ typedef struct stream_core {
 	uint64_t payload_len;
 	uint64_t chunk_count;
 	int finished; /* FINAL chunk seen */
-	/* TAGS push: a chunk open (fb_stream_push_open), its length, FINAL */
+	/* TAGS pull: a chunk open (fb_stream_pull_open), its length */
 	int part_open;
-	int part_final;
 	size_t part_len;
 	/* TAGS pull: the open chunk's key and nonce, for its parts (the
 	 * chain has moved on already) */
@@ -245,7 +245,7 @@ fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m, size_t m_len,
 	                    : crypto_secretstream_xchacha20poly1305_TAG_MESSAGE;
 
 	*c_len = 0;
-	if (p->c.finished || p->c.part_open) {
+	if (p->c.finished) {
 		return FB_EINVAL;
 	}
 	if (m_len > p->c.chunk_len ||
@@ -321,17 +321,16 @@ fb_stream_push_hashes(fb_stream_push *p, const uint8_t *hashes,
 }
 
 /*
- * A TAGS chunk in parts: the steps of crypto_secretstream_xchacha20poly1305
- * _push (as libsodium documents its algorithm), with its ChaCha20 pass
- * split. The state's nonce is LE32(counter) || an 8-byte inner nonce under
- * the state's key k. ChaCha20-IETF(k, nonce) block 0 keys Poly1305, block 1
- * encrypts the tag byte (as a 64-byte block, whose first byte is sent),
- * blocks 2 on the message. MAC = Poly1305(ad, zero pad to 16, the tag
- * block, the ciphertext, (16 - 64 + len) & 15 zero bytes (secretstream's
- * own padding rule), LE64(ad length), LE64(64 + len)). Then the inner
- * nonce takes MAC[0..8] by XOR, the counter goes up, and a FINAL tag (or a
- * counter wrap) rekeys. crypto_test checks chunks, digest and trailer
- * against libsodium's own push.
+ * The steps of crypto_secretstream_xchacha20poly1305 (as libsodium
+ * documents its algorithm), for a chunk opened in parts. The state's
+ * nonce is LE32(counter) || an 8-byte inner nonce under the state's key k.
+ * ChaCha20-IETF(k, nonce) block 0 keys Poly1305, block 1 encrypts the tag
+ * byte (as a 64-byte block, whose first byte is sent), blocks 2 on the
+ * message. MAC = Poly1305(ad, zero pad to 16, the tag block, the
+ * ciphertext, (16 - 64 + len) & 15 zero bytes (secretstream's own padding
+ * rule), LE64(ad length), LE64(64 + len)). Then the inner nonce takes
+ * MAC[0..8] by XOR, the counter goes up, and a FINAL tag (or a counter
+ * wrap) rekeys. crypto_test checks it against libsodium's own push.
  */
 #define SS_BLOCK_LEN 64
 #define SS_COUNTER_LEN 4
@@ -341,97 +340,6 @@ _Static_assert(FB_STREAM_PART_ALIGN == SS_BLOCK_LEN, "parts are blocks");
 _Static_assert(sizeof(((crypto_secretstream_xchacha20poly1305_state *)0)
                           ->nonce) == SS_COUNTER_LEN + SS_INONCE_LEN,
     "secretstream nonce = counter || inner nonce");
-
-fb_err
-fb_stream_push_open(fb_stream_push *p, size_t m_len, int final, size_t c_cap)
-{
-	if (!p->c.tags_only || p->c.finished || p->c.part_open) {
-		return FB_EINVAL;
-	}
-	if (m_len > p->c.chunk_len ||
-	    c_cap < m_len + FB_STREAM_CHUNK_OVERHEAD) {
-		return FB_ERANGE;
-	}
-	p->c.part_open = 1;
-	p->c.part_final = final != 0;
-	p->c.part_len = m_len;
-	return FB_OK;
-}
-
-fb_err
-fb_stream_push_encrypt(const fb_stream_push *p, const uint8_t *m, size_t off,
-    size_t len, uint8_t *c)
-{
-	if (!p->c.part_open) {
-		return FB_EINVAL;
-	}
-	if (off % SS_BLOCK_LEN != 0 || off > p->c.part_len ||
-	    len > p->c.part_len - off) {
-		return FB_ERANGE;
-	}
-	/* block 2 + off / 64 (chunk_len <= 64 MiB: well inside 32 bits) */
-	crypto_stream_chacha20_ietf_xor_ic(c + 1 + off, m + off, len,
-	    p->c.ss.nonce, (uint32_t)(2 + off / SS_BLOCK_LEN), p->c.ss.k);
-	return FB_OK;
-}
-
-fb_err
-fb_stream_push_close(fb_stream_push *p, uint8_t *c, size_t *c_len)
-{
-	static const uint8_t zero[16];
-	crypto_secretstream_xchacha20poly1305_state *ss = &p->c.ss;
-	crypto_onetimeauth_poly1305_state poly;
-	uint8_t block[SS_BLOCK_LEN], l[8];
-	size_t n = p->c.part_len;
-	uint8_t tag = p->c.part_final
-	                  ? crypto_secretstream_xchacha20poly1305_TAG_FINAL
-	                  : crypto_secretstream_xchacha20poly1305_TAG_MESSAGE;
-	uint8_t *mac = c + 1 + n;
-
-	*c_len = 0;
-	if (!p->c.part_open) {
-		return FB_EINVAL;
-	}
-	crypto_stream_chacha20_ietf(block, sizeof(block), ss->nonce, ss->k);
-	crypto_onetimeauth_poly1305_init(&poly, block);
-	crypto_onetimeauth_poly1305_update(&poly, p->c.ad, AD_LEN);
-	crypto_onetimeauth_poly1305_update(
-	    &poly, zero, (0x10 - (size_t)AD_LEN) & 0xf);
-	memset(block, 0, sizeof(block));
-	block[0] = tag;
-	crypto_stream_chacha20_ietf_xor_ic(
-	    block, block, sizeof(block), ss->nonce, 1U, ss->k);
-	crypto_onetimeauth_poly1305_update(&poly, block, sizeof(block));
-	c[0] = block[0];
-	crypto_onetimeauth_poly1305_update(&poly, c + 1, n);
-	crypto_onetimeauth_poly1305_update(
-	    &poly, zero, (0x10 - sizeof(block) + n) & 0xf);
-	fb_store_le64(l, AD_LEN);
-	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
-	fb_store_le64(l, (uint64_t)(sizeof(block) + n));
-	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
-	crypto_onetimeauth_poly1305_final(&poly, mac);
-	sodium_memzero(&poly, sizeof(poly));
-	sodium_memzero(block, sizeof(block));
-	for (size_t i = 0; i < SS_INONCE_LEN; i++) {
-		ss->nonce[SS_COUNTER_LEN + i] ^= mac[i];
-	}
-	sodium_increment(ss->nonce, SS_COUNTER_LEN);
-	if ((tag & crypto_secretstream_xchacha20poly1305_TAG_REKEY) != 0 ||
-	    sodium_is_zero(ss->nonce, SS_COUNTER_LEN)) {
-		crypto_secretstream_xchacha20poly1305_rekey(ss);
-	}
-	p->c.part_open = 0;
-	*c_len = n + FB_STREAM_CHUNK_OVERHEAD;
-	core_hash_chunk(&p->c, c, *c_len);
-	p->c.payload_len += n;
-	p->c.chunk_count++;
-	if (p->c.part_final) {
-		p->c.finished = 1;
-		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
-	}
-	return FB_OK;
-}
 
 fb_err
 fb_stream_push_final(fb_stream_push *p, const fb_identity *signer,

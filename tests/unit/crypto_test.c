@@ -1174,128 +1174,6 @@ test_stream_chunks_opened_out_of_order(void **state)
 	cur_mode = FB_STREAM_DIGEST_FULL;
 }
 
-/* seal_parts seals chunk `m` (n bytes) of TAGS stream p into c in three
- * parts, last part first; in place when m == c + 1. */
-static void
-seal_parts(fb_stream_push *p, const uint8_t *m, size_t n, int final,
-    uint8_t *c, size_t *c_len)
-{
-	size_t cut1 = n / 3 / FB_STREAM_PART_ALIGN * FB_STREAM_PART_ALIGN;
-	size_t cut2 = 2 * cut1;
-
-	assert_int_equal(fb_stream_push_open(p, n, final,
-	                     n + FB_STREAM_CHUNK_OVERHEAD),
-	    FB_OK);
-	assert_int_equal(
-	    fb_stream_push_encrypt(p, m, cut2, n - cut2, c), FB_OK);
-	assert_int_equal(fb_stream_push_encrypt(p, m, 0, cut1, c), FB_OK);
-	assert_int_equal(fb_stream_push_encrypt(p, m, cut1, cut2 - cut1, c),
-	    FB_OK);
-	assert_int_equal(fb_stream_push_close(p, c, c_len), FB_OK);
-}
-
-/*
- * A TAGS stream's chunks sealed in parts (fb_stream_push_open, _encrypt
- * out of order, _close) are byte for byte libsodium's secretstream push
- * of the same plaintext under the same key and header, in place or not,
- * and its trailer verifies over them; the calls refuse a FULL stream, a
- * second open chunk, parts out of range and anything after the end.
- */
-static void
-test_stream_tags_chunks_sealed_in_parts(void **state)
-{
-	const fixture *f = fx();
-	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
-	static wire w;
-	static uint8_t ref[CH + FB_STREAM_CHUNK_OVERHEAD];
-	crypto_secretstream_xchacha20poly1305_state ss;
-	uint8_t ad[FB_RUN_ID_LEN + 8];
-	fb_stream_push *p = NULL;
-	size_t len = 2 * CH + 5, clen = 0;
-	unsigned long long rlen = 0;
-	uint8_t *c0;
-	fb_reject why;
-
-	memset(&w, 0, sizeof(w));
-	for (size_t i = 0; i < len; i++) {
-		w.plain[i] = (uint8_t)(3 + i * 17);
-	}
-	w.plain_len = len;
-	w.nchunks = 3;
-	assert_int_equal(fb_stream_push_alloc(&ctx, CH, FB_STREAM_DIGEST_TAGS,
-	                     w.key, w.header, &p),
-	    FB_OK);
-	/* refusals before a chunk is open */
-	assert_int_equal(fb_stream_push_encrypt(p, w.plain, 0, 64, w.chunks[0]),
-	    FB_EINVAL);
-	assert_int_equal(fb_stream_push_close(p, w.chunks[0], &clen),
-	    FB_EINVAL);
-	assert_int_equal(fb_stream_push_open(p, CH + 1, 0, sizeof(w.chunks[0])),
-	    FB_ERANGE);
-	assert_int_equal(fb_stream_push_open(p, CH, 0, CH + 16), FB_ERANGE);
-	/* chunk 0 from the plaintext, with the refusals while it is open */
-	c0 = w.chunks[0];
-	assert_int_equal(
-	    fb_stream_push_open(p, CH, 0, sizeof(w.chunks[0])), FB_OK);
-	assert_int_equal(fb_stream_push_open(p, CH, 0, sizeof(w.chunks[0])),
-	    FB_EINVAL);
-	assert_int_equal(fb_stream_push_chunk(p, w.plain, CH, 0, w.chunks[0],
-	                     sizeof(w.chunks[0]), &clen),
-	    FB_EINVAL);
-	/* not a block boundary; past the chunk */
-	assert_int_equal(fb_stream_push_encrypt(p, w.plain, 32, 64, c0),
-	    FB_ERANGE);
-	assert_int_equal(fb_stream_push_encrypt(p, w.plain, 960, 41, c0),
-	    FB_ERANGE);
-	assert_int_equal(fb_stream_push_encrypt(p, w.plain, 1024, 0, c0),
-	    FB_ERANGE);
-	assert_int_equal(fb_stream_push_encrypt(p, w.plain, 0, CH, c0), FB_OK);
-	assert_int_equal(
-	    fb_stream_push_close(p, w.chunks[0], &w.chunk_len[0]), FB_OK);
-	/* chunk 1 in place, chunk 2 (FINAL, 5 bytes) in parts */
-	memcpy(w.chunks[1] + 1, w.plain + CH, CH);
-	seal_parts(p, w.chunks[1] + 1, CH, 0, w.chunks[1], &w.chunk_len[1]);
-	seal_parts(p, w.plain + 2 * CH, 5, 1, w.chunks[2], &w.chunk_len[2]);
-	/* after the end */
-	assert_int_equal(fb_stream_push_open(p, 1, 1, sizeof(w.chunks[3])),
-	    FB_EINVAL);
-	assert_int_equal(fb_stream_push_final(p, f->w1, w.trailer), FB_OK);
-	fb_stream_push_free(p);
-	/* libsodium's own push from the same key and header (its push
-	 * state is what init_pull makes of them) */
-	assert_int_equal(crypto_secretstream_xchacha20poly1305_init_pull(
-	                     &ss, w.header + 8, w.key),
-	    0);
-	memcpy(ad, f->run.b, FB_RUN_ID_LEN);
-	le32_store(ad + FB_RUN_ID_LEN, 2);
-	le32_store(ad + FB_RUN_ID_LEN + 4, 1);
-	for (size_t k = 0; k < 3; k++) {
-		size_t n = k == 2 ? 5 : CH;
-		crypto_secretstream_xchacha20poly1305_push(&ss, ref, &rlen,
-		    w.plain + k * CH, n, ad, sizeof(ad),
-		    k == 2 ? crypto_secretstream_xchacha20poly1305_TAG_FINAL
-		           : crypto_secretstream_xchacha20poly1305_TAG_MESSAGE);
-		assert_int_equal(rlen, w.chunk_len[k]);
-		assert_memory_equal(ref, w.chunks[k], rlen);
-	}
-	cur_mode = FB_STREAM_DIGEST_TAGS;
-	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, in_order, 3, &why),
-	    FB_OK);
-	/* ... and a chunk sealed in parts is no less bound to its place */
-	memcpy(w.chunks[0], w.chunks[1], w.chunk_len[1]);
-	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, in_order, 3, &why),
-	    FB_EAUTH);
-	assert_int_equal(why, FB_REJECT_BAD_MAC);
-	cur_mode = FB_STREAM_DIGEST_FULL;
-	/* FULL streams seal whole chunks by index instead */
-	assert_int_equal(fb_stream_push_alloc(&ctx, CH, FB_STREAM_DIGEST_FULL,
-	                     w.key, w.header, &p),
-	    FB_OK);
-	assert_int_equal(fb_stream_push_open(p, 1, 1, sizeof(w.chunks[0])),
-	    FB_EINVAL);
-	fb_stream_push_free(p);
-}
-
 /* open_parts opens chunk c of TAGS stream p and decrypts it into m in
  * three parts, last part first. */
 static fb_err
@@ -1847,8 +1725,6 @@ FB_TESTS = {
         test_stream_chunks_sealed_out_of_order},
     {"FULL chunks opened out of order on their own verify as one stream",
         test_stream_chunks_opened_out_of_order},
-    {"a TAGS stream's chunks sealed in parts are libsodium's push",
-        test_stream_tags_chunks_sealed_in_parts},
     {"a TAGS stream's chunks opened in parts are libsodium's pull",
         test_stream_tags_chunks_opened_in_parts},
     {"global model is encrypted once and opens for each selected worker",
