@@ -44,10 +44,6 @@
  * receives. A stream that keeps up on one thread (many workers, each
  * bringing less than a thread adds) leaves the other CPUs alone. */
 #define HELP_BACKLOG 2
-/* A chunk's decryption splits into parts of at least this many bytes, at
- * most PARTS_MAX of them. */
-#define DECRYPT_PART_MIN (128u << 10)
-#define PARTS_MAX 16
 
 /* Jobs waiting behind the job this pool thread runs (fb_ingest_parallel). */
 static _Thread_local uint32_t backlog;
@@ -274,66 +270,6 @@ stream_done(fb_ingest *g, slot *s)
 	stream_end(g, s, (fb_ingest_result){.status = FB_INGEST_DONE});
 }
 
-/* A chunk's decryption in parts: part i of n, PART_MIN bytes or more. */
-typedef struct dec_arg {
-	const fb_stream_pull *pull;
-	const uint8_t *c;
-	uint8_t *m;
-	size_t len, part;
-	atomic_int rc; /* the first part's error (none expected) */
-} dec_arg;
-
-static void
-dec_piece(void *arg, uint32_t i)
-{
-	dec_arg *a = arg;
-	size_t off = (size_t)i * a->part;
-	size_t n = a->len - off < a->part ? a->len - off : a->part;
-
-	fb_err rc = fb_stream_pull_decrypt(a->pull, a->c, off, n, a->m);
-
-	if (rc != FB_OK) {
-		int ok = FB_OK;
-		atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
-	}
-}
-
-/*
- * Verifies and decrypts one chunk of an update stream into dst. The MAC
- * is checked over the whole chunk first, on this thread; the decryption
- * then runs in parts that the pool's idle threads help with when this
- * stream falls behind (fb_ingest_parallel), as they help with the adds:
- * one thread decrypts about as fast as one connection delivers.
- */
-static fb_err
-chunk_decrypt(fb_ingest *g, fb_stream_pull *pull, const uint8_t *c,
-    size_t c_len, uint8_t *dst, size_t cap, size_t *m_len, int *final,
-    fb_reject *why)
-{
-	dec_arg a = {.pull = pull, .c = c, .m = dst};
-	fb_err rc = fb_stream_pull_open(pull, c, c_len, cap, m_len, final, why);
-	uint32_t parts;
-
-	if (rc == FB_EINVAL) {
-		/* a FULL stream: one piece */
-		return fb_stream_pull_chunk(pull, c, c_len, dst, cap, m_len,
-		    final, why);
-	}
-	if (rc != FB_OK) {
-		return rc;
-	}
-	a.len = *m_len;
-	parts = (uint32_t)(a.len / DECRYPT_PART_MIN);
-	parts = parts < 1 ? 1 : parts > PARTS_MAX ? PARTS_MAX : parts;
-	a.part = (a.len / parts + FB_STREAM_PART_ALIGN - 1) /
-	         FB_STREAM_PART_ALIGN * FB_STREAM_PART_ALIGN;
-	parts = a.part == 0 ? 1 : (uint32_t)((a.len + a.part - 1) / a.part);
-	atomic_init(&a.rc, FB_OK);
-	fb_ingest_parallel(g, parts, dec_piece, &a);
-	fb_stream_pull_close(pull);
-	return (fb_err)atomic_load(&a.rc);
-}
-
 static void
 run_chunk(fb_ingest *g, slot *s, job *j, uint8_t *scratch)
 {
@@ -357,8 +293,12 @@ run_chunk(fb_ingest *g, slot *s, job *j, uint8_t *scratch)
 			dst = scratch;
 			cap = g->o.max_chunk_len;
 		}
-		rc = chunk_decrypt(g, s->pull, data, len, dst, cap, &mlen,
-		    &final, &why);
+		/* the MAC first, then the decryption in parts that idle
+		 * threads help with when this stream falls behind, as with
+		 * the adds: one thread decrypts about what one connection
+		 * delivers */
+		rc = fb_stream_pull_chunk_par(s->pull, data, len, dst, cap,
+		    &mlen, &final, &why, fb_ingest_parallel, g);
 		if (rc != FB_OK) {
 			stream_fail(g, s, FB_INGEST_AT_DECRYPT, rc, why, j->chunk);
 			return;

@@ -575,6 +575,21 @@ FB_MUST_CHECK fb_err fb_stream_pull_decrypt(const fb_stream_pull *p,
 void fb_stream_pull_close(fb_stream_pull *p);
 
 /*
+ * fb_stream_pull_chunk_par is fb_stream_pull_chunk (same contract, m and c
+ * not overlapping or m == c + 1) with a TAGS chunk's decryption split in
+ * parts of 128 KiB or more after its MAC verified: run(ctx, n, fn, arg)
+ * must call fn(arg, i) for every i in [0, n), on any threads, and return
+ * when all are done (the signature of aggregation.h's fb_par_run). A FULL
+ * stream's chunk goes in one piece.
+ */
+FB_MUST_CHECK fb_err fb_stream_pull_chunk_par(fb_stream_pull *p,
+    const uint8_t *c, size_t c_len, uint8_t *m, size_t m_cap, size_t *m_len,
+    int *final, fb_reject *why,
+    void (*run)(void *ctx, uint32_t n, void (*fn)(void *arg, uint32_t i),
+        void *arg),
+    void *ctx);
+
+/*
  * fb_stream_pull_chunk_at verifies (MAC first) and decrypts chunk `index`
  * of a FULL stream on its own, as fb_stream_pull_chunk would have as the
  * index-th chunk, and writes the chunk's hash for the trailer's digest to

@@ -27,6 +27,7 @@
  * (fb_stream_pull_open, _decrypt, _close); its chain of chunks stays in
  * order.
  */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common/util.h"
@@ -634,6 +635,63 @@ fb_stream_pull_close(fb_stream_pull *p)
 	sodium_memzero(p->c.part_nonce, sizeof(p->c.part_nonce));
 	p->c.part_open = 0;
 	p->c.part_len = 0;
+}
+
+/* A chunk's decryption in parts: part i of n, PART_MIN bytes or more. */
+#define PART_MIN (128u << 10)
+#define PARTS_MAX 16
+
+typedef struct dec_arg {
+	const fb_stream_pull *pull;
+	const uint8_t *c;
+	uint8_t *m;
+	size_t len, part;
+	atomic_int rc; /* the first part's error (none expected) */
+} dec_arg;
+
+static void
+dec_piece(void *arg, uint32_t i)
+{
+	dec_arg *a = arg;
+	size_t off = (size_t)i * a->part;
+	size_t n = a->len - off < a->part ? a->len - off : a->part;
+	fb_err rc = fb_stream_pull_decrypt(a->pull, a->c, off, n, a->m);
+
+	if (rc != FB_OK) {
+		int ok = FB_OK;
+		atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
+	}
+}
+
+fb_err
+fb_stream_pull_chunk_par(fb_stream_pull *p, const uint8_t *c, size_t c_len,
+    uint8_t *m, size_t m_cap, size_t *m_len, int *final, fb_reject *why,
+    void (*run)(void *ctx, uint32_t n, void (*fn)(void *arg, uint32_t i),
+        void *arg),
+    void *ctx)
+{
+	dec_arg a = {.pull = p, .c = c, .m = m};
+	fb_err rc;
+	uint32_t parts;
+
+	if (!p->c.tags_only) {
+		return fb_stream_pull_chunk(p, c, c_len, m, m_cap, m_len, final,
+		    why);
+	}
+	if ((rc = fb_stream_pull_open(p, c, c_len, m_cap, m_len, final, why)) !=
+	    FB_OK) {
+		return rc;
+	}
+	a.len = *m_len;
+	parts = (uint32_t)(a.len / PART_MIN);
+	parts = parts < 1 ? 1 : parts > PARTS_MAX ? PARTS_MAX : parts;
+	a.part = (a.len / parts + SS_BLOCK_LEN - 1) / SS_BLOCK_LEN *
+	         SS_BLOCK_LEN;
+	parts = a.part == 0 ? 1 : (uint32_t)((a.len + a.part - 1) / a.part);
+	atomic_init(&a.rc, FB_OK);
+	run(ctx, parts, dec_piece, &a);
+	fb_stream_pull_close(p);
+	return (fb_err)atomic_load(&a.rc);
 }
 
 fb_err
