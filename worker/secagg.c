@@ -28,6 +28,7 @@
 void
 fb_wk_sa_end(fb_wk *w)
 {
+	fb_wk_mask_wait(w); /* a batch made ahead reads w->sa */
 	fb_secagg_worker_free(w->sa);
 	w->sa = NULL;
 	w->sa_phase = FB_WK_SA_OFF;

@@ -18,8 +18,10 @@
  * plain, encoded and masked, in element order.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -85,6 +87,7 @@ fb_wk_upload_drop(fb_wk *w)
 {
 	fb_wk_upload *u = &w->up;
 
+	fb_wk_mask_wait(w); /* a batch made ahead reads w->local, w->sa */
 	dump_close(u->enc_dump);
 	dump_close(u->mask_dump);
 	if (u->clipped > 0) {
@@ -163,9 +166,11 @@ chunk_span(const fb_wk *w, uint32_t k, uint64_t *off, uint64_t *len)
 	                                       : w->chunk_bytes;
 }
 
-/* One piece of a batch: the masked input of position batch_first + i. */
+/* A batch of masked inputs: positions first .. first + n - 1, into out. */
 typedef struct batch_arg {
 	fb_wk *w;
+	uint32_t first;
+	uint32_t *out;
 	uint64_t clipped[FB_WK_BATCH_MAX];
 	atomic_int rc;
 } batch_arg;
@@ -175,34 +180,192 @@ batch_piece(void *arg, uint32_t i)
 {
 	batch_arg *a = arg;
 	fb_wk *w = a->w;
-	fb_wk_upload *u = &w->up;
 	uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
-	    u->batch_first + i);
+	    a->first + i);
 	uint64_t off, len;
 	fb_err rc;
 
 	chunk_span(w, k, &off, &len);
 	rc = fb_wk_sa_encode_chunk(w, w->local,
-	    k == w->chunk_count ? w->param_count : off / 4, len / 4, u->loss,
-	    &a->clipped[i], NULL, NULL,
-	    u->batch + (size_t)i * (w->chunk_bytes / 4));
+	    k == w->chunk_count ? w->param_count : off / 4, len / 4,
+	    w->up.loss, &a->clipped[i], NULL, NULL,
+	    a->out + (size_t)i * (w->chunk_bytes / 4));
 	if (rc != FB_OK) {
 		int ok = FB_OK;
 		atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
 	}
 }
 
+static void
+batch_arg_init(batch_arg *a, fb_wk *w, uint32_t first, uint32_t *out)
+{
+	memset(a->clipped, 0, sizeof(a->clipped));
+	a->w = w;
+	a->first = first;
+	a->out = out;
+	atomic_init(&a->rc, FB_OK);
+}
+
+/*
+ * The masker: one thread that makes the next batch of masked inputs on
+ * the pool while the loop thread seals and sends the current one, so the
+ * masks' expansion and the sealing overlap. The loop hands it one job at
+ * a time and waits for it before it uses the batch, and before anything
+ * the job reads changes (fb_wk_mask_wait: the update's end, w->sa's).
+ */
+struct fb_wk_masker {
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool job;  /* under mu: a batch is being made */
+	bool quit; /* under mu */
+	uint32_t n;
+	batch_arg a; /* the job's; the thread's while `job` */
+};
+
+static void *
+masker_main(void *arg)
+{
+	struct fb_wk_masker *mk = arg;
+
+	pthread_mutex_lock(&mk->mu);
+	for (;;) {
+		while (!mk->job && !mk->quit) {
+			pthread_cond_wait(&mk->cv, &mk->mu);
+		}
+		if (!mk->job) {
+			break; /* quit, with nothing left to make */
+		}
+		pthread_mutex_unlock(&mk->mu);
+		fb_pool_for(mk->a.w->pool, mk->n, batch_piece, &mk->a);
+		pthread_mutex_lock(&mk->mu);
+		mk->job = false;
+		pthread_cond_broadcast(&mk->cv);
+	}
+	pthread_mutex_unlock(&mk->mu);
+	return NULL;
+}
+
+static fb_err
+masker_start(fb_wk *w)
+{
+	struct fb_wk_masker *mk = calloc(1, sizeof(*mk));
+
+	if (mk == NULL) {
+		return FB_ENOMEM;
+	}
+	pthread_mutex_init(&mk->mu, NULL);
+	pthread_cond_init(&mk->cv, NULL);
+	if (pthread_create(&mk->thread, NULL, masker_main, mk) != 0) {
+		pthread_cond_destroy(&mk->cv);
+		pthread_mutex_destroy(&mk->mu);
+		free(mk);
+		return FB_ENOMEM;
+	}
+	w->mk = mk;
+	return FB_OK;
+}
+
+void
+fb_wk_mask_wait(fb_wk *w)
+{
+	struct fb_wk_masker *mk = w->mk;
+
+	if (mk == NULL) {
+		return;
+	}
+	pthread_mutex_lock(&mk->mu);
+	while (mk->job) {
+		pthread_cond_wait(&mk->cv, &mk->mu);
+	}
+	pthread_mutex_unlock(&mk->mu);
+}
+
+void
+fb_wk_mask_stop(fb_wk *w)
+{
+	struct fb_wk_masker *mk = w->mk;
+
+	if (mk == NULL) {
+		return;
+	}
+	pthread_mutex_lock(&mk->mu);
+	mk->quit = true;
+	pthread_cond_broadcast(&mk->cv);
+	pthread_mutex_unlock(&mk->mu);
+	pthread_join(mk->thread, NULL);
+	pthread_cond_destroy(&mk->cv);
+	pthread_mutex_destroy(&mk->mu);
+	free(mk);
+	w->mk = NULL;
+}
+
+/* Half h of the batch buffer. */
+static uint32_t *
+batch_half(const fb_wk *w, uint32_t h)
+{
+	const fb_wk_upload *u = &w->up;
+
+	return u->batch + (size_t)h * u->batch_cap * (w->chunk_bytes / 4);
+}
+
+/* Hands the masker the batch after the one in use, into the other half;
+ * false: none to make, or no masker (the loop makes it when due). */
+static bool
+batch_ahead(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+	uint32_t next = u->batch_first + u->batch_n;
+	struct fb_wk_masker *mk;
+
+	if (next >= u->chunks || w->pool == NULL || u->enc_dump != NULL ||
+	    u->mask_dump != NULL || (w->mk == NULL && masker_start(w) != FB_OK)) {
+		return false;
+	}
+	mk = w->mk;
+	pthread_mutex_lock(&mk->mu);
+	batch_arg_init(&mk->a, w, next, batch_half(w, 1 - u->half));
+	mk->n = u->chunks - next < u->batch_cap ? u->chunks - next
+	                                        : u->batch_cap;
+	mk->job = true;
+	pthread_cond_broadcast(&mk->cv);
+	pthread_mutex_unlock(&mk->mu);
+	u->ahead = true;
+	u->ahead_first = next;
+	u->ahead_n = mk->n;
+	return true;
+}
+
+/* The batch made ahead, now in use: its result. */
+static fb_err
+batch_take_ahead(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+	batch_arg *a = &w->mk->a;
+
+	fb_wk_mask_wait(w);
+	u->ahead = false;
+	u->half = 1 - u->half;
+	u->batch_first = u->ahead_first;
+	u->batch_n = u->ahead_n;
+	for (uint32_t i = 0; i < u->batch_n; i++) {
+		u->clipped += a->clipped[i];
+	}
+	return (fb_err)atomic_load(&a->rc);
+}
+
 /*
  * The masked inputs of the positions from u->pos on, a batch of them at
- * once on the pool (one per core, up to FB_WK_BATCH_MAX). With the debug
- * dumps open, one at a time, in order (they are written as made).
+ * once on the pool (one per core, up to FB_WK_BATCH_MAX), made here. With
+ * the debug dumps open, one at a time, in order (they are written as
+ * made).
  */
 static fb_err
 batch_make(fb_wk *w)
 {
 	fb_wk_upload *u = &w->up;
 	uint32_t n = fb_pool_threads(w->pool) + 1;
-	batch_arg a = {.w = w};
+	batch_arg a;
 
 	n = n > FB_WK_BATCH_MAX ? FB_WK_BATCH_MAX : n;
 	if (u->enc_dump != NULL || u->mask_dump != NULL) {
@@ -211,14 +374,15 @@ batch_make(fb_wk *w)
 	if (u->batch == NULL || u->batch_cap < n) {
 		fb_free(u->batch);
 		u->batch_cap = 0;
-		if ((u->batch = fb_alloc((size_t)n * w->chunk_bytes)) == NULL) {
+		if ((u->batch = fb_alloc(2 * (size_t)n * w->chunk_bytes)) ==
+		    NULL) {
 			return FB_ENOMEM;
 		}
 		u->batch_cap = n;
 	}
 	u->batch_first = u->pos;
 	u->batch_n = u->chunks - u->pos < n ? u->chunks - u->pos : n;
-	atomic_init(&a.rc, FB_OK);
+	batch_arg_init(&a, w, u->pos, batch_half(w, u->half));
 	if (u->batch_n == 1) {
 		uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
 		    u->pos);
@@ -226,13 +390,42 @@ batch_make(fb_wk *w)
 		chunk_span(w, k, &off, &len);
 		return fb_wk_sa_encode_chunk(w, w->local,
 		    k == w->chunk_count ? w->param_count : off / 4, len / 4,
-		    u->loss, &u->clipped, u->enc_dump, u->mask_dump, u->batch);
+		    u->loss, &u->clipped, u->enc_dump, u->mask_dump, a.out);
 	}
 	fb_pool_for(w->pool, u->batch_n, batch_piece, &a);
 	for (uint32_t i = 0; i < u->batch_n; i++) {
 		u->clipped += a.clipped[i];
 	}
 	return (fb_err)atomic_load(&a.rc);
+}
+
+/*
+ * Makes sure the batch in use holds position u->pos: the one made ahead if
+ * it starts there, else one made now; then the next goes to the masker.
+ */
+static fb_err
+batch_ready(fb_wk *w)
+{
+	fb_wk_upload *u = &w->up;
+	fb_err rc;
+
+	if (u->batch_n > 0 && u->pos >= u->batch_first &&
+	    u->pos < u->batch_first + u->batch_n) {
+		return FB_OK;
+	}
+	if (u->ahead && u->ahead_first == u->pos) {
+		rc = batch_take_ahead(w);
+	} else {
+		fb_wk_mask_wait(w);
+		u->ahead = false;
+		rc = batch_make(w);
+	}
+	if (rc != FB_OK) {
+		u->batch_n = 0;
+		return rc;
+	}
+	(void)batch_ahead(w);
+	return FB_OK;
 }
 
 /* Bytes of one encrypted chunk's slot in a send_ct buffer. */
@@ -299,19 +492,14 @@ chunk_stage(fb_wk *w, uint32_t k, uint64_t off, uint64_t len)
 	fb_err rc;
 
 	if (w->sa != NULL) {
-		if (u->batch_n == 0 || u->pos < u->batch_first ||
-		    u->pos >= u->batch_first + u->batch_n) {
-			u->batch_n = 0;
-			if ((rc = batch_make(w)) != FB_OK) {
-				u->batch_n = 0;
-				fb_log_error("round %u: cannot mask the update: %s",
-				    w->round, fb_strerror(rc));
-				return rc;
-			}
+		if ((rc = batch_ready(w)) != FB_OK) {
+			fb_log_error("round %u: cannot mask the update: %s",
+			    w->round, fb_strerror(rc));
+			return rc;
 		}
-		src = (const uint8_t *)(u->batch + (size_t)(u->pos -
-		                                            u->batch_first) *
-		                                       (w->chunk_bytes / 4));
+		src = (const uint8_t *)(batch_half(w, u->half) +
+		                        (size_t)(u->pos - u->batch_first) *
+		                            (w->chunk_bytes / 4));
 	}
 	if ((rc = ct_window(w)) != FB_OK) {
 		return rc;

@@ -81,6 +81,7 @@ fb_wk_fini(fb_wk *w)
 		w->io->train_stop(w->io->arg, w);
 	}
 	fb_wk_upload_drop(w);
+	fb_wk_mask_stop(w);
 	fb_wk_outbox_clear(w);
 	fb_wk_sa_end(w);
 	fb_trainer_close(w->trainer);

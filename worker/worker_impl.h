@@ -145,11 +145,16 @@ typedef struct fb_wk_upload {
 	uint64_t clipped;
 	FILE *enc_dump, *mask_dump; /* debug.dump_updates, or NULL */
 	/* SecAgg: masked inputs made ahead, several chunks at once on the
-	 * pool (the masks' expansion is the upload's cost): positions
-	 * batch_first .. batch_first + batch_n - 1, in batch */
-	uint32_t *batch;      /* batch_cap chunks of chunk_bytes */
+	 * pool (the masks' expansion is the upload's cost), in two halves of
+	 * `batch` used in turn: positions batch_first .. batch_first +
+	 * batch_n - 1 in half `half`, and, while the loop seals those, the
+	 * next batch (ahead_first, ahead_n) made in the other half by the
+	 * masker thread (w->mk) */
+	uint32_t *batch;      /* 2 x batch_cap chunks of chunk_bytes */
 	uint32_t batch_cap;
-	uint32_t batch_first, batch_n;
+	uint32_t batch_first, batch_n, half;
+	bool ahead;
+	uint32_t ahead_first, ahead_n;
 } fb_wk_upload;
 
 /* Rate limit for a warning a peer can repeat at will. */
@@ -275,6 +280,7 @@ struct fb_wk {
 	fb_secagg_encodings enc;
 	uint32_t *encbuf; /* one encoded (then masked) chunk */
 	struct fb_pool *pool; /* the box's cores, for the masks (may be NULL) */
+	struct fb_wk_masker *mk; /* makes masked inputs ahead (upload.c) */
 	fb_pubkey *peers; /* security.peers: the keys we accept, or NULL */
 	uint32_t peer_count;
 	/* what goes out */
@@ -483,6 +489,14 @@ void fb_wk_on_credit(fb_wk *w, const fb_msg *m);
 /* fb_wk_upload_pump sends up to `budget` chunks while the link takes them;
  * at the end the phase is idle. A send error abandons the update. */
 void fb_wk_upload_pump(fb_wk *w, uint32_t budget);
+
+/*
+ * fb_wk_mask_wait waits for the batch of masked inputs the masker thread
+ * is making ahead, if any: call it before w->local, w->sa or the update's
+ * state change. fb_wk_mask_stop ends the masker thread (fb_wk_fini).
+ */
+void fb_wk_mask_wait(fb_wk *w);
+void fb_wk_mask_stop(fb_wk *w);
 
 /* fb_wk_upload_drop forgets the update being sent (nothing more of it
  * goes out). */

@@ -1949,6 +1949,80 @@ test_secagg_round(void **state)
 }
 
 /*
+ * With a pool the masked inputs are made in batches, the next one on the
+ * masker thread while the loop seals the current one: whatever the pool's
+ * size, every chunk goes up in order, and each one decrypts to exactly the
+ * masked input made for it one at a time.
+ */
+static void
+test_secagg_masks_made_ahead(void **state)
+{
+	for (uint32_t threads = 0; threads <= 3; threads++) {
+		fb_pool *pool = NULL;
+		fix *x = fix_new(true);
+		fb_msg rs;
+		fb_stream_ctx ctx;
+		fb_stream_pull *pull = NULL;
+		fb_reject why = FB_REJECT_NONE;
+		uint32_t plain[CHUNK / 4], want[CHUNK / 4];
+		size_t at, mlen;
+		int final;
+		sent *b;
+
+		if (threads > 0) {
+			assert_int_equal(fb_pool_alloc(threads, &pool), FB_OK);
+		}
+		x->w.pool = pool;
+		secure_join(x);
+		rs = sa_round_msg(x, 5);
+		x->served = x->nlog;
+		assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+		sa_exchange_adverts(x, 5);
+		serve_model(x);
+		train_done(x, FB_OK);
+		sa_exchange_shares(x, 5);
+		assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+		at = x->nlog;
+		while (x->w.phase == FB_WK_UPLOADING) {
+			x->room = 1; /* one message at a time: batches overlap */
+			writable(x);
+		}
+		assert_int_equal(x->nlog - at, 1 + NCHUNK + 1 + 1);
+		b = &x->log[at];
+		memset(&ctx, 0, sizeof(ctx));
+		ctx.run = x->run;
+		ctx.round = 5;
+		ctx.sender = fb_session_worker_id(x->cs);
+		assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+		                     b->msg.u.update_begin.stream_key.b,
+		                     b->msg.u.update_begin.stream_header.b,
+		                     b->msg.u.update_begin.stream_header.len,
+		                     CHUNK, &pull, &why),
+		    FB_OK);
+		for (uint32_t pos = 0; pos < NCHUNK; pos++) {
+			sent *c = &x->log[at + 1 + pos];
+			uint32_t k = c->msg.u.update_chunk.chunk;
+			uint64_t off = (uint64_t)k * (CHUNK / 4);
+			uint64_t n = k + 1 == NCHUNK ? LAST_LEN / 4 : CHUNK / 4;
+			uint64_t clipped = 0;
+			assert_int_equal(k, pos); /* first_chunk 0 */
+			assert_int_equal(fb_stream_pull_chunk(pull, c->payload,
+			                     c->len, (uint8_t *)plain, sizeof(plain),
+			                     &mlen, &final, &why),
+			    FB_OK);
+			assert_int_equal(mlen, n * 4);
+			assert_int_equal(fb_wk_sa_encode_chunk(&x->w, x->w.local, off,
+			                     n, 0.0, &clipped, NULL, NULL, want),
+			    FB_OK);
+			assert_memory_equal(plain, want, mlen);
+		}
+		fb_stream_pull_free(pull);
+		fix_free(x);
+		fb_pool_free(pool);
+	}
+}
+
+/*
  * A secure round with three slots up to the upload: the worker (slot 0)
  * and x->peer (slot 1) exchange adverts and shares; slot 2 never shares.
  * With `twin`, the PEERS message also carries an advert for slot 2
@@ -2517,6 +2591,8 @@ FB_TESTS = {
         test_sealed_garbage_dropped},
     {"a secure-aggregation round: advert, shares, masked update, reveal",
         test_secagg_round},
+    {"masked inputs made ahead on the pool go up whole and in order",
+        test_secagg_masks_made_ahead},
     {"a full queue keeps secure-aggregation messages in order",
         test_secagg_outbox_keeps_order},
     {"a cancel while waiting for masks, or bad adverts, end the round",
