@@ -12,7 +12,10 @@
  * (heartbeats, a RoundCancel, SecAgg reveals). A chunk is
  * encrypted (and masked) once, when it is next to go, into a slot of one of
  * two buffers used in turn (w->send_ct), and sent from there without a
- * copy. Plain updates go from w->local itself, without a copy.
+ * copy. With secure aggregation the masked inputs are made a batch at a
+ * time on the pool, the next batch by the masker thread while the loop
+ * seals the current one. Plain updates go from w->local itself, without a
+ * copy.
  *
  * debug.dump_updates (tests only) writes each round's update as sent:
  * plain, encoded and masked, in element order.
