@@ -771,6 +771,7 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 	}
 out:
 	fb_wk_thread_stop(&w);
+	fb_wk_mask_stop(&w); /* its last batch runs on the pool */
 	fb_link_close(lp.link);
 	fb_pool_free(w.pool);
 	w.pool = NULL;
