@@ -144,6 +144,21 @@ core_hash_chunk(stream_core *c, const uint8_t *ct, size_t len)
 	    &c->hash, ct + len - FB_MSG_MAC_LEN, FB_MSG_MAC_LEN);
 }
 
+/* FULL chunks' own hashes, in index order, into the stream's digest. */
+static void
+core_take_hashes(stream_core *c, const uint8_t *hashes, uint64_t count,
+    uint64_t payload_len, int final)
+{
+	crypto_generichash_update(&c->hash, hashes,
+	    (size_t)count * FB_STREAM_HASH_LEN);
+	c->payload_len += payload_len;
+	c->chunk_count += count;
+	if (final) {
+		c->finished = 1;
+		crypto_generichash_final(&c->hash, c->digest, 32);
+	}
+}
+
 /* ix_nonce_ad fills chunk `index`'s nonce and associated data. */
 static void
 ix_nonce_ad(const stream_core *c, uint64_t index, uint8_t flag,
@@ -310,14 +325,7 @@ fb_stream_push_hashes(fb_stream_push *p, const uint8_t *hashes,
 	if (p->c.tags_only || p->c.finished) {
 		return FB_EINVAL;
 	}
-	crypto_generichash_update(&p->c.hash, hashes,
-	    (size_t)count * FB_STREAM_HASH_LEN);
-	p->c.payload_len += payload_len;
-	p->c.chunk_count += count;
-	if (final) {
-		p->c.finished = 1;
-		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
-	}
+	core_take_hashes(&p->c, hashes, count, payload_len, final);
 	return FB_OK;
 }
 
@@ -435,6 +443,41 @@ pull_die(fb_stream_pull *p, fb_err rc, fb_reject r, fb_reject *why)
 	return rc;
 }
 
+/*
+ * The checks before a chunk is pulled, in order: a dead stream gives its
+ * error again; a chunk open (or, `tags_open`, a FULL stream) is the
+ * caller's mistake; then the chunk's size against the stream and the
+ * caller's buffer. The outputs start cleared.
+ */
+static fb_err
+pull_begin(fb_stream_pull *p, int tags_open, size_t c_len, size_t m_cap,
+    size_t *m_len, int *final, fb_reject *why)
+{
+	size_t n;
+
+	*m_len = 0;
+	*final = 0;
+	fb_set_why(why, FB_REJECT_NONE);
+	if (p->c.dead != FB_OK) {
+		fb_set_why(why, p->c.dead_why);
+		return p->c.dead;
+	}
+	if (p->c.part_open || (tags_open && !p->c.tags_only)) {
+		return FB_EINVAL;
+	}
+	if (p->c.finished || c_len < FB_STREAM_CHUNK_OVERHEAD) {
+		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
+	}
+	n = c_len - FB_STREAM_CHUNK_OVERHEAD;
+	if (n > p->c.chunk_len) {
+		return pull_die(p, FB_EPROTO, FB_REJECT_TOO_LARGE, why);
+	}
+	if (m_cap < n) {
+		return FB_ERANGE; /* caller's buffer; the stream lives on */
+	}
+	return FB_OK;
+}
+
 /* A FULL chunk (length checked, hashed): the next index, its flag. */
 static fb_err
 ix_pull(fb_stream_pull *p, const uint8_t *c, size_t c_len, uint8_t *m,
@@ -471,27 +514,11 @@ fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 {
 	unsigned long long mlen = 0;
 	unsigned char tag = 0;
-	size_t n;
+	fb_err rc;
 
-	*m_len = 0;
-	*final = 0;
-	fb_set_why(why, FB_REJECT_NONE);
-	if (p->c.dead != FB_OK) {
-		fb_set_why(why, p->c.dead_why);
-		return p->c.dead;
-	}
-	if (p->c.part_open) {
-		return FB_EINVAL;
-	}
-	if (p->c.finished || c_len < FB_STREAM_CHUNK_OVERHEAD) {
-		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
-	}
-	n = c_len - FB_STREAM_CHUNK_OVERHEAD;
-	if (n > p->c.chunk_len) {
-		return pull_die(p, FB_EPROTO, FB_REJECT_TOO_LARGE, why);
-	}
-	if (m_cap < n) {
-		return FB_ERANGE; /* caller's buffer; the stream lives on */
+	if ((rc = pull_begin(p, 0, c_len, m_cap, m_len, final, why)) !=
+	    FB_OK) {
+		return rc;
 	}
 	/* Hash first: with m == c + 1 the pull overwrites the ciphertext. */
 	core_hash_chunk(&p->c, c, c_len);
@@ -535,27 +562,13 @@ fb_stream_pull_open(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	uint8_t block[SS_BLOCK_LEN], l[8], mac[FB_MSG_MAC_LEN];
 	size_t n;
 	uint8_t tag;
+	fb_err rc;
 
-	*m_len = 0;
-	*final = 0;
-	fb_set_why(why, FB_REJECT_NONE);
-	if (p->c.dead != FB_OK) {
-		fb_set_why(why, p->c.dead_why);
-		return p->c.dead;
-	}
-	if (!p->c.tags_only || p->c.part_open) {
-		return FB_EINVAL;
-	}
-	if (p->c.finished || c_len < FB_STREAM_CHUNK_OVERHEAD) {
-		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
+	if ((rc = pull_begin(p, 1, c_len, m_cap, m_len, final, why)) !=
+	    FB_OK) {
+		return rc;
 	}
 	n = c_len - FB_STREAM_CHUNK_OVERHEAD;
-	if (n > p->c.chunk_len) {
-		return pull_die(p, FB_EPROTO, FB_REJECT_TOO_LARGE, why);
-	}
-	if (m_cap < n) {
-		return FB_ERANGE; /* caller's buffer; the stream lives on */
-	}
 	crypto_stream_chacha20_ietf(block, sizeof(block), ss->nonce, ss->k);
 	crypto_onetimeauth_poly1305_init(&poly, block);
 	crypto_onetimeauth_poly1305_update(&poly, p->c.ad, AD_LEN);
@@ -750,14 +763,7 @@ fb_stream_pull_hashes(fb_stream_pull *p, const uint8_t *hashes,
 	if (p->c.tags_only || p->c.finished || p->c.dead != FB_OK) {
 		return FB_EINVAL;
 	}
-	crypto_generichash_update(&p->c.hash, hashes,
-	    (size_t)count * FB_STREAM_HASH_LEN);
-	p->c.payload_len += payload_len;
-	p->c.chunk_count += count;
-	if (final) {
-		p->c.finished = 1;
-		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
-	}
+	core_take_hashes(&p->c, hashes, count, payload_len, final);
 	return FB_OK;
 }
 

@@ -565,8 +565,7 @@ static fb_err
 dl_slots_ready(fb_wk *w)
 {
 	uint32_t n = fb_pool_threads(w->pool) + 1;
-	size_t stride = ((size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD +
-	                    63) & ~(size_t)63;
+	size_t stride = fb_wk_ct_stride(w);
 
 	n = n > FB_WK_BATCH_MAX ? FB_WK_BATCH_MAX : n;
 	if (w->dl_slots != NULL && w->dl_cap == n && w->dl_stride == stride) {

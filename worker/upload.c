@@ -431,14 +431,6 @@ batch_ready(fb_wk *w)
 	return FB_OK;
 }
 
-/* Bytes of one encrypted chunk's slot in a send_ct buffer. */
-static size_t
-ct_stride(const fb_wk *w)
-{
-	return ((size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD + 63) &
-	       ~(size_t)63;
-}
-
 /*
  * The ct buffer for position u->pos, made ready when pos leaves the one in
  * use: the other of the two, after messages of its last use have left it
@@ -450,7 +442,7 @@ static fb_err
 ct_window(fb_wk *w)
 {
 	fb_wk_upload *u = &w->up;
-	size_t len = ct_stride(w) * FB_WK_BATCH_MAX;
+	size_t len = fb_wk_ct_stride(w) * FB_WK_BATCH_MAX;
 	uint32_t next;
 	fb_err rc;
 
@@ -481,7 +473,7 @@ ct_slot(fb_wk *w)
 	fb_wk_upload *u = &w->up;
 
 	return (uint8_t *)fb_lent_data(w->send_ct[u->ct_which]) +
-	       (size_t)(u->pos - u->ct_first) * ct_stride(w);
+	       (size_t)(u->pos - u->ct_first) * fb_wk_ct_stride(w);
 }
 
 /* Secure mode: masks (SecAgg) and encrypts chunk at position u->pos into
@@ -508,7 +500,7 @@ chunk_stage(fb_wk *w, uint32_t k, uint64_t off, uint64_t len)
 		return rc;
 	}
 	rc = fb_stream_push_chunk(u->push, src, len, u->pos + 1 == u->chunks,
-	    ct_slot(w), ct_stride(w), &u->staged_len);
+	    ct_slot(w), fb_wk_ct_stride(w), &u->staged_len);
 	if (rc == FB_OK) {
 		u->staged = true;
 	}

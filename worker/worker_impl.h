@@ -498,6 +498,16 @@ void fb_wk_upload_pump(fb_wk *w, uint32_t budget);
 void fb_wk_mask_wait(fb_wk *w);
 void fb_wk_mask_stop(fb_wk *w);
 
+/* fb_wk_ct_stride is the bytes of one encrypted chunk's slot (a chunk and
+ * its overhead, 64-byte aligned): the update's send buffers, the model's
+ * download slots. */
+static inline size_t
+fb_wk_ct_stride(const fb_wk *w)
+{
+	return ((size_t)w->chunk_bytes + FB_STREAM_CHUNK_OVERHEAD + 63) &
+	       ~(size_t)63;
+}
+
 /* fb_wk_upload_drop forgets the update being sent (nothing more of it
  * goes out). */
 void fb_wk_upload_drop(fb_wk *w);
