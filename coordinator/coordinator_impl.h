@@ -158,6 +158,10 @@ typedef struct worker {
 	                          * received) */
 	uint32_t credited;       /* chunks granted for this upload in all */
 	bool credit_queued;      /* in credits.queue */
+	bool again;              /* W_UPLOADING: asked to send its masked
+	                          * input again, its new UpdateBegin not yet
+	                          * here (what comes of the old stream is
+	                          * dropped) */
 	uint64_t steps;
 	double train_loss;
 	double train_seconds;
@@ -254,6 +258,10 @@ typedef struct ingest_arg {
 	uint32_t first_chunk;
 	uint32_t sa_slot;  /* its SecAgg slot */
 	uint64_t gen;      /* its stream number (fb_ingest_begin) */
+	/* masked, straight into the sum (max_uploads 0): the sum's epoch it
+	 * adds into (partials.epoch at its begin) and its chunks added */
+	uint32_t epoch;
+	atomic_uint added;
 } ingest_arg;
 
 /*
@@ -270,9 +278,16 @@ typedef struct partial_flag {
 } partial_flag;
 
 typedef struct partials {
-	uint32_t count;
+	uint32_t count;          /* 0: masked inputs go straight into the sum */
 	uint32_t **buf;
 	partial_flag *busy;
+	/* count 0: a masked stream that ends incomplete after some of its
+	 * chunks went into the sum sets `cut` (the ingest pool's end
+	 * callback); the loop then starts the sum again (upload_sum_check):
+	 * a new epoch, and every masked input in it or under way sent again.
+	 * Streams of an older epoch no longer count. */
+	atomic_uint epoch;
+	atomic_bool cut;
 	bool warned;       /* out of memory for a buffer, logged */
 } partials;
 
@@ -417,6 +432,8 @@ typedef struct round_state {
 	uint64_t sent0, recv0;   /* the link's counters at its start */
 	uint64_t up_bytes, down_bytes;
 	double first_begin_s;    /* the round's first update began; 0 */
+	uint32_t sum_restarts;   /* the sum started again (partials.cut) */
+	int64_t restart_ms;      /* the last time; 0: never this round */
 	round_result r;
 	uint32_t *sel;           /* the selected workers' slots ... */
 	uint32_t *sel_id;        /* ... and their ids at selection */
@@ -648,6 +665,10 @@ void upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf);
 void upload_on_end(coord *c, worker *w, const fb_msg *m);
 void upload_results(coord *c);
 void upload_settle(coord *c);
+/* upload_sum_check starts the secure sum again when a masked upload that
+ * went straight into it (max_uploads 0) was cut off midway; true if it
+ * did (the round goes on with the workers asked again). */
+bool upload_sum_check(coord *c, int64_t now);
 fb_err upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
     size_t len, uint64_t *counter);
 fb_err upload_end_cb(void *arg, void *stream_arg, bool complete);
@@ -675,6 +696,11 @@ FB_MUST_CHECK fb_err sa_request_reveals(coord *c, int64_t now);
 bool sa_reveals_pending(const coord *c);
 bool sa_reveals_hopeless(const coord *c);
 uint32_t sa_count(const sa_round *sa, unsigned flag);
+/* sa_inputs_again empties the included set and the extras' sum: the sum
+ * starts again (upload_sum_check). A no-op outside the input phase. */
+void sa_inputs_again(coord *c);
+/* sa_ask_again asks w for its masked input again (FB_SA_AGAIN). */
+fb_err sa_ask_again(coord *c, worker *w);
 double sa_a_bound(const coord *c);
 void sa_note_included(coord *c, uint32_t slot);
 fb_err sa_unmask(coord *c, job *j);      /* job thread */

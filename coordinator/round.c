@@ -255,6 +255,8 @@ round_reset(coord *c, int64_t now)
 	rd->why[0] = '\0';
 	rd->waiting_logged = false;
 	rd->first_begin_s = 0;
+	rd->sum_restarts = 0;
+	rd->restart_ms = 0;
 	rd->started_ms = now;
 	rd->sent0 = c->io.bytes_sent(c);
 	rd->recv0 = c->io.bytes_received(c);
@@ -262,6 +264,9 @@ round_reset(coord *c, int64_t now)
 	rd->in_chunks = c->chunk_count;
 	upload_credits_reset(c);
 	fb_accum_reset(c->accum);
+	/* a stream of an earlier round that ends now is no cut of this one */
+	atomic_fetch_add_explicit(&c->part.epoch, 1, memory_order_relaxed);
+	atomic_store_explicit(&c->part.cut, false, memory_order_relaxed);
 	sa_free(&c->sa);
 }
 
@@ -571,6 +576,9 @@ round_close(coord *c, int64_t now)
 	cancel_stragglers(c, false, false);
 	/* Every chunk received is added before the round commits. */
 	upload_settle(c);
+	if (upload_sum_check(c, now)) {
+		return; /* the masked inputs come again */
+	}
 	rd->clipped = fb_ingest_counter(c->ingest) - rd->clipped_base;
 	tally(c);
 	if (rd->r.participants < (uint32_t)c->cfg->min_updates) {
@@ -606,6 +614,9 @@ round_train_step(coord *c, int64_t now)
 	int64_t over = now - rd->deadline_ms;
 
 	sa_advance(c, now);
+	if (upload_sum_check(c, now)) {
+		return;
+	}
 	if (round_finished(c)) {
 		round_close(c, now);
 		return;
@@ -623,7 +634,9 @@ round_train_step(coord *c, int64_t now)
 		return;
 	}
 	if (c->sa.phase == SA_INPUT && upload_any_in_flight(c) &&
-	    over < cfg->sa_unmask_ms) {
+	    (over < cfg->sa_unmask_ms ||
+	        (rd->restart_ms > 0 &&
+	            now - rd->restart_ms < cfg->sa_unmask_ms))) {
 		/* A masked input must arrive whole or not at all: uploads under
 		 * way at the deadline may finish. */
 		if (rd->phase == PHASE_TRAIN) {

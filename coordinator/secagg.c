@@ -244,6 +244,36 @@ sa_note_included(coord *c, uint32_t slot)
 	c->sa.flags[slot] |= SA_F_INCLUDED;
 }
 
+/* The sum starts again (upload.c, max_uploads 0): no masked input is in
+ * it now. Only while the inputs stream in, before any confirmation. */
+void
+sa_inputs_again(coord *c)
+{
+	sa_round *sa = &c->sa;
+
+	if (sa->phase != SA_INPUT) {
+		return;
+	}
+	if (fb_secagg_server_clear_included(sa->srv) != FB_OK) {
+		sa->poisoned = "the included set could not be emptied";
+	}
+	for (uint32_t s = 0; s < sa->n; s++) {
+		sa->flags[s] = (uint8_t)(sa->flags[s] & ~SA_F_INCLUDED);
+	}
+	pthread_mutex_lock(&c->extra_mu);
+	memset(sa->extra, 0, sizeof(sa->extra));
+	pthread_mutex_unlock(&c->extra_mu);
+}
+
+static fb_err sa_send(coord *c, worker *w, fb_secagg_phase phase,
+    uint32_t count, const void *data, size_t len);
+
+fb_err
+sa_ask_again(coord *c, worker *w)
+{
+	return sa_send(c, w, FB_SA_AGAIN, 0, NULL, 0);
+}
+
 static drop_reason
 sa_drop_reason(fb_err rc)
 {

@@ -22,6 +22,17 @@
  * callback adds it into the sum once its stream is complete and signed.
  * One cut off midway is dropped with its buffer: nothing of it is in the
  * sum, and its masks are recovered like any dropout's.
+ *
+ * With secure_aggregation.max_uploads 0 nothing is kept apart: each masked
+ * chunk goes into the sum as it arrives, so the coordinator holds no more
+ * than in plain mode. A stream that then ends incomplete leaves part of an
+ * input in the sum that can never be unmasked, so the sum starts again
+ * (upload_sum_check): every other masked input, complete or under way, is
+ * asked for again (FB_SA_AGAIN) and its worker sends it anew, the same
+ * bytes (its encoding and masks are fixed for the round), in a new
+ * stream; the cut worker is a dropout. Each restart takes one worker out
+ * of the round, so there are at most as many as workers, and each costs
+ * the others one more upload: the price of the memory.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -102,6 +113,11 @@ upload_partials_alloc(coord *c)
 		    : n > PARTIAL_AUTO_MAX ? PARTIAL_AUTO_MAX : n;
 	}
 	pt->count = (uint32_t)n;
+	atomic_init(&pt->epoch, 0);
+	atomic_init(&pt->cut, false);
+	if (n == 0) {
+		return FB_OK; /* straight into the sum */
+	}
 	if ((pt->buf = calloc(n, sizeof(*pt->buf))) == NULL ||
 	    (pt->busy = calloc(n, sizeof(*pt->busy))) == NULL) {
 		return FB_ENOMEM;
@@ -209,7 +225,7 @@ upload_credit_pump(coord *c)
 		cr->head = (cr->head + 1) % cr->cap;
 		cr->count--;
 		w->credit_queued = false;
-		if (!w->used || w->state != W_UPLOADING ||
+		if (!w->used || w->state != W_UPLOADING || w->again ||
 		    w->credited >= c->rd.in_chunks ||
 		    w->credit >= cr->per_worker) {
 			continue;
@@ -219,7 +235,7 @@ upload_credit_pump(coord *c)
 		    ? give : c->rd.in_chunks - w->credited;
 		give = give < cr->budget - cr->out ? give
 		                                   : cr->budget - cr->out;
-		if (c->stream_arg[slot].masked &&
+		if (c->stream_arg[slot].masked && c->part.count > 0 &&
 		    c->stream_arg[slot].partial < 0 &&
 		    (c->stream_arg[slot].partial = partial_take(c)) < 0) {
 			credit_want(c, w); /* when a masked upload is whole */
@@ -305,8 +321,8 @@ begin_needed(coord *c, worker *w)
 {
 	fb_msg cm = {.type = FB_MSG_ROUND_CANCEL};
 
-	if (updates_claimed(c) < c->rd.target_updates) {
-		return true;
+	if (w->again || updates_claimed(c) < c->rd.target_updates) {
+		return true; /* (asked again: its claim is counted already) */
 	}
 	cm.u.round_cancel.round = round_of(c, w);
 	snprintf(cm.u.round_cancel.reason, sizeof(cm.u.round_cancel.reason),
@@ -333,6 +349,7 @@ begin_record(coord *c, worker *w, const fb_msg *m)
 		w->has_speed = true;
 	}
 	w->state = W_UPLOADING;
+	w->again = false;
 	w->next_chunk = 0;
 	w->final_seen = false;
 	c->rd.upload_round[registry_slot(c, w).v] = c->rd.number;
@@ -370,7 +387,7 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 		    c->rd.number);
 		return;
 	}
-	if (w->state != W_TRAINING) {
+	if (w->state != W_TRAINING && !(w->state == W_UPLOADING && w->again)) {
 		guard_drop(c, DROP_UNEXPECTED, "update_begin from %s, which is %s",
 		    w->name, worker_state_names[w->state]);
 		return;
@@ -410,6 +427,10 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 	c->stream_arg[slot.v].partial = -1;
 	c->stream_arg[slot.v].first_chunk = w->first_chunk;
 	c->stream_arg[slot.v].sa_slot = w->sa_slot;
+	c->stream_arg[slot.v].epoch =
+	    atomic_load_explicit(&c->part.epoch, memory_order_relaxed);
+	atomic_store_explicit(&c->stream_arg[slot.v].added, 0,
+	    memory_order_relaxed);
 	if (fb_ingest_begin(c->ingest, slot.v, pull, &c->stream_arg[slot.v],
 	        &w->ingest_gen) != FB_OK) {
 		round_worker_failed(c, w, "out of memory");
@@ -434,6 +455,11 @@ upload_on_chunk(coord *c, worker *w, const fb_msg *m, fb_buf *buf)
 		guard_drop(c, DROP_STALE_ROUND, "update chunk for round %u from "
 		    "%s (round %u is open)", m->u.update_chunk.round, w->name,
 		    c->rd.number);
+		goto drop;
+	}
+	if (w->state == W_UPLOADING && w->again) {
+		/* of the stream it was asked to send again: sent before it
+		 * heard, and of no use now */
 		goto drop;
 	}
 	if (w->state != W_UPLOADING || w->next_chunk == c->rd.in_chunks) {
@@ -509,6 +535,9 @@ upload_on_end(coord *c, worker *w, const fb_msg *m)
 	}
 	if (!c->secure) {
 		return; /* plain updates are complete at their last chunk */
+	}
+	if (w->state == W_UPLOADING && w->again) {
+		return; /* the end of the stream it is sending again */
 	}
 	if (w->state != W_UPLOADING || w->next_chunk != c->rd.in_chunks ||
 	    w->final_seen) {
@@ -595,7 +624,10 @@ upload_results(coord *c)
 		if (r.status == FB_INGEST_DONE) {
 			const ingest_arg *a = &c->stream_arg[r.slot];
 			if (a->masked && a->gen == r.gen &&
-			    c->sa.phase != SA_OFF) {
+			    c->sa.phase != SA_OFF &&
+			    (c->part.count > 0 ||
+			        a->epoch == atomic_load_explicit(&c->part.epoch,
+			                        memory_order_relaxed))) {
 				/* whole, and in the sum: included, even if its
 				 * worker has been cut off or left since */
 				sa_note_included(c, a->sa_slot);
@@ -619,6 +651,67 @@ upload_settle(coord *c)
 }
 
 /*
+ * max_uploads 0: a masked stream ended incomplete with some of its chunks
+ * in the sum (upload_end_cb). The sum starts again in a new epoch, empty,
+ * and every worker whose masked input was in it or under way is asked to
+ * send it again; what comes of their old streams is dropped. The loop
+ * waits for the pool's queued chunks (a few, bounded by its queue) and
+ * resets the accumulator, O(chunks): nothing here is a pass over the
+ * model.
+ */
+bool
+upload_sum_check(coord *c, int64_t now)
+{
+	partials *pt = &c->part;
+	uint32_t asked = 0;
+
+	if (pt->count > 0 ||
+	    !atomic_load_explicit(&pt->cut, memory_order_acquire)) {
+		return false;
+	}
+	/* what the old streams still do no longer counts as a cut */
+	atomic_fetch_add_explicit(&pt->epoch, 1, memory_order_relaxed);
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		worker *w = &c->reg.workers[i];
+		if (w->used && w->state == W_UPLOADING && !w->again) {
+			fb_ingest_abort(c->ingest, i);
+		}
+	}
+	upload_settle(c);
+	atomic_store_explicit(&pt->cut, false, memory_order_relaxed);
+	if (c->sa.phase != SA_INPUT) {
+		return false; /* no masked input streams in now */
+	}
+	fb_accum_reset(c->accum);
+	sa_inputs_again(c);
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		worker *w = &c->reg.workers[i];
+		if (!w->used || !(w->state == W_DONE || w->state == W_UPLOADING)) {
+			continue;
+		}
+		upload_credit_release(c, w);
+		w->credited = 0;
+		w->next_chunk = 0;
+		w->final_seen = false;
+		w->state = W_UPLOADING;
+		w->again = true;
+		if (sa_ask_again(c, w) != FB_OK) {
+			round_worker_failed(c, w, "could not be asked for its "
+			                          "masked input again");
+			continue;
+		}
+		asked++;
+	}
+	c->rd.sum_restarts++;
+	c->rd.restart_ms = now;
+	fb_log_warn("round %u: a masked upload cut off midway was partly in the "
+	            "sum (secure_aggregation.max_uploads: 0): the sum starts "
+	            "again, and %u worker%s send%s their masked input again",
+	    c->rd.number, asked, asked == 1 ? "" : "s", asked == 1 ? "s" : "");
+	return true;
+}
+
+/*
  * The ingest pool's callback: adds one decrypted chunk with the update's
  * weight, or (secure aggregation) its masked ring elements. Calls for the
  * same chunk may run at once (cb_concurrent): the accumulator locks parts
@@ -631,8 +724,24 @@ upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
     size_t len, uint64_t *counter)
 {
 	coord *c = arg;
-	const ingest_arg *a = stream_arg;
+	ingest_arg *a = stream_arg;
 
+	if (a->masked && c->part.count == 0) {
+		fb_err rc = FB_EPROTO;
+		if (chunk < c->chunk_count) {
+			rc = fb_accum_ring_add(c->accum, chunk, data, len / 4);
+		} else if (chunk == c->chunk_count && len == SA_EXTRA * 4) {
+			pthread_mutex_lock(&c->extra_mu);
+			fb_ring_add(c->sa.extra, data, SA_EXTRA);
+			pthread_mutex_unlock(&c->extra_mu);
+			rc = FB_OK;
+		}
+		if (rc == FB_OK) {
+			atomic_fetch_add_explicit(&a->added, 1,
+			    memory_order_relaxed);
+		}
+		return rc;
+	}
 	if (a->masked) {
 		/* kept apart: into the sum once whole (upload_end_cb); a
 		 * decrypted chunk is there already (upload_dst_cb) */
@@ -704,6 +813,17 @@ upload_end_cb(void *arg, void *stream_arg, bool complete)
 	fb_err rc = FB_OK;
 	const uint32_t *src;
 
+	if (a->masked && c->part.count == 0) {
+		/* straight into the sum: a part of it there is a cut */
+		if (!complete &&
+		    atomic_load_explicit(&a->added, memory_order_relaxed) > 0 &&
+		    a->epoch == atomic_load_explicit(&c->part.epoch,
+		                    memory_order_relaxed)) {
+			atomic_store_explicit(&c->part.cut, true,
+			    memory_order_release);
+		}
+		return FB_OK;
+	}
 	if (!a->masked || a->partial < 0 ||
 	    (uint32_t)a->partial >= c->part.count) {
 		return FB_OK;

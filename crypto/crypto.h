@@ -1107,6 +1107,12 @@ FB_MUST_CHECK fb_err fb_secagg_server_add_shares(fb_secagg_server *s,
 FB_MUST_CHECK fb_err fb_secagg_server_set_included(fb_secagg_server *s,
     uint32_t index);
 
+/* fb_secagg_server_clear_included empties U3 again (the coordinator's sum
+ * started again, before any confirmation). Errors: FB_EINVAL (the
+ * confirmations or reveals have begun: U3 is fixed). */
+FB_MUST_CHECK fb_err fb_secagg_server_clear_included(
+    fb_secagg_server *s);
+
 /* fb_secagg_server_included writes the U3 flags the workers' reveal
  * requests carry (n bytes). */
 void fb_secagg_server_included(const fb_secagg_server *s, uint8_t *included);

@@ -1219,6 +1219,18 @@ fb_secagg_server_set_included(fb_secagg_server *s, uint32_t index)
 	return FB_OK;
 }
 
+fb_err
+fb_secagg_server_clear_included(fb_secagg_server *s)
+{
+	if (s->revealing || s->confirming) {
+		return FB_EINVAL;
+	}
+	for (uint32_t j = 0; j < s->p.n; j++) {
+		s->w[j].in_u3 = 0;
+	}
+	return FB_OK;
+}
+
 void
 fb_secagg_server_included(const fb_secagg_server *s, uint8_t *included)
 {

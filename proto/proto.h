@@ -90,7 +90,10 @@ typedef enum fb_secagg_phase {
 	                     * U3, FB_SECAGG_CONFIRM_LEN each: reveal now */
 	FB_SA_REFUSE = 9,   /* worker: it will not reveal (it holds fewer than
 	                     * t confirmations of its set); no data */
-	FB_SA_PHASE_MAX_ = 9
+	FB_SA_AGAIN = 10,   /* coordinator: send the round's masked input
+	                     * again, from its UpdateBegin (the sum started
+	                     * again); no data */
+	FB_SA_PHASE_MAX_ = 10
 } fb_secagg_phase;
 
 typedef struct fb_wire_model_spec {

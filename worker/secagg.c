@@ -165,6 +165,7 @@ fb_wk_sa_start(fb_wk *w, const fb_msg *m)
 		return FB_ENOMEM;
 	}
 	w->sa_n = p.n;
+	w->sa_again = 0;
 	w->sa_t = p.threshold;
 	w->sa_weight =
 	    (double)fb_wk_samples(w) / (double)m->u.round_start.sa_max_samples;
@@ -394,6 +395,43 @@ on_confirms(fb_wk *w, const fb_frame *f, uint32_t cnt)
 	free(out);
 }
 
+/*
+ * The coordinator's sum started again (its secure_aggregation.max_uploads
+ * 0: another worker's upload was cut off midway inside it): our masked
+ * input goes up again in a new stream. The same bytes: the encoding is
+ * seeded from the round and the masks are fixed, so a coordinator that
+ * asks gets nothing it did not have. At most once for each other slot of
+ * the round: each restart takes a worker out, so an honest coordinator
+ * needs no more.
+ */
+static void
+on_again(fb_wk *w)
+{
+	if (w->sa_phase != FB_WK_SA_MASKING ||
+	    (w->phase != FB_WK_UPLOADING && w->phase != FB_WK_IDLE)) {
+		fb_log_warn("round %u: asked for the masked input again while "
+		            "%s: ignored",
+		    w->round, fb_wk_phase_name(w->phase));
+		return;
+	}
+	if (w->sa_again + 1 >= w->sa_n) {
+		fb_log_warn("round %u: asked for the masked input again more "
+		            "than %u time%s: ignored",
+		    w->round, w->sa_n - 1, w->sa_n == 2 ? "" : "s");
+		return;
+	}
+	w->sa_again++;
+	fb_log_warn("round %u: the coordinator lost a cut-off upload inside "
+	            "its sum; sending our masked input again",
+	    w->round);
+	fb_log_clear_error();
+	if (fb_wk_upload_start(w, w->stats.seconds, w->stats.loss_mean,
+	        w->stats.steps) != FB_OK) {
+		fb_log_warn("round %u: update not delivered", w->round);
+		fb_wk_round_fail(w, w->round, fb_log_last_error());
+	}
+}
+
 void
 fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
 {
@@ -417,6 +455,9 @@ fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
 		return;
 	case FB_SA_CONFIRMS:
 		on_confirms(w, f, cnt);
+		return;
+	case FB_SA_AGAIN:
+		on_again(w);
 		return;
 	default:
 		fb_log_warn("unexpected secure-aggregation step %u from the "

@@ -274,6 +274,7 @@ struct fb_wk {
 	fb_wk_sa_phase sa_phase;
 	fb_secagg_worker *sa; /* NULL: none this round */
 	uint32_t sa_n;
+	uint32_t sa_again;       /* times asked for the masked input again */
 	uint32_t sa_t;    /* the round's threshold */
 	double sa_weight; /* samples / max_samples */
 	uint64_t sa_max_samples; /* the round's max_samples (> 0) */

@@ -1561,6 +1561,56 @@ test_secure_worker_cut_mid_upload(void **state)
 	bench_stop();
 }
 
+/* Secure, secure_aggregation.max_uploads 0: masked chunks go straight
+ * into the sum. w2, cut off two chunks into its upload, leaves part of its
+ * input there: the sum starts again, w0 (whole) and w1 (under way) are
+ * asked for theirs again, a chunk of w1's old stream still arriving is
+ * dropped without fault, and the round commits with w0 and w1: the sum
+ * exactly theirs. */
+static void
+test_secure_cut_upload_restarts_the_sum(void **state)
+{
+	char line[16384];
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n  max_uploads: 0\n"});
+	assert_int_equal(t.c->part.count, 0);
+	admit_all();
+	sa_setup(7);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(2, t.fw[2].update, 2);
+	upload(1, t.fw[1].update, 1);
+	assert_int_equal(t.c->reg.workers[0].state, W_DONE);
+	assert_int_equal(count_sa(0, FB_SA_AGAIN), 0);
+	registry_on_closed(t.c, fb_peer_key(&t.c->reg.workers[2].peer));
+	turn();
+	assert_int_equal(t.c->rd.sum_restarts, 1);
+	assert_int_equal(count_sa(0, FB_SA_AGAIN), 1);
+	assert_int_equal(count_sa(1, FB_SA_AGAIN), 1);
+	assert_int_equal(count_sa(2, FB_SA_AGAIN), 0);
+	for (uint32_t i = 0; i < 2; i++) {
+		const sent *s = next_to(i, FB_MSG_SECAGG);
+		assert_non_null(s);
+		assert_int_equal(s->m.u.secagg.phase, FB_SA_AGAIN);
+	}
+	assert_int_equal(t.c->reg.workers[0].state, W_UPLOADING);
+	assert_true(t.c->reg.workers[1].again);
+	assert_true(upload_more(1, 2) || t.fw[1].pos == 2);
+	assert_int_equal(t.c->reg.workers[1].state, W_UPLOADING);
+	assert_phase(PHASE_TRAIN);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.sum_restarts, 1);
+	assert_phase(PHASE_UNMASK);
+	sa_fake_unmask(0x3);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-3);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"status\": \"ok\""));
+	assert_non_null(strstr(line, "\"participants\": 2"));
+	bench_stop();
+}
+
 /* Secure, secure_aggregation.max_uploads 1: one masked upload under way
  * at a time, the next waiting for its first credit until the buffer is
  * free again -- when the one before is whole, or cut off (then nothing of
@@ -2567,6 +2617,8 @@ FB_TESTS = {
         test_secure_worker_round_failed},
     {"secure: masked uploads take turns for max_uploads buffers",
         test_secure_masked_uploads_take_turns},
+    {"secure: max_uploads 0, a cut upload in the sum starts it again",
+        test_secure_cut_upload_restarts_the_sum},
     {"secure: a worker cut off mid-upload is a dropout; the round commits",
         test_secure_worker_cut_mid_upload},
     {"secure: too few reveals by unmask_timeout abort the round",

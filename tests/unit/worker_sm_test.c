@@ -2022,6 +2022,92 @@ test_secagg_masks_made_ahead(void **state)
 	}
 }
 
+/* The upload logged from `at` (UpdateBegin, the chunks, the extras, the
+ * end): its chunks' plaintexts into out[pos], in the order sent. */
+static void
+sa_upload_plain(fix *x, size_t at, uint32_t out[][CHUNK / 4])
+{
+	sent *b = &x->log[at];
+	fb_stream_ctx ctx;
+	fb_stream_pull *pull = NULL;
+	fb_reject why = FB_REJECT_NONE;
+	size_t mlen;
+	int final;
+
+	assert_int_equal(b->msg.type, FB_MSG_UPDATE_BEGIN);
+	memset(&ctx, 0, sizeof(ctx));
+	ctx.run = x->run;
+	ctx.round = b->msg.u.update_begin.round;
+	ctx.sender = fb_session_worker_id(x->cs);
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	                     b->msg.u.update_begin.stream_key.b,
+	                     b->msg.u.update_begin.stream_header.b,
+	                     b->msg.u.update_begin.stream_header.len, CHUNK,
+	                     &pull, &why),
+	    FB_OK);
+	for (uint32_t pos = 0; pos <= NCHUNK; pos++) {
+		sent *c = &x->log[at + 1 + pos];
+		assert_int_equal(c->msg.type, FB_MSG_UPDATE_CHUNK);
+		memset(out[pos], 0, CHUNK);
+		assert_int_equal(fb_stream_pull_chunk(pull, c->payload, c->len,
+		                     (uint8_t *)out[pos], CHUNK, &mlen, &final,
+		                     &why),
+		    FB_OK);
+		assert_int_equal(final != 0, pos == NCHUNK);
+	}
+	assert_int_equal(x->log[at + 2 + NCHUNK].msg.type, FB_MSG_UPDATE_END);
+	fb_stream_pull_free(pull);
+}
+
+/*
+ * Asked for its masked input again (the coordinator's sum started again:
+ * secure_aggregation.max_uploads 0), the worker sends it anew in a new
+ * stream: the same plaintext chunk for chunk, the extras too, under a new
+ * stream key. Asked before its input went, or more than once for each
+ * other slot of the round (one here), it ignores the ask.
+ */
+static void
+test_secagg_input_sent_again(void **state)
+{
+	static uint32_t plain[2][NCHUNK + 1][CHUNK / 4];
+	fix *x = fix_new(true);
+	fb_msg rs, am = sa_msg(5, FB_SA_AGAIN, 0);
+	size_t at[2], n;
+
+	secure_join(x);
+	rs = sa_round_msg(x, 5);
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(deliver_sealed(x, &am, NULL, 0), FB_OK);
+	assert_int_equal(x->w.sa_again, 0); /* nothing to send yet */
+	sa_exchange_adverts(x, 5);
+	serve_model(x);
+	train_done(x, FB_OK);
+	sa_exchange_shares(x, 5);
+	for (uint32_t k = 0; k < 2; k++) {
+		if (k > 0) {
+			assert_int_equal(deliver_sealed(x, &am, NULL, 0), FB_OK);
+		}
+		assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+		at[k] = x->nlog;
+		while (x->w.phase == FB_WK_UPLOADING) {
+			writable(x);
+		}
+		assert_int_equal(x->nlog - at[k], 1 + NCHUNK + 1 + 1);
+		sa_upload_plain(x, at[k], plain[k]);
+	}
+	assert_memory_equal(plain[1], plain[0], sizeof(plain[0]));
+	assert_memory_not_equal(x->log[at[0]].msg.u.update_begin.stream_key.b,
+	    x->log[at[1]].msg.u.update_begin.stream_key.b, FB_STREAM_KEY_LEN);
+	/* a second time: more than the round's other slots, ignored */
+	n = x->nlog;
+	assert_int_equal(deliver_sealed(x, &am, NULL, 0), FB_OK);
+	writable(x);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(x->nlog, n);
+	fix_free(x);
+}
+
 /*
  * A secure round with three slots up to the upload: the worker (slot 0)
  * and x->peer (slot 1) exchange adverts and shares; slot 2 never shares.
@@ -2593,6 +2679,8 @@ FB_TESTS = {
         test_secagg_round},
     {"masked inputs made ahead on the pool go up whole and in order",
         test_secagg_masks_made_ahead},
+    {"asked again, the masked input goes up anew: the same bytes",
+        test_secagg_input_sent_again},
     {"a full queue keeps secure-aggregation messages in order",
         test_secagg_outbox_keeps_order},
     {"a cancel while waiting for masks, or bad adverts, end the round",
