@@ -246,10 +246,11 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "auto", 0, 65536, auto_word, "masked uploads under way at once: "
         "each is kept apart (one model's worth, 4 bytes a parameter) until "
         "it is whole, so a worker cut off mid-upload is a dropout like any "
-        "other; the others wait for credit; auto = what fits in 256 MiB, "
-        "2 to 64; 0 = none kept apart: every upload at once, straight into "
-        "the sum (no memory per upload), and a worker cut off mid-upload "
-        "makes the others send theirs again"},
+        "other; the others wait for credit; 0 = none kept apart: every "
+        "upload at once, straight into the sum (no memory per upload), "
+        "and a worker cut off mid-upload makes the others send theirs "
+        "again; auto = what fits in 256 MiB, 2 to 64, or 0 for a model "
+        "over 128 MiB"},
     {"secure_aggregation.unmask_timeout", FB_CFG_DURATION, F(sa_unmask_ms),
         "30s", 10, 8.64e7, MB, "how long unmasking waits for the "
         "survivors' shares"},

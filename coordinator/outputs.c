@@ -420,11 +420,12 @@ json_round(coord *c, FILE *f)
 		fprintf(f, "\"secure_aggregation\": {\"workers\": %u, "
 		           "\"neighbours\": %u, \"threshold\": %u, "
 		           "\"included\": %u, \"confirmed\": %u, "
-		           "\"refused\": %u, \"revealed\": %u}, ",
+		           "\"refused\": %u, \"revealed\": %u, "
+		           "\"restarts\": %u}, ",
 		    c->sa.n, c->sa.k, c->sa.t, sa_count(&c->sa, SA_F_INCLUDED),
 		    sa_count(&c->sa, SA_F_CONFIRMED),
 		    sa_count(&c->sa, SA_F_REFUSED),
-		    sa_count(&c->sa, SA_F_REVEALED));
+		    sa_count(&c->sa, SA_F_REVEALED), rd->sum_restarts);
 	}
 	fprintf(f, "\"seconds\": %.3f, \"bytes_up\": %" PRIu64
 	           ", \"bytes_down\": %" PRIu64 ", \"clipped\": %" PRIu64

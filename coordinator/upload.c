@@ -108,16 +108,26 @@ upload_partials_alloc(coord *c)
 	uint64_t n = (uint64_t)c->cfg->sa_max_uploads;
 
 	if (c->cfg->sa_max_uploads < 0) {
+		/* a model too large for two buffers in the budget goes
+		 * straight into the sum: its memory is what matters */
 		n = PARTIAL_AUTO_BYTES / each;
-		n = n < PARTIAL_AUTO_MIN ? PARTIAL_AUTO_MIN
+		n = n < PARTIAL_AUTO_MIN ? 0
 		    : n > PARTIAL_AUTO_MAX ? PARTIAL_AUTO_MAX : n;
 	}
 	pt->count = (uint32_t)n;
 	atomic_init(&pt->epoch, 0);
 	atomic_init(&pt->cut, false);
 	if (n == 0) {
-		return FB_OK; /* straight into the sum */
+		fb_log_info("secure aggregation: masked uploads go straight "
+		            "into the sum (secure_aggregation.max_uploads 0): "
+		            "one cut off midway makes the others send theirs "
+		            "again");
+		return FB_OK;
 	}
+	fb_log_info("secure aggregation: up to %" PRIu64 " masked upload%s at "
+	            "once, each kept apart until whole (%.0f MiB each, "
+	            "secure_aggregation.max_uploads)",
+	    n, n == 1 ? "" : "s", (double)each / 1048576.0);
 	if ((pt->buf = calloc(n, sizeof(*pt->buf))) == NULL ||
 	    (pt->busy = calloc(n, sizeof(*pt->busy))) == NULL) {
 		return FB_ENOMEM;
@@ -686,8 +696,9 @@ upload_sum_check(coord *c, int64_t now)
 	sa_inputs_again(c);
 	for (uint32_t i = 0; i < c->reg.cap; i++) {
 		worker *w = &c->reg.workers[i];
-		if (!w->used || !(w->state == W_DONE || w->state == W_UPLOADING)) {
-			continue;
+		if (!w->used || w->again ||
+		    !(w->state == W_DONE || w->state == W_UPLOADING)) {
+			continue; /* (asked already: nothing of it in the sum) */
 		}
 		upload_credit_release(c, w);
 		w->credited = 0;

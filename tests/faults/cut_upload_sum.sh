@@ -72,6 +72,8 @@ assert r2["status"] == "ok" and r2["participants"] == 3, \
     (r2["status"], r2["participants"], r2.get("reason"))
 assert st.get("w3") != "done" and all(st[f"w{i}"] == "done" for i in range(3)), st
 assert r2["secure_aggregation"]["included"] == 3, r2["secure_aggregation"]
+assert r2["secure_aggregation"]["restarts"] == 1, r2["secure_aggregation"]
+assert r1["secure_aggregation"]["restarts"] == 0, r1["secure_aggregation"]
 print("round 1 with all 4; round 2 committed with w0-w2 (w3: %s)"
       % st.get("w3", "removed"))
 PYEOF
