@@ -94,6 +94,16 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "workers' SGD momentum (state reset each round)"},
     {"round.weight_decay", FB_CFG_FLOAT, F(weight_decay), "0", 0, 1, MB,
         "workers' L2 weight decay"},
+    {"round.lr_decay", FB_CFG_ENUM, F(lr_decay), "none", NOB,
+        fb_server_lr_decay_names, "schedule of round.lr, the workers' "
+        "learning rate, that the coordinator sends with each task: none, "
+        "or cosine, the shape of aggregation.server_lr_decay (round t of "
+        "R = round.rounds trains with lr * (f + (1 - f) (1 + cos(pi (t - "
+        "1) / R)) / 2), f = round.lr_final; async: t is the server step "
+        "the task trains towards, its model version + 1)"},
+    {"round.lr_final", FB_CFG_FLOAT, F(lr_final), "0", 0, 1, MB,
+        "round.lr_decay cosine: the fraction of round.lr the schedule "
+        "falls to by the last round"},
     {"round.server_lr", FB_CFG_FLOAT, F(server_lr), "1", 0, 100, MB,
         "server learning rate (fedadam/fedyogi want ~0.01)"},
     {"round.local_work", FB_CFG_ENUM, F(local_work), "fixed", NOB,
@@ -449,6 +459,11 @@ cross_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
 		    "must be > 0");
 	} else if (cfg->lr <= 0) {
 		rc = fb_cfg_error(path, sch, pos, "round.lr", "must be > 0");
+	} else if (cfg->lr_decay == FB_LR_DECAY_NONE && cfg->lr_final != 0) {
+		rc = fb_cfg_error(path, sch, pos, "round.lr_final",
+		    "%g is read only with round.lr_decay: cosine (the workers' "
+		    "lr is constant without a schedule); set round.lr_decay: "
+		    "cosine or drop round.lr_final", cfg->lr_final);
 	} else if (cfg->sa_enabled && !cfg->security) {
 		rc = fb_cfg_error(path, sch, pos,
 		    at_fault(pos, "secure_aggregation.enabled",

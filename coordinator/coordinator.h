@@ -65,6 +65,8 @@ typedef struct fb_coord_config {
 	double lr;
 	double momentum;
 	double weight_decay;
+	int lr_decay;              /* fb_server_lr_decay: round.lr's schedule */
+	double lr_final;           /* cosine: fraction of lr at the end */
 	double server_lr;
 	fb_local_work local_work;
 	int64_t time_budget_ms;    /* time_budget: local training time */

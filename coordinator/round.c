@@ -287,6 +287,21 @@ round_fail(coord *c, round_status st, int64_t now, const char *fmt, ...)
 	round_record(c, now);
 }
 
+/* The workers' lr of schedule step t (1-based): round.lr on
+ * round.lr_decay, by the server lr's own schedule function. */
+static double
+worker_lr_at(const fb_coord_config *cfg, uint64_t t)
+{
+	fb_server_opt_params p;
+
+	fb_server_opt_params_default(&p, FB_SERVER_SGD);
+	p.lr = cfg->lr;
+	p.decay = (fb_server_lr_decay)cfg->lr_decay;
+	p.lr_final = cfg->lr_final;
+	p.rounds = (uint64_t)cfg->rounds;
+	return fb_server_lr_at(&p, t);
+}
+
 /* Sends worker w its RoundStart and puts it in training. */
 void
 round_send_start(coord *c, worker *w)
@@ -306,7 +321,11 @@ round_send_start(coord *c, worker *w)
 		m.u.round_start.local_epochs = (float)cfg->local_epochs;
 	}
 	m.u.round_start.batch_size = (uint32_t)cfg->batch_size;
-	m.u.round_start.lr = (float)cfg->lr;
+	/* sync: this round's; async: the step the task's update goes
+	 * towards, from its model version (round.lr_decay) */
+	m.u.round_start.lr = (float)worker_lr_at(cfg,
+	    cfg->mode == FB_MODE_ASYNC ? (uint64_t)w->task_version + 1
+	                               : rd->number);
 	m.u.round_start.momentum = (float)cfg->momentum;
 	m.u.round_start.weight_decay = (float)cfg->weight_decay;
 	m.u.round_start.seed = (uint64_t)cfg->seed;

@@ -72,6 +72,29 @@ YAML
 expect2 "server lr final fraction above 1" "c5f.yaml:2:20: aggregation.server_lr_final" \
 	"$B/fedbox-coordinator" --config "$T/c5f.yaml"
 
+cat >"$T/c5w.yaml" <<'YAML'
+round:
+  lr_decay: step
+YAML
+expect2 "unknown workers' lr schedule" "c5w.yaml:2:13: round.lr_decay" \
+	"$B/fedbox-coordinator" --config "$T/c5w.yaml"
+
+cat >"$T/c5x.yaml" <<'YAML'
+round:
+  lr_decay: cosine
+  lr_final: -0.5
+YAML
+expect2 "workers' lr final fraction below 0" "c5x.yaml:3:13: round.lr_final" \
+	"$B/fedbox-coordinator" --config "$T/c5x.yaml"
+
+cat >"$T/c5y.yaml" <<'YAML'
+round:
+  lr_final: 0.1
+YAML
+expect2 "workers' lr final fraction without a schedule" \
+	"c5y.yaml:2:13: round.lr_final: 0.1 is read only with round.lr_decay: cosine" \
+	"$B/fedbox-coordinator" --config "$T/c5y.yaml"
+
 cat >"$T/w1.yaml" <<'YAML'
 coordinator: tcp://127.0.0.1:1
 name: w

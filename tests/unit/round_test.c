@@ -11,6 +11,7 @@
  * crypto/ (adverts, shares, masked inputs, reveals). The clock is
  * `t.now`; turn() is one turn of the loop after an event.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2575,6 +2576,132 @@ test_async_worker_lost_not_waited_for(void **state)
 	bench_stop();
 }
 
+/* ---- round.lr_decay: the workers' lr on a schedule --------------------- */
+
+#define LR_DECAY "  lr: 0.04\n  lr_decay: cosine\n  lr_final: 0.25\n"
+
+/* The workers' lr of step t of R under LR_DECAY, the cosine as the key's
+ * help writes it, lr (f + (1 - f) (1 + cos(pi (t - 1) / R)) / 2), in long
+ * double: not the library's cos^2 / sin^2 form. */
+static long double
+lr_ref(unsigned t_step, unsigned rounds)
+{
+	const long double pi = 3.141592653589793238462643383279502884L;
+	long double c = (1 + cosl(pi * (t_step - 1) / rounds)) / 2;
+
+	return 0.04L * (0.25L + 0.75L * c);
+}
+
+/* The RoundStart's lr is the reference's, rounded to the float it travels
+ * as (within that float's half ulp, for the double rounding). */
+static void
+assert_lr(const fb_msg *rs, unsigned t_step)
+{
+	long double want = lr_ref(t_step, 3);
+	long double got = rs->u.round_start.lr;
+
+	if (fabsl(got - want) > want * FLT_EPSILON / 2) {
+		fail_msg("step %u: lr %.9Lg, want %.9Lg", t_step, got, want);
+	}
+}
+
+/* Sync: round t of 3 sends lr(t), 0.04, 0.0325, 0.0175, falling from
+ * round.lr towards round.lr_final of it; the rounds' models are those of
+ * plain rounds (the schedule changes what the workers are told, only). */
+static void
+test_lr_decay_sync_by_round(void **state)
+{
+	float prev = INFINITY;
+
+	bench_start(&(setup){.workers = 2, .extra = LR_DECAY});
+	admit_all();
+	for (uint32_t r = 1; r <= 3; r++) {
+		assert_phase(PHASE_TRAIN);
+		for (uint32_t i = 0; i < 2; i++) {
+			const fb_msg *rs = take_round_start(i);
+			assert_non_null(rs);
+			assert_int_equal(rs->u.round_start.round, r);
+			assert_lr(rs, r);
+			assert_true(rs->u.round_start.lr < prev ||
+			    (i == 1 && rs->u.round_start.lr == prev));
+			prev = rs->u.round_start.lr;
+		}
+		upload(0, t.fw[0].update, UINT32_MAX);
+		upload(1, t.fw[1].update, UINT32_MAX);
+		assert_int_equal(t.c->rd.committed, r);
+	}
+	assert_true(prev == 0.04f * (0.25f + 0.75f * 0.25f)); /* exact here */
+	assert_phase(PHASE_DONE);
+	bench_stop();
+}
+
+/* Without round.lr_decay every round sends round.lr itself, bit for bit
+ * (the default leaves every earlier run as it was). */
+static void
+test_lr_decay_none_is_constant(void **state)
+{
+	bench_start(&(setup){.workers = 2, .extra = "  lr: 0.04\n"});
+	assert_int_equal(t.cfg.lr_decay, FB_LR_DECAY_NONE);
+	admit_all();
+	for (uint32_t r = 1; r <= 3; r++) {
+		for (uint32_t i = 0; i < 2; i++) {
+			const fb_msg *rs = take_round_start(i);
+			assert_non_null(rs);
+			assert_true(rs->u.round_start.lr == (float)0.04);
+		}
+		upload(0, t.fw[0].update, UINT32_MAX);
+		upload(1, t.fw[1].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_DONE);
+	bench_stop();
+}
+
+/* Async: a task's lr is that of the server step it trains towards, its
+ * model version + 1, whatever the step under way when it is handed out:
+ * a stale task keeps its version's lr. */
+static void
+test_lr_decay_async_by_version(void **state)
+{
+	const fb_msg *rs;
+
+	bench_start(&(setup){.workers = 3,
+	    .extra = ASYNC_ROUND LR_DECAY});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		rs = take_round_start(i);
+		assert_non_null(rs);
+		assert_lr(rs, 1);
+	}
+	/* w0 done: a new task, still from version 0 */
+	upload(0, t.fw[0].update, UINT32_MAX);
+	rs = take_round_start(0);
+	assert_non_null(rs);
+	assert_int_equal(t.c->reg.workers[0].task_version, 0);
+	assert_lr(rs, 1);
+	/* w1 done: the step; w1's next task is from version 1 */
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	rs = take_round_start(1);
+	assert_non_null(rs);
+	assert_int_equal(t.c->reg.workers[1].task_version, 1);
+	assert_lr(rs, 2);
+	/* w2 (version 0, one step stale) done: its next task, version 1 */
+	upload(2, t.fw[2].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 1);
+	rs = take_round_start(2);
+	assert_non_null(rs);
+	assert_int_equal(t.c->reg.workers[2].task_version, 1);
+	assert_lr(rs, 2);
+	/* w0's version-0 task done: the second step; w0 trains from 2 */
+	upload(0, t.fw[0].update, UINT32_MAX);
+	assert_int_equal(t.c->rd.committed, 2);
+	rs = take_round_start(0);
+	assert_non_null(rs);
+	assert_int_equal(t.c->reg.workers[0].task_version, 2);
+	assert_lr(rs, 3);
+	bench_stop();
+}
+
 FB_TESTS = {
 	{"the final round only evaluates: no step, a final line",
 	    test_final_round_only_evaluates},
@@ -2663,6 +2790,12 @@ FB_TESTS = {
         test_async_failed_task_waits_next_buffer},
     {"async: a worker lost mid-task is not waited for",
         test_async_worker_lost_not_waited_for},
+    {"lr_decay cosine: round t's RoundStart has the reference's lr",
+        test_lr_decay_sync_by_round},
+    {"lr_decay none: every RoundStart has round.lr, bit for bit",
+        test_lr_decay_none_is_constant},
+    {"lr_decay async: a task's lr is its model version + 1's",
+        test_lr_decay_async_by_version},
     {NULL, NULL},
 };
 
