@@ -2659,46 +2659,42 @@ test_lr_decay_none_is_constant(void **state)
 /* Async: a task's lr is that of the server step it trains towards, its
  * model version + 1, whatever the step under way when it is handed out:
  * a stale task keeps its version's lr. */
+/* Worker i's next task, once its update is in: from model version
+ * `version`, with the lr of schedule step `step`. */
+static void
+next_task_lr(uint32_t i, uint32_t version, unsigned step)
+{
+	const fb_msg *rs = take_round_start(i);
+
+	assert_non_null(rs);
+	assert_int_equal(t.c->reg.workers[i].task_version, version);
+	assert_lr(rs, step);
+}
+
 static void
 test_lr_decay_async_by_version(void **state)
 {
-	const fb_msg *rs;
-
 	bench_start(&(setup){.workers = 3,
 	    .extra = ASYNC_ROUND LR_DECAY});
 	admit_all();
 	for (uint32_t i = 0; i < 3; i++) {
-		rs = take_round_start(i);
-		assert_non_null(rs);
-		assert_lr(rs, 1);
+		next_task_lr(i, 0, 1);
 	}
 	/* w0 done: a new task, still from version 0 */
 	upload(0, t.fw[0].update, UINT32_MAX);
-	rs = take_round_start(0);
-	assert_non_null(rs);
-	assert_int_equal(t.c->reg.workers[0].task_version, 0);
-	assert_lr(rs, 1);
+	next_task_lr(0, 0, 1);
 	/* w1 done: the step; w1's next task is from version 1 */
 	upload(1, t.fw[1].update, UINT32_MAX);
 	assert_int_equal(t.c->rd.committed, 1);
-	rs = take_round_start(1);
-	assert_non_null(rs);
-	assert_int_equal(t.c->reg.workers[1].task_version, 1);
-	assert_lr(rs, 2);
+	next_task_lr(1, 1, 2);
 	/* w2 (version 0, one step stale) done: its next task, version 1 */
 	upload(2, t.fw[2].update, UINT32_MAX);
 	assert_int_equal(t.c->rd.committed, 1);
-	rs = take_round_start(2);
-	assert_non_null(rs);
-	assert_int_equal(t.c->reg.workers[2].task_version, 1);
-	assert_lr(rs, 2);
+	next_task_lr(2, 1, 2);
 	/* w0's version-0 task done: the second step; w0 trains from 2 */
 	upload(0, t.fw[0].update, UINT32_MAX);
 	assert_int_equal(t.c->rd.committed, 2);
-	rs = take_round_start(0);
-	assert_non_null(rs);
-	assert_int_equal(t.c->reg.workers[0].task_version, 2);
-	assert_lr(rs, 3);
+	next_task_lr(0, 2, 3);
 	bench_stop();
 }
 
