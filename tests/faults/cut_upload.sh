@@ -15,17 +15,7 @@ coord_yaml "$port" "$OUT" "  rounds: 2
   min_workers: 4
   min_updates: 3
   local_steps: 20" >"$T/c.yaml"
-# one lane (the relay must stay in w3's path), 16 KiB chunks, and the
-# debug lines that say which updates came in whole
-sed -i 's/^  io_threads: .*/&\n  lanes: 1\n  chunk_size: 16KiB/' "$T/c.yaml"
-echo "log_level: debug" >>"$T/c.yaml"
-"$PY" "$NETEM" relay "$rport" 127.0.0.1 "$port" --cut-after 60000 \
-	>"$T/relay.out" 2>"$T/relay.log" &
-PIDS+=("$!")
-RELAY=$!
-wait_for "$T/relay.out" "^ready" 10
-start_coordinator "$T/c.yaml"
-wait_for "$T/coord.log" "listening on" 20
+cut_relay_start 60000
 for i in 0 1 2; do
 	worker_yaml "$port" "$i" 4 >"$T/w$i.yaml"
 	start_worker "$T/w$i.yaml" "w$i"

@@ -22,15 +22,7 @@ SA_YAML="  max_uploads: 0
   min_updates: 3
   local_steps: 20" >"$T/c.yaml"
 grep -q "^  max_uploads: 0" "$T/c.yaml" || fail "no max_uploads: 0 in the config"
-sed -i 's/^  io_threads: .*/&\n  lanes: 1\n  chunk_size: 16KiB/' "$T/c.yaml"
-echo "log_level: debug" >>"$T/c.yaml"
-"$PY" "$NETEM" relay "$rport" 127.0.0.1 "$port" --cut-after 160000 \
-	>"$T/relay.out" 2>"$T/relay.log" &
-PIDS+=("$!")
-RELAY=$!
-wait_for "$T/relay.out" "^ready" 10
-start_coordinator "$T/c.yaml"
-wait_for "$T/coord.log" "listening on" 20
+cut_relay_start 160000
 for i in 0 1 2; do
 	worker_yaml "$port" "$i" 4 >"$T/w$i.yaml"
 	mkdir -p "$T/dump/w$i"

@@ -119,3 +119,21 @@ for r in rows:
 print("%d rounds, each committed with %d workers" % (n, k))
 PYEOF
 }
+
+# cut_relay_start BYTES: for a worker cut off mid-upload. Sets $T/c.yaml
+# to one lane (the relay must stay in the cut worker's path), 16 KiB
+# chunks and the debug lines that say which updates came in whole;
+# starts netem.py's relay from $rport to the coordinator's $port, which
+# resets its first connection once BYTES went up (sets RELAY); then the
+# coordinator, and waits for both.
+cut_relay_start() {
+	sed -i 's/^  io_threads: .*/&\n  lanes: 1\n  chunk_size: 16KiB/' "$T/c.yaml"
+	echo "log_level: debug" >>"$T/c.yaml"
+	"$PY" "$NETEM" relay "$rport" 127.0.0.1 "$port" --cut-after "$1" \
+		>"$T/relay.out" 2>"$T/relay.log" &
+	PIDS+=("$!")
+	RELAY=$!
+	wait_for "$T/relay.out" "^ready" 10
+	start_coordinator "$T/c.yaml"
+	wait_for "$T/coord.log" "listening on" 20
+}
