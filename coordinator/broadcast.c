@@ -53,8 +53,9 @@
 /* chunks one worker may ask for ahead of those sealed for it (its
  * transport.fetch_window is at most this) */
 #define FETCH_AHEAD_MAX FB_FETCH_WINDOW_MAX
-/* sent lists looked at this often when no fetch comes (ms) */
-#define SWEEP_MS 10
+/* sent lists looked at this often while a worker waits for a buffer and
+ * no fetch comes (ms); the loop wakes as often then */
+#define SWEEP_MS 1
 
 fb_err
 model_writable(coord *c, fb_lent **b, size_t len, bool keep)
@@ -446,30 +447,48 @@ submit(coord *c, uint32_t wi)
 	pthread_mutex_unlock(&b->mu);
 }
 
-/* Free buffers go to the workers waiting, one chunk each in turn. */
+/* Free buffers go to the workers waiting, one chunk each in turn. A
+ * worker at its share stays on the ring: it waits for ZeroMQ to let go
+ * of one of its chunks (broadcast_pump looks every SWEEP_MS). */
 static void
 serve(coord *c)
 {
 	broadcast *b = &c->bc;
+	bool more = true;
 
-	while (b->free_head != SEAL_NONE && b->ready_count > 0) {
-		uint32_t wi = b->ready[b->ready_head];
-		fetcher *f = &b->fw[wi];
-		b->ready_head = (b->ready_head + 1) % c->reg.cap;
-		b->ready_count--;
-		f->ready = false;
-		if (!fetch_live(c, wi)) {
-			f->want = f->want_end; /* its task is gone */
-			continue;
-		}
-		if (f->want >= f->want_end || f->held >= b->share) {
-			continue; /* back when one of its buffers is free */
-		}
-		submit(c, wi);
-		if (f->want < f->want_end) {
-			ready_push(b, wi, c->reg.cap);
+	while (more && b->free_head != SEAL_NONE && b->ready_count > 0) {
+		uint32_t n = b->ready_count;
+		more = false;
+		while (n-- > 0 && b->free_head != SEAL_NONE) {
+			uint32_t wi = b->ready[b->ready_head];
+			fetcher *f = &b->fw[wi];
+			b->ready_head = (b->ready_head + 1) % c->reg.cap;
+			b->ready_count--;
+			f->ready = false;
+			if (!fetch_live(c, wi)) {
+				f->want = f->want_end; /* its task is gone */
+				continue;
+			}
+			if (f->want >= f->want_end) {
+				continue;
+			}
+			if (f->held < b->share) {
+				submit(c, wi);
+				more = true;
+			}
+			if (f->want < f->want_end) {
+				ready_push(b, wi, c->reg.cap);
+			}
 		}
 	}
+}
+
+int64_t
+broadcast_next_timer(const coord *c)
+{
+	const broadcast *b = &c->bc;
+
+	return b->on_fetch && !b->frozen && b->ready_count > 0 ? SWEEP_MS : 100;
 }
 
 void
@@ -499,8 +518,7 @@ broadcast_pump(coord *c)
 			i = next;
 		}
 	}
-	if (b->ready_count > 0 && (b->free_head == SEAL_NONE ||
-	                              c->now - b->swept_ms >= SWEEP_MS)) {
+	if (b->ready_count > 0 && c->now - b->swept_ms >= SWEEP_MS) {
 		b->swept_ms = c->now;
 		for (uint32_t wi = 0; wi < c->reg.cap; wi++) {
 			reclaim(c, wi);
@@ -721,9 +739,7 @@ fetch_queue(coord *c, worker *w, uint32_t k)
 		f->want = k;
 		f->want_end = k + 1;
 	}
-	if (f->held < b->share) {
-		ready_push(b, wi, c->reg.cap);
-	}
+	ready_push(b, wi, c->reg.cap);
 	broadcast_pump(c);
 }
 

@@ -745,6 +745,8 @@ void broadcast_open(coord *c);
 /* broadcast_pump (loop): sealed chunks go out, freed buffers take the
  * next fetches. */
 void broadcast_pump(coord *c);
+/* broadcast_next_timer: ms until broadcast_pump should look again. */
+int64_t broadcast_next_timer(const coord *c);
 void broadcast_round_start(const coord *c, fb_msg *m);
 void broadcast_on_fetch(coord *c, worker *w, const fb_msg *m);
 FB_MUST_CHECK fb_err model_writable(coord *c, fb_lent **b, size_t len,
