@@ -1578,6 +1578,37 @@ test_seal_on_fetch_round(void **state)
 	bench_stop();
 }
 
+/* seal_on_fetch with the seal threads (as in the product): the chunks
+ * come back from them in the order asked for, the same bytes. */
+static void
+test_seal_on_fetch_threads(void **state)
+{
+	bench_start(&(setup){.workers = 3, .secure = true, .threads = true,
+	    .tr_extra = "  model_cache: seal_on_fetch\n"});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	assert_true(t.c->bc.nthreads >= 1);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+		fetch_chunks(i, 0, t.c->chunk_count);
+	}
+	for (int ms = 0; ms < 10000; ms++) {
+		uint32_t n = 0;
+		for (uint32_t i = 0; i < 3; i++) {
+			n += count_to(i, FB_MSG_MODEL_CHUNK);
+		}
+		if (n == 3 * t.c->chunk_count) {
+			break;
+		}
+		fb_sleep_ms(1);
+		coord_turn(t.c, t.now);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		take_model(i, t.start);
+	}
+	bench_stop();
+}
+
 /* seal_on_fetch with transport.fetch_memory of 2 chunks and 2 workers: a
  * worker that reads nothing pins its one chunk, never more, and the other
  * downloads the whole model meanwhile; once the first reads again, it
@@ -2930,6 +2961,8 @@ FB_TESTS = {
         test_secure_round_with_job_thread},
     {"model chunks sealed on fetch are the bytes the trailer signs",
         test_seal_on_fetch_round},
+    {"the seal threads send each worker's chunks in order",
+        test_seal_on_fetch_threads},
     {"a fetcher that stops reading pins only its share of fetch_memory",
         test_seal_on_fetch_stalled_fetcher},
     {"secure: a worker lost before its advert is left out",
