@@ -168,6 +168,8 @@ kill -KILL "$stalled"
 kill -TERM "$CPID"
 wait_exit "$CPID" 30 || true
 grep -q "worker w2 lost" "$T/coord.log" || fail "stall: w2's loss was not noticed"
+# (a sanitizer's shadow memory is in the RSS: not checked there)
+case $B in *san-*) hwm=0 ;; esac
 "$PY" - "$T/stall/out/metrics.jsonl" "$hwm" <<'PYEOF' || fail "stall: wrong"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -180,6 +182,7 @@ x = int(sys.argv[2]) * 1024 / model
 # its own, which is 0.35x of so small a model; the kept ciphertext would
 # add a whole model's worth (3.4x)
 assert x < 2.75, "coordinator peak RSS %.2fx the model" % x
-print("stalled fetcher: round 1 without it, coordinator peak %.2fx the model" % x)
+print("stalled fetcher: round 1 without it, coordinator peak %s" %
+      ("%.2fx the model" % x if x > 0 else "not measured (sanitizer)"))
 PYEOF
 echo "seal_on_fetch: secure, plain, async and stalled-fetcher runs complete"
