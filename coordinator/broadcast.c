@@ -81,7 +81,7 @@ cache_on_fetch(const coord *c)
 	}
 }
 
-/* ---- the seal threads ------------------------------------------------------ */
+/* ---- the seal threads ---------------------------------------------------- */
 
 static void
 list_push(seal_buf *bufs, uint32_t *head, uint32_t *tail, uint32_t i)
@@ -290,7 +290,7 @@ broadcast_wake_fd(const coord *c)
 	return c->bc.on_fetch ? c->bc.efd : -1;
 }
 
-/* ---- the fetches (loop) ---------------------------------------------------- */
+/* ---- the fetches (loop) -------------------------------------------------- */
 
 static void
 ready_push(broadcast *b, uint32_t wi, uint32_t cap)
@@ -340,7 +340,8 @@ reclaim(coord *c, uint32_t wi)
 	broadcast *b = &c->bc;
 	fetcher *f = &b->fw[wi];
 
-	while (f->s_head != SEAL_NONE && fb_lent_idle(b->bufs[f->s_head].lent)) {
+	while (f->s_head != SEAL_NONE &&
+	    fb_lent_idle(b->bufs[f->s_head].lent)) {
 		uint32_t i = f->s_head;
 		f->s_head = b->bufs[i].wnext;
 		if (f->s_head == SEAL_NONE) {
@@ -605,7 +606,7 @@ broadcast_open(coord *c)
 	b->frozen = false;
 }
 
-/* ---- the encryption (job thread) ------------------------------------------- */
+/* ---- the encryption (job thread) ----------------------------------------- */
 
 typedef struct seal_arg {
 	coord *c;
@@ -625,6 +626,7 @@ seal_piece(void *arg, uint32_t i)
 	uint32_t first = i * a->per;
 	uint32_t end = c->chunk_count - first < a->per ? c->chunk_count
 	                                               : first + a->per;
+	const uint8_t *params = (const uint8_t *)c->params;
 	uint8_t *scratch = NULL;
 	fb_err rc = FB_OK;
 
@@ -634,11 +636,12 @@ seal_piece(void *arg, uint32_t i)
 	for (uint32_t k = first; k < end && rc == FB_OK; k++) {
 		uint64_t len = fb_accum_chunk_len(c->accum, k) * 4;
 		size_t clen = 0;
+		uint8_t *dst = scratch != NULL
+		                   ? scratch
+		                   : b->data + (uint64_t)k * b->stride;
 		rc = fb_stream_push_chunk_at(a->p, k,
-		    (const uint8_t *)c->params + (uint64_t)k * c->chunk_elems * 4,
-		    len, k + 1 == c->chunk_count,
-		    scratch != NULL ? scratch : b->data + (uint64_t)k * b->stride,
-		    b->stride, &clen, b->hash[k]);
+		    params + (uint64_t)k * c->chunk_elems * 4, len,
+		    k + 1 == c->chunk_count, dst, b->stride, &clen, b->hash[k]);
 		b->len[k] = (uint32_t)clen;
 	}
 	free(scratch);
@@ -728,9 +731,9 @@ fetch_queue(coord *c, worker *w, uint32_t k)
 	reclaim(c, wi); /* it asks: what it was sent before is out */
 	if (f->round == r && k == f->want_end) {
 		if (f->want_end - f->want >= FETCH_AHEAD_MAX) {
-			guard_drop(c, DROP_UNEXPECTED, "model_fetch of chunk %u "
-			    "from %s: more than %u chunks asked for ahead", k,
-			    w->name, FETCH_AHEAD_MAX);
+			guard_drop(c, DROP_UNEXPECTED, "model_fetch of "
+			    "chunk %u from %s: more than %u chunks asked for "
+			    "ahead", k, w->name, FETCH_AHEAD_MAX);
 			return;
 		}
 		f->want_end++;

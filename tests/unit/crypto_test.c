@@ -1046,8 +1046,8 @@ test_stream_chunks_sealed_out_of_order(void **state)
 		size_t n = k == 3 ? 5 : CH;
 		memset(bad.chunks[k], 0xa5, sizeof(bad.chunks[k]));
 		assert_int_equal(fb_stream_push_chunk_at(p, k, w.plain + k * CH,
-		                     n, k == 3, bad.chunks[k], sizeof(bad.chunks[k]),
-		                     &clen, again),
+		                     n, k == 3, bad.chunks[k],
+		                     sizeof(bad.chunks[k]), &clen, again),
 		    FB_OK);
 		assert_int_equal(clen, w.chunk_len[k]);
 		assert_memory_equal(bad.chunks[k], w.chunks[k], clen);

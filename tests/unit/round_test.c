@@ -457,7 +457,7 @@ admit_all(void)
 	turn();
 }
 
-/* ---- fake workers' messages ------------------------------------------------ */
+/* ---- fake workers' messages ---------------------------------------------- */
 
 /* The RoundStart worker i got, and its round fields taken. */
 static const fb_msg *
@@ -806,7 +806,7 @@ sa_setup(uint32_t who)
 	}
 }
 
-/* ---- what the round did ------------------------------------------------------ */
+/* ---- what the round did -------------------------------------------------- */
 
 /* The expected model after a FedAvg round over the workers in `who`:
  * start - sum_i p_i x_i, p from fb_fedavg_weights (checked against n_i /
@@ -893,7 +893,7 @@ trace_has(const round_phase *want, uint32_t n)
 		}                                                         \
 	} while (0)
 
-/* ---- tests ------------------------------------------------------------------- */
+/* ---- tests --------------------------------------------------------------- */
 
 /* A plain round: IDLE until enough workers, TRAIN, then AGGREGATE and
  * RECORD inline (jobs run on the caller), back to IDLE for round 2; the
@@ -1447,7 +1447,7 @@ test_secure_round_phases(void **state)
 	bench_stop();
 }
 
-/* ---- transport.model_cache seal_on_fetch ----------------------------------- */
+/* ---- transport.model_cache seal_on_fetch --------------------------------- */
 
 /* The slot worker `slot` stays in among the fake's sends. */
 static void
@@ -1514,8 +1514,8 @@ take_model(uint32_t i, const float *want)
 		crypto_generichash_update(&st, ch->payload, ch->len);
 		crypto_generichash_final(&st, h, sizeof(h));
 		assert_memory_equal(h, t.c->bc.hash[k], sizeof(h));
-		assert_int_equal(fb_stream_pull_chunk(pull, ch->payload, ch->len,
-		                     m, sizeof(m), &mlen, &fin, &why),
+		assert_int_equal(fb_stream_pull_chunk(pull, ch->payload,
+		                     ch->len, m, sizeof(m), &mlen, &fin, &why),
 		    FB_OK);
 		assert_memory_equal(m, (const uint8_t *)want + off, mlen);
 		off += mlen;
