@@ -381,6 +381,9 @@ buffer_step(coord *c, int64_t now)
 		    "unusable");
 		return;
 	}
+	/* late fetches of this buffer's model are superseded: none is
+	 * sealed from the model the step writes */
+	broadcast_freeze(c);
 	if (model_writable(c, &c->params_lent, c->param_count * 4, true) !=
 	    FB_OK) {
 		round_fail(c, ROUND_FAILED, now, "out of memory for the model");

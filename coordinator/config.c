@@ -22,6 +22,9 @@ static const char *const local_works[] = {"fixed", "time_budget", NULL};
 static const char *const straggler_modes[] = {"drop", "wait", NULL};
 static const char *const round_modes[] = {"sync", "async", NULL};
 static const char *const auto_word[] = {"auto", NULL}; /* -1 */
+/* fb_model_cache's names in its order */
+static const char *const model_caches[] = {"auto", "keep", "seal_on_fetch",
+    NULL};
 static const char *const eval_sets[] = {"fashion-mnist", "files", NULL};
 /* fb_server_lr_decay's names in its order, then "auto" (stored as
  * FB_LR_DECAY_COUNT_ and resolved by the rule in cross_check) */
@@ -185,6 +188,20 @@ const fb_cfg_field fb_coord_config_schema[] = {
         1024, MB, "update chunks one worker may have on their way at once "
         "(within transport.upload_window): it is topped up at half, so "
         "the round trip of a credit is hidden behind the other half"},
+    {"transport.model_cache", FB_CFG_ENUM, F(model_cache), "auto", NOB,
+        model_caches, "security on: how the round's encrypted model is "
+        "served; keep = encrypted once into one ciphertext that every "
+        "worker fetches (one more model's worth of memory, the fastest); "
+        "seal_on_fetch = each chunk sealed again from the model when a "
+        "worker fetches it, on threads beside the loop (the same bytes "
+        "under the same round key; memory: transport.fetch_memory); auto "
+        "= keep for a model up to 128 MiB, else seal_on_fetch"},
+    {"transport.fetch_memory", FB_CFG_SIZE, F(fetch_memory), "64MiB",
+        4096, 1099511627776.0, MB, "model_cache seal_on_fetch: sealed model "
+        "chunks on their way to the workers at once, all workers together "
+        "(at least one chunk, at most 1024 chunks); each worker holds at "
+        "most its share of it (this / the workers admitted), so one that "
+        "stops reading pins no more"},
     {"transport.max_workers", FB_CFG_INT, F(max_workers), "1024", 1, 65536,
         MB, "most workers admitted at once"},
     {"transport.io_threads", FB_CFG_INT, F(io_threads), "auto", 1, 64,

@@ -214,17 +214,19 @@ open_ingest(coord *c)
 }
 
 /* The wake fd the loop polls beside the socket: an epoll set of the
- * ingest pool's results and the job thread's completions. */
+ * ingest pool's results, the job thread's completions and (model_cache
+ * seal_on_fetch) the sealed chunks. */
 static fb_err
 open_wake(coord *c)
 {
-	int fds[2] = {fb_ingest_wake_fd(c->ingest), c->job.efd};
+	int fds[3] = {fb_ingest_wake_fd(c->ingest), c->job.efd,
+	    broadcast_wake_fd(c)};
 
 	if ((c->wake_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
 		fb_log_error("epoll_create1: %s", strerror(errno));
 		return FB_EIO;
 	}
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 3 && fds[i] >= 0; i++) {
 		struct epoll_event ev = {.events = EPOLLIN, .data.fd = fds[i]};
 		if (epoll_ctl(c->wake_fd, EPOLL_CTL_ADD, fds[i], &ev) != 0) {
 			fb_log_error("epoll_ctl: %s", strerror(errno));
@@ -287,7 +289,7 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 	        NULL) {
 		return FB_ENOMEM;
 	}
-	if (c->secure && (rc = broadcast_alloc(c)) != FB_OK) {
+	if (c->secure && (rc = broadcast_alloc(c, inline_jobs)) != FB_OK) {
 		return rc;
 	}
 	if ((rc = upload_credits_alloc(c)) != FB_OK ||
@@ -315,6 +317,7 @@ void
 coord_fini(coord *c)
 {
 	jobs_stop(c);              /* first: a job may use everything below */
+	broadcast_stop(c);         /* its threads read the model */
 	progress_stop(c);
 	wirelog_close(c);
 	fb_ingest_free(c->ingest); /* its threads use the accumulator */

@@ -94,6 +94,9 @@ typedef struct fb_coord_config {
 	uint64_t chunk_size;       /* bytes per payload frame */
 	uint64_t upload_window;    /* update bytes in flight, all workers */
 	int64_t upload_credits;    /* chunks in flight from one worker, >= 1 */
+	int model_cache;           /* fb_model_cache */
+	uint64_t fetch_memory;     /* sealed model chunks in flight, all
+	                            * workers (model_cache seal_on_fetch) */
 	int64_t heartbeat_ms;
 	int64_t liveness_ms;
 	int64_t send_timeout_ms;
@@ -127,6 +130,13 @@ typedef struct fb_coord_config {
 	char *metrics_listen;      /* HOST:PORT of GET /metrics; "" = off */
 	char *wire_log;            /* tests: JSON lines of what workers send */
 } fb_coord_config;
+
+/* transport.model_cache: how the round's encrypted model is served. */
+typedef enum fb_model_cache {
+	FB_MODEL_CACHE_AUTO = 0,   /* keep up to 128 MiB of model, else seal */
+	FB_MODEL_CACHE_KEEP,       /* one ciphertext per round, kept */
+	FB_MODEL_CACHE_SEAL,       /* each chunk sealed when it is fetched */
+} fb_model_cache;
 
 /* fb_coord_config_schema describes every key (see configs/README.md). */
 extern const fb_cfg_field fb_coord_config_schema[];

@@ -344,9 +344,54 @@ typedef struct registry {
 	uint32_t lane_seen_next;
 } registry;
 
-/* The global model as sent this round: plain, or encrypted once. */
+/*
+ * transport.model_cache seal_on_fetch: a sealed chunk's buffer. The loop
+ * owns it but while it is SEALING (a seal thread writes it) and while
+ * ZeroMQ holds it (SENT, until fb_lent_idle).
+ */
+typedef enum seal_state {
+	SEAL_FREE = 0,
+	SEAL_SEALING,            /* queued for, or on, a seal thread */
+	SEAL_SENT,               /* handed to the link; free once idle */
+} seal_state;
+
+typedef struct seal_buf {
+	fb_lent *lent;           /* stride bytes; NULL until first used */
+	uint32_t worker;         /* reg.workers index */
+	uint32_t round;          /* the key's round it is sealed for */
+	uint32_t epoch;          /* bc.epoch when it was queued */
+	uint32_t chunk;
+	uint32_t len;            /* ciphertext bytes, once sealed */
+	int rc;                  /* the seal's result (fb_err) */
+	seal_state state;
+	bool sealed;             /* loop's view: back from the thread */
+	uint32_t next;           /* todo / done list (under bc.mu) */
+	uint32_t wnext;          /* its worker's queue or sent list */
+} seal_buf;
+
+#define SEAL_NONE UINT32_MAX
+
+/* A worker's fetches under seal_on_fetch (loop only). Chunks requested
+ * and not yet sealed are a run [want, want_end): a worker asks for its
+ * chunks in order. */
+typedef struct fetcher {
+	uint32_t round;          /* of the run requested */
+	uint32_t want, want_end;
+	uint32_t held;           /* its buffers: sealing, sealed or sent */
+	uint32_t q_head, q_tail; /* sealing or sealed, in request order */
+	uint32_t s_head, s_tail; /* sent, in order: ZeroMQ frees them so */
+	bool ready;              /* in bc.ready */
+} fetcher;
+
+/*
+ * The global model as sent this round: plain, or under the round key.
+ * keep: encrypted once into `data`, which every worker fetches.
+ * on_fetch: the encryption only hashes the chunks for the signed trailer;
+ * each chunk is sealed again when it is fetched, into one of `bufs`, on
+ * the seal threads, and sent from there without a copy.
+ */
 typedef struct broadcast {
-	uint8_t *data;           /* ciphertext: fb_lent_data(lent) */
+	uint8_t *data;           /* keep: ciphertext, fb_lent_data(lent) */
 	fb_lent *lent;           /* sent from without a copy */
 	uint64_t stride;         /* bytes per chunk slot in data */
 	uint32_t *len;           /* ciphertext bytes of each chunk */
@@ -354,6 +399,33 @@ typedef struct broadcast {
 	uint8_t key[FB_STREAM_KEY_LEN];
 	uint8_t header[FB_STREAM_HEADER_LEN];
 	uint8_t trailer[FB_STREAM_TRAILER_LEN];
+	/* seal_on_fetch */
+	bool on_fetch;
+	fb_stream_push *push;    /* the round key's stream, kept to seal */
+	const float *src;        /* the model the key's round sends */
+	uint32_t round;          /* whose key push holds; 0: none */
+	uint32_t epoch;          /* broadcast_open calls: a new key each */
+	bool frozen;             /* no seal may start: the model or the key
+	                          * is about to change */
+	seal_buf *bufs;
+	uint32_t nbufs;          /* fetch_memory / stride, 1 to 1024 */
+	uint32_t free_head;      /* free list (loop), through `next` */
+	uint32_t share;          /* most buffers one worker holds */
+	fetcher *fw;             /* per reg slot */
+	uint32_t *ready;         /* ring of workers with chunks to seal */
+	uint32_t ready_head, ready_count;
+	int64_t swept_ms;        /* sent lists last looked at */
+	/* the seal threads; under mu */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;       /* work, or stop */
+	pthread_cond_t idle_cv;  /* a seal finished */
+	uint32_t todo_head, todo_tail, done_head, done_tail;
+	uint32_t running;        /* seals on a thread now */
+	bool stop;
+	pthread_t *threads;
+	uint32_t nthreads;       /* 0: sealed on the loop (tests) */
+	int efd;                 /* a seal is done; -1: none */
+	bool mu_init;
 } broadcast;
 
 /* What a round found, for its metrics line and round line. */
@@ -650,10 +722,31 @@ bool async_on_begin(coord *c, worker *w, const fb_msg *m);
 bool async_fetch_ok(coord *c, worker *w);
 
 /* ---- broadcast.c ---- */
-FB_MUST_CHECK fb_err broadcast_alloc(coord *c);
+/* broadcast_alloc picks keep or seal_on_fetch (transport.model_cache)
+ * and, for seal_on_fetch, starts the seal threads (none: `inline_seal`,
+ * each chunk sealed on the loop, for tests). */
+FB_MUST_CHECK fb_err broadcast_alloc(coord *c, bool inline_seal);
+/* broadcast_stop joins the seal threads (before the model goes). */
+void broadcast_stop(coord *c);
 void broadcast_fini(coord *c);
+/* broadcast_wake_fd: readable when a sealed chunk is ready; -1: none. */
+int broadcast_wake_fd(const coord *c);
+/* broadcast_freeze (loop): no chunk is sealed from now on until the next
+ * round's model is open; queued fetches are dropped. Before the model or
+ * the round key changes. */
+void broadcast_freeze(coord *c);
+/* broadcast_quiesce (job thread): waits for the seals under way, after
+ * broadcast_freeze, so the model may be written. */
+void broadcast_quiesce(coord *c);
 FB_MUST_CHECK fb_err broadcast_prepare(coord *c);
 fb_err broadcast_encrypt(coord *c);      /* job thread */
+/* broadcast_open (loop): the encryption is done, fetches are served. */
+void broadcast_open(coord *c);
+/* broadcast_pump (loop): sealed chunks go out, freed buffers take the
+ * next fetches. */
+void broadcast_pump(coord *c);
+/* broadcast_next_timer: ms until broadcast_pump should look again. */
+int64_t broadcast_next_timer(const coord *c);
 void broadcast_round_start(const coord *c, fb_msg *m);
 void broadcast_on_fetch(coord *c, worker *w, const fb_msg *m);
 FB_MUST_CHECK fb_err model_writable(coord *c, fb_lent **b, size_t len,

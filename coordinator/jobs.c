@@ -82,6 +82,9 @@ job_aggregate(coord *c, job *j)
 	j->test_accuracy = NAN;
 	j->test_loss = NAN;
 	memset(j->seconds, 0, sizeof(j->seconds));
+	/* the loop froze the fetches (broadcast_freeze): the seals under way
+	 * finish before the step writes the model they read */
+	broadcast_quiesce(c);
 	if (j->secure_sum) {
 		if ((j->rc = sa_unmask(c, j)) != FB_OK) {
 			return;

@@ -295,6 +295,7 @@ coord_turn(coord *c, int64_t now)
 	}
 	registry_tick(c, now);
 	upload_credit_pump(c); /* credits given back since */
+	broadcast_pump(c);     /* sealed model chunks, freed buffers */
 	round_step(c, now);
 	progress_tick(c, now);
 }

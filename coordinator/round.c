@@ -555,6 +555,7 @@ start_aggregate(coord *c, int64_t now)
 	job *j = &c->job;
 	double scale = 1.0;
 
+	broadcast_freeze(c); /* no chunk sealed from the model being stepped */
 	j->eval_only = c->rd.final;
 	if (c->rd.final) {
 		/* the final evaluation: the sums, and no step */
@@ -811,6 +812,7 @@ round_job_done(coord *c, job_kind kind, int64_t now)
 			    "%s", fb_strerror(c->job.rc));
 			return;
 		}
+		broadcast_open(c);
 		train_open(c, now);
 		return;
 	case JOB_AGGREGATE:
@@ -928,7 +930,7 @@ round_step(coord *c, int64_t now)
 int64_t
 round_next_timer(const coord *c, int64_t now)
 {
-	int64_t next = 100;
+	int64_t next = broadcast_next_timer(c);
 
 	if (c->rd.phase == PHASE_TRAIN && c->rd.deadline_ms - now < next) {
 		next = c->rd.deadline_ms - now;

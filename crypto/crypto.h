@@ -482,9 +482,12 @@ FB_MUST_CHECK fb_err fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m,
  * fb_stream_push_chunk_at seals chunk `index` of a FULL stream on its own,
  * as fb_stream_push_chunk would have as the index-th chunk, and writes the
  * chunk's hash for the trailer's digest to `hash`. Chunks may be sealed in
- * any order and on several threads at once (`p` is only read), each index
- * once; then fb_stream_push_hashes takes their hashes in index order.
- * Errors: FB_EINVAL (a TAGS stream, or finished), FB_ERANGE (sizes).
+ * any order and on several threads at once (`p` is only read); then
+ * fb_stream_push_hashes takes their hashes in index order. A chunk may be
+ * sealed again, before or after the trailer is signed: the same index and
+ * plaintext give the same bytes (a sender that keeps no ciphertext seals
+ * each chunk again when it is fetched). `hash` may be NULL: not computed.
+ * Errors: FB_EINVAL (a TAGS stream), FB_ERANGE (sizes).
  */
 FB_MUST_CHECK fb_err fb_stream_push_chunk_at(const fb_stream_push *p,
     uint64_t index, const uint8_t *m, size_t m_len, int final, uint8_t *c,

@@ -299,8 +299,10 @@ fb_stream_push_chunk_at(const fb_stream_push *p, uint64_t index,
 	uint8_t flag = final ? IX_FLAG_FINAL : IX_FLAG_MESSAGE;
 
 	*c_len = 0;
-	memset(hash, 0, FB_STREAM_HASH_LEN);
-	if (p->c.tags_only || p->c.finished) {
+	if (hash != NULL) {
+		memset(hash, 0, FB_STREAM_HASH_LEN);
+	}
+	if (p->c.tags_only) {
 		return FB_EINVAL;
 	}
 	if (m_len > p->c.chunk_len ||
@@ -314,7 +316,9 @@ fb_stream_push_chunk_at(const fb_stream_push *p, uint64_t index,
 	    p->c.key);
 	c[0] = flag;
 	*c_len = m_len + FB_STREAM_CHUNK_OVERHEAD;
-	ix_chunk_hash(c, *c_len, hash);
+	if (hash != NULL) {
+		ix_chunk_hash(c, *c_len, hash);
+	}
 	return FB_OK;
 }
 

@@ -697,6 +697,12 @@ fb_lent_free(fb_lent *b)
 	}
 }
 
+void
+fb_lent_ref(fb_lent *b)
+{
+	atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+}
+
 fb_err
 fb_lent_own(fb_lent **b, size_t len, bool keep)
 {

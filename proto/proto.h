@@ -606,8 +606,13 @@ bool fb_lent_idle(const fb_lent *b);
  * messages: sends from b then copy, so that a peer that stops reading
  * pins at most one old generation, never one per replacement. */
 bool fb_lent_lendable(const fb_lent *b);
-/* fb_lent_free drops the owner's reference; NULL is a no-op. */
+/* fb_lent_free drops the owner's reference (or one fb_lent_ref took);
+ * NULL is a no-op. */
 void fb_lent_free(fb_lent *b);
+/* fb_lent_ref takes one more reference for a holder other than the link's
+ * messages (dropped by fb_lent_free): b is not idle while it is held.
+ * Thread-safe. */
+void fb_lent_ref(fb_lent *b);
 /*
  * fb_lent_own makes *b writable by its owner: when messages still hold it
  * (say, chunks queued for a peer that stopped reading), *b is replaced by

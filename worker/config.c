@@ -114,9 +114,11 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "sends never wait"},
     {"transport.fetch_window", FB_CFG_INT, F(fetch_window), "32", 1,
         FB_FETCH_WINDOW_MAX, MB, "model chunks requested ahead while "
-        "downloading: the coordinator sends them without a copy, so a "
-        "deeper window costs it no memory and hides more of each "
-        "request's round trip (the link, the coordinator's loop)"},
+        "downloading: a deeper window hides more of each request's round "
+        "trip (the link, the coordinator's loop); the coordinator sends "
+        "them without a copy, so it costs the coordinator no memory, but "
+        "for its transport.model_cache seal_on_fetch, where it holds at "
+        "most the worker's share of its transport.fetch_memory"},
     {"security.enabled", FB_CFG_BOOL, F(security), "true", NOB, MB,
         "encrypt and sign every message; false only for benchmarks"},
     {"security.key", FB_CFG_PATH, F(key), "", NOB, MB,

@@ -24,6 +24,8 @@
 #include "crypto/crypto.h"
 #include "tests/unit/harness.h"
 
+#include <sodium.h>
+
 #define MAXW 8
 #define PARAMS 2500   /* synthetic model: 3 chunks of 1024 floats */
 #define CHUNK_BYTES 4096
@@ -36,6 +38,8 @@ typedef struct sent {
 	fb_msg m;
 	uint8_t *payload; /* a copy */
 	size_t len;
+	fb_lent *held;    /* the memory it was sent from, held as a queued
+	                   * ZeroMQ message would (io.hold) */
 } sent;
 
 static struct {
@@ -43,6 +47,8 @@ static struct {
 	uint32_t n;
 	uint32_t taken[MAXW]; /* per worker: messages read by the fake */
 	bool full[MAXW];      /* that worker's queue refuses sends */
+	bool hold[MAXW];      /* that worker reads nothing: what is sent to
+	                       * it stays queued, holding its memory */
 	fb_traffic traffic[MAXW]; /* what each worker's connection moved */
 	bool has_traffic[MAXW];
 	uint32_t credit_from[MAXW]; /* UpdateCredits read up to here */
@@ -65,6 +71,11 @@ fake_send_worker(coord *c, worker *w, const fb_msg *m, const void *payload,
 	s->m = *m;
 	s->len = len;
 	s->payload = NULL;
+	s->held = NULL;
+	if (origin != NULL && slot < MAXW && io.hold[slot]) {
+		fb_lent_ref(origin);
+		s->held = origin;
+	}
 	if (len > 0) {
 		s->payload = malloc(len);
 		assert_non_null(s->payload);
@@ -119,6 +130,7 @@ io_reset(void)
 {
 	for (uint32_t i = 0; i < io.n; i++) {
 		free(io.v[i].payload);
+		fb_lent_free(io.v[i].held);
 	}
 	memset(&io, 0, sizeof(io));
 }
@@ -445,7 +457,7 @@ admit_all(void)
 	turn();
 }
 
-/* ---- fake workers' messages ------------------------------------------------ */
+/* ---- fake workers' messages ---------------------------------------------- */
 
 /* The RoundStart worker i got, and its round fields taken. */
 static const fb_msg *
@@ -794,7 +806,7 @@ sa_setup(uint32_t who)
 	}
 }
 
-/* ---- what the round did ------------------------------------------------------ */
+/* ---- what the round did -------------------------------------------------- */
 
 /* The expected model after a FedAvg round over the workers in `who`:
  * start - sum_i p_i x_i, p from fb_fedavg_weights (checked against n_i /
@@ -881,7 +893,7 @@ trace_has(const round_phase *want, uint32_t n)
 		}                                                         \
 	} while (0)
 
-/* ---- tests ------------------------------------------------------------------- */
+/* ---- tests --------------------------------------------------------------- */
 
 /* A plain round: IDLE until enough workers, TRAIN, then AGGREGATE and
  * RECORD inline (jobs run on the caller), back to IDLE for round 2; the
@@ -1366,8 +1378,11 @@ test_secure_round_phases(void **state)
 	hello(0);
 	hello(1);
 	hello(2);
-	/* the model was encrypted (PREPARE) before RoundStart went out */
+	/* the model was encrypted (PREPARE) before RoundStart went out; a
+	 * small model's ciphertext is kept (transport.model_cache auto) */
 	assert_phase(PHASE_TRAIN);
+	assert_false(t.c->bc.on_fetch);
+	assert_non_null(t.c->bc.lent);
 	assert_true(t.ntrace >= 2);
 	assert_int_equal(t.trace[0], PHASE_PREPARE);
 	assert_int_equal(t.trace[1], PHASE_TRAIN);
@@ -1429,6 +1444,218 @@ test_secure_round_phases(void **state)
 	/* 3 workers, clip 4: within the encoding's bound on the weighted
 	 * sum (3 / 2^27) over the weight sum 0.6, and float rounding */
 	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	bench_stop();
+}
+
+/* ---- transport.model_cache seal_on_fetch --------------------------------- */
+
+/* The slot worker `slot` stays in among the fake's sends. */
+static void
+release_held(uint32_t slot)
+{
+	io.hold[slot] = false;
+	for (uint32_t i = 0; i < io.n; i++) {
+		if (io.v[i].to == slot) {
+			fb_lent_free(io.v[i].held);
+			io.v[i].held = NULL;
+		}
+	}
+}
+
+/* Worker i asks for chunks [first, end) of its round's model at once. */
+static void
+fetch_chunks(uint32_t i, uint32_t first, uint32_t end)
+{
+	for (uint32_t k = first; k < end; k++) {
+		fb_msg f = {.type = FB_MSG_MODEL_FETCH};
+		f.u.model_fetch.round = t.fw[i].round;
+		f.u.model_fetch.chunk = k;
+		deliver(i, &f, NULL, 0);
+	}
+}
+
+/*
+ * Takes the model chunks sent to worker i, which must be all of them in
+ * order: each one's hash (BLAKE2b-256 of LE64(length) || ciphertext,
+ * computed here) is the one the encryption pass put in the signed
+ * trailer, each decrypts under the round key to `want`, and the trailer
+ * verifies with the coordinator's key.
+ */
+static void
+take_model(uint32_t i, const float *want)
+{
+	const fb_msg *rs = t.fw[i].rs;
+	fb_stream_ctx ctx = {.run = t.c->run, .round = t.fw[i].round,
+	    .sender = FB_SENDER_COORDINATOR};
+	static uint8_t m[CHUNK_BYTES];
+	fb_stream_pull *pull = NULL;
+	fb_reject why;
+	fb_pubkey pk;
+	size_t off = 0;
+
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_FULL,
+	                     rs->u.round_start.round_key.b,
+	                     rs->u.round_start.stream_header.b,
+	                     FB_STREAM_HEADER_LEN, CHUNK_BYTES, &pull, &why),
+	    FB_OK);
+	for (uint32_t k = 0; k < t.c->chunk_count; k++) {
+		const sent *ch = next_to(i, FB_MSG_MODEL_CHUNK);
+		uint8_t h[FB_STREAM_HASH_LEN], l[8];
+		crypto_generichash_state st;
+		size_t mlen = 0;
+		int fin = 0;
+
+		assert_non_null(ch);
+		assert_int_equal(ch->m.u.model_chunk.chunk, k);
+		assert_int_equal(ch->m.u.model_chunk.round, t.fw[i].round);
+		fb_store_le64(l, ch->len);
+		crypto_generichash_init(&st, NULL, 0, sizeof(h));
+		crypto_generichash_update(&st, l, sizeof(l));
+		crypto_generichash_update(&st, ch->payload, ch->len);
+		crypto_generichash_final(&st, h, sizeof(h));
+		assert_memory_equal(h, t.c->bc.hash[k], sizeof(h));
+		assert_int_equal(fb_stream_pull_chunk(pull, ch->payload,
+		                     ch->len, m, sizeof(m), &mlen, &fin, &why),
+		    FB_OK);
+		assert_memory_equal(m, (const uint8_t *)want + off, mlen);
+		off += mlen;
+	}
+	assert_int_equal(off, (size_t)PARAMS * 4);
+	assert_null(next_to(i, FB_MSG_MODEL_CHUNK));
+	fb_identity_pubkey(t.self, &pk);
+	assert_int_equal(fb_stream_pull_final(pull, &pk,
+	                     rs->u.round_start.stream_trailer.b,
+	                     FB_STREAM_TRAILER_LEN, NULL, &why),
+	    FB_OK);
+	fb_stream_pull_free(pull);
+}
+
+/* model_cache seal_on_fetch: no ciphertext is kept; the chunks sealed on
+ * fetch are the bytes whose hashes the trailer signs, they decrypt to the
+ * model, and after the step the next round's chunks carry the new model
+ * under the new key. The round commits as with the kept ciphertext. */
+static void
+test_seal_on_fetch_round(void **state)
+{
+	static float model2[PARAMS];
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .tr_extra = "  model_cache: seal_on_fetch\n"});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	assert_true(t.c->bc.on_fetch);
+	assert_null(t.c->bc.lent); /* no model's worth of ciphertext */
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	/* worker 0 one chunk at a time, worker 1 all at once, worker 2 twice
+	 * over (a worker that starts its download again) */
+	for (uint32_t k = 0; k < t.c->chunk_count; k++) {
+		fetch_chunks(0, k, k + 1);
+	}
+	take_model(0, t.start);
+	fetch_chunks(1, 0, t.c->chunk_count);
+	take_model(1, t.start);
+	fetch_chunks(2, 0, t.c->chunk_count);
+	take_model(2, t.start);
+	fetch_chunks(2, 0, t.c->chunk_count);
+	take_model(2, t.start);
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	sa_fake_unmask(7);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	/* round 2: the stepped model under a fresh key */
+	assert_phase(PHASE_TRAIN);
+	memcpy(model2, t.c->params, sizeof(model2));
+	assert_true(memcmp(model2, t.start, sizeof(model2)) != 0);
+	assert_non_null(take_round_start(1));
+	assert_int_equal(t.fw[1].round, 2);
+	fetch_chunks(1, 0, t.c->chunk_count);
+	take_model(1, model2);
+	bench_stop();
+}
+
+/* seal_on_fetch with the seal threads (as in the product): the chunks
+ * come back from them in the order asked for, the same bytes. */
+static void
+test_seal_on_fetch_threads(void **state)
+{
+	bench_start(&(setup){.workers = 3, .secure = true, .threads = true,
+	    .tr_extra = "  model_cache: seal_on_fetch\n"});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	assert_true(t.c->bc.nthreads >= 1);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+		fetch_chunks(i, 0, t.c->chunk_count);
+	}
+	for (int ms = 0; ms < 10000; ms++) {
+		uint32_t n = 0;
+		for (uint32_t i = 0; i < 3; i++) {
+			n += count_to(i, FB_MSG_MODEL_CHUNK);
+		}
+		if (n == 3 * t.c->chunk_count) {
+			break;
+		}
+		fb_sleep_ms(1);
+		coord_turn(t.c, t.now);
+	}
+	for (uint32_t i = 0; i < 3; i++) {
+		take_model(i, t.start);
+	}
+	bench_stop();
+}
+
+/* seal_on_fetch with transport.fetch_memory of 2 chunks and 2 workers: a
+ * worker that reads nothing pins its one chunk, never more, and the other
+ * downloads the whole model meanwhile; once the first reads again, it
+ * gets the rest. */
+static void
+test_seal_on_fetch_stalled_fetcher(void **state)
+{
+	char tr[128];
+	uint64_t stride = CHUNK_BYTES + FB_STREAM_CHUNK_OVERHEAD;
+
+	snprintf(tr, sizeof(tr), "  model_cache: seal_on_fetch\n"
+	                         "  fetch_memory: %llu\n",
+	    (unsigned long long)(2 * stride));
+	bench_start(&(setup){.workers = 2, .secure = true, .tr_extra = tr});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	assert_int_equal(t.c->bc.nbufs, 2);
+	assert_int_equal(t.c->bc.share, 1);
+	assert_non_null(take_round_start(0));
+	assert_non_null(take_round_start(1));
+	io.hold[0] = true;
+	fetch_chunks(0, 0, t.c->chunk_count);
+	assert_int_equal(count_to(0, FB_MSG_MODEL_CHUNK), 1);
+	assert_int_equal(t.c->bc.fw[0].held, 1);
+	/* worker 0 waits for its buffer: the loop looks again soon */
+	assert_int_equal(round_next_timer(t.c, t.now), 1);
+	/* worker 1 downloads the whole model meanwhile, in the other
+	 * buffer: each fetch finds the chunk before it gone */
+	fetch_chunks(1, 0, t.c->chunk_count);
+	assert_int_equal(t.c->bc.fw[1].held, 1);
+	take_model(1, t.start);
+	for (uint32_t k = 0; k < 3; k++) {
+		t.now += 20;
+		turn();
+	}
+	/* still stalled: nothing more went to worker 0 */
+	assert_int_equal(count_to(0, FB_MSG_MODEL_CHUNK), 1);
+	assert_int_equal(t.c->bc.fw[0].held, 1);
+	/* it reads again (ZeroMQ lets go of its chunk): the buffers are
+	 * looked at, and the rest follows without another fetch */
+	release_held(0);
+	for (uint32_t k = 1; k < t.c->chunk_count; k++) {
+		t.now += 20;
+		turn();
+	}
+	take_model(0, t.start);
+	assert_int_equal(round_next_timer(t.c, t.now) > 1, 1);
 	bench_stop();
 }
 
@@ -2732,6 +2959,12 @@ FB_TESTS = {
         test_secure_round_phases},
     {"a secure round with the job thread commits the same model",
         test_secure_round_with_job_thread},
+    {"model chunks sealed on fetch are the bytes the trailer signs",
+        test_seal_on_fetch_round},
+    {"the seal threads send each worker's chunks in order",
+        test_seal_on_fetch_threads},
+    {"a fetcher that stops reading pins only its share of fetch_memory",
+        test_seal_on_fetch_stalled_fetcher},
     {"secure: a worker lost before its advert is left out",
         test_secure_worker_lost_in_setup},
     {"secure: a worker lost after its input stays included",
