@@ -389,6 +389,9 @@ buffer_step(coord *c, int64_t now)
 	c->params = fb_lent_data(c->params_lent);
 	j->eval_only = false;
 	j->secure_sum = false;
+	j->sa = NULL;
+	j->accum = c->accum;
+	j->sa_scale = 1.0;
 	j->scale = scale;
 	j->evaluate = c->evaluate && c->cfg->eval_every > 0 &&
 	    (rd->number % c->cfg->eval_every == 0 ||

@@ -268,6 +268,7 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 
 	c->cfg = cfg;
 	c->io = *io;
+	c->sa = &c->sa_sync;
 	c->wake_fd = -1;
 	c->job.efd = -1;
 	c->lock_fd = -1;
@@ -324,7 +325,7 @@ coord_fini(coord *c)
 		close(c->wake_fd);
 	}
 	pthread_mutex_destroy(&c->extra_mu);
-	sa_free(&c->sa);
+	sa_free(c->sa);
 	async_fini(c);
 	fb_link_close(c->link);
 	fb_accum_free(c->accum);

@@ -257,6 +257,9 @@ typedef struct ingest_arg {
 	int32_t partial;
 	uint32_t first_chunk;
 	uint32_t sa_slot;  /* its SecAgg slot */
+	fb_accum *accum;   /* the sum it adds into (c->accum, or its
+	                    * cohort's) */
+	uint32_t *extra;   /* masked: the extras' sum (its sa_round's) */
 	uint64_t gen;      /* its stream number (fb_ingest_begin) */
 	/* masked, straight into the sum (max_uploads 0): the sum's epoch it
 	 * adds into (partials.epoch at its begin) and its chunks added */
@@ -473,6 +476,10 @@ typedef struct job {
 	char why[256];           /* the reason, when rc != FB_OK */
 	/* AGGREGATE inputs */
 	bool secure_sum;         /* unmask first */
+	sa_round *sa;            /* secure_sum: the instance to unmask */
+	fb_accum *accum;         /* the sum the step takes */
+	double sa_scale;         /* secure_sum: the step's factor on top of
+	                          * FedNova's (secure async: staleness) */
 	double scale;            /* plain: tau_eff (FedNova) or 1 */
 	bool evaluate;
 	bool eval_only;          /* the final round: unmask, no step */
@@ -559,7 +566,9 @@ struct coord {
 	broadcast bc;
 	credits cr;
 	partials part;
-	sa_round sa;
+	sa_round sa_sync;        /* the round's SecAgg instance (sync) */
+	sa_round *sa;            /* the instance being handled: &sa_sync, or
+	                          * a cohort's (secure async, cohort.c) */
 	async_state as;          /* round.mode: async */
 	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */
 	job job;
@@ -684,8 +693,10 @@ void upload_credit_release(coord *c, worker *w);
 void upload_credits_reset(coord *c);
 
 /* ---- secagg.c ---- */
-FB_MUST_CHECK fb_err sa_begin(coord *c, const uint32_t *cand, uint32_t n,
-    const char **why);
+/* sa_begin sets up c->sa for `round` (the workers' task round) over the
+ * n workers cand[0..n-1] (slot s: cand[s]). */
+FB_MUST_CHECK fb_err sa_begin(coord *c, uint32_t round, const uint32_t *cand,
+    uint32_t n, const char **why);
 void sa_free(sa_round *sa);
 void sa_round_start(const coord *c, const worker *w, fb_msg *m);
 void sa_on_message(coord *c, worker *w, const fb_frame *f);

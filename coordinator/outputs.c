@@ -320,7 +320,7 @@ json_time(FILE *f)
 static void
 json_worker(coord *c, FILE *f, const worker *w)
 {
-	bool secure = c->sa.phase != SA_OFF;
+	bool secure = c->sa->phase != SA_OFF;
 
 	fprintf(f, "{\"name\": ");
 	json_str(f, w->name);
@@ -416,16 +416,16 @@ json_round(coord *c, FILE *f)
 		json_str(f, rd->why);
 		fprintf(f, ", ");
 	}
-	if (c->sa.phase != SA_OFF) {
+	if (c->sa->phase != SA_OFF) {
 		fprintf(f, "\"secure_aggregation\": {\"workers\": %u, "
 		           "\"neighbours\": %u, \"threshold\": %u, "
 		           "\"included\": %u, \"confirmed\": %u, "
 		           "\"refused\": %u, \"revealed\": %u, "
 		           "\"restarts\": %u}, ",
-		    c->sa.n, c->sa.k, c->sa.t, sa_count(&c->sa, SA_F_INCLUDED),
-		    sa_count(&c->sa, SA_F_CONFIRMED),
-		    sa_count(&c->sa, SA_F_REFUSED),
-		    sa_count(&c->sa, SA_F_REVEALED), rd->sum_restarts);
+		    c->sa->n, c->sa->k, c->sa->t, sa_count(c->sa, SA_F_INCLUDED),
+		    sa_count(c->sa, SA_F_CONFIRMED),
+		    sa_count(c->sa, SA_F_REFUSED),
+		    sa_count(c->sa, SA_F_REVEALED), rd->sum_restarts);
 	}
 	fprintf(f, "\"seconds\": %.3f, \"bytes_up\": %" PRIu64
 	           ", \"bytes_down\": %" PRIu64 ", \"clipped\": %" PRIu64

@@ -267,7 +267,7 @@ round_reset(coord *c, int64_t now)
 	/* a stream of an earlier round that ends now is no cut of this one */
 	atomic_fetch_add_explicit(&c->part.epoch, 1, memory_order_relaxed);
 	atomic_store_explicit(&c->part.cut, false, memory_order_relaxed);
-	sa_free(&c->sa);
+	sa_free(c->sa);
 }
 
 /* Ends the round without a commit: the model stays as it was. */
@@ -345,10 +345,10 @@ round_send_start(coord *c, worker *w)
 		m.u.round_start.local_steps = 1; /* (none done) */
 		m.u.round_start.local_epochs = 0;
 	}
-	if (c->sa.phase != SA_OFF) {
+	if (c->sa->phase != SA_OFF) {
 		sa_round_start(c, w, &m);
 	}
-	if (c->sa.phase != SA_OFF && cfg->local_work == FB_WORK_TIME_BUDGET) {
+	if (c->sa->phase != SA_OFF && cfg->local_work == FB_WORK_TIME_BUDGET) {
 		/* the private form: the worker fits its own steps to the
 		 * budget, and its speed stays its own */
 		m.u.round_start.time_budget_ms = (uint32_t)cfg->time_budget_ms;
@@ -374,8 +374,8 @@ send_round_starts(coord *c, int64_t now)
 	round_state *rd = &c->rd;
 
 	rd->deadline_ms = now + cfg->deadline_ms;
-	if (c->sa.phase != SA_OFF) {
-		c->sa.phase_end_ms = now + cfg->sa_setup_ms;
+	if (c->sa->phase != SA_OFF) {
+		c->sa->phase_end_ms = now + cfg->sa_setup_ms;
 	}
 	for (uint32_t s = 0; s < rd->nsel; s++) {
 		worker *w = &c->reg.workers[rd->sel[s]];
@@ -419,13 +419,13 @@ round_rejoin(coord *c, worker *w, int64_t now)
 	if (s == rd->nsel) {
 		return; /* not selected for this round */
 	}
-	if (c->sa.phase != SA_OFF) {
+	if (c->sa->phase != SA_OFF) {
 		uint32_t q = 0;
-		while (q < c->sa.n && c->sa.slot_worker[q] != slot.v) {
+		while (q < c->sa->n && c->sa->slot_worker[q] != slot.v) {
 			q++;
 		}
-		if (c->sa.phase != SA_ADVERTS || q == c->sa.n ||
-		    (c->sa.flags[q] & SA_F_ADV)) {
+		if (c->sa->phase != SA_ADVERTS || q == c->sa->n ||
+		    (c->sa->flags[q] & SA_F_ADV)) {
 			return; /* its neighbours have its old keys, or none */
 		}
 		w->sa_slot = q;
@@ -461,8 +461,8 @@ round_begin(coord *c, int64_t now)
 	}
 	if (cfg->sa_enabled) {
 		const char *why = NULL;
-		if (sa_begin(c, rd->sel, nsel, &why) != FB_OK) {
-			sa_free(&c->sa);
+		if (sa_begin(c, rd->number, rd->sel, nsel, &why) != FB_OK) {
+			sa_free(c->sa);
 			round_fail(c, ROUND_FAILED, now, "cannot aggregate securely: "
 			    "%s", why);
 			return;
@@ -558,14 +558,17 @@ start_aggregate(coord *c, int64_t now)
 	j->eval_only = c->rd.final;
 	if (c->rd.final) {
 		/* the final evaluation: the sums, and no step */
-		j->secure_sum = c->sa.phase != SA_OFF;
+		j->secure_sum = c->sa->phase != SA_OFF;
+		j->sa = c->sa;
+		j->accum = c->accum;
+		j->sa_scale = 1.0;
 		j->scale = 1.0;
 		j->evaluate = false;
 		jobs_submit(c, JOB_AGGREGATE);
 		round_enter(c, PHASE_AGGREGATE, now);
 		return;
 	}
-	if (c->sa.phase == SA_OFF && fb_rule_is_fednova(c->cfg->rule) &&
+	if (c->sa->phase == SA_OFF && fb_rule_is_fednova(c->cfg->rule) &&
 	    plain_tau_eff(c, &scale) != FB_OK) {
 		round_fail(c, ROUND_FAILED, now, "FedNova normalisers unusable");
 		return;
@@ -576,7 +579,10 @@ start_aggregate(coord *c, int64_t now)
 		return;
 	}
 	c->params = fb_lent_data(c->params_lent);
-	j->secure_sum = c->sa.phase != SA_OFF;
+	j->secure_sum = c->sa->phase != SA_OFF;
+	j->sa = c->sa;
+	j->accum = c->accum;
+	j->sa_scale = 1.0;
 	j->scale = scale;
 	j->evaluate = c->evaluate && c->cfg->eval_every > 0 &&
 	    (c->rd.number % c->cfg->eval_every == 0 ||
@@ -606,15 +612,15 @@ round_close(coord *c, int64_t now)
 		    (long long)c->cfg->min_updates);
 		return;
 	}
-	if (c->sa.phase != SA_OFF) {
-		if (c->sa.poisoned != NULL) {
-			round_fail(c, ROUND_ABORTED, now, "%s", c->sa.poisoned);
+	if (c->sa->phase != SA_OFF) {
+		if (c->sa->poisoned != NULL) {
+			round_fail(c, ROUND_ABORTED, now, "%s", c->sa->poisoned);
 			return;
 		}
-		if (sa_count(&c->sa, SA_F_INCLUDED) < c->sa.t) {
+		if (sa_count(c->sa, SA_F_INCLUDED) < c->sa->t) {
 			round_fail(c, ROUND_ABORTED, now, "only %u masked inputs "
 			    "complete, below the secure-aggregation threshold of %u",
-			    sa_count(&c->sa, SA_F_INCLUDED), c->sa.t);
+			    sa_count(c->sa, SA_F_INCLUDED), c->sa->t);
 			return;
 		}
 		sa_request_confirms(c, now);
@@ -652,7 +658,7 @@ round_train_step(coord *c, int64_t now)
 		}
 		return;
 	}
-	if (c->sa.phase == SA_INPUT && upload_any_in_flight(c) &&
+	if (c->sa->phase == SA_INPUT && upload_any_in_flight(c) &&
 	    (over < cfg->sa_unmask_ms ||
 	        (rd->restart_ms > 0 &&
 	            now - rd->restart_ms < cfg->sa_unmask_ms))) {
@@ -726,7 +732,7 @@ aggregate_done(coord *c, int64_t now)
 		rd->r.sa_a = j->a;
 		rd->r.fed_eval = j->fed_eval;
 		/* included inputs, also of workers lost since */
-		rd->r.participants = sa_count(&c->sa, SA_F_INCLUDED);
+		rd->r.participants = sa_count(c->sa, SA_F_INCLUDED);
 	}
 	if (rd->final) {
 		rd->r.train_loss = NAN; /* nobody trained */
@@ -757,7 +763,7 @@ record_done(coord *c, int64_t now)
 	rd->seconds_sum += rd->r.seconds;
 	progress_round_done(c, rd->rejected);
 	outputs_round_line(c);
-	sa_free(&c->sa);
+	sa_free(c->sa);
 	if (rd->final || (rd->number >= (uint32_t)c->cfg->rounds &&
 	                     !c->cfg->fed_final)) {
 		rd->exit_rc = FB_OK;
@@ -834,7 +840,7 @@ round_job_done(coord *c, job_kind kind, int64_t now)
 static void
 round_unmask_step(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 
 	if (sa->phase == SA_CONFIRM) {
 		if (sa_confirms_pending(c) && now < sa->phase_end_ms) {
@@ -933,10 +939,10 @@ round_next_timer(const coord *c, int64_t now)
 	if (c->rd.phase == PHASE_TRAIN && c->rd.deadline_ms - now < next) {
 		next = c->rd.deadline_ms - now;
 	}
-	if ((c->sa.phase == SA_ADVERTS || c->sa.phase == SA_SHARES ||
-	        c->sa.phase == SA_CONFIRM || c->sa.phase == SA_UNMASK) &&
-	    c->sa.phase_end_ms - now < next) {
-		next = c->sa.phase_end_ms - now;
+	if ((c->sa->phase == SA_ADVERTS || c->sa->phase == SA_SHARES ||
+	        c->sa->phase == SA_CONFIRM || c->sa->phase == SA_UNMASK) &&
+	    c->sa->phase_end_ms - now < next) {
+		next = c->sa->phase_end_ms - now;
 	}
 	return next < 0 ? 0 : next;
 }

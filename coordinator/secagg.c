@@ -69,7 +69,7 @@ sa_count(const sa_round *sa, unsigned flag)
 static worker *
 sa_worker(coord *c, uint32_t slot)
 {
-	return &c->reg.workers[c->sa.slot_worker[slot]];
+	return &c->reg.workers[c->sa->slot_worker[slot]];
 }
 
 /* Whether slot's worker is still taking part in the round. */
@@ -77,8 +77,10 @@ static bool
 sa_in_round(coord *c, uint32_t slot)
 {
 	const worker *w = sa_worker(c, slot);
-	return w->used && (w->state == W_TRAINING || w->state == W_UPLOADING ||
-	                      w->state == W_DONE);
+	/* (secure async: a member that moved on to another task is out) */
+	return w->used && round_of(c, w) == c->sa->p.round &&
+	    (w->state == W_TRAINING || w->state == W_UPLOADING ||
+	        w->state == W_DONE);
 }
 
 /*
@@ -112,10 +114,10 @@ sa_a_bound(const coord *c)
 
 /* sa_params picks the round's graph seed, degree and threshold. */
 static fb_err
-sa_params(coord *c, uint32_t n, const char **why)
+sa_params(coord *c, uint32_t round, uint32_t n, const char **why)
 {
 	const fb_coord_config *cfg = c->cfg;
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	/* auto (-1 in the config) is 0 for the library */
 	uint32_t tcfg = cfg->sa_threshold > 0 ? (uint32_t)cfg->sa_threshold : 0;
 	uint32_t kcfg = cfg->sa_neighbours > 0 ? (uint32_t)cfg->sa_neighbours
@@ -124,15 +126,15 @@ sa_params(coord *c, uint32_t n, const char **why)
 	fb_err rc;
 
 	sa->p.run = c->run;
-	sa->p.round = c->rd.number;
+	sa->p.round = round;
 	sa->p.n = n;
 	if (getrandom(sa->p.graph_seed, sizeof(sa->p.graph_seed), 0) !=
 	    (ssize_t)sizeof(sa->p.graph_seed)) {
 		*why = "no randomness for the neighbour graph";
 		return FB_EIO;
 	}
-	rc = fb_secagg_graph_alloc(n, kcfg, tcfg, sa->p.graph_seed,
-	    c->rd.number, &g);
+	rc = fb_secagg_graph_alloc(n, kcfg, tcfg, sa->p.graph_seed, round,
+	    &g);
 	if (rc != FB_OK) {
 		*why = "cannot build the neighbour graph";
 		return rc;
@@ -159,10 +161,11 @@ sa_params(coord *c, uint32_t n, const char **why)
  * On failure *why says what is wrong and the round cannot run.
  */
 fb_err
-sa_begin(coord *c, const uint32_t *cand, uint32_t n, const char **why)
+sa_begin(coord *c, uint32_t round, const uint32_t *cand, uint32_t n,
+    const char **why)
 {
 	const fb_coord_config *cfg = c->cfg;
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	fb_err rc;
 
 	sa_free(sa);
@@ -174,7 +177,7 @@ sa_begin(coord *c, const uint32_t *cand, uint32_t n, const char **why)
 		*why = "more workers in one round than secure aggregation takes";
 		return FB_ERANGE;
 	}
-	if ((rc = sa_params(c, n, why)) != FB_OK) {
+	if ((rc = sa_params(c, round, n, why)) != FB_OK) {
 		return rc;
 	}
 	if (fb_secagg_encodings_init(&sa->enc, (uint32_t)cfg->sa_ring_bits, n,
@@ -214,7 +217,7 @@ sa_begin(coord *c, const uint32_t *cand, uint32_t n, const char **why)
 void
 sa_round_start(const coord *c, const worker *w, fb_msg *m)
 {
-	const sa_round *sa = &c->sa;
+	const sa_round *sa = c->sa;
 
 	m->u.round_start.secagg = true;
 	m->u.round_start.sa_slot = w->sa_slot;
@@ -235,13 +238,13 @@ sa_round_start(const coord *c, const worker *w, fb_msg *m)
 void
 sa_note_included(coord *c, uint32_t slot)
 {
-	if (slot >= c->sa.n || (c->sa.flags[slot] & SA_F_INCLUDED)) {
+	if (slot >= c->sa->n || (c->sa->flags[slot] & SA_F_INCLUDED)) {
 		return;
 	}
-	if (fb_secagg_server_set_included(c->sa.srv, slot) != FB_OK) {
-		c->sa.poisoned = "a masked input could not be recorded";
+	if (fb_secagg_server_set_included(c->sa->srv, slot) != FB_OK) {
+		c->sa->poisoned = "a masked input could not be recorded";
 	}
-	c->sa.flags[slot] |= SA_F_INCLUDED;
+	c->sa->flags[slot] |= SA_F_INCLUDED;
 }
 
 /* The sum starts again (upload.c, max_uploads 0): no masked input is in
@@ -249,7 +252,7 @@ sa_note_included(coord *c, uint32_t slot)
 void
 sa_inputs_again(coord *c)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 
 	if (sa->phase != SA_INPUT) {
 		return;
@@ -285,7 +288,7 @@ sa_drop_reason(fb_err rc)
 static void
 on_advert(coord *c, worker *w, const fb_frame *f)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
@@ -310,7 +313,7 @@ on_advert(coord *c, worker *w, const fb_frame *f)
 static void
 on_shares(coord *c, worker *w, const fb_frame *f)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
@@ -343,7 +346,7 @@ on_shares(coord *c, worker *w, const fb_frame *f)
 static void
 on_confirm(coord *c, worker *w, const fb_frame *f)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
@@ -385,7 +388,7 @@ on_confirm(coord *c, worker *w, const fb_frame *f)
 static void
 on_refuse(coord *c, worker *w)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 
 	if ((sa->phase != SA_CONFIRM && sa->phase != SA_UNMASK) ||
@@ -397,14 +400,14 @@ on_refuse(coord *c, worker *w)
 	}
 	fb_log_warn("round %u: %s will not reveal its shares: it holds fewer "
 	            "than %u confirmations of the included set it was sent",
-	    c->rd.number, w->name, sa->t);
+	    sa->p.round, w->name, sa->t);
 	sa->flags[slot] |= SA_F_REFUSED;
 }
 
 static void
 on_reveal(coord *c, worker *w, const fb_frame *f)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
@@ -436,7 +439,7 @@ sa_on_message(coord *c, worker *w, const fb_frame *f)
 		    w->name, c->rd.number);
 		return;
 	}
-	if (c->sa.phase == SA_OFF || !(w->state == W_TRAINING ||
+	if (c->sa->phase == SA_OFF || !(w->state == W_TRAINING ||
 	                                 w->state == W_UPLOADING ||
 	                                 w->state == W_DONE)) {
 		guard_drop(c, DROP_UNEXPECTED, "secure-aggregation message from "
@@ -471,7 +474,7 @@ sa_send(coord *c, worker *w, fb_secagg_phase phase, uint32_t count,
     const void *data, size_t len)
 {
 	fb_msg m = {.type = FB_MSG_SECAGG};
-	m.u.secagg.round = c->rd.number;
+	m.u.secagg.round = c->sa->p.round;
 	m.u.secagg.phase = phase;
 	m.u.secagg.count = count;
 	return coord_send(c, w, &m, data, len, NULL);
@@ -482,7 +485,7 @@ sa_send(coord *c, worker *w, fb_secagg_phase phase, uint32_t count,
 static uint32_t
 peer_entries(coord *c, const uint32_t *nb, uint8_t *buf)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t cnt = 0;
 
 	for (uint32_t i = 0; i < sa->k; i++) {
@@ -507,7 +510,7 @@ peer_entries(coord *c, const uint32_t *nb, uint8_t *buf)
 static void
 sa_send_peers(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	const fb_secagg_graph *g = fb_secagg_server_graph(sa->srv);
 	uint32_t *nb = calloc(sa->k + 1, sizeof(*nb));
 	uint8_t *buf = calloc(sa->k + 1, FB_SECAGG_PEER_ENTRY_LEN);
@@ -539,7 +542,7 @@ sa_send_peers(coord *c, int64_t now)
 	}
 	free(nb);
 	free(buf);
-	fb_log_debug("round %u: %u key adverts relayed", c->rd.number, sent);
+	fb_log_debug("round %u: %u key adverts relayed", sa->p.round, sent);
 	sa->phase = SA_SHARES;
 	sa->phase_end_ms = now + c->cfg->sa_setup_ms;
 }
@@ -575,7 +578,7 @@ shares_for(const sa_round *sa, uint32_t s, uint8_t *buf)
 static void
 sa_relay_shares(coord *c)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint8_t *buf = calloc(sa->k + 1, FB_SECAGG_SHARE_MSG_LEN);
 	uint32_t sent = 0;
 
@@ -600,7 +603,7 @@ sa_relay_shares(coord *c)
 		sent++;
 	}
 	free(buf);
-	fb_log_debug("round %u: shares relayed to %u workers", c->rd.number,
+	fb_log_debug("round %u: shares relayed to %u workers", sa->p.round,
 	    sent);
 	sa->phase = SA_INPUT;
 }
@@ -609,7 +612,7 @@ sa_relay_shares(coord *c)
 void
 sa_advance(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	unsigned need = sa->phase == SA_ADVERTS ? 0 : SA_F_ADV;
 	unsigned have = sa->phase == SA_ADVERTS ? SA_F_ADV : SA_F_SHARED;
 	bool waiting = false;
@@ -636,7 +639,7 @@ sa_advance(coord *c, int64_t now)
 void
 sa_request_confirms(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint8_t *inc = calloc(sa->n, 1);
 
 	sa->phase = SA_CONFIRM;
@@ -677,7 +680,7 @@ sa_request_confirms(coord *c, int64_t now)
 bool
 sa_confirms_pending(const coord *c)
 {
-	const sa_round *sa = &c->sa;
+	const sa_round *sa = c->sa;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
 		if ((sa->flags[s] & SA_F_INCLUDED) &&
@@ -699,7 +702,7 @@ sa_confirms_pending(const coord *c)
 fb_err
 sa_request_reveals(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	const fb_secagg_graph *g = fb_secagg_server_graph(sa->srv);
 	uint32_t *nb = NULL;
 	uint8_t *buf = NULL;
@@ -745,7 +748,7 @@ out:
 bool
 sa_reveals_pending(const coord *c)
 {
-	const sa_round *sa = &c->sa;
+	const sa_round *sa = c->sa;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
 		if ((sa->flags[s] & SA_F_CONFIRMED) &&
@@ -762,7 +765,7 @@ sa_reveals_pending(const coord *c)
 bool
 sa_reveals_hopeless(const coord *c)
 {
-	const sa_round *sa = &c->sa;
+	const sa_round *sa = c->sa;
 	uint32_t may = 0;
 
 	for (uint32_t s = 0; s < sa->n; s++) {

@@ -1371,7 +1371,7 @@ test_secure_round_phases(void **state)
 	assert_true(t.ntrace >= 2);
 	assert_int_equal(t.trace[0], PHASE_PREPARE);
 	assert_int_equal(t.trace[1], PHASE_TRAIN);
-	assert_int_equal(t.c->sa.phase, SA_ADVERTS);
+	assert_int_equal(t.c->sa->phase, SA_ADVERTS);
 	for (uint32_t i = 0; i < 3; i++) {
 		assert_non_null(take_round_start(i));
 	}
@@ -1413,7 +1413,7 @@ test_secure_round_phases(void **state)
 		fb_stream_pull_free(pull);
 	}
 	sa_setup(7);
-	assert_int_equal(t.c->sa.phase, SA_INPUT);
+	assert_int_equal(t.c->sa->phase, SA_INPUT);
 	for (uint32_t i = 0; i < 3; i++) {
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
@@ -2190,7 +2190,7 @@ test_secure_too_few_confirmations_abort(void **state)
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
 	assert_phase(PHASE_UNMASK);
-	assert_int_equal(t.c->sa.phase, SA_CONFIRM);
+	assert_int_equal(t.c->sa->phase, SA_CONFIRM);
 	sa_confirm(0);
 	sa_confirm(1);
 	for (int s = 0; s < 5; s++) {
@@ -2232,7 +2232,7 @@ test_secure_refusal_aborts_at_once(void **state)
 	for (uint32_t i = 0; i < 3; i++) {
 		sa_confirm(i);
 	}
-	assert_int_equal(t.c->sa.phase, SA_UNMASK);
+	assert_int_equal(t.c->sa->phase, SA_UNMASK);
 	sa_reveal(0);
 	assert_int_equal(t.c->rd.number, 1);
 	send_secagg(2, FB_SA_REFUSE, 0, NULL, 0);
@@ -2267,7 +2267,7 @@ test_secure_other_set_not_counted(void **state)
 	sa_confirm_as(1, 2); /* signs {0, 1}: not what it was sent */
 	assert_int_equal(t.c->g.drops[DROP_BAD_SIGNATURE], 1);
 	assert_int_equal(
-	    t.c->sa.flags[t.c->reg.workers[1].sa_slot] & SA_F_CONFIRMED, 0);
+	    t.c->sa->flags[t.c->reg.workers[1].sa_slot] & SA_F_CONFIRMED, 0);
 	sa_confirm(2);
 	s = next_to(0, FB_MSG_SECAGG);
 	assert_non_null(s);
