@@ -243,7 +243,7 @@ select_workers(coord *c)
 
 /* The round's results start empty; the round's clock starts. */
 void
-round_reset(coord *c, int64_t now)
+round_reset_result(coord *c, int64_t now)
 {
 	round_state *rd = &c->rd;
 
@@ -262,6 +262,13 @@ round_reset(coord *c, int64_t now)
 	rd->recv0 = c->io.bytes_received(c);
 	rd->clipped_base = fb_ingest_counter(c->ingest);
 	rd->in_chunks = c->chunk_count;
+}
+
+/* A new round: its results, and the sum and the credits, start empty. */
+void
+round_reset(coord *c, int64_t now)
+{
+	round_reset_result(c, now);
 	upload_credits_reset(c);
 	fb_accum_reset(c->accum);
 	/* a stream of an earlier round that ends now is no cut of this one */
@@ -357,6 +364,11 @@ round_send_start(coord *c, worker *w)
 	}
 	if (c->secure) {
 		broadcast_round_start(c, &m);
+	}
+	if (cohorts_on(c)) {
+		/* the task's round is its cohort's; its model is the step's */
+		m.u.round_start.round = w->task_round;
+		m.u.round_start.model_round = rd->number;
 	}
 	w->state = W_TRAINING;
 	if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
@@ -732,7 +744,7 @@ aggregate_done(coord *c, int64_t now)
 		rd->r.sa_a = j->a;
 		rd->r.fed_eval = j->fed_eval;
 		/* included inputs, also of workers lost since */
-		rd->r.participants = sa_count(c->sa, SA_F_INCLUDED);
+		rd->r.participants = sa_count(j->sa, SA_F_INCLUDED);
 	}
 	if (rd->final) {
 		rd->r.train_loss = NAN; /* nobody trained */
@@ -763,6 +775,9 @@ record_done(coord *c, int64_t now)
 	rd->seconds_sum += rd->r.seconds;
 	progress_round_done(c, rd->rejected);
 	outputs_round_line(c);
+	if (cohorts_on(c)) {
+		cohorts_applied(c);
+	}
 	sa_free(c->sa);
 	if (rd->final || (rd->number >= (uint32_t)c->cfg->rounds &&
 	                     !c->cfg->fed_final)) {
@@ -785,7 +800,9 @@ record_done(coord *c, int64_t now)
 static void
 train_open(coord *c, int64_t now)
 {
-	if (c->cfg->mode == FB_MODE_ASYNC) {
+	if (cohorts_on(c)) {
+		cohorts_open(c, now);
+	} else if (c->cfg->mode == FB_MODE_ASYNC) {
 		async_open(c, now);
 	} else {
 		send_round_starts(c, now);
@@ -882,6 +899,10 @@ round_idle_step(coord *c, int64_t now)
 	uint32_t need = cfg->mode == FB_MODE_ASYNC && rd->ran > 0
 	    ? 1 : (uint32_t)cfg->min_workers;
 
+	if (live >= need && cohorts_on(c)) {
+		cohorts_begin(c, now);
+		return;
+	}
 	if (live >= need && cfg->mode == FB_MODE_ASYNC) {
 		async_begin(c, now);
 		return;
@@ -910,6 +931,14 @@ round_idle_step(coord *c, int64_t now)
 void
 round_step(coord *c, int64_t now)
 {
+	if (cohorts_on(c)) {
+		/* the cohorts go on whatever the step is doing */
+		if (c->rd.phase == PHASE_IDLE) {
+			round_idle_step(c, now);
+		}
+		cohorts_tick(c, now);
+		return;
+	}
 	switch (c->rd.phase) {
 	case PHASE_IDLE:
 		round_idle_step(c, now);

@@ -72,11 +72,23 @@ sa_worker(coord *c, uint32_t slot)
 	return &c->reg.workers[c->sa->slot_worker[slot]];
 }
 
+void
+sa_assign(coord *c, uint32_t slot, uint32_t ws)
+{
+	c->sa->slot_worker[slot] = ws;
+	c->reg.workers[ws].sa_slot = slot;
+}
+
 /* Whether slot's worker is still taking part in the round. */
 static bool
 sa_in_round(coord *c, uint32_t slot)
 {
-	const worker *w = sa_worker(c, slot);
+	const worker *w;
+
+	if (c->sa->slot_worker[slot] == UINT32_MAX) {
+		return false; /* secure async: a slot nobody took */
+	}
+	w = sa_worker(c, slot);
 	/* (secure async: a member that moved on to another task is out) */
 	return w->used && round_of(c, w) == c->sa->p.round &&
 	    (w->state == W_TRAINING || w->state == W_UPLOADING ||
@@ -205,8 +217,11 @@ sa_begin(coord *c, uint32_t round, const uint32_t *cand, uint32_t n,
 		return FB_ENOMEM;
 	}
 	for (uint32_t s = 0; s < n; s++) {
-		sa->slot_worker[s] = cand[s];
-		c->reg.workers[cand[s]].sa_slot = s;
+		/* secure async: the slots are given as the tasks go out */
+		sa->slot_worker[s] = cand != NULL ? cand[s] : UINT32_MAX;
+		if (cand != NULL) {
+			c->reg.workers[cand[s]].sa_slot = s;
+		}
 	}
 	sa->phase = SA_ADVERTS;
 	sa->phase_end_ms = c->now + cfg->sa_setup_ms;
@@ -275,6 +290,20 @@ fb_err
 sa_ask_again(coord *c, worker *w)
 {
 	return sa_send(c, w, FB_SA_AGAIN, 0, NULL, 0);
+}
+
+bool
+sa_member_pending(coord *c, uint32_t slot)
+{
+	return sa_in_round(c, slot) && !(c->sa->flags[slot] & SA_F_INCLUDED);
+}
+
+/* Whether the round takes confirmations and reveals now: sync rounds in
+ * their UNMASK phase; a cohort in its own (sa->phase says which). */
+static bool
+sa_unmasking(const coord *c)
+{
+	return cohorts_on(c) || c->rd.phase == PHASE_UNMASK;
 }
 
 static drop_reason
@@ -350,7 +379,7 @@ on_confirm(coord *c, worker *w, const fb_frame *f)
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
-	if (sa->phase != SA_CONFIRM || c->rd.phase != PHASE_UNMASK ||
+	if (sa->phase != SA_CONFIRM || !sa_unmasking(c) ||
 	    !(sa->flags[slot] & SA_F_INCLUDED) ||
 	    (sa->flags[slot] &
 	        (SA_F_CONFIRMED | SA_F_REFUSED | SA_F_DISCARDED))) {
@@ -411,7 +440,7 @@ on_reveal(coord *c, worker *w, const fb_frame *f)
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
-	if (sa->phase != SA_UNMASK || c->rd.phase != PHASE_UNMASK ||
+	if (sa->phase != SA_UNMASK || !sa_unmasking(c) ||
 	    !(sa->flags[slot] & SA_F_CONFIRMED) ||
 	    (sa->flags[slot] & (SA_F_REVEALED | SA_F_REFUSED))) {
 		guard_drop(c, DROP_UNEXPECTED, "reveal from %s in the %s phase",
@@ -433,6 +462,10 @@ sa_on_message(coord *c, worker *w, const fb_frame *f)
 {
 	const fb_msg *m = &f->msg;
 
+	if (cohorts_on(c)) {
+		cohort_on_secagg(c, w, f);
+		return;
+	}
 	if (!round_open_for(c, m->u.secagg.round)) {
 		guard_drop(c, DROP_STALE_ROUND, "secure-aggregation message for "
 		    "round %u from %s (round %u is open)", m->u.secagg.round,
@@ -446,6 +479,14 @@ sa_on_message(coord *c, worker *w, const fb_frame *f)
 		    "%s, which is %s", w->name, worker_state_names[w->state]);
 		return;
 	}
+	sa_handle(c, w, f);
+}
+
+void
+sa_handle(coord *c, worker *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+
 	switch (m->u.secagg.phase) {
 	case FB_SA_ADVERT:
 		on_advert(c, w, f);
@@ -517,11 +558,12 @@ sa_send_peers(coord *c, int64_t now)
 	uint32_t sent = 0;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
-		worker *w = sa_worker(c, s);
+		worker *w;
 		uint32_t cnt;
 		if (!sa_in_round(c, s)) {
 			continue;
 		}
+		w = sa_worker(c, s);
 		if (!(sa->flags[s] & SA_F_ADV)) {
 			round_cancel(c, w, "no secure-aggregation key advert "
 			                   "within secure_aggregation.setup_timeout");
@@ -583,11 +625,12 @@ sa_relay_shares(coord *c)
 	uint32_t sent = 0;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
-		worker *w = sa_worker(c, s);
+		worker *w;
 		uint32_t cnt;
 		if (!sa_in_round(c, s) || !(sa->flags[s] & SA_F_ADV)) {
 			continue;
 		}
+		w = sa_worker(c, s);
 		if (!(sa->flags[s] & SA_F_SHARED)) {
 			round_cancel(c, w, "no secure-aggregation shares within "
 			                   "secure_aggregation.setup_timeout");

@@ -381,8 +381,33 @@ begin_record(coord *c, worker *w, const fb_msg *m)
 	}
 }
 
+static void begin_in(coord *c, worker *w, const fb_msg *m);
+
 void
 upload_on_begin(coord *c, worker *w, const fb_msg *m)
+{
+	cohort *co;
+	sa_round *prev;
+
+	if (!cohorts_on(c)) {
+		begin_in(c, w, m);
+		return;
+	}
+	/* secure async: the masked input goes into its cohort's sum */
+	co = cohort_of(c, m->u.update_begin.round);
+	if (co == NULL || !round_open_to(c, w, m->u.update_begin.round)) {
+		guard_drop(c, DROP_STALE_ROUND, "update for round %u from %s, "
+		    "of no cohort running its task", m->u.update_begin.round,
+		    w->name);
+		return;
+	}
+	prev = cohort_enter(c, co, w);
+	begin_in(c, w, m);
+	cohort_leave(c, prev, w);
+}
+
+static void
+begin_in(coord *c, worker *w, const fb_msg *m)
 {
 	wslot slot = registry_slot(c, w);
 	fb_stream_pull *pull = NULL;
@@ -437,7 +462,10 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 	c->stream_arg[slot.v].partial = -1;
 	c->stream_arg[slot.v].first_chunk = w->first_chunk;
 	c->stream_arg[slot.v].sa_slot = w->sa_slot;
-	c->stream_arg[slot.v].accum = c->accum;
+	c->stream_arg[slot.v].cohort = cohorts_on(c) ? c->sa->p.round : 0;
+	c->stream_arg[slot.v].accum = cohorts_on(c)
+	    ? cohort_of(c, c->sa->p.round)->accum
+	    : c->accum;
 	c->stream_arg[slot.v].extra = c->sa->extra;
 	c->stream_arg[slot.v].epoch =
 	    atomic_load_explicit(&c->part.epoch, memory_order_relaxed);
@@ -633,7 +661,20 @@ upload_results(coord *c)
 		if (cur) {
 			w->next_chunk = r.consumed;
 		}
-		if (r.status == FB_INGEST_DONE) {
+		if (r.status == FB_INGEST_DONE && cohorts_on(c)) {
+			const ingest_arg *a = &c->stream_arg[r.slot];
+			cohort *co = cohort_of(c, a->cohort);
+			if (a->masked && a->gen == r.gen && co != NULL &&
+			    co->state == CO_RUNNING) {
+				/* whole, in its cohort's sum */
+				sa_round *prev = cohort_enter(c, co, NULL);
+				sa_note_included(c, a->sa_slot);
+				cohort_leave(c, prev, NULL);
+			}
+			if (cur) {
+				result_done(c, w);
+			}
+		} else if (r.status == FB_INGEST_DONE) {
 			const ingest_arg *a = &c->stream_arg[r.slot];
 			if (a->masked && a->gen == r.gen &&
 			    c->sa->phase != SA_OFF &&
