@@ -63,10 +63,13 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "gets a new task as soon as it is free, the server steps every "
         "round.buffer_size updates, each weighted 1/sqrt(1 + staleness))"},
     {"round.buffer_size", FB_CFG_INT, F(buffer_size), "2", 1, 1e6, MB,
-        "async: complete updates that make one server step"},
+        "async: complete updates that make one server step (with secure "
+        "aggregation: the members of each cohort, at least 2)"},
     {"round.max_staleness", FB_CFG_INT, F(max_staleness), "8", 0, 1e6, MB,
         "async: an update trained from a model more than this many server "
-        "steps old is dropped (counted as dropped_stale)"},
+        "steps old is dropped (counted as dropped_stale; with secure "
+        "aggregation the task is cancelled once it is that old, a dropout "
+        "of its cohort)"},
     {"round.rounds", FB_CFG_INT, F(rounds), "20", 1, 1e6, MB,
         "rounds to run (async: server steps)"},
     {"round.workers_per_round", FB_CFG_INT, F(workers_per_round), "0", 0,
