@@ -12,6 +12,8 @@
 #     cancel); fast workers are in several cohorts.
 #  2. leak check: no single worker's sample count or weight is in the
 #     coordinator's log, round lines or metrics.
+#  3. the masks cancel: plain async on the same data, workers and steps
+#     ends within 5 points of the secure run's accuracy.
 SECURE=1
 SECAGG=1
 source tests/integration/lib.sh
@@ -76,7 +78,7 @@ for k, r in enumerate(rows, 1):
     assert abs(r["step_scale"] - scale) < 1e-5, (r["step_scale"], scale)
     if r["test_accuracy"] is not None:
         accs.append(r["test_accuracy"])
-assert len(accs) >= 2 and accs[-1] > 0.6 and accs[-1] > accs[0], accs
+assert len(accs) >= 2 and min(accs) > 0.5, accs  # far above chance (0.1)
 assert max(len(v) for v in inboth.values()) >= 2, inboth
 # the killed worker's cohort completed without it: a dropout recovered
 drop = [r for r in rows if r["members"] == 3 and r["participants"] == 2]
@@ -100,4 +102,31 @@ for i in 0 1 2 3; do
 	done
 done
 echo "no sample count or weight of a single worker in the coordinator's outputs"
+# ---- 3: plain async, same data and steps --------------------------------
+SECAGG=0
+port=$(free_port)
+coord_yaml "$port" "$T/plain" "  mode: async
+  buffer_size: 3
+  max_staleness: 6
+  rounds: 6
+  min_workers: 4
+  local_steps: 30
+  batch_size: 32
+  lr: 0.05
+  deadline: 30s
+  wait_for_workers: 30s" >"$T/p.yaml"
+start_coordinator "$T/p.yaml"
+for i in 0 1 2 3; do
+	sed -e "s|tcp://127.0.0.1:[0-9]*|tcp://127.0.0.1:$port|" \
+		-e 's/secure_aggregation: required/secure_aggregation: optional/' \
+		-e '/^debug:/,$d' "$T/w$i.yaml" >"$T/p$i.yaml"
+	start_worker "$T/p$i.yaml" "p$i"
+done
+wait_exit "$CPID" 180 || fail "plain coordinator exited with status $?"
+"$PY" - "$OUT/metrics.jsonl" "$T/plain/metrics.jsonl" <<'PYEOF' || fail "secure async does not learn as plain async does"
+import json, sys
+acc = [[json.loads(l)["test_accuracy"] for l in open(f)][-1] for f in sys.argv[1:]]
+print("final accuracy: secure async %.4f, plain async %.4f" % tuple(acc))
+assert acc[0] >= acc[1] - 0.05, acc
+PYEOF
 echo PASS
