@@ -71,8 +71,8 @@ cohorts_alloc(coord *c)
 		return FB_ENOMEM;
 	}
 	for (uint32_t i = 0; i < cs->cap; i++) {
-		cs->co[i].m = calloc((size_t)c->cfg->buffer_size,
-		    sizeof(*cs->co[i].m));
+		cs->co[i].m =
+		    calloc((size_t)c->cfg->buffer_size, sizeof(*cs->co[i].m));
 		if (cs->co[i].m == NULL) {
 			return FB_ENOMEM;
 		}
@@ -113,8 +113,7 @@ member_of(const coord *c, const cohort *co, const worker *w)
 	uint32_t ws = (uint32_t)(w - c->reg.workers);
 	uint32_t s = 0;
 
-	while (s < co->count &&
-	    (co->m[s].slot != ws || co->m[s].id != w->id)) {
+	while (s < co->count && (co->m[s].slot != ws || co->m[s].id != w->id)) {
 		s++;
 	}
 	return s;
@@ -140,7 +139,8 @@ cohort_leave(coord *c, sa_round *prev, worker *w)
 		/* back to the slot of the instance we came from */
 		for (uint32_t i = 0; i < c->cs.cap; i++) {
 			cohort *co = &c->cs.co[i];
-			if (&co->sa == prev && member_of(c, co, w) < co->count) {
+			if (&co->sa == prev &&
+			    member_of(c, co, w) < co->count) {
 				w->sa_slot = member_of(c, co, w);
 			}
 		}
@@ -157,7 +157,7 @@ static bool
 on_task_of(const worker *w, const cohort *co)
 {
 	return w->used && w->task_round == co->id &&
-	    (w->state == W_TRAINING || w->state == W_UPLOADING);
+	       (w->state == W_TRAINING || w->state == W_UPLOADING);
 }
 
 const sa_round *
@@ -181,7 +181,7 @@ cohort_open_to(const coord *c, const worker *w, uint32_t round)
 		}
 	}
 	return co != NULL && round == w->task_round &&
-	    (co->state == CO_FILLING || co->state == CO_RUNNING);
+	       (co->state == CO_FILLING || co->state == CO_RUNNING);
 }
 
 /* Frees cohort co; its members still on its task are told so. */
@@ -209,8 +209,7 @@ cohort_free(coord *c, cohort *co, const char *why)
 	co->id = 0;
 }
 
-static void
-cohort_fail(coord *c, cohort *co, const char *fmt, ...)
+static void cohort_fail(coord *c, cohort *co, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* The cohort cannot complete: nothing of it is applied. */
@@ -223,8 +222,8 @@ cohort_fail(coord *c, cohort *co, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	fb_log_error("cohort %u failed: %s; nothing of it is applied", co->id,
-	    why);
+	fb_log_error(
+	    "cohort %u failed: %s; nothing of it is applied", co->id, why);
 	c->cs.failed++;
 	c->cs.failed_total++;
 	cohort_free(c, co, "its cohort failed");
@@ -252,9 +251,8 @@ cohort_open(coord *c, int64_t now)
 	if (co == NULL || inflight >= (live > 1 ? live : 1)) {
 		return NULL;
 	}
-	if (co->accum == NULL &&
-	    fb_accum_alloc(c->param_count, c->chunk_elems, c->cfg->clip,
-	        &co->accum) != FB_OK) {
+	if (co->accum == NULL && fb_accum_alloc(c->param_count, c->chunk_elems,
+	                             c->cfg->clip, &co->accum) != FB_OK) {
 		fb_log_error("no memory for another cohort's sum; the free "
 		             "workers wait");
 		return NULL;
@@ -265,8 +263,8 @@ cohort_open(coord *c, int64_t now)
 	prev = cohort_enter(c, co, NULL);
 	if (sa_begin(c, co->id, NULL, n, &why) != FB_OK) {
 		cohort_leave(c, prev, NULL);
-		fb_log_error("cohort %u: cannot aggregate securely: %s", co->id,
-		    why);
+		fb_log_error(
+		    "cohort %u: cannot aggregate securely: %s", co->id, why);
 		sa_free(&co->sa);
 		co->id = 0;
 		return NULL;
@@ -280,8 +278,8 @@ cohort_open(coord *c, int64_t now)
 	co->stale = 0;
 	co->superseded = 0;
 	cs->filling = (int32_t)(co - cs->co);
-	fb_log_debug("cohort %u opened (%u slots, threshold %u)", co->id, n,
-	    co->sa.t);
+	fb_log_debug(
+	    "cohort %u opened (%u slots, threshold %u)", co->id, n, co->sa.t);
 	return co;
 }
 
@@ -328,8 +326,8 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
 	w->task_version = rd->committed;
 	w->staleness = 0;
 	w->task_seed = (uint64_t)c->cfg->seed +
-	    (++c->as.tasks + ((uint64_t)rd->committed << 32)) *
-	        0x9e3779b97f4a7c15ULL;
+	               (++c->as.tasks + ((uint64_t)rd->committed << 32)) *
+	                   0x9e3779b97f4a7c15ULL;
 	rd->r.selected++;
 	prev = cohort_enter(c, co, NULL);
 	sa_assign(c, s, slot.v);
@@ -345,7 +343,8 @@ static bool
 worker_free(const coord *c, const worker *w)
 {
 	return w->used && w->welcomed &&
-	    (w->state == W_IDLE || w->state == W_DONE || w->state == W_FAILED);
+	       (w->state == W_IDLE || w->state == W_DONE ||
+	           w->state == W_FAILED);
 }
 
 /* Gives every free worker a task in the cohort filling (opened as
@@ -364,7 +363,8 @@ dispatch_free(coord *c, int64_t now)
 		if (!worker_free(c, w)) {
 			continue;
 		}
-		co = cs->filling >= 0 ? &cs->co[cs->filling] : cohort_open(c, now);
+		co = cs->filling >= 0 ? &cs->co[cs->filling]
+		                      : cohort_open(c, now);
 		if (co == NULL) {
 			return; /* at the bound: free workers wait */
 		}
@@ -402,9 +402,10 @@ cohort_run(coord *c, cohort *co, int64_t now)
 		 * way at the deadline may finish, up to unmask_timeout */
 		if (co->closing_ms == 0) {
 			co->closing_ms = now;
-			fb_log_warn("cohort %u: deadline (%.1fs) passed; letting "
-			            "the masked uploads under way finish", co->id,
-			    (double)c->cfg->deadline_ms / 1000.0);
+			fb_log_warn(
+			    "cohort %u: deadline (%.1fs) passed; letting "
+			    "the masked uploads under way finish",
+			    co->id, (double)c->cfg->deadline_ms / 1000.0);
 		}
 		if (now - co->closing_ms < c->cfg->sa_unmask_ms) {
 			return;
@@ -414,7 +415,8 @@ cohort_run(coord *c, cohort *co, int64_t now)
 		worker *w = &c->reg.workers[co->m[s].slot];
 		if (w->id == co->m[s].id && on_task_of(w, co) &&
 		    !(co->sa.flags[s] & SA_F_INCLUDED)) {
-			round_cancel(c, w, w->state == W_UPLOADING
+			round_cancel(c, w,
+			    w->state == W_UPLOADING
 			        ? "cohort deadline passed during upload"
 			        : "cohort deadline passed during training");
 		}
@@ -426,8 +428,10 @@ cohort_run(coord *c, cohort *co, int64_t now)
 		return;
 	}
 	if (included < co->sa.t || included < 2) {
-		cohort_fail(c, co, "only %u masked inputs complete, below the "
-		    "secure-aggregation threshold of %u", included, co->sa.t);
+		cohort_fail(c, co,
+		    "only %u masked inputs complete, below the "
+		    "secure-aggregation threshold of %u",
+		    included, co->sa.t);
 		return;
 	}
 	sa_request_confirms(c, now);
@@ -445,19 +449,25 @@ cohort_unmask(coord *c, cohort *co, int64_t now)
 			return;
 		}
 		if (sa_request_reveals(c, now) != FB_OK) {
-			cohort_fail(c, co, "only %u of the %u included workers "
-			    "confirmed the included set (%u refused), below the "
+			cohort_fail(c, co,
+			    "only %u of the %u included workers "
+			    "confirmed the included set (%u refused), below "
+			    "the "
 			    "secure-aggregation threshold of %u",
-			    sa_count(sa, SA_F_CONFIRMED), sa_count(sa, SA_F_INCLUDED),
+			    sa_count(sa, SA_F_CONFIRMED),
+			    sa_count(sa, SA_F_INCLUDED),
 			    sa_count(sa, SA_F_REFUSED), sa->t);
 		}
 		return;
 	}
 	if (sa_reveals_hopeless(c)) {
-		cohort_fail(c, co, "only %u of the %u workers that confirmed the "
-		    "included set revealed their shares (%u refused), below the "
-		    "secure-aggregation threshold", sa_count(sa, SA_F_REVEALED),
-		    sa_count(sa, SA_F_CONFIRMED), sa_count(sa, SA_F_REFUSED));
+		cohort_fail(c, co,
+		    "only %u of the %u workers that confirmed the "
+		    "included set revealed their shares (%u refused), below "
+		    "the "
+		    "secure-aggregation threshold",
+		    sa_count(sa, SA_F_REVEALED), sa_count(sa, SA_F_CONFIRMED),
+		    sa_count(sa, SA_F_REFUSED));
 		return;
 	}
 	if (!sa_reveals_pending(c) || now >= sa->phase_end_ms) {
@@ -485,7 +495,8 @@ cohort_apply(coord *c, cohort *co, int64_t now)
 	as->count = 0;
 	for (uint32_t s = 0; s < co->count; s++) {
 		async_entry *e;
-		if (!(co->sa.flags[s] & SA_F_INCLUDED) || as->count == as->cap) {
+		if (!(co->sa.flags[s] & SA_F_INCLUDED) ||
+		    as->count == as->cap) {
 			continue;
 		}
 		n[k] = 1; /* sample counts are the workers' own: taken equal */
@@ -519,8 +530,8 @@ cohort_apply(coord *c, cohort *co, int64_t now)
 	j->sa_scale = scale;
 	j->scale = 1.0;
 	j->evaluate = c->evaluate && c->cfg->eval_every > 0 &&
-	    (rd->number % c->cfg->eval_every == 0 ||
-	        rd->number == (uint32_t)c->cfg->rounds);
+	              (rd->number % c->cfg->eval_every == 0 ||
+	                  rd->number == (uint32_t)c->cfg->rounds);
 	fb_log_debug("step %u: applying cohort %u (%u inputs, scale %.4f)",
 	    rd->number, co->id, k, scale);
 	jobs_submit(c, JOB_AGGREGATE);
@@ -552,8 +563,8 @@ cohorts_tick(coord *c, int64_t now)
 			/* not enough free workers came: it runs with those it
 			 * has (the empty slots are dropouts) */
 			fb_log_warn("cohort %u: %u of %u members within "
-			            "round.deadline; sealed as it is", co->id,
-			    co->count, co->sa.n);
+			            "round.deadline; sealed as it is",
+			    co->id, co->count, co->sa.n);
 			cohort_seal(c, co, now);
 		}
 		if (co->state == CO_RUNNING) {
@@ -615,11 +626,13 @@ cohorts_begin(coord *c, int64_t now)
 			    age <= (uint32_t)c->cfg->max_staleness) {
 				continue;
 			}
-			snprintf(why, sizeof(why), "trained from model version %u, "
+			snprintf(why, sizeof(why),
+			    "trained from model version %u, "
 			    "%u steps old: past round.max_staleness (%lld)",
-			    co->m[s].version, age, (long long)c->cfg->max_staleness);
-			fb_log_info("cohort %u: task of %s cancelled: %s", co->id,
-			    w->name, why);
+			    co->m[s].version, age,
+			    (long long)c->cfg->max_staleness);
+			fb_log_info("cohort %u: task of %s cancelled: %s",
+			    co->id, w->name, why);
 			co->stale++;
 			round_cancel(c, w, why);
 		}
@@ -674,24 +687,28 @@ cohort_on_secagg(coord *c, worker *w, const fb_frame *f)
 	const fb_msg *m = &f->msg;
 	cohort *co = cohort_of(c, m->u.secagg.round);
 	bool setup = m->u.secagg.phase == FB_SA_ADVERT ||
-	    m->u.secagg.phase == FB_SA_SHARES;
+	             m->u.secagg.phase == FB_SA_SHARES;
 	sa_round *prev;
 
 	if (co == NULL || member_of(c, co, w) == co->count) {
-		guard_drop(c, DROP_STALE_ROUND, "secure-aggregation message for "
-		    "round %u from %s, of no cohort it is in", m->u.secagg.round,
-		    w->name);
+		guard_drop(c, DROP_STALE_ROUND,
+		    "secure-aggregation message for "
+		    "round %u from %s, of no cohort it is in",
+		    m->u.secagg.round, w->name);
 		return;
 	}
 	if (setup && !on_task_of(w, co)) {
-		guard_drop(c, DROP_UNEXPECTED, "secure-aggregation setup for "
-		    "cohort %u from %s, which is not on its task", co->id,
-		    w->name);
+		guard_drop(c, DROP_UNEXPECTED,
+		    "secure-aggregation setup for "
+		    "cohort %u from %s, which is not on its task",
+		    co->id, w->name);
 		return;
 	}
 	if (!setup && co->state != CO_UNMASK) {
-		guard_drop(c, DROP_UNEXPECTED, "secure-aggregation message for "
-		    "cohort %u from %s before its unmasking", co->id, w->name);
+		guard_drop(c, DROP_UNEXPECTED,
+		    "secure-aggregation message for "
+		    "cohort %u from %s before its unmasking",
+		    co->id, w->name);
 		return;
 	}
 	prev = cohort_enter(c, co, w);

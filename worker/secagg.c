@@ -48,6 +48,15 @@ fb_wk_sa_hold(fb_wk *w)
 		return; /* no masked input of it went up */
 	}
 	fb_wk_mask_wait(w);
+	for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {
+		/* one instance a round: an older one of the same round (a
+		 * coordinator that restarted) is stale */
+		fb_wk_sa_held *o = &w->sa_held[i];
+		if (o->sa != NULL && o->round == w->sa_round) {
+			fb_secagg_worker_free(o->sa);
+			memset(o, 0, sizeof(*o));
+		}
+	}
 	fb_secagg_worker_free(h->sa); /* the oldest: its cohort is long done */
 	h->sa = w->sa;
 	h->round = w->sa_round;

@@ -28,7 +28,7 @@ coord_yaml "$port" "$OUT" "  mode: async
   batch_size: 32
   lr: 0.05
   deadline: 30s
-  wait_for_workers: 30s" >"$T/c.yaml"
+  wait_for_workers: 120s" >"$T/c.yaml"
 echo "log_level: debug" >>"$T/c.yaml"
 start_coordinator "$T/c.yaml"
 for i in 0 1 2 3; do
@@ -44,7 +44,7 @@ done
 worker_yaml "$port" 4 5 "  throttle: 400" >"$T/w4.yaml"
 start_worker "$T/w4.yaml" w4
 victim=$WPID
-wait_for "$T/w4.log" "trainer: " 30
+wait_for "$T/w4.log" "trainer: " 120
 sleep 0.5
 kill -KILL "$victim"
 echo "killed w4 (pid $victim) while it trained its first task"
@@ -114,7 +114,7 @@ coord_yaml "$port" "$T/plain" "  mode: async
   batch_size: 32
   lr: 0.05
   deadline: 30s
-  wait_for_workers: 30s" >"$T/p.yaml"
+  wait_for_workers: 120s" >"$T/p.yaml"
 start_coordinator "$T/p.yaml"
 for i in 0 1 2 3; do
 	sed -e "s|tcp://127.0.0.1:[0-9]*|tcp://127.0.0.1:$port|" \
