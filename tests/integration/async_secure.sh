@@ -13,7 +13,8 @@
 #  2. leak check: no single worker's sample count or weight is in the
 #     coordinator's log, round lines or metrics.
 #  3. the masks cancel: plain async on the same data, workers and steps
-#     ends within 5 points of the secure run's accuracy.
+#     ends within 5 points of the secure run's accuracy (the mean of the
+#     last 3 steps).
 SECURE=1
 SECAGG=1
 source tests/integration/lib.sh
@@ -26,7 +27,7 @@ coord_yaml "$port" "$OUT" "  mode: async
   min_workers: 5
   local_steps: 30
   batch_size: 32
-  lr: 0.05
+  lr: 0.01
   deadline: 30s
   wait_for_workers: 120s" >"$T/c.yaml"
 echo "log_level: debug" >>"$T/c.yaml"
@@ -112,7 +113,7 @@ coord_yaml "$port" "$T/plain" "  mode: async
   min_workers: 4
   local_steps: 30
   batch_size: 32
-  lr: 0.05
+  lr: 0.01
   deadline: 30s
   wait_for_workers: 120s" >"$T/p.yaml"
 start_coordinator "$T/p.yaml"
@@ -125,8 +126,11 @@ done
 wait_exit "$CPID" 180 || fail "plain coordinator exited with status $?"
 "$PY" - "$OUT/metrics.jsonl" "$T/plain/metrics.jsonl" <<'PYEOF' || fail "secure async does not learn as plain async does"
 import json, sys
-acc = [[json.loads(l)["test_accuracy"] for l in open(f)][-1] for f in sys.argv[1:]]
-print("final accuracy: secure async %.4f, plain async %.4f" % tuple(acc))
+# (the mean of the last 3 steps: one step's accuracy moves by points)
+acc = [sum(a[-3:]) / 3 for a in
+       [[json.loads(l)["test_accuracy"] for l in open(f)] for f in sys.argv[1:]]]
+print("accuracy of the last 3 steps: secure async %.4f, plain async %.4f" %
+      tuple(acc))
 assert acc[0] >= acc[1] - 0.05, acc
 PYEOF
 echo PASS
