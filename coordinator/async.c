@@ -46,6 +46,9 @@ round_open_to(const coord *c, const worker *w, uint32_t round)
 	if (c->cfg->mode != FB_MODE_ASYNC) {
 		return round_open_for(c, round);
 	}
+	if (cohorts_on(c)) {
+		return cohort_open_to(c, w, round);
+	}
 	return round == w->task_round && (c->rd.phase == PHASE_TRAIN ||
 	                                     c->rd.phase == PHASE_OVERTIME);
 }
@@ -230,7 +233,8 @@ async_on_begin(coord *c, worker *w, const fb_msg *m)
 	uint32_t s;
 	char why[160];
 
-	if (!async_on(c) || m->u.update_begin.round != w->task_round ||
+	if (!async_on(c) || cohorts_on(c) ||
+	    m->u.update_begin.round != w->task_round ||
 	    w->state != W_TRAINING) {
 		return false; /* upload_on_begin's own checks */
 	}
@@ -265,6 +269,9 @@ async_fetch_ok(coord *c, worker *w)
 {
 	if (!async_on(c)) {
 		return true;
+	}
+	if (cohorts_on(c)) {
+		return cohort_fetch_ok(c, w);
 	}
 	if (w->task_round == c->rd.number && (c->rd.phase == PHASE_TRAIN ||
 	                                        c->rd.phase == PHASE_OVERTIME)) {
@@ -392,6 +399,9 @@ buffer_step(coord *c, int64_t now)
 	c->params = fb_lent_data(c->params_lent);
 	j->eval_only = false;
 	j->secure_sum = false;
+	j->sa = NULL;
+	j->accum = c->accum;
+	j->sa_scale = 1.0;
 	j->scale = scale;
 	j->evaluate = c->evaluate && c->cfg->eval_every > 0 &&
 	    (rd->number % c->cfg->eval_every == 0 ||

@@ -66,10 +66,13 @@ const fb_cfg_field fb_coord_config_schema[] = {
         "gets a new task as soon as it is free, the server steps every "
         "round.buffer_size updates, each weighted 1/sqrt(1 + staleness))"},
     {"round.buffer_size", FB_CFG_INT, F(buffer_size), "2", 1, 1e6, MB,
-        "async: complete updates that make one server step"},
+        "async: complete updates that make one server step (with secure "
+        "aggregation: the members of each cohort, at least 2)"},
     {"round.max_staleness", FB_CFG_INT, F(max_staleness), "8", 0, 1e6, MB,
         "async: an update trained from a model more than this many server "
-        "steps old is dropped (counted as dropped_stale)"},
+        "steps old is dropped (counted as dropped_stale; with secure "
+        "aggregation the task is cancelled once it is that old, a dropout "
+        "of its cohort)"},
     {"round.rounds", FB_CFG_INT, F(rounds), "20", 1, 1e6, MB,
         "rounds to run (async: server steps)"},
     {"round.workers_per_round", FB_CFG_INT, F(workers_per_round), "0", 0,
@@ -351,9 +354,9 @@ at_fault(const fb_cfg_pos *pos, const char *a, const char *b)
 }
 
 /* async_check refuses what round.mode: async cannot honour, naming both
- * keys: secure aggregation (a buffer is not a secure-aggregation instance
- * yet), and the sync round's selection, straggler and final-round keys,
- * which have no meaning when nobody waits for anybody. */
+ * keys: secure cohorts of fewer than 2 (or with masked inputs straight
+ * into the sum), and the sync round's selection, straggler and final-round
+ * keys, which have no meaning when nobody waits for anybody. */
 static fb_err
 async_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
 {
@@ -363,12 +366,18 @@ async_check(const char *path, const fb_cfg_pos *pos, fb_coord_config *cfg)
 	if (cfg->mode != FB_MODE_ASYNC) {
 		return FB_OK;
 	}
-	if (cfg->sa_enabled) {
-		key = "secure_aggregation.enabled";
-		why = "round.mode: async does not run with secure aggregation "
-		      "yet: set secure_aggregation.enabled: false (the updates "
-		      "then stay encrypted and signed on the wire, but the "
-		      "coordinator sees each one), or round.mode: sync";
+	if (cfg->sa_enabled && cfg->buffer_size < 2) {
+		key = at_fault(pos, "round.buffer_size",
+		    "secure_aggregation.enabled");
+		why = "round.buffer_size must be at least 2 with round.mode: "
+		      "async and secure_aggregation.enabled: true (each buffer "
+		      "is one secure-aggregation cohort, which needs 2 members "
+		      "or more)";
+	} else if (cfg->sa_enabled && cfg->sa_max_uploads == 0) {
+		key = "secure_aggregation.max_uploads";
+		why = "0 is not run with round.mode: async (each cohort's "
+		      "masked inputs are kept apart until whole); leave it at "
+		      "auto or set it above 0";
 	} else if (cfg->workers_per_round > 0) {
 		key = "round.workers_per_round";
 		why = "has no meaning with round.mode: async (every free worker "

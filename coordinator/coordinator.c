@@ -29,9 +29,14 @@ static fb_err
 link_send_worker(coord *c, worker *w, const fb_msg *m, const void *payload,
     size_t len, fb_lent *origin)
 {
+	/* a SecAgg message is sealed for its own round: in secure async
+	 * mode an earlier cohort's unmasking runs alongside w's task */
+	uint32_t round = m->type == FB_MSG_SECAGG ? m->u.secagg.round
+	                                          : round_of(c, w);
+
 	return c->secure
-	    ? fb_secure_send_from(c->link, &w->peer, w->sess, round_of(c, w), m,
-	          payload, len, origin)
+	    ? fb_secure_send_from(c->link, &w->peer, w->sess, round, m, payload,
+	          len, origin)
 	    : fb_link_send_from(c->link, &w->peer, m, payload, len, origin);
 }
 
@@ -270,6 +275,7 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 
 	c->cfg = cfg;
 	c->io = *io;
+	c->sa = &c->sa_sync;
 	c->wake_fd = -1;
 	c->job.efd = -1;
 	c->lock_fd = -1;
@@ -294,6 +300,7 @@ coord_init(coord *c, const fb_coord_config *cfg, const coord_io *io,
 	}
 	if ((rc = upload_credits_alloc(c)) != FB_OK ||
 	    (rc = async_alloc(c)) != FB_OK ||
+	    (rc = cohorts_alloc(c)) != FB_OK ||
 	    (cfg->sa_enabled && (rc = upload_partials_alloc(c)) != FB_OK)) {
 		return rc;
 	}
@@ -327,8 +334,9 @@ coord_fini(coord *c)
 		close(c->wake_fd);
 	}
 	pthread_mutex_destroy(&c->extra_mu);
-	sa_free(&c->sa);
+	sa_free(c->sa);
 	async_fini(c);
+	cohorts_fini(c);
 	fb_link_close(c->link);
 	fb_accum_free(c->accum);
 	fb_server_opt_free(c->opt);

@@ -257,6 +257,10 @@ typedef struct ingest_arg {
 	int32_t partial;
 	uint32_t first_chunk;
 	uint32_t sa_slot;  /* its SecAgg slot */
+	uint32_t cohort;   /* secure async: its cohort's id (0: none) */
+	fb_accum *accum;   /* the sum it adds into (c->accum, or its
+	                    * cohort's) */
+	uint32_t *extra;   /* masked: the extras' sum (its sa_round's) */
 	uint64_t gen;      /* its stream number (fb_ingest_begin) */
 	/* masked, straight into the sum (max_uploads 0): the sum's epoch it
 	 * adds into (partials.epoch at its begin) and its chunks added */
@@ -486,6 +490,66 @@ typedef struct async_state {
 	bool *has_deferred;
 } async_state;
 
+/*
+ * round.mode async with secure aggregation (cohort.c). Each buffer is a
+ * cohort: one SecAgg instance of round.buffer_size slots among the
+ * workers given their tasks for it, in the order they are given them,
+ * with its own sum. The coordinator learns each cohort's sum, never one
+ * member's input. A cohort fills as tasks go out, is sealed when full
+ * (its SecAgg setup then runs while its members train), completes when
+ * its members' masked inputs are in (or at its deadline with at least
+ * the threshold of them), is unmasked with its members' shares, and is
+ * applied by the job as one server step, cohorts in the order they
+ * complete. Its id is the round number its members' tasks carry (their
+ * RoundStart, stream and SecAgg messages), distinct from the step
+ * numbers; the model each task trains from goes out under the step's
+ * round (RoundStart.model_round).
+ */
+typedef enum cohort_state {
+	CO_FREE = 0,
+	CO_FILLING,  /* members join as they are given tasks */
+	CO_RUNNING,  /* sealed: SecAgg setup, then the masked inputs */
+	CO_UNMASK,   /* inputs in: confirmations, then reveals */
+	CO_READY,    /* reveals in: waits for the job */
+	CO_APPLYING, /* the job unmasks it and steps the model */
+	CO_STATE_COUNT_
+} cohort_state;
+
+typedef struct cohort_member {
+	uint32_t slot;    /* its worker slot */
+	uint32_t id;      /* that worker's id when it joined */
+	uint32_t version; /* the model version (rd.committed) it trains from */
+	char name[FB_NAME_MAX];
+} cohort_member;
+
+typedef struct cohort {
+	cohort_state state;
+	uint32_t id;          /* the round its members' tasks carry */
+	uint32_t count;       /* members so far (<= sa.n) */
+	cohort_member *m;     /* sa.n = round.buffer_size entries */
+	sa_round sa;
+	fb_accum *accum;      /* its sum: made when first needed, kept */
+	int64_t opened_ms;    /* its first member joined */
+	int64_t deadline_ms;  /* sealed: inputs by then (round.deadline) */
+	int64_t closing_ms;   /* past the deadline, uploads finishing */
+	uint64_t ready_seq;   /* the order it completed in */
+	uint32_t stale;       /* members cancelled past max_staleness */
+	uint32_t superseded;  /* members whose model went before fetched */
+} cohort;
+
+typedef struct cohorts {
+	cohort *co;           /* cap entries */
+	uint32_t cap;         /* registry slots + 1 */
+	uint32_t next_id;     /* the next cohort's id */
+	int32_t filling;      /* the cohort taking members, -1: none */
+	int32_t applying;     /* the cohort the step applies, -1: none */
+	uint64_t seq;
+	uint32_t bc_version;  /* the model version the broadcast holds */
+	bool bc_ready;        /* ... and it may be served */
+	uint32_t failed;      /* cohorts failed since the last step */
+	uint32_t failed_total;
+} cohorts;
+
 typedef struct round_state {
 	round_phase phase;
 	uint32_t number;         /* the round being run, 1-based */
@@ -545,6 +609,10 @@ typedef struct job {
 	char why[256];           /* the reason, when rc != FB_OK */
 	/* AGGREGATE inputs */
 	bool secure_sum;         /* unmask first */
+	sa_round *sa;            /* secure_sum: the instance to unmask */
+	fb_accum *accum;         /* the sum the step takes */
+	double sa_scale;         /* secure_sum: the step's factor on top of
+	                          * FedNova's (secure async: staleness) */
 	double scale;            /* plain: tau_eff (FedNova) or 1 */
 	bool evaluate;
 	bool eval_only;          /* the final round: unmask, no step */
@@ -631,8 +699,11 @@ struct coord {
 	broadcast bc;
 	credits cr;
 	partials part;
-	sa_round sa;
+	sa_round sa_sync;        /* the round's SecAgg instance (sync) */
+	sa_round *sa;            /* the instance being handled: &sa_sync, or
+	                          * a cohort's (secure async, cohort.c) */
 	async_state as;          /* round.mode: async */
+	cohorts cs;              /* round.mode: async, secure aggregation */
 	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */
 	job job;
 	int wake_fd;             /* epoll set: ingest results, job done */
@@ -693,6 +764,9 @@ void round_enter(coord *c, round_phase p, int64_t now);
  * then the workers get their tasks (round starts, or async tasks). */
 void round_open_model(coord *c, int64_t now);
 void round_reset(coord *c, int64_t now);
+/* round_reset_result: only the record and the clock (secure async: the
+ * sums and credits belong to the cohorts, across steps). */
+void round_reset_result(coord *c, int64_t now);
 void round_fail(coord *c, round_status st, int64_t now, const char *fmt,
     ...) __attribute__((format(printf, 4, 5)));
 void round_record(coord *c, int64_t now);
@@ -720,6 +794,32 @@ bool async_on_begin(coord *c, worker *w, const fb_msg *m);
 /* async_fetch_ok says whether w's ModelFetch can be served the model of
  * its task; if not, the task is cancelled (a new one follows). */
 bool async_fetch_ok(coord *c, worker *w);
+
+/* ---- cohort.c: round.mode async with secure aggregation ---- */
+bool cohorts_on(const coord *c);
+FB_MUST_CHECK fb_err cohorts_alloc(coord *c);
+void cohorts_fini(coord *c);
+/* cohorts_begin opens the next step (IDLE -> PREPARE): the cohorts in
+ * flight go on; members now past round.max_staleness are cancelled. */
+void cohorts_begin(coord *c, int64_t now);
+/* cohorts_open: the step's model is out (PREPARE -> TRAIN). */
+void cohorts_open(coord *c, int64_t now);
+/* cohorts_tick moves every cohort on (any round phase); in TRAIN it gives
+ * free workers tasks and applies the first cohort completed. */
+void cohorts_tick(coord *c, int64_t now);
+/* cohorts_applied: the step's metrics line is out; its cohort is freed. */
+void cohorts_applied(coord *c);
+/* cohort_of returns the live cohort of that id, or NULL. */
+cohort *cohort_of(coord *c, uint32_t id);
+/* cohort_enter makes co's instance c->sa, and w's slot in it (if w is a
+ * member) w->sa_slot; it returns the instance that was c->sa. */
+sa_round *cohort_enter(coord *c, cohort *co, worker *w);
+void cohort_leave(coord *c, sa_round *prev, worker *w);
+void cohort_on_secagg(coord *c, worker *w, const fb_frame *f);
+bool cohort_open_to(const coord *c, const worker *w, uint32_t round);
+bool cohort_fetch_ok(coord *c, worker *w);
+/* round_sa is the SecAgg instance the round's record speaks of. */
+const sa_round *round_sa(const coord *c);
 
 /* ---- broadcast.c ---- */
 /* broadcast_alloc picks keep or seal_on_fetch (transport.model_cache)
@@ -777,11 +877,20 @@ void upload_credit_release(coord *c, worker *w);
 void upload_credits_reset(coord *c);
 
 /* ---- secagg.c ---- */
-FB_MUST_CHECK fb_err sa_begin(coord *c, const uint32_t *cand, uint32_t n,
-    const char **why);
+/* sa_begin sets up c->sa for `round` (the workers' task round) over the
+ * n workers cand[0..n-1] (slot s: cand[s]). */
+FB_MUST_CHECK fb_err sa_begin(coord *c, uint32_t round, const uint32_t *cand,
+    uint32_t n, const char **why);
 void sa_free(sa_round *sa);
 void sa_round_start(const coord *c, const worker *w, fb_msg *m);
 void sa_on_message(coord *c, worker *w, const fb_frame *f);
+/* sa_handle takes w's SecAgg message for c->sa (its round checked). */
+void sa_handle(coord *c, worker *w, const fb_frame *f);
+/* sa_member_pending: slot's worker is still on its task for c->sa and
+ * its masked input is not in. */
+bool sa_member_pending(coord *c, uint32_t slot);
+/* sa_assign gives SecAgg slot `slot` of c->sa to worker slot ws. */
+void sa_assign(coord *c, uint32_t slot, uint32_t ws);
 void sa_advance(coord *c, int64_t now);
 void sa_request_confirms(coord *c, int64_t now);
 bool sa_confirms_pending(const coord *c);

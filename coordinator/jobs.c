@@ -27,6 +27,7 @@
 /* The server step over chunk ranges, on the pool. */
 typedef struct step_arg {
 	coord *c;
+	fb_accum *accum;
 	double scale;
 	uint32_t per;     /* chunks per piece */
 	atomic_int rc;
@@ -40,7 +41,7 @@ step_piece(void *arg, uint32_t i)
 	uint32_t first = i * a->per;
 	uint32_t n = c->chunk_count - first < a->per ? c->chunk_count - first
 	                                             : a->per;
-	fb_err rc = fb_server_opt_step_chunks(c->opt, c->accum, c->params,
+	fb_err rc = fb_server_opt_step_chunks(c->opt, a->accum, c->params,
 	    a->scale, first, n);
 
 	if (rc != FB_OK) {
@@ -52,7 +53,7 @@ step_piece(void *arg, uint32_t i)
 static fb_err
 server_step(coord *c, job *j)
 {
-	step_arg a = {.c = c, .scale = j->scale};
+	step_arg a = {.c = c, .accum = j->accum, .scale = j->scale};
 	uint32_t pieces = (fb_pool_threads(c->pool) + 1) * 4;
 
 	if (!(j->scale > 0) || !isfinite(j->scale)) {
@@ -89,7 +90,8 @@ job_aggregate(coord *c, job *j)
 		if ((j->rc = sa_unmask(c, j)) != FB_OK) {
 			return;
 		}
-		j->scale = fb_rule_is_fednova(c->cfg->rule) ? j->a : 1.0;
+		j->scale = (fb_rule_is_fednova(c->cfg->rule) ? j->a : 1.0) *
+		    j->sa_scale;
 	}
 	j->seconds[0] = fb_now_s() - t;
 	if (j->eval_only) {

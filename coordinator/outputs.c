@@ -320,7 +320,7 @@ json_time(FILE *f)
 static void
 json_worker(coord *c, FILE *f, const worker *w)
 {
-	bool secure = c->sa.phase != SA_OFF;
+	bool secure = c->sa->phase != SA_OFF;
 
 	fprintf(f, "{\"name\": ");
 	json_str(f, w->name);
@@ -352,6 +352,31 @@ json_worker(coord *c, FILE *f, const worker *w)
 	fputc('}', f);
 }
 
+/* Secure async: the step's cohort and its members' model versions; what
+ * each trained, how long and on how many samples stays its own. */
+static void
+json_cohort(coord *c, FILE *f)
+{
+	const async_state *as = &c->as;
+	const cohort *co = c->cs.applying >= 0 ? &c->cs.co[c->cs.applying]
+	                                       : NULL;
+
+	fprintf(f, "\"cohort\": %u, \"members\": %u, \"dropped_stale\": "
+	           "%" PRIu64 ", \"superseded\": %" PRIu64 ", "
+	           "\"cohorts_failed\": %u, \"workers\": [",
+	    co != NULL ? co->id : 0, co != NULL ? co->count : 0,
+	    as->dropped_stale, as->superseded, c->cs.failed);
+	for (uint32_t i = 0; co != NULL && i < as->count; i++) {
+		const async_entry *e = &as->buf[i];
+		fprintf(f, "%s{\"name\": ", i ? ", " : "");
+		json_str(f, e->name);
+		fprintf(f, ", \"status\": \"done\", \"trained_from\": %u, "
+		           "\"staleness\": %u, \"staleness_weight\": %.6g}",
+		    e->version, e->staleness, fb_staleness_weight(e->staleness));
+	}
+	fprintf(f, "]}\n");
+}
+
 /* round.mode async: the step, and the buffer's updates as "workers". */
 static void
 json_async(coord *c, FILE *f)
@@ -362,6 +387,10 @@ json_async(coord *c, FILE *f)
 	           "\"buffer_size\": %lld, ",
 	    c->rd.committed, (long long)c->cfg->buffer_size);
 	json_num(f, "step_scale", as->scale, 6, false);
+	if (cohorts_on(c)) {
+		json_cohort(c, f);
+		return;
+	}
 	fprintf(f, "\"dropped_stale\": %" PRIu64 ", \"superseded\": %" PRIu64
 	           ", \"workers\": [",
 	    as->dropped_stale, as->superseded);
@@ -416,16 +445,16 @@ json_round(coord *c, FILE *f)
 		json_str(f, rd->why);
 		fprintf(f, ", ");
 	}
-	if (c->sa.phase != SA_OFF) {
+	if (round_sa(c)->phase != SA_OFF) {
+		const sa_round *sa = round_sa(c);
 		fprintf(f, "\"secure_aggregation\": {\"workers\": %u, "
 		           "\"neighbours\": %u, \"threshold\": %u, "
 		           "\"included\": %u, \"confirmed\": %u, "
 		           "\"refused\": %u, \"revealed\": %u, "
 		           "\"restarts\": %u}, ",
-		    c->sa.n, c->sa.k, c->sa.t, sa_count(&c->sa, SA_F_INCLUDED),
-		    sa_count(&c->sa, SA_F_CONFIRMED),
-		    sa_count(&c->sa, SA_F_REFUSED),
-		    sa_count(&c->sa, SA_F_REVEALED), rd->sum_restarts);
+		    sa->n, sa->k, sa->t, sa_count(sa, SA_F_INCLUDED),
+		    sa_count(sa, SA_F_CONFIRMED), sa_count(sa, SA_F_REFUSED),
+		    sa_count(sa, SA_F_REVEALED), rd->sum_restarts);
 	}
 	fprintf(f, "\"seconds\": %.3f, \"bytes_up\": %" PRIu64
 	           ", \"bytes_down\": %" PRIu64 ", \"clipped\": %" PRIu64

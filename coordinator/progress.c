@@ -117,7 +117,7 @@ progress_round_done(coord *c, const uint64_t *rejected)
 			(void)fb_metrics_set_worker(c->prom, i, w->name,
 			    w->round_speed);
 		}
-		if (c->sa.phase == SA_OFF && w->steps > 0 &&
+		if (c->sa->phase == SA_OFF && w->steps > 0 &&
 		    w->round_speed > 0) {
 			(void)fb_metrics_add_worker_steps(c->prom, i, w->steps);
 		}

@@ -243,7 +243,7 @@ select_workers(coord *c)
 
 /* The round's results start empty; the round's clock starts. */
 void
-round_reset(coord *c, int64_t now)
+round_reset_result(coord *c, int64_t now)
 {
 	round_state *rd = &c->rd;
 
@@ -262,12 +262,19 @@ round_reset(coord *c, int64_t now)
 	rd->recv0 = c->io.bytes_received(c);
 	rd->clipped_base = fb_ingest_counter(c->ingest);
 	rd->in_chunks = c->chunk_count;
+}
+
+/* A new round: its results, and the sum and the credits, start empty. */
+void
+round_reset(coord *c, int64_t now)
+{
+	round_reset_result(c, now);
 	upload_credits_reset(c);
 	fb_accum_reset(c->accum);
 	/* a stream of an earlier round that ends now is no cut of this one */
 	atomic_fetch_add_explicit(&c->part.epoch, 1, memory_order_relaxed);
 	atomic_store_explicit(&c->part.cut, false, memory_order_relaxed);
-	sa_free(&c->sa);
+	sa_free(c->sa);
 }
 
 /* Ends the round without a commit: the model stays as it was. */
@@ -345,10 +352,10 @@ round_send_start(coord *c, worker *w)
 		m.u.round_start.local_steps = 1; /* (none done) */
 		m.u.round_start.local_epochs = 0;
 	}
-	if (c->sa.phase != SA_OFF) {
+	if (c->sa->phase != SA_OFF) {
 		sa_round_start(c, w, &m);
 	}
-	if (c->sa.phase != SA_OFF && cfg->local_work == FB_WORK_TIME_BUDGET) {
+	if (c->sa->phase != SA_OFF && cfg->local_work == FB_WORK_TIME_BUDGET) {
 		/* the private form: the worker fits its own steps to the
 		 * budget, and its speed stays its own */
 		m.u.round_start.time_budget_ms = (uint32_t)cfg->time_budget_ms;
@@ -357,6 +364,11 @@ round_send_start(coord *c, worker *w)
 	}
 	if (c->secure) {
 		broadcast_round_start(c, &m);
+	}
+	if (cohorts_on(c)) {
+		/* the task's round is its cohort's; its model is the step's */
+		m.u.round_start.round = w->task_round;
+		m.u.round_start.model_round = rd->number;
 	}
 	w->state = W_TRAINING;
 	if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
@@ -374,8 +386,8 @@ send_round_starts(coord *c, int64_t now)
 	round_state *rd = &c->rd;
 
 	rd->deadline_ms = now + cfg->deadline_ms;
-	if (c->sa.phase != SA_OFF) {
-		c->sa.phase_end_ms = now + cfg->sa_setup_ms;
+	if (c->sa->phase != SA_OFF) {
+		c->sa->phase_end_ms = now + cfg->sa_setup_ms;
 	}
 	for (uint32_t s = 0; s < rd->nsel; s++) {
 		worker *w = &c->reg.workers[rd->sel[s]];
@@ -419,13 +431,13 @@ round_rejoin(coord *c, worker *w, int64_t now)
 	if (s == rd->nsel) {
 		return; /* not selected for this round */
 	}
-	if (c->sa.phase != SA_OFF) {
+	if (c->sa->phase != SA_OFF) {
 		uint32_t q = 0;
-		while (q < c->sa.n && c->sa.slot_worker[q] != slot.v) {
+		while (q < c->sa->n && c->sa->slot_worker[q] != slot.v) {
 			q++;
 		}
-		if (c->sa.phase != SA_ADVERTS || q == c->sa.n ||
-		    (c->sa.flags[q] & SA_F_ADV)) {
+		if (c->sa->phase != SA_ADVERTS || q == c->sa->n ||
+		    (c->sa->flags[q] & SA_F_ADV)) {
 			return; /* its neighbours have its old keys, or none */
 		}
 		w->sa_slot = q;
@@ -461,8 +473,8 @@ round_begin(coord *c, int64_t now)
 	}
 	if (cfg->sa_enabled) {
 		const char *why = NULL;
-		if (sa_begin(c, rd->sel, nsel, &why) != FB_OK) {
-			sa_free(&c->sa);
+		if (sa_begin(c, rd->number, rd->sel, nsel, &why) != FB_OK) {
+			sa_free(c->sa);
 			round_fail(c, ROUND_FAILED, now, "cannot aggregate securely: "
 			    "%s", why);
 			return;
@@ -559,14 +571,17 @@ start_aggregate(coord *c, int64_t now)
 	j->eval_only = c->rd.final;
 	if (c->rd.final) {
 		/* the final evaluation: the sums, and no step */
-		j->secure_sum = c->sa.phase != SA_OFF;
+		j->secure_sum = c->sa->phase != SA_OFF;
+		j->sa = c->sa;
+		j->accum = c->accum;
+		j->sa_scale = 1.0;
 		j->scale = 1.0;
 		j->evaluate = false;
 		jobs_submit(c, JOB_AGGREGATE);
 		round_enter(c, PHASE_AGGREGATE, now);
 		return;
 	}
-	if (c->sa.phase == SA_OFF && fb_rule_is_fednova(c->cfg->rule) &&
+	if (c->sa->phase == SA_OFF && fb_rule_is_fednova(c->cfg->rule) &&
 	    plain_tau_eff(c, &scale) != FB_OK) {
 		round_fail(c, ROUND_FAILED, now, "FedNova normalisers unusable");
 		return;
@@ -577,7 +592,10 @@ start_aggregate(coord *c, int64_t now)
 		return;
 	}
 	c->params = fb_lent_data(c->params_lent);
-	j->secure_sum = c->sa.phase != SA_OFF;
+	j->secure_sum = c->sa->phase != SA_OFF;
+	j->sa = c->sa;
+	j->accum = c->accum;
+	j->sa_scale = 1.0;
 	j->scale = scale;
 	j->evaluate = c->evaluate && c->cfg->eval_every > 0 &&
 	    (c->rd.number % c->cfg->eval_every == 0 ||
@@ -607,15 +625,15 @@ round_close(coord *c, int64_t now)
 		    (long long)c->cfg->min_updates);
 		return;
 	}
-	if (c->sa.phase != SA_OFF) {
-		if (c->sa.poisoned != NULL) {
-			round_fail(c, ROUND_ABORTED, now, "%s", c->sa.poisoned);
+	if (c->sa->phase != SA_OFF) {
+		if (c->sa->poisoned != NULL) {
+			round_fail(c, ROUND_ABORTED, now, "%s", c->sa->poisoned);
 			return;
 		}
-		if (sa_count(&c->sa, SA_F_INCLUDED) < c->sa.t) {
+		if (sa_count(c->sa, SA_F_INCLUDED) < c->sa->t) {
 			round_fail(c, ROUND_ABORTED, now, "only %u masked inputs "
 			    "complete, below the secure-aggregation threshold of %u",
-			    sa_count(&c->sa, SA_F_INCLUDED), c->sa.t);
+			    sa_count(c->sa, SA_F_INCLUDED), c->sa->t);
 			return;
 		}
 		sa_request_confirms(c, now);
@@ -653,7 +671,7 @@ round_train_step(coord *c, int64_t now)
 		}
 		return;
 	}
-	if (c->sa.phase == SA_INPUT && upload_any_in_flight(c) &&
+	if (c->sa->phase == SA_INPUT && upload_any_in_flight(c) &&
 	    (over < cfg->sa_unmask_ms ||
 	        (rd->restart_ms > 0 &&
 	            now - rd->restart_ms < cfg->sa_unmask_ms))) {
@@ -727,7 +745,7 @@ aggregate_done(coord *c, int64_t now)
 		rd->r.sa_a = j->a;
 		rd->r.fed_eval = j->fed_eval;
 		/* included inputs, also of workers lost since */
-		rd->r.participants = sa_count(&c->sa, SA_F_INCLUDED);
+		rd->r.participants = sa_count(j->sa, SA_F_INCLUDED);
 	}
 	if (rd->final) {
 		rd->r.train_loss = NAN; /* nobody trained */
@@ -758,7 +776,10 @@ record_done(coord *c, int64_t now)
 	rd->seconds_sum += rd->r.seconds;
 	progress_round_done(c, rd->rejected);
 	outputs_round_line(c);
-	sa_free(&c->sa);
+	if (cohorts_on(c)) {
+		cohorts_applied(c);
+	}
+	sa_free(c->sa);
 	if (rd->final || (rd->number >= (uint32_t)c->cfg->rounds &&
 	                     !c->cfg->fed_final)) {
 		rd->exit_rc = FB_OK;
@@ -780,7 +801,9 @@ record_done(coord *c, int64_t now)
 static void
 train_open(coord *c, int64_t now)
 {
-	if (c->cfg->mode == FB_MODE_ASYNC) {
+	if (cohorts_on(c)) {
+		cohorts_open(c, now);
+	} else if (c->cfg->mode == FB_MODE_ASYNC) {
 		async_open(c, now);
 	} else {
 		send_round_starts(c, now);
@@ -836,7 +859,7 @@ round_job_done(coord *c, job_kind kind, int64_t now)
 static void
 round_unmask_step(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 
 	if (sa->phase == SA_CONFIRM) {
 		if (sa_confirms_pending(c) && now < sa->phase_end_ms) {
@@ -878,6 +901,10 @@ round_idle_step(coord *c, int64_t now)
 	uint32_t need = cfg->mode == FB_MODE_ASYNC && rd->ran > 0
 	    ? 1 : (uint32_t)cfg->min_workers;
 
+	if (live >= need && cohorts_on(c)) {
+		cohorts_begin(c, now);
+		return;
+	}
 	if (live >= need && cfg->mode == FB_MODE_ASYNC) {
 		async_begin(c, now);
 		return;
@@ -906,6 +933,14 @@ round_idle_step(coord *c, int64_t now)
 void
 round_step(coord *c, int64_t now)
 {
+	if (cohorts_on(c)) {
+		/* the cohorts go on whatever the step is doing */
+		if (c->rd.phase == PHASE_IDLE) {
+			round_idle_step(c, now);
+		}
+		cohorts_tick(c, now);
+		return;
+	}
 	switch (c->rd.phase) {
 	case PHASE_IDLE:
 		round_idle_step(c, now);
@@ -935,10 +970,10 @@ round_next_timer(const coord *c, int64_t now)
 	if (c->rd.phase == PHASE_TRAIN && c->rd.deadline_ms - now < next) {
 		next = c->rd.deadline_ms - now;
 	}
-	if ((c->sa.phase == SA_ADVERTS || c->sa.phase == SA_SHARES ||
-	        c->sa.phase == SA_CONFIRM || c->sa.phase == SA_UNMASK) &&
-	    c->sa.phase_end_ms - now < next) {
-		next = c->sa.phase_end_ms - now;
+	if ((c->sa->phase == SA_ADVERTS || c->sa->phase == SA_SHARES ||
+	        c->sa->phase == SA_CONFIRM || c->sa->phase == SA_UNMASK) &&
+	    c->sa->phase_end_ms - now < next) {
+		next = c->sa->phase_end_ms - now;
 	}
 	return next < 0 ? 0 : next;
 }

@@ -69,16 +69,30 @@ sa_count(const sa_round *sa, unsigned flag)
 static worker *
 sa_worker(coord *c, uint32_t slot)
 {
-	return &c->reg.workers[c->sa.slot_worker[slot]];
+	return &c->reg.workers[c->sa->slot_worker[slot]];
+}
+
+void
+sa_assign(coord *c, uint32_t slot, uint32_t ws)
+{
+	c->sa->slot_worker[slot] = ws;
+	c->reg.workers[ws].sa_slot = slot;
 }
 
 /* Whether slot's worker is still taking part in the round. */
 static bool
 sa_in_round(coord *c, uint32_t slot)
 {
-	const worker *w = sa_worker(c, slot);
-	return w->used && (w->state == W_TRAINING || w->state == W_UPLOADING ||
-	                      w->state == W_DONE);
+	const worker *w;
+
+	if (c->sa->slot_worker[slot] == UINT32_MAX) {
+		return false; /* secure async: a slot nobody took */
+	}
+	w = sa_worker(c, slot);
+	/* (secure async: a member that moved on to another task is out) */
+	return w->used && round_of(c, w) == c->sa->p.round &&
+	    (w->state == W_TRAINING || w->state == W_UPLOADING ||
+	        w->state == W_DONE);
 }
 
 /*
@@ -112,10 +126,10 @@ sa_a_bound(const coord *c)
 
 /* sa_params picks the round's graph seed, degree and threshold. */
 static fb_err
-sa_params(coord *c, uint32_t n, const char **why)
+sa_params(coord *c, uint32_t round, uint32_t n, const char **why)
 {
 	const fb_coord_config *cfg = c->cfg;
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	/* auto (-1 in the config) is 0 for the library */
 	uint32_t tcfg = cfg->sa_threshold > 0 ? (uint32_t)cfg->sa_threshold : 0;
 	uint32_t kcfg = cfg->sa_neighbours > 0 ? (uint32_t)cfg->sa_neighbours
@@ -124,15 +138,15 @@ sa_params(coord *c, uint32_t n, const char **why)
 	fb_err rc;
 
 	sa->p.run = c->run;
-	sa->p.round = c->rd.number;
+	sa->p.round = round;
 	sa->p.n = n;
 	if (getrandom(sa->p.graph_seed, sizeof(sa->p.graph_seed), 0) !=
 	    (ssize_t)sizeof(sa->p.graph_seed)) {
 		*why = "no randomness for the neighbour graph";
 		return FB_EIO;
 	}
-	rc = fb_secagg_graph_alloc(n, kcfg, tcfg, sa->p.graph_seed,
-	    c->rd.number, &g);
+	rc = fb_secagg_graph_alloc(n, kcfg, tcfg, sa->p.graph_seed, round,
+	    &g);
 	if (rc != FB_OK) {
 		*why = "cannot build the neighbour graph";
 		return rc;
@@ -159,10 +173,11 @@ sa_params(coord *c, uint32_t n, const char **why)
  * On failure *why says what is wrong and the round cannot run.
  */
 fb_err
-sa_begin(coord *c, const uint32_t *cand, uint32_t n, const char **why)
+sa_begin(coord *c, uint32_t round, const uint32_t *cand, uint32_t n,
+    const char **why)
 {
 	const fb_coord_config *cfg = c->cfg;
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	fb_err rc;
 
 	sa_free(sa);
@@ -174,7 +189,7 @@ sa_begin(coord *c, const uint32_t *cand, uint32_t n, const char **why)
 		*why = "more workers in one round than secure aggregation takes";
 		return FB_ERANGE;
 	}
-	if ((rc = sa_params(c, n, why)) != FB_OK) {
+	if ((rc = sa_params(c, round, n, why)) != FB_OK) {
 		return rc;
 	}
 	if (fb_secagg_encodings_init(&sa->enc, (uint32_t)cfg->sa_ring_bits, n,
@@ -202,8 +217,11 @@ sa_begin(coord *c, const uint32_t *cand, uint32_t n, const char **why)
 		return FB_ENOMEM;
 	}
 	for (uint32_t s = 0; s < n; s++) {
-		sa->slot_worker[s] = cand[s];
-		c->reg.workers[cand[s]].sa_slot = s;
+		/* secure async: the slots are given as the tasks go out */
+		sa->slot_worker[s] = cand != NULL ? cand[s] : UINT32_MAX;
+		if (cand != NULL) {
+			c->reg.workers[cand[s]].sa_slot = s;
+		}
 	}
 	sa->phase = SA_ADVERTS;
 	sa->phase_end_ms = c->now + cfg->sa_setup_ms;
@@ -214,7 +232,7 @@ sa_begin(coord *c, const uint32_t *cand, uint32_t n, const char **why)
 void
 sa_round_start(const coord *c, const worker *w, fb_msg *m)
 {
-	const sa_round *sa = &c->sa;
+	const sa_round *sa = c->sa;
 
 	m->u.round_start.secagg = true;
 	m->u.round_start.sa_slot = w->sa_slot;
@@ -235,13 +253,13 @@ sa_round_start(const coord *c, const worker *w, fb_msg *m)
 void
 sa_note_included(coord *c, uint32_t slot)
 {
-	if (slot >= c->sa.n || (c->sa.flags[slot] & SA_F_INCLUDED)) {
+	if (slot >= c->sa->n || (c->sa->flags[slot] & SA_F_INCLUDED)) {
 		return;
 	}
-	if (fb_secagg_server_set_included(c->sa.srv, slot) != FB_OK) {
-		c->sa.poisoned = "a masked input could not be recorded";
+	if (fb_secagg_server_set_included(c->sa->srv, slot) != FB_OK) {
+		c->sa->poisoned = "a masked input could not be recorded";
 	}
-	c->sa.flags[slot] |= SA_F_INCLUDED;
+	c->sa->flags[slot] |= SA_F_INCLUDED;
 }
 
 /* The sum starts again (upload.c, max_uploads 0): no masked input is in
@@ -249,7 +267,7 @@ sa_note_included(coord *c, uint32_t slot)
 void
 sa_inputs_again(coord *c)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 
 	if (sa->phase != SA_INPUT) {
 		return;
@@ -274,6 +292,20 @@ sa_ask_again(coord *c, worker *w)
 	return sa_send(c, w, FB_SA_AGAIN, 0, NULL, 0);
 }
 
+bool
+sa_member_pending(coord *c, uint32_t slot)
+{
+	return sa_in_round(c, slot) && !(c->sa->flags[slot] & SA_F_INCLUDED);
+}
+
+/* Whether the round takes confirmations and reveals now: sync rounds in
+ * their UNMASK phase; a cohort in its own (sa->phase says which). */
+static bool
+sa_unmasking(const coord *c)
+{
+	return cohorts_on(c) || c->rd.phase == PHASE_UNMASK;
+}
+
 static drop_reason
 sa_drop_reason(fb_err rc)
 {
@@ -285,7 +317,7 @@ sa_drop_reason(fb_err rc)
 static void
 on_advert(coord *c, worker *w, const fb_frame *f)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
@@ -310,7 +342,7 @@ on_advert(coord *c, worker *w, const fb_frame *f)
 static void
 on_shares(coord *c, worker *w, const fb_frame *f)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
@@ -343,11 +375,11 @@ on_shares(coord *c, worker *w, const fb_frame *f)
 static void
 on_confirm(coord *c, worker *w, const fb_frame *f)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
-	if (sa->phase != SA_CONFIRM || c->rd.phase != PHASE_UNMASK ||
+	if (sa->phase != SA_CONFIRM || !sa_unmasking(c) ||
 	    !(sa->flags[slot] & SA_F_INCLUDED) ||
 	    (sa->flags[slot] &
 	        (SA_F_CONFIRMED | SA_F_REFUSED | SA_F_DISCARDED))) {
@@ -385,7 +417,7 @@ on_confirm(coord *c, worker *w, const fb_frame *f)
 static void
 on_refuse(coord *c, worker *w)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 
 	if ((sa->phase != SA_CONFIRM && sa->phase != SA_UNMASK) ||
@@ -397,18 +429,18 @@ on_refuse(coord *c, worker *w)
 	}
 	fb_log_warn("round %u: %s will not reveal its shares: it holds fewer "
 	            "than %u confirmations of the included set it was sent",
-	    c->rd.number, w->name, sa->t);
+	    sa->p.round, w->name, sa->t);
 	sa->flags[slot] |= SA_F_REFUSED;
 }
 
 static void
 on_reveal(coord *c, worker *w, const fb_frame *f)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t slot = w->sa_slot;
 	fb_err rc;
 
-	if (sa->phase != SA_UNMASK || c->rd.phase != PHASE_UNMASK ||
+	if (sa->phase != SA_UNMASK || !sa_unmasking(c) ||
 	    !(sa->flags[slot] & SA_F_CONFIRMED) ||
 	    (sa->flags[slot] & (SA_F_REVEALED | SA_F_REFUSED))) {
 		guard_drop(c, DROP_UNEXPECTED, "reveal from %s in the %s phase",
@@ -430,19 +462,31 @@ sa_on_message(coord *c, worker *w, const fb_frame *f)
 {
 	const fb_msg *m = &f->msg;
 
+	if (cohorts_on(c)) {
+		cohort_on_secagg(c, w, f);
+		return;
+	}
 	if (!round_open_for(c, m->u.secagg.round)) {
 		guard_drop(c, DROP_STALE_ROUND, "secure-aggregation message for "
 		    "round %u from %s (round %u is open)", m->u.secagg.round,
 		    w->name, c->rd.number);
 		return;
 	}
-	if (c->sa.phase == SA_OFF || !(w->state == W_TRAINING ||
+	if (c->sa->phase == SA_OFF || !(w->state == W_TRAINING ||
 	                                 w->state == W_UPLOADING ||
 	                                 w->state == W_DONE)) {
 		guard_drop(c, DROP_UNEXPECTED, "secure-aggregation message from "
 		    "%s, which is %s", w->name, worker_state_names[w->state]);
 		return;
 	}
+	sa_handle(c, w, f);
+}
+
+void
+sa_handle(coord *c, worker *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+
 	switch (m->u.secagg.phase) {
 	case FB_SA_ADVERT:
 		on_advert(c, w, f);
@@ -471,7 +515,7 @@ sa_send(coord *c, worker *w, fb_secagg_phase phase, uint32_t count,
     const void *data, size_t len)
 {
 	fb_msg m = {.type = FB_MSG_SECAGG};
-	m.u.secagg.round = c->rd.number;
+	m.u.secagg.round = c->sa->p.round;
 	m.u.secagg.phase = phase;
 	m.u.secagg.count = count;
 	return coord_send(c, w, &m, data, len, NULL);
@@ -482,7 +526,7 @@ sa_send(coord *c, worker *w, fb_secagg_phase phase, uint32_t count,
 static uint32_t
 peer_entries(coord *c, const uint32_t *nb, uint8_t *buf)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint32_t cnt = 0;
 
 	for (uint32_t i = 0; i < sa->k; i++) {
@@ -507,18 +551,19 @@ peer_entries(coord *c, const uint32_t *nb, uint8_t *buf)
 static void
 sa_send_peers(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	const fb_secagg_graph *g = fb_secagg_server_graph(sa->srv);
 	uint32_t *nb = calloc(sa->k + 1, sizeof(*nb));
 	uint8_t *buf = calloc(sa->k + 1, FB_SECAGG_PEER_ENTRY_LEN);
 	uint32_t sent = 0;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
-		worker *w = sa_worker(c, s);
+		worker *w;
 		uint32_t cnt;
 		if (!sa_in_round(c, s)) {
 			continue;
 		}
+		w = sa_worker(c, s);
 		if (!(sa->flags[s] & SA_F_ADV)) {
 			round_cancel(c, w, "no secure-aggregation key advert "
 			                   "within secure_aggregation.setup_timeout");
@@ -539,7 +584,7 @@ sa_send_peers(coord *c, int64_t now)
 	}
 	free(nb);
 	free(buf);
-	fb_log_debug("round %u: %u key adverts relayed", c->rd.number, sent);
+	fb_log_debug("round %u: %u key adverts relayed", sa->p.round, sent);
 	sa->phase = SA_SHARES;
 	sa->phase_end_ms = now + c->cfg->sa_setup_ms;
 }
@@ -575,16 +620,17 @@ shares_for(const sa_round *sa, uint32_t s, uint8_t *buf)
 static void
 sa_relay_shares(coord *c)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint8_t *buf = calloc(sa->k + 1, FB_SECAGG_SHARE_MSG_LEN);
 	uint32_t sent = 0;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
-		worker *w = sa_worker(c, s);
+		worker *w;
 		uint32_t cnt;
 		if (!sa_in_round(c, s) || !(sa->flags[s] & SA_F_ADV)) {
 			continue;
 		}
+		w = sa_worker(c, s);
 		if (!(sa->flags[s] & SA_F_SHARED)) {
 			round_cancel(c, w, "no secure-aggregation shares within "
 			                   "secure_aggregation.setup_timeout");
@@ -600,7 +646,7 @@ sa_relay_shares(coord *c)
 		sent++;
 	}
 	free(buf);
-	fb_log_debug("round %u: shares relayed to %u workers", c->rd.number,
+	fb_log_debug("round %u: shares relayed to %u workers", sa->p.round,
 	    sent);
 	sa->phase = SA_INPUT;
 }
@@ -609,7 +655,7 @@ sa_relay_shares(coord *c)
 void
 sa_advance(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	unsigned need = sa->phase == SA_ADVERTS ? 0 : SA_F_ADV;
 	unsigned have = sa->phase == SA_ADVERTS ? SA_F_ADV : SA_F_SHARED;
 	bool waiting = false;
@@ -636,7 +682,7 @@ sa_advance(coord *c, int64_t now)
 void
 sa_request_confirms(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	uint8_t *inc = calloc(sa->n, 1);
 
 	sa->phase = SA_CONFIRM;
@@ -677,7 +723,7 @@ sa_request_confirms(coord *c, int64_t now)
 bool
 sa_confirms_pending(const coord *c)
 {
-	const sa_round *sa = &c->sa;
+	const sa_round *sa = c->sa;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
 		if ((sa->flags[s] & SA_F_INCLUDED) &&
@@ -699,7 +745,7 @@ sa_confirms_pending(const coord *c)
 fb_err
 sa_request_reveals(coord *c, int64_t now)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = c->sa;
 	const fb_secagg_graph *g = fb_secagg_server_graph(sa->srv);
 	uint32_t *nb = NULL;
 	uint8_t *buf = NULL;
@@ -745,7 +791,7 @@ out:
 bool
 sa_reveals_pending(const coord *c)
 {
-	const sa_round *sa = &c->sa;
+	const sa_round *sa = c->sa;
 
 	for (uint32_t s = 0; s < sa->n; s++) {
 		if ((sa->flags[s] & SA_F_CONFIRMED) &&
@@ -762,7 +808,7 @@ sa_reveals_pending(const coord *c)
 bool
 sa_reveals_hopeless(const coord *c)
 {
-	const sa_round *sa = &c->sa;
+	const sa_round *sa = c->sa;
 	uint32_t may = 0;
 
 	for (uint32_t s = 0; s < sa->n; s++) {

@@ -25,6 +25,7 @@
  * called once, before the threads, which share its pointer. */
 typedef struct unmask_arg {
 	coord *c;
+	const job *j;
 	uint32_t *ring;
 	atomic_int rc;
 } unmask_arg;
@@ -34,9 +35,10 @@ unmask_chunk(void *arg, uint32_t k)
 {
 	unmask_arg *a = arg;
 	coord *c = a->c;
+	const job *j = a->j;
 	uint64_t first = (uint64_t)k * c->chunk_elems;
-	fb_err rc = fb_secagg_server_unmask_chunk(c->sa.srv, a->ring + first,
-	    first, fb_accum_chunk_len(c->accum, k));
+	fb_err rc = fb_secagg_server_unmask_chunk(j->sa->srv, a->ring + first,
+	    first, fb_accum_chunk_len(j->accum, k));
 
 	if (rc != FB_OK) {
 		int ok = FB_OK;
@@ -55,7 +57,7 @@ unmask_chunk(void *arg, uint32_t k)
 static fb_err
 sa_check_sums(coord *c, job *j, uint32_t included)
 {
-	const fb_secagg_encodings *e = &c->sa.enc;
+	const fb_secagg_encodings *e = &j->sa->enc;
 	double slack_w = fb_encoding_bound(&e->w, included);
 
 	if (!(j->W > 0) || j->W > (double)included + slack_w) {
@@ -84,6 +86,7 @@ sa_check_sums(coord *c, job *j, uint32_t included)
 
 typedef struct range_arg {
 	coord *c;
+	const job *j;
 	const uint32_t *ring;
 	atomic_uint_fast32_t max_abs; /* of the decoded sums, ring units */
 } range_arg;
@@ -93,8 +96,9 @@ range_chunk(void *arg, uint32_t k)
 {
 	range_arg *a = arg;
 	coord *c = a->c;
+	const job *j = a->j;
 	const uint32_t *sum = a->ring + (uint64_t)k * c->chunk_elems;
-	uint64_t n = fb_accum_chunk_len(c->accum, k);
+	uint64_t n = fb_accum_chunk_len(j->accum, k);
 	uint32_t m = 0;
 	uint_fast32_t seen;
 
@@ -118,14 +122,14 @@ range_chunk(void *arg, uint32_t k)
 static fb_err
 sa_check_mean(coord *c, job *j, uint32_t included)
 {
-	const fb_secagg_encodings *e = &c->sa.enc;
-	range_arg a = {.c = c};
+	const fb_secagg_encodings *e = &j->sa->enc;
+	range_arg a = {.c = c, .j = j};
 	double limit = e->x.clip * (j->W + fb_encoding_bound(&e->w, included)) +
 	    fb_encoding_bound(&e->x, included);
 	double got;
 
 	atomic_init(&a.max_abs, 0);
-	a.ring = fb_accum_ring(c->accum);
+	a.ring = fb_accum_ring(j->accum);
 	fb_pool_for(c->pool, c->chunk_count, range_chunk, &a);
 	got = (double)atomic_load(&a.max_abs) / e->x.scale;
 	if (got > limit) {
@@ -149,10 +153,10 @@ sa_check_mean(coord *c, job *j, uint32_t included)
 fb_err
 sa_unmask(coord *c, job *j)
 {
-	sa_round *sa = &c->sa;
+	sa_round *sa = j->sa;
 	uint32_t included = sa_count(sa, SA_F_INCLUDED);
 	uint32_t revealed = sa_count(sa, SA_F_REVEALED);
-	unmask_arg a = {.c = c};
+	unmask_arg a = {.c = c, .j = j};
 	fb_err rc;
 
 	if (sa->poisoned != NULL) {
@@ -179,7 +183,7 @@ sa_unmask(coord *c, job *j)
 		return rc;
 	}
 	atomic_init(&a.rc, FB_OK);
-	a.ring = fb_accum_ring(c->accum);
+	a.ring = fb_accum_ring(j->accum);
 	fb_pool_for(c->pool, c->chunk_count, unmask_chunk, &a);
 	rc = (fb_err)atomic_load(&a.rc);
 	if (rc == FB_OK) {
@@ -207,7 +211,7 @@ sa_unmask(coord *c, job *j)
 	if ((rc = sa_check_sums(c, j, included)) != FB_OK) {
 		return rc;
 	}
-	if ((rc = fb_accum_set_secure_sum(c->accum, &sa->enc.x, j->W)) !=
+	if ((rc = fb_accum_set_secure_sum(j->accum, &sa->enc.x, j->W)) !=
 	    FB_OK) {
 		snprintf(j->why, sizeof(j->why), "cannot decode the sum: %s",
 		    fb_strerror(rc));

@@ -350,7 +350,7 @@ static void
 begin_record(coord *c, worker *w, const fb_msg *m)
 {
 	double sp = m->u.update_begin.steps_per_second;
-	bool plain = c->sa.phase == SA_OFF;
+	bool plain = c->sa->phase == SA_OFF;
 
 	w->a_norm = plain ? m->u.update_begin.a_norm : 0;
 	if (plain && sp > 0 && isfinite(sp)) {
@@ -381,12 +381,37 @@ begin_record(coord *c, worker *w, const fb_msg *m)
 	}
 }
 
+static void begin_in(coord *c, worker *w, const fb_msg *m);
+
 void
 upload_on_begin(coord *c, worker *w, const fb_msg *m)
 {
+	cohort *co;
+	sa_round *prev;
+
+	if (!cohorts_on(c)) {
+		begin_in(c, w, m);
+		return;
+	}
+	/* secure async: the masked input goes into its cohort's sum */
+	co = cohort_of(c, m->u.update_begin.round);
+	if (co == NULL || !round_open_to(c, w, m->u.update_begin.round)) {
+		guard_drop(c, DROP_STALE_ROUND, "update for round %u from %s, "
+		    "of no cohort running its task", m->u.update_begin.round,
+		    w->name);
+		return;
+	}
+	prev = cohort_enter(c, co, w);
+	begin_in(c, w, m);
+	cohort_leave(c, prev, w);
+}
+
+static void
+begin_in(coord *c, worker *w, const fb_msg *m)
+{
 	wslot slot = registry_slot(c, w);
 	fb_stream_pull *pull = NULL;
-	bool masked = c->sa.phase != SA_OFF;
+	bool masked = c->sa->phase != SA_OFF;
 
 	if (async_on_begin(c, w, m)) {
 		return; /* round.mode async: held back, or too stale */
@@ -412,11 +437,11 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 		round_worker_failed(c, w, "update of the wrong size");
 		return;
 	}
-	if (masked && (c->sa.phase != SA_INPUT ||
-	                  !(c->sa.flags[w->sa_slot] & SA_F_SHARED))) {
+	if (masked && (c->sa->phase != SA_INPUT ||
+	                  !(c->sa->flags[w->sa_slot] & SA_F_SHARED))) {
 		guard_drop(c, DROP_UNEXPECTED, "masked update from %s before its "
 		    "shares were relayed (%s phase)", w->name,
-		    sa_phase_names[c->sa.phase]);
+		    sa_phase_names[c->sa->phase]);
 		round_worker_failed(c, w, "update before secure-aggregation "
 		                          "setup");
 		return;
@@ -437,6 +462,11 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 	c->stream_arg[slot.v].partial = -1;
 	c->stream_arg[slot.v].first_chunk = w->first_chunk;
 	c->stream_arg[slot.v].sa_slot = w->sa_slot;
+	c->stream_arg[slot.v].cohort = cohorts_on(c) ? c->sa->p.round : 0;
+	c->stream_arg[slot.v].accum = cohorts_on(c)
+	    ? cohort_of(c, c->sa->p.round)->accum
+	    : c->accum;
+	c->stream_arg[slot.v].extra = c->sa->extra;
 	c->stream_arg[slot.v].epoch =
 	    atomic_load_explicit(&c->part.epoch, memory_order_relaxed);
 	atomic_store_explicit(&c->stream_arg[slot.v].added, 0,
@@ -631,10 +661,23 @@ upload_results(coord *c)
 		if (cur) {
 			w->next_chunk = r.consumed;
 		}
-		if (r.status == FB_INGEST_DONE) {
+		if (r.status == FB_INGEST_DONE && cohorts_on(c)) {
+			const ingest_arg *a = &c->stream_arg[r.slot];
+			cohort *co = cohort_of(c, a->cohort);
+			if (a->masked && a->gen == r.gen && co != NULL &&
+			    co->state == CO_RUNNING) {
+				/* whole, in its cohort's sum */
+				sa_round *prev = cohort_enter(c, co, NULL);
+				sa_note_included(c, a->sa_slot);
+				cohort_leave(c, prev, NULL);
+			}
+			if (cur) {
+				result_done(c, w);
+			}
+		} else if (r.status == FB_INGEST_DONE) {
 			const ingest_arg *a = &c->stream_arg[r.slot];
 			if (a->masked && a->gen == r.gen &&
-			    c->sa.phase != SA_OFF &&
+			    c->sa->phase != SA_OFF &&
 			    (c->part.count > 0 ||
 			        a->epoch == atomic_load_explicit(&c->part.epoch,
 			                        memory_order_relaxed))) {
@@ -689,7 +732,7 @@ upload_sum_check(coord *c, int64_t now)
 	}
 	upload_settle(c);
 	atomic_store_explicit(&pt->cut, false, memory_order_relaxed);
-	if (c->sa.phase != SA_INPUT) {
+	if (c->sa->phase != SA_INPUT) {
 		return false; /* no masked input streams in now */
 	}
 	fb_accum_reset(c->accum);
@@ -740,10 +783,10 @@ upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
 	if (a->masked && c->part.count == 0) {
 		fb_err rc = FB_EPROTO;
 		if (chunk < c->chunk_count) {
-			rc = fb_accum_ring_add(c->accum, chunk, data, len / 4);
+			rc = fb_accum_ring_add(a->accum, chunk, data, len / 4);
 		} else if (chunk == c->chunk_count && len == SA_EXTRA * 4) {
 			pthread_mutex_lock(&c->extra_mu);
-			fb_ring_add(c->sa.extra, data, SA_EXTRA);
+			fb_ring_add(a->extra, data, SA_EXTRA);
 			pthread_mutex_unlock(&c->extra_mu);
 			rc = FB_OK;
 		}
@@ -761,7 +804,7 @@ upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
 			return FB_EPROTO;
 		}
 		if (chunk < c->chunk_count &&
-		    len == fb_accum_chunk_len(c->accum, chunk) * 4) {
+		    len == fb_accum_chunk_len(a->accum, chunk) * 4) {
 			dst = c->part.buf[a->partial] +
 			      (uint64_t)chunk * c->chunk_elems;
 		} else if (chunk == c->chunk_count && len == SA_EXTRA * 4) {
@@ -775,10 +818,10 @@ upload_add_cb(void *arg, void *stream_arg, uint32_t chunk, void *data,
 		return FB_OK;
 	}
 	if (chunk >= c->chunk_count ||
-	    len != fb_accum_chunk_len(c->accum, chunk) * 4) {
+	    len != fb_accum_chunk_len(a->accum, chunk) * 4) {
 		return FB_EPROTO;
 	}
-	return fb_accum_add(c->accum, chunk, data, a->weight, counter);
+	return fb_accum_add(a->accum, chunk, data, a->weight, counter);
 }
 
 /*
@@ -799,7 +842,7 @@ upload_dst_cb(void *arg, void *stream_arg, uint32_t chunk, size_t *cap)
 		return NULL;
 	}
 	if (chunk < c->chunk_count) {
-		*cap = fb_accum_chunk_len(c->accum, chunk) * 4;
+		*cap = fb_accum_chunk_len(a->accum, chunk) * 4;
 		return c->part.buf[a->partial] +
 		       (uint64_t)chunk * c->chunk_elems;
 	}
@@ -843,13 +886,13 @@ upload_end_cb(void *arg, void *stream_arg, bool complete)
 	for (uint32_t i = 0; complete && rc == FB_OK && i < c->chunk_count;
 	     i++) {
 		uint32_t k = (a->first_chunk + i) % c->chunk_count;
-		rc = fb_accum_ring_add(c->accum, k,
+		rc = fb_accum_ring_add(a->accum, k,
 		    src + (uint64_t)k * c->chunk_elems,
-		    fb_accum_chunk_len(c->accum, k));
+		    fb_accum_chunk_len(a->accum, k));
 	}
 	if (complete && rc == FB_OK) {
 		pthread_mutex_lock(&c->extra_mu);
-		fb_ring_add(c->sa.extra, src + c->param_count, SA_EXTRA);
+		fb_ring_add(a->extra, src + c->param_count, SA_EXTRA);
 		pthread_mutex_unlock(&c->extra_mu);
 	}
 	atomic_store_explicit(&c->part.busy[a->partial].v, false,

@@ -158,6 +158,7 @@ typedef struct fb_msg {
 			uint32_t time_budget_ms; /* secure: > 0, the worker
 			                          * schedules its own steps */
 			uint64_t min_steps, max_steps; /* with time_budget_ms */
+			uint32_t model_round; /* the model stream's; 0: round */
 			bool evaluate_only; /* no training: a zero update */
 			bool secagg; /* the fields below are set */
 			uint32_t sa_slot;

@@ -186,6 +186,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		rs.time_budget_ms = m->u.round_start.time_budget_ms;
 		rs.min_steps = m->u.round_start.min_steps;
 		rs.max_steps = m->u.round_start.max_steps;
+		rs.model_round = m->u.round_start.model_round;
 		rs.evaluate_only = m->u.round_start.evaluate_only;
 		if (m->u.round_start.secagg) {
 			fedbox__sec_agg_round__init(&sar);
@@ -486,6 +487,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.round_start.time_budget_ms = p->time_budget_ms;
 		m->u.round_start.min_steps = p->min_steps;
 		m->u.round_start.max_steps = p->max_steps;
+		m->u.round_start.model_round = p->model_round;
 		m->u.round_start.evaluate_only = p->evaluate_only != 0;
 		if (p->secagg != NULL) {
 			const Fedbox__SecAggRound *q = p->secagg;

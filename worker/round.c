@@ -433,8 +433,11 @@ round_settings(fb_wk *w, const fb_msg *m)
 static fb_err
 model_stream_open(fb_wk *w, const fb_msg *m)
 {
-	fb_stream_ctx ctx = {
-	    .round = w->round, .sender = FB_SENDER_COORDINATOR};
+	/* secure async: the model is the step's, the task the cohort's */
+	fb_stream_ctx ctx = {.round = m->u.round_start.model_round != 0
+	                                  ? m->u.round_start.model_round
+	                                  : w->round,
+	    .sender = FB_SENDER_COORDINATOR};
 	fb_reject why = FB_REJECT_NONE;
 
 	fb_session_run_id(w->sess, &ctx.run);
@@ -458,6 +461,11 @@ model_stream_open(fb_wk *w, const fb_msg *m)
 void
 fb_wk_on_round_start(fb_wk *w, const fb_msg *m)
 {
+	if (m->u.round_start.model_round != 0 &&
+	    m->u.round_start.round != w->round) {
+		/* secure async: the last task's cohort may still unmask */
+		fb_wk_sa_hold(w);
+	}
 	if (round_running(w)) {
 		fb_log_warn(
 		    "round %u started while round %u was %s; abandoning "

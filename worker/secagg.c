@@ -32,9 +32,70 @@ fb_wk_sa_end(fb_wk *w)
 	fb_secagg_worker_free(w->sa);
 	w->sa = NULL;
 	w->sa_phase = FB_WK_SA_OFF;
-	if (w->phase == FB_WK_WAITING) {
+	if (w->phase == FB_WK_WAITING && !w->sa_swapped) {
 		w->phase = FB_WK_IDLE;
 	}
+}
+
+void
+fb_wk_sa_hold(fb_wk *w)
+{
+	fb_wk_sa_held *h = &w->sa_held[w->sa_held_next];
+
+	if (w->sa == NULL || w->phase != FB_WK_IDLE ||
+	    (w->sa_phase != FB_WK_SA_MASKING &&
+	        w->sa_phase != FB_WK_SA_CONFIRMED)) {
+		return; /* no masked input of it went up */
+	}
+	fb_wk_mask_wait(w);
+	for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {
+		/* one instance a round: an older one of the same round (a
+		 * coordinator that restarted) is stale */
+		fb_wk_sa_held *o = &w->sa_held[i];
+		if (o->sa != NULL && o->round == w->sa_round) {
+			fb_secagg_worker_free(o->sa);
+			memset(o, 0, sizeof(*o));
+		}
+	}
+	fb_secagg_worker_free(h->sa); /* the oldest: its cohort is long done */
+	h->sa = w->sa;
+	h->round = w->sa_round;
+	h->phase = w->sa_phase;
+	h->n = w->sa_n;
+	h->t = w->sa_t;
+	w->sa_held_next = (w->sa_held_next + 1) % FB_WK_SA_HELD;
+	w->sa = NULL;
+	w->sa_phase = FB_WK_SA_OFF;
+}
+
+void
+fb_wk_sa_held_free(fb_wk *w)
+{
+	for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {
+		fb_secagg_worker_free(w->sa_held[i].sa);
+		memset(&w->sa_held[i], 0, sizeof(w->sa_held[i]));
+	}
+}
+
+/* Swaps held instance h with the current one (w->sa and its round). */
+static void
+sa_swap(fb_wk *w, fb_wk_sa_held *h)
+{
+	fb_secagg_worker *sa = w->sa;
+	uint32_t round = w->sa_round, n = w->sa_n, t = w->sa_t;
+	fb_wk_sa_phase ph = w->sa_phase;
+
+	w->sa = h->sa;
+	w->sa_round = h->round;
+	w->sa_phase = h->phase;
+	w->sa_n = h->n;
+	w->sa_t = h->t;
+	h->sa = sa;
+	h->round = round;
+	h->phase = ph;
+	h->n = n;
+	h->t = t;
+	w->sa_swapped = !w->sa_swapped;
 }
 
 static fb_err
@@ -43,7 +104,7 @@ sa_send(fb_wk *w, fb_secagg_phase phase, uint32_t count, const void *data,
 {
 	fb_msg m = {.type = FB_MSG_SECAGG};
 
-	m.u.secagg.round = w->round;
+	m.u.secagg.round = w->sa_round;
 	m.u.secagg.phase = phase;
 	m.u.secagg.count = count;
 	return fb_wk_send_ctl(w, &m, data, len);
@@ -53,8 +114,8 @@ sa_send(fb_wk *w, fb_secagg_phase phase, uint32_t count, const void *data,
 static void
 sa_abandon(fb_wk *w, const char *why)
 {
-	fb_log_warn("round %u: %s; leaving the round", w->round, why);
-	fb_wk_round_fail(w, w->round, why);
+	fb_log_warn("round %u: %s; leaving the round", w->sa_round, why);
+	fb_wk_round_fail(w, w->sa_round, why);
 }
 
 /*
@@ -72,10 +133,10 @@ sa_floor_check(const fb_wk *w, const fb_msg *m)
 	uint32_t k, floor;
 
 	if (fb_secagg_graph_alloc(n, m->u.round_start.sa_degree, t,
-	        m->u.round_start.sa_graph_seed.b, w->round, &g) != FB_OK) {
+	        m->u.round_start.sa_graph_seed.b, w->sa_round, &g) != FB_OK) {
 		fb_log_warn("round %u: unusable secure-aggregation graph; "
 		            "skipping the round",
-		    w->round);
+		    w->sa_round);
 		return FB_EPROTO;
 	}
 	k = fb_secagg_graph_degree(g);
@@ -89,7 +150,7 @@ sa_floor_check(const fb_wk *w, const fb_msg *m)
 		             "below this worker's floor of %u "
 		             "(security.secagg_min_threshold%s); skipping the "
 		             "round",
-		    w->round, t, k, floor,
+		    w->sa_round, t, k, floor,
 		    w->cfg->secagg_min_threshold > 0
 		        ? ""
 		        : ": auto, a majority of the neighbourhood");
@@ -108,7 +169,7 @@ sa_check(fb_wk *w, const fb_msg *m)
 	if (!w->secure) {
 		fb_log_error("round %u: secure aggregation needs security "
 		             "(security.enabled); skipping the round",
-		    w->round);
+		    w->sa_round);
 		return FB_ENOTSUP;
 	}
 	if (m->u.round_start.sa_graph_seed.len != 32 || n < 2 ||
@@ -118,7 +179,7 @@ sa_check(fb_wk *w, const fb_msg *m)
 	        m->u.round_start.sa_a_bound) != FB_OK) {
 		fb_log_warn("round %u: unusable secure-aggregation parameters; "
 		            "skipping the round",
-		    w->round);
+		    w->sa_round);
 		return FB_EPROTO;
 	}
 	if (sa_floor_check(w, m) != FB_OK) {
@@ -129,7 +190,7 @@ sa_check(fb_wk *w, const fb_msg *m)
 		             " samples, more "
 		             "than the coordinator's secure_aggregation."
 		             "max_samples (%" PRIu64 "); skipping the round",
-		    w->round, fb_wk_samples(w), maxs);
+		    w->sa_round, fb_wk_samples(w), maxs);
 		return FB_ERANGE;
 	}
 	return FB_OK;
@@ -144,12 +205,13 @@ fb_wk_sa_start(fb_wk *w, const fb_msg *m)
 	                                                  : 4 * FB_SECAGG_EXTRA;
 	fb_err rc;
 
+	w->sa_round = w->round;
 	if ((rc = sa_check(w, m)) != FB_OK) {
 		return rc;
 	}
 	memset(&p, 0, sizeof(p));
 	fb_session_run_id(w->sess, &p.run);
-	p.round = w->round;
+	p.round = w->sa_round;
 	p.n = m->u.round_start.sa_n;
 	p.degree = m->u.round_start.sa_degree;
 	p.threshold = m->u.round_start.sa_threshold;
@@ -158,7 +220,7 @@ fb_wk_sa_start(fb_wk *w, const fb_msg *m)
 	         &p, m->u.round_start.sa_slot, &w->sa)) != FB_OK ||
 	    (rc = fb_secagg_worker_advertise(w->sa, w->self, adv)) != FB_OK) {
 		fb_log_warn("round %u: cannot start secure aggregation: %s",
-		    w->round, fb_strerror(rc));
+		    w->sa_round, fb_strerror(rc));
 		return rc;
 	}
 	if (w->encbuf == NULL && (w->encbuf = fb_alloc(cap)) == NULL) {
@@ -210,7 +272,7 @@ on_peers(fb_wk *w, const fb_frame *f, uint32_t cnt)
 			fb_log_warn(
 			    "round %u: key advert signed by %s, which is "
 			    "not in security.peers: refused",
-			    w->round, fp);
+			    w->sa_round, fp);
 			continue;
 		}
 		rc = fb_secagg_worker_add_advert(
@@ -218,7 +280,7 @@ on_peers(fb_wk *w, const fb_frame *f, uint32_t cnt)
 		if (rc != FB_OK) {
 			fb_log_warn("round %u: key advert of worker slot %u "
 			            "refused: %s",
-			    w->round, (unsigned)e[0] | (unsigned)e[1] << 8,
+			    w->sa_round, (unsigned)e[0] | (unsigned)e[1] << 8,
 			    rc == FB_EAUTH
 			        ? "its signature or run does not verify, or "
 			          "its "
@@ -269,7 +331,7 @@ on_relay(fb_wk *w, const fb_frame *f, uint32_t cnt)
 		    FB_SECAGG_SHARE_MSG_LEN);
 		if (rc != FB_OK) {
 			fb_log_warn("round %u: a relayed share was refused: %s",
-			    w->round, fb_strerror(rc));
+			    w->sa_round, fb_strerror(rc));
 		}
 	}
 	fb_wipe(f->payload, f->payload_len);
@@ -286,8 +348,8 @@ on_relay(fb_wk *w, const fb_frame *f, uint32_t cnt)
 	if (w->phase == FB_WK_WAITING &&
 	    fb_wk_upload_start(w, w->stats.seconds, w->stats.loss_mean,
 	        w->stats.steps) != FB_OK) {
-		fb_log_warn("round %u: update not delivered", w->round);
-		fb_wk_round_fail(w, w->round, fb_log_last_error());
+		fb_log_warn("round %u: update not delivered", w->sa_round);
+		fb_wk_round_fail(w, w->sa_round, fb_log_last_error());
 	}
 }
 
@@ -296,10 +358,10 @@ on_relay(fb_wk *w, const fb_frame *f, uint32_t cnt)
 static void
 sa_refuse(fb_wk *w, const char *why)
 {
-	fb_log_warn("round %u: %s: not revealing our shares", w->round, why);
+	fb_log_warn("round %u: %s: not revealing our shares", w->sa_round, why);
 	if (sa_send(w, FB_SA_REFUSE, 0, NULL, 0) != FB_OK) {
 		fb_log_debug(
-		    "round %u: the refusal could not be sent", w->round);
+		    "round %u: the refusal could not be sent", w->sa_round);
 	}
 	fb_wk_sa_end(w);
 }
@@ -316,7 +378,7 @@ on_included(fb_wk *w, const fb_frame *f, uint32_t cnt)
 	        w->sa_phase != FB_WK_SA_CONFIRMED) ||
 	    cnt != w->sa_n || f->payload_len != w->sa_n) {
 		fb_log_warn(
-		    "round %u: malformed or unexpected included set", w->round);
+		    "round %u: malformed or unexpected included set", w->sa_round);
 		return;
 	}
 	rc = fb_secagg_worker_confirm(w->sa, w->self, f->payload, w->sa_n, out);
@@ -332,7 +394,7 @@ on_included(fb_wk *w, const fb_frame *f, uint32_t cnt)
 	w->sa_phase = FB_WK_SA_CONFIRMED;
 	if (sa_send(w, FB_SA_CONFIRM, 1, out, sizeof(out)) != FB_OK) {
 		fb_log_warn(
-		    "round %u: the confirmation could not be sent", w->round);
+		    "round %u: the confirmation could not be sent", w->sa_round);
 	}
 }
 
@@ -349,7 +411,7 @@ on_confirms(fb_wk *w, const fb_frame *f, uint32_t cnt)
 	if (w->sa_phase != FB_WK_SA_CONFIRMED || cnt >= w->sa_n ||
 	    f->payload_len != (size_t)cnt * FB_SECAGG_CONFIRM_LEN) {
 		fb_log_warn("round %u: malformed or unexpected confirmations",
-		    w->round);
+		    w->sa_round);
 		return;
 	}
 	for (uint32_t i = 0; i < cnt; i++) {
@@ -365,20 +427,20 @@ on_confirms(fb_wk *w, const fb_frame *f, uint32_t cnt)
 		    "verify against the set we signed (another set, or "
 		    "another key), %u are malformed or not from an "
 		    "included neighbour",
-		    w->round, other, bad);
+		    w->sa_round, other, bad);
 	}
 	cap = FB_SECAGG_REVEAL_HEADER_LEN +
 	      (size_t)w->sa_n * FB_SECAGG_REVEAL_ENTRY_LEN;
 	if ((out = malloc(cap)) == NULL) {
 		fb_log_warn("round %u: out of memory for the unmasking shares",
-		    w->round);
+		    w->sa_round);
 		return;
 	}
 	rc = fb_secagg_worker_reveal(w->sa, out, cap, &out_len);
 	if (rc == FB_OK) {
 		if (sa_send(w, FB_SA_REVEAL, 1, out, out_len) == FB_OK) {
 			fb_log_debug(
-			    "round %u: unmasking shares sent", w->round);
+			    "round %u: unmasking shares sent", w->sa_round);
 		}
 	} else if (rc == FB_ERANGE) {
 		char why[160];
@@ -388,7 +450,7 @@ on_confirms(fb_wk *w, const fb_frame *f, uint32_t cnt)
 		    fb_secagg_worker_confirmations(w->sa), w->sa_t);
 		sa_refuse(w, why);
 	} else {
-		fb_log_warn("round %u: unmasking request refused: %s", w->round,
+		fb_log_warn("round %u: unmasking request refused: %s", w->sa_round,
 		    fb_strerror(rc));
 	}
 	fb_wipe(out, cap);
@@ -411,24 +473,24 @@ on_again(fb_wk *w)
 	    (w->phase != FB_WK_UPLOADING && w->phase != FB_WK_IDLE)) {
 		fb_log_warn("round %u: asked for the masked input again while "
 		            "%s: ignored",
-		    w->round, fb_wk_phase_name(w->phase));
+		    w->sa_round, fb_wk_phase_name(w->phase));
 		return;
 	}
 	if (w->sa_again + 1 >= w->sa_n) {
 		fb_log_warn("round %u: asked for the masked input again more "
 		            "than %u time%s: ignored",
-		    w->round, w->sa_n - 1, w->sa_n == 2 ? "" : "s");
+		    w->sa_round, w->sa_n - 1, w->sa_n == 2 ? "" : "s");
 		return;
 	}
 	w->sa_again++;
 	fb_log_warn("round %u: the coordinator lost a cut-off upload inside "
 	            "its sum; sending our masked input again",
-	    w->round);
+	    w->sa_round);
 	fb_log_clear_error();
 	if (fb_wk_upload_start(w, w->stats.seconds, w->stats.loss_mean,
 	        w->stats.steps) != FB_OK) {
-		fb_log_warn("round %u: update not delivered", w->round);
-		fb_wk_round_fail(w, w->round, fb_log_last_error());
+		fb_log_warn("round %u: update not delivered", w->sa_round);
+		fb_wk_round_fail(w, w->sa_round, fb_log_last_error());
 	}
 }
 
@@ -438,7 +500,29 @@ fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
 	const fb_msg *m = &f->msg;
 	uint32_t cnt = m->u.secagg.count;
 
-	if (w->sa == NULL || m->u.secagg.round != w->round) {
+	if (w->sa == NULL || m->u.secagg.round != w->sa_round) {
+		/* secure async: the unmasking of an earlier task's cohort */
+		for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {
+			fb_wk_sa_held *h = &w->sa_held[i];
+			if (h->sa == NULL || h->round != m->u.secagg.round ||
+			    (m->u.secagg.phase != FB_SA_INCLUDED &&
+			        m->u.secagg.phase != FB_SA_CONFIRMS)) {
+				continue;
+			}
+			fb_wk_mask_wait(w); /* a batch made ahead reads w->sa */
+			sa_swap(w, h);
+			if (m->u.secagg.phase == FB_SA_INCLUDED) {
+				on_included(w, f, cnt);
+				sa_swap(w, h);
+				return;
+			}
+			on_confirms(w, f, cnt);
+			sa_swap(w, h);
+			/* revealed (or refused): its secrets are done with */
+			fb_secagg_worker_free(h->sa);
+			memset(h, 0, sizeof(*h));
+			return;
+		}
 		fb_log_debug("dropped a secure-aggregation message of round %u",
 		    m->u.secagg.round);
 		return;
@@ -486,7 +570,7 @@ fb_wk_sa_encode_chunk(fb_wk *w, const float *x, uint64_t off, uint64_t count,
     double loss, uint64_t *clipped, FILE *enc_dump, FILE *mask_dump,
     uint32_t *out)
 {
-	uint64_t seed = w->seed ^ ((uint64_t)w->round * 0x9e3779b97f4a7c15ULL) ^
+	uint64_t seed = w->seed ^ ((uint64_t)w->sa_round * 0x9e3779b97f4a7c15ULL) ^
 	                (((uint64_t)w->cfg->index + 1) * 0xc2b2ae3d27d4eb4fULL);
 	fb_secagg_eval ev;
 	fb_err rc;

@@ -84,6 +84,7 @@ fb_wk_fini(fb_wk *w)
 	fb_wk_mask_stop(w);
 	fb_wk_outbox_clear(w);
 	fb_wk_sa_end(w);
+	fb_wk_sa_held_free(w);
 	fb_trainer_close(w->trainer);
 	fb_model_close(w->model);
 	fb_dataset_fini(&w->shard);

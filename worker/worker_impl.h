@@ -84,6 +84,15 @@ typedef enum fb_wk_sa_phase {
 
 typedef struct fb_wk fb_wk;
 
+/* A secure-aggregation instance kept after its task (secure async). */
+#define FB_WK_SA_HELD 4
+typedef struct fb_wk_sa_held {
+	fb_secagg_worker *sa; /* NULL: free */
+	uint32_t round;
+	fb_wk_sa_phase phase;
+	uint32_t n, t;
+} fb_wk_sa_held;
+
 /*
  * The operations the state machine uses. None may call back into the
  * state machine. `arg` is the implementation's own.
@@ -273,6 +282,13 @@ struct fb_wk {
 	/* secure aggregation of the current round */
 	fb_wk_sa_phase sa_phase;
 	fb_secagg_worker *sa; /* NULL: none this round */
+	uint32_t sa_round; /* the round w->sa belongs to */
+	/* secure async: the instances of earlier tasks whose masked input
+	 * went up, held for their cohort's unmasking while the next task
+	 * runs (oldest replaced first) */
+	fb_wk_sa_held sa_held[FB_WK_SA_HELD];
+	uint32_t sa_held_next;
+	bool sa_swapped; /* a held instance is in w->sa for a moment */
 	uint32_t sa_n;
 	uint32_t sa_again;       /* times asked for the masked input again */
 	uint32_t sa_t;    /* the round's threshold */
@@ -522,6 +538,11 @@ FB_MUST_CHECK fb_err fb_wk_sa_start(fb_wk *w, const fb_msg *m);
 
 /* fb_wk_sa_end wipes this round's secure-aggregation secrets. */
 void fb_wk_sa_end(fb_wk *w);
+/* fb_wk_sa_hold keeps w->sa, whose masked input went up, for its
+ * cohort's unmasking (secure async: a new task begins meanwhile). */
+void fb_wk_sa_hold(fb_wk *w);
+/* fb_wk_sa_held_free wipes every held instance. */
+void fb_wk_sa_held_free(fb_wk *w);
 
 void fb_wk_on_secagg(fb_wk *w, const fb_frame *f);
 

@@ -8,8 +8,9 @@
 # gives each task its steps from the worker's measured speed. Then a run
 # whose coordinator is killed with SIGKILL after its third step resumes
 # (--resume) with an empty buffer and makes the rest of its steps from the
-# checkpoint's version; and async with secure aggregation is refused at
-# load, naming both keys.
+# checkpoint's version; and async with secure aggregation and a buffer of
+# 1 (a secure cohort needs 2 members) is refused at load, naming both keys
+# (tests/integration/async_secure.sh runs secure async).
 SECURE=1
 SECAGG=0
 source tests/integration/lib.sh
@@ -115,11 +116,14 @@ for k in range(before + 1, 7):
 print("resumed after step %d; steps %d-6 from version %d on" %
       (before, before + 1, before))
 PYEOF
-# async + secure aggregation: refused at load, naming both keys
-SECAGG=1 coord_yaml "$port" "$T/refused" "  mode: async" >"$T/r.yaml"
+# async + secure aggregation with buffer_size 1: refused at load, naming
+# both keys
+SECAGG=1 coord_yaml "$port" "$T/refused" "  mode: async
+  buffer_size: 1" >"$T/r.yaml"
 st=0
 "$B/fedbox-coordinator" --config "$T/r.yaml" >/dev/null 2>"$T/refused.log" || st=$?
-[ "$st" = 2 ] || fail "async with secure aggregation: exit $st, not 2"
-grep -q "secure_aggregation.enabled: round.mode: async" "$T/refused.log" ||
+[ "$st" = 2 ] || fail "secure async with buffer_size 1: exit $st, not 2"
+grep "round.buffer_size" "$T/refused.log" |
+	grep -q "secure_aggregation.enabled" ||
 	fail "the refusal does not name both keys: $(cat "$T/refused.log")"
 echo PASS

@@ -214,6 +214,11 @@ typedef struct fake_worker {
 	uint32_t evil_add;     /* model coordinates */
 	uint32_t evil_w;       /* the weight coordinate */
 	bool leak_speed;       /* sends steps_per_second under SecAgg */
+	/* secure async: the SecAgg instance of an earlier task, kept for its
+	 * cohort's unmasking (held_swap) */
+	fb_secagg_worker *held_sa;
+	uint32_t held_round, held_n;
+	fb_secagg_encodings held_enc;
 } fake_worker;
 
 typedef struct bench {
@@ -436,6 +441,7 @@ bench_stop(void)
 {
 	for (uint32_t i = 0; i < t.n; i++) {
 		fb_secagg_worker_free(t.fw[i].sa);
+		fb_secagg_worker_free(t.fw[i].held_sa);
 		fb_identity_free(t.fw[i].id);
 		fb_stream_push_free(t.fw[i].push);
 	}
@@ -1386,7 +1392,7 @@ test_secure_round_phases(void **state)
 	assert_true(t.ntrace >= 2);
 	assert_int_equal(t.trace[0], PHASE_PREPARE);
 	assert_int_equal(t.trace[1], PHASE_TRAIN);
-	assert_int_equal(t.c->sa.phase, SA_ADVERTS);
+	assert_int_equal(t.c->sa->phase, SA_ADVERTS);
 	for (uint32_t i = 0; i < 3; i++) {
 		assert_non_null(take_round_start(i));
 	}
@@ -1428,7 +1434,7 @@ test_secure_round_phases(void **state)
 		fb_stream_pull_free(pull);
 	}
 	sa_setup(7);
-	assert_int_equal(t.c->sa.phase, SA_INPUT);
+	assert_int_equal(t.c->sa->phase, SA_INPUT);
 	for (uint32_t i = 0; i < 3; i++) {
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
@@ -2417,7 +2423,7 @@ test_secure_too_few_confirmations_abort(void **state)
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
 	assert_phase(PHASE_UNMASK);
-	assert_int_equal(t.c->sa.phase, SA_CONFIRM);
+	assert_int_equal(t.c->sa->phase, SA_CONFIRM);
 	sa_confirm(0);
 	sa_confirm(1);
 	for (int s = 0; s < 5; s++) {
@@ -2459,7 +2465,7 @@ test_secure_refusal_aborts_at_once(void **state)
 	for (uint32_t i = 0; i < 3; i++) {
 		sa_confirm(i);
 	}
-	assert_int_equal(t.c->sa.phase, SA_UNMASK);
+	assert_int_equal(t.c->sa->phase, SA_UNMASK);
 	sa_reveal(0);
 	assert_int_equal(t.c->rd.number, 1);
 	send_secagg(2, FB_SA_REFUSE, 0, NULL, 0);
@@ -2494,7 +2500,7 @@ test_secure_other_set_not_counted(void **state)
 	sa_confirm_as(1, 2); /* signs {0, 1}: not what it was sent */
 	assert_int_equal(t.c->g.drops[DROP_BAD_SIGNATURE], 1);
 	assert_int_equal(
-	    t.c->sa.flags[t.c->reg.workers[1].sa_slot] & SA_F_CONFIRMED, 0);
+	    t.c->sa->flags[t.c->reg.workers[1].sa_slot] & SA_F_CONFIRMED, 0);
 	sa_confirm(2);
 	s = next_to(0, FB_MSG_SECAGG);
 	assert_non_null(s);
@@ -2925,6 +2931,213 @@ test_lr_decay_async_by_version(void **state)
 	bench_stop();
 }
 
+/* ---- secure async: one SecAgg cohort per buffer -------------------------- */
+
+#define SECURE_ASYNC_ROUND                                                 \
+	"  mode: async\n  buffer_size: 2\n  max_staleness: 4\n"
+
+/* Swaps fake worker i's SecAgg instance (and its round) with the one it
+ * holds: as the real worker keeps an earlier task's instance for its
+ * cohort's unmasking while it trains for the next. */
+static void
+held_swap(uint32_t i)
+{
+	fake_worker *fw = &t.fw[i];
+	fb_secagg_worker *sa = fw->sa;
+	uint32_t round = fw->round, n = fw->sa_n;
+	fb_secagg_encodings enc = fw->enc;
+
+	fw->sa = fw->held_sa;
+	fw->round = fw->held_round;
+	fw->sa_n = fw->held_n;
+	fw->enc = fw->held_enc;
+	fw->held_sa = sa;
+	fw->held_round = round;
+	fw->held_n = n;
+	fw->held_enc = enc;
+}
+
+/* Two cohorts in flight: the first two tasks make cohort 1, the third
+ * opens cohort 2; fast w0, done in cohort 1, joins cohort 2 and seals it.
+ * Cohort 2 completes first and is the first step, while cohort 1 waits
+ * for its slow member w1 alone; then cohort 1 is the second step, its
+ * inputs one step stale, shrunk by 1/sqrt(2) (the formula written out in
+ * async_error). Each step's line names its cohort and members. */
+static void
+test_secure_async_cohorts_in_flight(void **state)
+{
+	char line[16384];
+	float before[PARAMS];
+	const fb_msg *rs;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .extra = SECURE_ASYNC_ROUND});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	for (uint32_t i = 0; i < 3; i++) {
+		rs = take_round_start(i);
+		assert_non_null(rs);
+		assert_true(rs->u.round_start.secagg);
+		assert_int_equal(rs->u.round_start.sa_n, 2);
+		assert_int_equal(rs->u.round_start.model_round, 1);
+	}
+	/* cohort 1: w0 and w1 (sealed); cohort 2 filling with w2 */
+	assert_int_equal(t.fw[0].round, 1);
+	assert_int_equal(t.fw[1].round, 1);
+	assert_int_equal(t.fw[2].round, 2);
+	assert_int_equal(t.fw[0].rs->u.round_start.sa_slot, 0);
+	assert_int_equal(t.fw[1].rs->u.round_start.sa_slot, 1);
+	assert_int_equal(t.fw[2].rs->u.round_start.sa_slot, 0);
+	assert_int_equal(cohort_of(t.c, 1)->state, CO_RUNNING);
+	assert_int_equal(cohort_of(t.c, 2)->state, CO_FILLING);
+	sa_setup(0x3);
+	sa_advertise(2, t.fw[2].rs); /* taken while its cohort fills */
+	/* fast w0: its input into cohort 1, then a task in cohort 2 */
+	upload(0, t.fw[0].update, UINT32_MAX);
+	held_swap(0);
+	rs = take_round_start(0);
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 2);
+	assert_int_equal(rs->u.round_start.sa_slot, 1);
+	assert_int_equal(cohort_of(t.c, 2)->state, CO_RUNNING);
+	sa_advertise(0, rs);
+	sa_share(2);
+	sa_share(0);
+	sa_take_shares(2);
+	sa_take_shares(0);
+	upload(2, t.fw[2].update, UINT32_MAX);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	/* cohort 2 is in: unmasked and applied first; slow w1 holds back
+	 * cohort 1 only */
+	assert_int_equal(cohort_of(t.c, 1)->state, CO_RUNNING);
+	sa_fake_unmask(0x5);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(0x5, 1.0) < 1e-6);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"cohort\": 2, \"members\": 2"));
+	assert_non_null(strstr(line, "\"participants\": 2"));
+	assert_non_null(strstr(line, "\"secure_aggregation\": {\"workers\": 2, "
+	                             "\"neighbours\": 1, \"threshold\": 2, "
+	                             "\"included\": 2"));
+	assert_non_null(strstr(line, "\"trained_from\": 0, \"staleness\": 0"));
+	assert_null(strstr(line, "samples")); /* each worker's own */
+	assert_null(cohort_of(t.c, 2));
+	/* slow w1's input: cohort 1 completes, w0 answers its unmasking
+	 * with the instance it kept */
+	memcpy(before, t.c->params, sizeof(before));
+	upload(1, t.fw[1].update, UINT32_MAX);
+	held_swap(0);
+	sa_fake_unmask(0x3);
+	assert_int_equal(t.c->rd.committed, 2);
+	assert_true(async_error(before, (uint32_t[]){0, 1},
+	                (uint32_t[]){1, 1}, 2) < 1e-5);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"cohort\": 1, \"members\": 2"));
+	assert_non_null(strstr(line, "\"step_scale\": 0.707107"));
+	assert_non_null(strstr(line, "\"trained_from\": 0, \"staleness\": 1, "
+	                             "\"staleness_weight\": 0.707107"));
+	assert_int_equal(metrics_lines(), 2);
+	bench_stop();
+}
+
+/* A member whose task falls past max_staleness before its input is in is
+ * cancelled at the step: a dropout of its cohort (3 slots, threshold 2),
+ * which then completes with the other two and is applied. */
+static void
+test_secure_async_stale_member_cancelled(void **state)
+{
+	char line[16384];
+	float before[PARAMS];
+	const sent *cancel = NULL;
+
+	bench_start(&(setup){.workers = 4, .secure = true,
+	    .extra = "  mode: async\n  buffer_size: 3\n  max_staleness: 0\n"});
+	admit_all();
+	for (uint32_t i = 0; i < 4; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	assert_int_equal(t.fw[2].round, 1);
+	assert_int_equal(t.fw[3].round, 2);
+	sa_setup(0x7); /* cohort 1: w0, w1, w2 */
+	sa_advertise(3, t.fw[3].rs);
+	/* w0 and w1 done in cohort 1: they fill cohort 2 with w3 */
+	for (uint32_t i = 0; i < 2; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+		held_swap(i);
+		assert_non_null(take_round_start(i));
+		assert_int_equal(t.fw[i].round, 2);
+	}
+	for (uint32_t i = 0; i < 2; i++) {
+		sa_advertise(i, t.fw[i].rs);
+	}
+	sa_share(3);
+	sa_share(0);
+	sa_share(1);
+	sa_take_shares(3);
+	sa_take_shares(0);
+	sa_take_shares(1);
+	upload(3, t.fw[3].update, UINT32_MAX);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	memcpy(before, t.c->params, sizeof(before));
+	upload(1, t.fw[1].update, UINT32_MAX);
+	sa_fake_unmask(0xb);
+	/* step 1: w2's task (version 0) is now 1 step old, past 0: it is
+	 * cancelled, and cohort 1 goes on with w0 and w1 */
+	assert_int_equal(t.c->rd.committed, 1);
+	while ((cancel = next_to(2, FB_MSG_ROUND_CANCEL)) != NULL &&
+	    cancel->m.u.round_cancel.round != 1) {
+	}
+	assert_non_null(cancel);
+	assert_non_null(strstr(cancel->m.u.round_cancel.reason,
+	    "round.max_staleness"));
+	assert_int_equal(cohort_of(t.c, 1)->state, CO_UNMASK);
+	memcpy(before, t.c->params, sizeof(before));
+	held_swap(0);
+	held_swap(1);
+	sa_fake_unmask(0x3);
+	assert_int_equal(t.c->rd.committed, 2);
+	assert_true(async_error(before, (uint32_t[]){0, 1},
+	                (uint32_t[]){1, 1}, 2) < 1e-5);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"cohort\": 1, \"members\": 3, "
+	                             "\"dropped_stale\": 1"));
+	assert_non_null(strstr(line, "\"participants\": 2"));
+	assert_non_null(strstr(line, "\"included\": 2"));
+	bench_stop();
+}
+
+/* A cohort with fewer inputs than its threshold fails: nothing of it is
+ * applied, no step is recorded, and its members are free for new tasks. */
+static void
+test_secure_async_cohort_below_threshold_fails(void **state)
+{
+	fb_msg f = {.type = FB_MSG_ROUND_FAILED};
+	uint32_t starts;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .extra = SECURE_ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	sa_setup(0x3);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	/* w1 fails its task: cohort 1 has 1 input, its threshold is 2 */
+	starts = count_to(1, FB_MSG_ROUND_START);
+	f.u.round_failed.round = 1;
+	snprintf(f.u.round_failed.reason, sizeof(f.u.round_failed.reason),
+	    "out of memory");
+	deliver(1, &f, NULL, 0);
+	assert_null(cohort_of(t.c, 1));
+	assert_int_equal(t.c->cs.failed_total, 1);
+	assert_int_equal(t.c->rd.committed, 0);
+	assert_int_equal(metrics_lines(), 0);
+	assert_memory_equal(t.c->params, t.start, sizeof(t.start));
+	/* w1 is free again: a task in a new cohort */
+	assert_int_equal(count_to(1, FB_MSG_ROUND_START), starts + 1);
+	bench_stop();
+}
+
 FB_TESTS = {
 	{"the final round only evaluates: no step, a final line",
 	    test_final_round_only_evaluates},
@@ -3025,6 +3238,12 @@ FB_TESTS = {
         test_lr_decay_none_is_constant},
     {"lr_decay async: a task's lr is its model version + 1's",
         test_lr_decay_async_by_version},
+    {"secure async: two cohorts in flight, a slow member holds back its own",
+        test_secure_async_cohorts_in_flight},
+    {"secure async: a member past max_staleness is a dropout, recovered",
+        test_secure_async_stale_member_cancelled},
+    {"secure async: a cohort below its threshold fails, nothing applied",
+        test_secure_async_cohort_below_threshold_fails},
     {NULL, NULL},
 };
 

@@ -453,8 +453,11 @@ simple_msg(fb_msg_type type, uint32_t round)
 static void
 model_stream(fix *x, fb_msg *rs)
 {
+	/* (secure async: the model under the step's round, model_round) */
 	fb_stream_ctx ctx = {.run = x->run,
-	    .round = rs->u.round_start.round,
+	    .round = rs->u.round_start.model_round != 0
+	        ? rs->u.round_start.model_round
+	        : rs->u.round_start.round,
 	    .sender = FB_SENDER_COORDINATOR};
 	fb_stream_push *p = NULL;
 
@@ -1948,6 +1951,93 @@ test_secagg_round(void **state)
 	fix_free(x);
 }
 
+
+/*
+ * Secure async: a task's round is its cohort's (5), its model the step's
+ * (model_round 1). Once its masked input is up, the next task (cohort 6)
+ * begins, and the instance of cohort 5 is kept: while the worker trains
+ * for cohort 6, it signs cohort 5's included set and reveals its shares
+ * for it, sealed for round 5; its cohort 6 instance is untouched, and
+ * cohort 5's is wiped once revealed.
+ */
+static void
+test_secagg_async_keeps_the_last_cohort(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs, um = sa_msg(5, FB_SA_INCLUDED, 2);
+	fb_msg cm = sa_msg(5, FB_SA_CONFIRMS, 1);
+	uint8_t included[2] = {1, 1};
+	uint8_t pconf[FB_SECAGG_CONFIRM_LEN];
+	fb_secagg_worker *peer5;
+	size_t at;
+	bool held = false;
+
+	secure_join(x);
+	rs = sa_round_msg(x, 5);
+	rs.u.round_start.model_round = 1;
+	model_stream(x, &rs);
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	sa_exchange_adverts(x, 5);
+	serve_model(x); /* decrypts only under model_round */
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	train_done(x, FB_OK);
+	sa_exchange_shares(x, 5);
+	writable(x);
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	assert_int_equal(last(x)->msg.type, FB_MSG_UPDATE_END);
+	peer5 = x->peer; /* cohort 5's other member */
+	x->peer = NULL;
+	/* the next task, in cohort 6 */
+	rs = sa_round_msg(x, 6);
+	rs.u.round_start.model_round = 1;
+	model_stream(x, &rs);
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	assert_int_equal(x->w.round, 6);
+	assert_int_equal(x->w.sa_round, 6);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_ADVERTISED);
+	for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {
+		held |= x->w.sa_held[i].sa != NULL && x->w.sa_held[i].round == 5;
+	}
+	assert_true(held);
+	sa_exchange_adverts(x, 6);
+	serve_model(x);
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	/* cohort 5's unmasking, while cohort 6's task trains */
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &um, included, 2), FB_OK);
+	assert_int_equal(x->nlog - at, 1);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_CONFIRM);
+	assert_int_equal(last(x)->msg.u.secagg.round, 5);
+	assert_true(last(x)->sealed);
+	assert_int_equal(fb_secagg_worker_mask_begin(peer5), FB_OK);
+	assert_int_equal(
+	    fb_secagg_worker_confirm(peer5, x->pid, included, 2, pconf), FB_OK);
+	assert_int_equal(
+	    fb_secagg_worker_add_confirm(peer5, last(x)->payload, last(x)->len),
+	    FB_OK);
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &cm, pconf, sizeof(pconf)), FB_OK);
+	assert_int_equal(x->nlog - at, 1);
+	assert_int_equal(last(x)->msg.u.secagg.phase, FB_SA_REVEAL);
+	assert_int_equal(last(x)->msg.u.secagg.round, 5);
+	/* cohort 6 goes on as it was; cohort 5's secrets are gone */
+	assert_int_equal(x->w.phase, FB_WK_TRAINING);
+	assert_int_equal(x->w.sa_round, 6);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_SHARED);
+	for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {
+		assert_true(x->w.sa_held[i].sa == NULL ||
+		    x->w.sa_held[i].round != 5);
+	}
+	/* a second reveal request for cohort 5 finds nothing */
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &cm, pconf, sizeof(pconf)), FB_OK);
+	assert_int_equal(x->nlog, at);
+	fb_secagg_worker_free(peer5);
+	fix_free(x);
+}
+
 /*
  * With a pool the masked inputs are made in batches, the next one on the
  * masker thread while the loop seals the current one: whatever the pool's
@@ -2677,6 +2767,8 @@ FB_TESTS = {
         test_sealed_garbage_dropped},
     {"a secure-aggregation round: advert, shares, masked update, reveal",
         test_secagg_round},
+    {"secure async: the last cohort's unmasking runs beside the next task",
+        test_secagg_async_keeps_the_last_cohort},
     {"masked inputs made ahead on the pool go up whole and in order",
         test_secagg_masks_made_ahead},
     {"asked again, the masked input goes up anew: the same bytes",

@@ -1,0 +1,717 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * cohort.c -- round.mode: async with secure aggregation. Each buffer is a
+ * cohort (coordinator_impl.h): one SecAgg+ instance of round.buffer_size
+ * slots with a sum of its own, among the workers given their tasks for it.
+ *
+ *   filling   a free worker gets a task in the cohort now filling, and the
+ *             next free slot of its SecAgg instance (its RoundStart says
+ *             which); its key advert is taken at once
+ *   running   full: sealed; the SecAgg setup (adverts relayed, shares
+ *             relayed) runs among the members while they train, and each
+ *             member's masked input streams into the cohort's own sum
+ *   unmask    every member's input is in (or, at the cohort's deadline, at
+ *             least the threshold of them): the included set is confirmed
+ *             and the shares revealed, as in a sync secure round
+ *   ready     waits for the job thread, which unmasks it and steps the
+ *             model: one server step (one metrics line) per cohort, in the
+ *             order they completed
+ *
+ * Several cohorts are in flight: a fast worker finishes its task, takes
+ * one in the cohort filling, and answers its earlier cohorts' unmasking
+ * alongside; a slow member holds back only its own cohort. A worker has at
+ * most one slot in a cohort (a SecAgg identity signs for one slot), so a
+ * member of the cohort filling waits until it is sealed. At most one
+ * cohort per live worker is in flight (each holds a model-sized sum), and
+ * a member whose task falls more than round.max_staleness steps behind
+ * before its input is in is cancelled: a dropout of its cohort. A cohort
+ * with fewer inputs than its threshold fails: nothing of it is applied,
+ * and its members are free.
+ *
+ * A member's weight is fixed before masking, so inside a cohort the
+ * inputs weigh by sample count only; the step is then shrunk by
+ * fb_fedbuff_weights' scale from the members' staleness at the step. The
+ * coordinator does not know a member's sample count under secure
+ * aggregation, so the scale takes them equal: the mean of
+ * 1/sqrt(1 + staleness) over the included members.
+ *
+ * Nothing here blocks or touches a socket but through coord_send.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "coordinator/coordinator_impl.h"
+
+bool
+cohorts_on(const coord *c)
+{
+	return c->cfg->mode == FB_MODE_ASYNC && c->cfg->sa_enabled;
+}
+
+fb_err
+cohorts_alloc(coord *c)
+{
+	cohorts *cs = &c->cs;
+
+	cs->filling = -1;
+	cs->applying = -1;
+	cs->next_id = 1;
+	if (!cohorts_on(c)) {
+		return FB_OK;
+	}
+	cs->cap = c->reg.cap + 1;
+	cs->co = calloc(cs->cap, sizeof(*cs->co));
+	if (cs->co == NULL) {
+		return FB_ENOMEM;
+	}
+	for (uint32_t i = 0; i < cs->cap; i++) {
+		cs->co[i].m =
+		    calloc((size_t)c->cfg->buffer_size, sizeof(*cs->co[i].m));
+		if (cs->co[i].m == NULL) {
+			return FB_ENOMEM;
+		}
+	}
+	return FB_OK;
+}
+
+void
+cohorts_fini(coord *c)
+{
+	cohorts *cs = &c->cs;
+
+	for (uint32_t i = 0; cs->co != NULL && i < cs->cap; i++) {
+		sa_free(&cs->co[i].sa);
+		fb_accum_free(cs->co[i].accum);
+		free(cs->co[i].m);
+	}
+	free(cs->co);
+	memset(cs, 0, sizeof(*cs));
+}
+
+cohort *
+cohort_of(coord *c, uint32_t id)
+{
+	for (uint32_t i = 0; id != 0 && i < c->cs.cap; i++) {
+		cohort *co = &c->cs.co[i];
+		if (co->state != CO_FREE && co->id == id) {
+			return co;
+		}
+	}
+	return NULL;
+}
+
+/* The member index of worker w in co, or co->count when none. */
+static uint32_t
+member_of(const coord *c, const cohort *co, const worker *w)
+{
+	uint32_t ws = (uint32_t)(w - c->reg.workers);
+	uint32_t s = 0;
+
+	while (s < co->count && (co->m[s].slot != ws || co->m[s].id != w->id)) {
+		s++;
+	}
+	return s;
+}
+
+sa_round *
+cohort_enter(coord *c, cohort *co, worker *w)
+{
+	sa_round *prev = c->sa;
+
+	c->sa = &co->sa;
+	if (w != NULL && member_of(c, co, w) < co->count) {
+		w->sa_slot = member_of(c, co, w);
+	}
+	return prev;
+}
+
+void
+cohort_leave(coord *c, sa_round *prev, worker *w)
+{
+	c->sa = prev;
+	if (w != NULL && prev != &c->sa_sync) {
+		/* back to the slot of the instance we came from */
+		for (uint32_t i = 0; i < c->cs.cap; i++) {
+			cohort *co = &c->cs.co[i];
+			if (&co->sa == prev &&
+			    member_of(c, co, w) < co->count) {
+				w->sa_slot = member_of(c, co, w);
+			}
+		}
+	} else if (w != NULL) {
+		cohort *co = cohort_of(c, w->task_round);
+		if (co != NULL && member_of(c, co, w) < co->count) {
+			w->sa_slot = member_of(c, co, w);
+		}
+	}
+}
+
+/* Whether worker w is on a task of cohort co now. */
+static bool
+on_task_of(const worker *w, const cohort *co)
+{
+	return w->used && w->task_round == co->id &&
+	       (w->state == W_TRAINING || w->state == W_UPLOADING);
+}
+
+const sa_round *
+round_sa(const coord *c)
+{
+	if (cohorts_on(c)) {
+		return c->cs.applying >= 0 ? &c->cs.co[c->cs.applying].sa
+		                           : &c->sa_sync;
+	}
+	return c->sa;
+}
+
+bool
+cohort_open_to(const coord *c, const worker *w, uint32_t round)
+{
+	const cohort *co = NULL;
+
+	for (uint32_t i = 0; round != 0 && i < c->cs.cap; i++) {
+		if (c->cs.co[i].state != CO_FREE && c->cs.co[i].id == round) {
+			co = &c->cs.co[i];
+		}
+	}
+	return co != NULL && round == w->task_round &&
+	       (co->state == CO_FILLING || co->state == CO_RUNNING);
+}
+
+/* Frees cohort co; its members still on its task are told so. */
+static void
+cohort_free(coord *c, cohort *co, const char *why)
+{
+	sa_round *prev = cohort_enter(c, co, NULL);
+
+	for (uint32_t s = 0; s < co->count; s++) {
+		worker *w = &c->reg.workers[co->m[s].slot];
+		if (w->id == co->m[s].id && on_task_of(w, co)) {
+			round_cancel(c, w, why);
+		}
+	}
+	cohort_leave(c, prev, NULL);
+	/* its streams' chunks still queued are added (or dropped) before
+	 * the sum is used again (ingest_arg.cohort no longer matches) */
+	upload_settle(c);
+	sa_free(&co->sa);
+	if (c->cs.filling == (int32_t)(co - c->cs.co)) {
+		c->cs.filling = -1;
+	}
+	co->state = CO_FREE;
+	co->count = 0;
+	co->id = 0;
+}
+
+static void cohort_fail(coord *c, cohort *co, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The cohort cannot complete: nothing of it is applied. */
+static void
+cohort_fail(coord *c, cohort *co, const char *fmt, ...)
+{
+	char why[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	fb_log_error(
+	    "cohort %u failed: %s; nothing of it is applied", co->id, why);
+	c->cs.failed++;
+	c->cs.failed_total++;
+	cohort_free(c, co, "its cohort failed");
+}
+
+/* Opens a new cohort for the tasks to come; NULL at the bound. */
+static cohort *
+cohort_open(coord *c, int64_t now)
+{
+	cohorts *cs = &c->cs;
+	uint32_t live = registry_live_count(c), inflight = 0;
+	uint32_t n = (uint32_t)c->cfg->buffer_size;
+	cohort *co = NULL;
+	const char *why = NULL;
+	sa_round *prev;
+
+	for (uint32_t i = 0; i < cs->cap; i++) {
+		if (cs->co[i].state != CO_FREE) {
+			inflight++;
+		} else if (co == NULL) {
+			co = &cs->co[i];
+		}
+	}
+	/* each holds a model-sized sum: one per live worker at most */
+	if (co == NULL || inflight >= (live > 1 ? live : 1)) {
+		return NULL;
+	}
+	if (co->accum == NULL && fb_accum_alloc(c->param_count, c->chunk_elems,
+	                             c->cfg->clip, &co->accum) != FB_OK) {
+		fb_log_error("no memory for another cohort's sum; the free "
+		             "workers wait");
+		return NULL;
+	}
+	fb_accum_set_parallel(co->accum, fb_ingest_parallel, c->ingest);
+	fb_accum_reset(co->accum);
+	co->id = cs->next_id++;
+	prev = cohort_enter(c, co, NULL);
+	if (sa_begin(c, co->id, NULL, n, &why) != FB_OK) {
+		cohort_leave(c, prev, NULL);
+		fb_log_error(
+		    "cohort %u: cannot aggregate securely: %s", co->id, why);
+		sa_free(&co->sa);
+		co->id = 0;
+		return NULL;
+	}
+	cohort_leave(c, prev, NULL);
+	co->state = CO_FILLING;
+	co->count = 0;
+	co->opened_ms = now;
+	co->deadline_ms = 0;
+	co->closing_ms = 0;
+	co->stale = 0;
+	co->superseded = 0;
+	cs->filling = (int32_t)(co - cs->co);
+	fb_log_debug(
+	    "cohort %u opened (%u slots, threshold %u)", co->id, n, co->sa.t);
+	return co;
+}
+
+/* The membership is sealed: the setup runs among the members. */
+static void
+cohort_seal(coord *c, cohort *co, int64_t now)
+{
+	co->state = CO_RUNNING;
+	co->sa.phase_end_ms = now + c->cfg->sa_setup_ms;
+	co->deadline_ms = now + c->cfg->deadline_ms;
+	if (c->cs.filling == (int32_t)(co - c->cs.co)) {
+		c->cs.filling = -1;
+	}
+	fb_log_info("cohort %u sealed with %u members", co->id, co->count);
+}
+
+/* Gives worker w its task in cohort co. */
+static void
+cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
+{
+	round_state *rd = &c->rd;
+	wslot slot = registry_slot(c, w);
+	uint32_t s = co->count++;
+	sa_round *prev;
+
+	co->m[s].slot = slot.v;
+	co->m[s].id = w->id;
+	co->m[s].version = rd->committed;
+	snprintf(co->m[s].name, sizeof(co->m[s].name), "%s", w->name);
+	w->assigned_steps = round_schedule_steps(c, w);
+	w->weight = 0;
+	w->round_speed = 0;
+	w->a_norm = 0;
+	w->done_ms = 0;
+	w->next_chunk = 0;
+	w->steps = 0;
+	w->train_loss = 0;
+	w->train_seconds = 0;
+	w->fail_reason = NULL;
+	fedeval_clear(w);
+	/* uploads spread over the model, as in a sync round */
+	w->first_chunk = (uint32_t)((uint64_t)s * c->chunk_count / co->sa.n);
+	w->task_round = co->id;
+	w->task_version = rd->committed;
+	w->staleness = 0;
+	w->task_seed = (uint64_t)c->cfg->seed +
+	               (++c->as.tasks + ((uint64_t)rd->committed << 32)) *
+	                   0x9e3779b97f4a7c15ULL;
+	rd->r.selected++;
+	prev = cohort_enter(c, co, NULL);
+	sa_assign(c, s, slot.v);
+	round_send_start(c, w);
+	cohort_leave(c, prev, w);
+	if (co->count == co->sa.n) {
+		cohort_seal(c, co, now);
+	}
+}
+
+/* Whether w can take a task now. */
+static bool
+worker_free(const coord *c, const worker *w)
+{
+	return w->used && w->welcomed &&
+	       (w->state == W_IDLE || w->state == W_DONE ||
+	           w->state == W_FAILED);
+}
+
+/* Gives every free worker a task in the cohort filling (opened as
+ * needed), while the step's model is out. */
+static void
+dispatch_free(coord *c, int64_t now)
+{
+	cohorts *cs = &c->cs;
+
+	if (c->rd.phase != PHASE_TRAIN || !cs->bc_ready) {
+		return;
+	}
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		worker *w = &c->reg.workers[i];
+		cohort *co;
+		if (!worker_free(c, w)) {
+			continue;
+		}
+		co = cs->filling >= 0 ? &cs->co[cs->filling]
+		                      : cohort_open(c, now);
+		if (co == NULL) {
+			return; /* at the bound: free workers wait */
+		}
+		if (member_of(c, co, w) < co->count) {
+			continue; /* one slot each: it waits for the seal */
+		}
+		cohort_dispatch(c, co, w, now);
+	}
+}
+
+/* RUNNING: setup, inputs, and the close at all in or the deadline. */
+static void
+cohort_run(coord *c, cohort *co, int64_t now)
+{
+	bool waiting = false, uploading = false;
+	uint32_t included;
+
+	sa_advance(c, now);
+	for (uint32_t s = 0; s < co->count; s++) {
+		worker *w = &c->reg.workers[co->m[s].slot];
+		if (sa_member_pending(c, s) && w->id == co->m[s].id) {
+			waiting = true;
+			uploading |= w->state == W_UPLOADING;
+		}
+	}
+	if (co->sa.phase != SA_INPUT && co->sa.phase != SA_OFF &&
+	    now < co->deadline_ms) {
+		return; /* setup under way */
+	}
+	if (waiting && now < co->deadline_ms) {
+		return;
+	}
+	if (waiting && uploading) {
+		/* a masked input arrives whole or not at all: uploads under
+		 * way at the deadline may finish, up to unmask_timeout */
+		if (co->closing_ms == 0) {
+			co->closing_ms = now;
+			fb_log_warn(
+			    "cohort %u: deadline (%.1fs) passed; letting "
+			    "the masked uploads under way finish",
+			    co->id, (double)c->cfg->deadline_ms / 1000.0);
+		}
+		if (now - co->closing_ms < c->cfg->sa_unmask_ms) {
+			return;
+		}
+	}
+	for (uint32_t s = 0; s < co->count; s++) {
+		worker *w = &c->reg.workers[co->m[s].slot];
+		if (w->id == co->m[s].id && on_task_of(w, co) &&
+		    !(co->sa.flags[s] & SA_F_INCLUDED)) {
+			round_cancel(c, w,
+			    w->state == W_UPLOADING
+			        ? "cohort deadline passed during upload"
+			        : "cohort deadline passed during training");
+		}
+	}
+	upload_settle(c); /* (notes the inputs that completed meanwhile) */
+	included = sa_count(&co->sa, SA_F_INCLUDED);
+	if (co->sa.poisoned != NULL) {
+		cohort_fail(c, co, "%s", co->sa.poisoned);
+		return;
+	}
+	if (included < co->sa.t || included < 2) {
+		cohort_fail(c, co,
+		    "only %u masked inputs complete, below the "
+		    "secure-aggregation threshold of %u",
+		    included, co->sa.t);
+		return;
+	}
+	sa_request_confirms(c, now);
+	co->state = CO_UNMASK;
+}
+
+/* UNMASK: the confirmations, then the reveals (round.c's sync twin). */
+static void
+cohort_unmask(coord *c, cohort *co, int64_t now)
+{
+	sa_round *sa = &co->sa;
+
+	if (sa->phase == SA_CONFIRM) {
+		if (sa_confirms_pending(c) && now < sa->phase_end_ms) {
+			return;
+		}
+		if (sa_request_reveals(c, now) != FB_OK) {
+			cohort_fail(c, co,
+			    "only %u of the %u included workers "
+			    "confirmed the included set (%u refused), below "
+			    "the "
+			    "secure-aggregation threshold of %u",
+			    sa_count(sa, SA_F_CONFIRMED),
+			    sa_count(sa, SA_F_INCLUDED),
+			    sa_count(sa, SA_F_REFUSED), sa->t);
+		}
+		return;
+	}
+	if (sa_reveals_hopeless(c)) {
+		cohort_fail(c, co,
+		    "only %u of the %u workers that confirmed the "
+		    "included set revealed their shares (%u refused), below "
+		    "the "
+		    "secure-aggregation threshold",
+		    sa_count(sa, SA_F_REVEALED), sa_count(sa, SA_F_CONFIRMED),
+		    sa_count(sa, SA_F_REFUSED));
+		return;
+	}
+	if (!sa_reveals_pending(c) || now >= sa->phase_end_ms) {
+		co->state = CO_READY;
+		co->ready_seq = ++c->cs.seq;
+	}
+}
+
+/* The first cohort completed goes to the job: one server step. */
+static void
+cohort_apply(coord *c, cohort *co, int64_t now)
+{
+	async_state *as = &c->as;
+	round_state *rd = &c->rd;
+	job *j = &c->job;
+	uint64_t *n = calloc(co->count, sizeof(*n));
+	uint64_t *st = calloc(co->count, sizeof(*st));
+	double *w = calloc(co->count, sizeof(*w));
+	double scale = 1.0;
+	uint32_t k = 0;
+
+	if (n == NULL || st == NULL || w == NULL) {
+		goto out; /* tried again on the next turn */
+	}
+	as->count = 0;
+	for (uint32_t s = 0; s < co->count; s++) {
+		async_entry *e;
+		if (!(co->sa.flags[s] & SA_F_INCLUDED) ||
+		    as->count == as->cap) {
+			continue;
+		}
+		n[k] = 1; /* sample counts are the workers' own: taken equal */
+		st[k] = rd->committed - co->m[s].version;
+		e = &as->buf[as->count++];
+		memset(e, 0, sizeof(*e));
+		snprintf(e->name, sizeof(e->name), "%s", co->m[s].name);
+		e->version = co->m[s].version;
+		e->staleness = (uint32_t)st[k];
+		k++;
+	}
+	if (fb_fedbuff_weights(n, st, k, w, &scale) != FB_OK) {
+		scale = 1.0;
+	}
+	if (model_writable(c, &c->params_lent, c->param_count * 4, true) !=
+	    FB_OK) {
+		goto out;
+	}
+	c->params = fb_lent_data(c->params_lent);
+	as->scale = scale;
+	as->dropped_stale = co->stale;
+	as->superseded = co->superseded;
+	rd->r.selected = co->count;
+	rd->clipped = 0; /* (masked inputs are clipped on the workers) */
+	co->state = CO_APPLYING;
+	c->cs.applying = (int32_t)(co - c->cs.co);
+	j->eval_only = false;
+	j->secure_sum = true;
+	j->sa = &co->sa;
+	j->accum = co->accum;
+	j->sa_scale = scale;
+	j->scale = 1.0;
+	j->evaluate = c->evaluate && c->cfg->eval_every > 0 &&
+	              (rd->number % c->cfg->eval_every == 0 ||
+	                  rd->number == (uint32_t)c->cfg->rounds);
+	fb_log_debug("step %u: applying cohort %u (%u inputs, scale %.4f)",
+	    rd->number, co->id, k, scale);
+	jobs_submit(c, JOB_AGGREGATE);
+	round_enter(c, PHASE_AGGREGATE, now);
+out:
+	free(n);
+	free(st);
+	free(w);
+}
+
+void
+cohorts_tick(coord *c, int64_t now)
+{
+	cohorts *cs = &c->cs;
+	cohort *ready = NULL;
+
+	if (c->rd.phase == PHASE_DONE) {
+		return;
+	}
+	for (uint32_t i = 0; i < cs->cap; i++) {
+		cohort *co = &cs->co[i];
+		sa_round *prev;
+		if (co->state == CO_FREE || co->state == CO_APPLYING) {
+			continue;
+		}
+		prev = cohort_enter(c, co, NULL);
+		if (co->state == CO_FILLING &&
+		    now - co->opened_ms >= c->cfg->deadline_ms) {
+			/* not enough free workers came: it runs with those it
+			 * has (the empty slots are dropouts) */
+			fb_log_warn("cohort %u: %u of %u members within "
+			            "round.deadline; sealed as it is",
+			    co->id, co->count, co->sa.n);
+			cohort_seal(c, co, now);
+		}
+		if (co->state == CO_RUNNING) {
+			cohort_run(c, co, now);
+		}
+		if (co->state == CO_UNMASK) {
+			cohort_unmask(c, co, now);
+		}
+		cohort_leave(c, prev, NULL);
+		if (co->state == CO_READY &&
+		    (ready == NULL || co->ready_seq < ready->ready_seq)) {
+			ready = co;
+		}
+	}
+	if (c->rd.phase != PHASE_TRAIN) {
+		return;
+	}
+	if (ready != NULL && !jobs_busy(c) && cs->applying < 0) {
+		cohort_apply(c, ready, now);
+		if (c->rd.phase != PHASE_TRAIN) {
+			return;
+		}
+	}
+	dispatch_free(c, now);
+}
+
+void
+cohorts_begin(coord *c, int64_t now)
+{
+	round_state *rd = &c->rd;
+	cohorts *cs = &c->cs;
+
+	if (rd->ran == 0 && cs->bc_version == 0 && !cs->bc_ready) {
+		/* the first step: the run's credits start here, once (uploads
+		 * then run across steps) */
+		upload_credits_reset(c);
+	}
+	round_reset_result(c, now);
+	c->as.count = 0;
+	c->as.scale = NAN;
+	rd->nsel = 0;
+	rd->target_updates = UINT32_MAX;
+	rd->in_chunks = c->chunk_count + 1;
+	cs->bc_ready = false;
+	/* the tasks now past round.max_staleness are cancelled: each is a
+	 * dropout of its cohort */
+	for (uint32_t i = 0; i < cs->cap; i++) {
+		cohort *co = &cs->co[i];
+		sa_round *prev;
+		if (co->state != CO_FILLING && co->state != CO_RUNNING) {
+			continue;
+		}
+		prev = cohort_enter(c, co, NULL);
+		for (uint32_t s = 0; s < co->count; s++) {
+			worker *w = &c->reg.workers[co->m[s].slot];
+			uint32_t age = rd->committed - co->m[s].version;
+			char why[160];
+			if (w->id != co->m[s].id || !on_task_of(w, co) ||
+			    age <= (uint32_t)c->cfg->max_staleness) {
+				continue;
+			}
+			snprintf(why, sizeof(why),
+			    "trained from model version %u, "
+			    "%u steps old: past round.max_staleness (%lld)",
+			    co->m[s].version, age,
+			    (long long)c->cfg->max_staleness);
+			fb_log_info("cohort %u: task of %s cancelled: %s",
+			    co->id, w->name, why);
+			co->stale++;
+			round_cancel(c, w, why);
+		}
+		cohort_leave(c, prev, NULL);
+	}
+	round_open_model(c, now);
+}
+
+void
+cohorts_open(coord *c, int64_t now)
+{
+	c->cs.bc_version = c->rd.committed;
+	c->cs.bc_ready = true;
+	c->rd.deadline_ms = now + c->cfg->deadline_ms;
+	round_enter(c, PHASE_TRAIN, now);
+	cohorts_tick(c, now);
+}
+
+void
+cohorts_applied(coord *c)
+{
+	cohorts *cs = &c->cs;
+
+	if (cs->applying >= 0) {
+		cohort_free(c, &cs->co[cs->applying], "its cohort was applied");
+		cs->applying = -1;
+	}
+	cs->failed = 0;
+}
+
+bool
+cohort_fetch_ok(coord *c, worker *w)
+{
+	cohort *co = cohort_of(c, w->task_round);
+
+	if (c->rd.phase != PHASE_PREPARE && c->cs.bc_ready &&
+	    c->cs.bc_version == w->task_version) {
+		return true;
+	}
+	/* The server stepped between its task and its fetch: the model it
+	 * was given is gone, and its slot is a dropout of its cohort. */
+	if (co != NULL) {
+		co->superseded++;
+	}
+	round_cancel(c, w, "its model was superseded before it was fetched");
+	return false;
+}
+
+void
+cohort_on_secagg(coord *c, worker *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+	cohort *co = cohort_of(c, m->u.secagg.round);
+	bool setup = m->u.secagg.phase == FB_SA_ADVERT ||
+	             m->u.secagg.phase == FB_SA_SHARES;
+	sa_round *prev;
+
+	if (co == NULL || member_of(c, co, w) == co->count) {
+		guard_drop(c, DROP_STALE_ROUND,
+		    "secure-aggregation message for "
+		    "round %u from %s, of no cohort it is in",
+		    m->u.secagg.round, w->name);
+		return;
+	}
+	if (setup && !on_task_of(w, co)) {
+		guard_drop(c, DROP_UNEXPECTED,
+		    "secure-aggregation setup for "
+		    "cohort %u from %s, which is not on its task",
+		    co->id, w->name);
+		return;
+	}
+	if (!setup && co->state != CO_UNMASK) {
+		guard_drop(c, DROP_UNEXPECTED,
+		    "secure-aggregation message for "
+		    "cohort %u from %s before its unmasking",
+		    co->id, w->name);
+		return;
+	}
+	prev = cohort_enter(c, co, w);
+	sa_handle(c, w, f);
+	cohort_leave(c, prev, w);
+}
