@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/util.h"
 #include "crypto/crypto.h"
 #include "crypto/crypto_impl.h"
 #include "tests/unit/harness.h"
