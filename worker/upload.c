@@ -12,10 +12,10 @@
  * (heartbeats, a RoundCancel, SecAgg reveals). In secure mode the chunks
  * are made a batch at a time (one chunk per core) on the pool: masked
  * (with secure aggregation) and sealed (an INDEXED_TAGS stream, whose
- * chunks seal on their own) in the same task, into the slots of one of two
+ * chunks seal on their own) in the same task, into slots of one of two
  * buffers used in turn (w->send_ct), from which they are sent without a
- * copy; the masker thread makes the next batch in the other buffer while
- * the loop sends the current one, so the loop thread only sends. Plaintext
+ * copy; the masker thread makes the next batch while the loop sends the
+ * current one, so the loop thread only sends. Plaintext
  * updates go from w->local itself, without a copy.
  *
  * debug.dump_updates (tests only) writes each round's update as sent:
@@ -180,7 +180,8 @@ typedef struct batch_arg {
 	fb_wk *w;
 	uint32_t first;
 	uint32_t *out; /* SecAgg: the masked inputs; else NULL */
-	uint8_t *ct;
+	uint8_t *ct;   /* slot slot0 of send_ct[which] */
+	uint32_t which, slot0;
 	uint64_t clipped[FB_WK_BATCH_MAX];
 	size_t m_len[FB_WK_BATCH_MAX], ct_len[FB_WK_BATCH_MAX];
 	uint8_t hash[FB_WK_BATCH_MAX][FB_STREAM_HASH_LEN];
@@ -241,14 +242,12 @@ batch_piece(void *arg, uint32_t i)
 }
 
 static void
-batch_arg_init(batch_arg *a, fb_wk *w, uint32_t first, uint32_t *out,
-    uint8_t *ct)
+batch_arg_init(batch_arg *a, fb_wk *w, uint32_t first, uint32_t *out)
 {
 	memset(a->clipped, 0, sizeof(a->clipped));
 	a->w = w;
 	a->first = first;
 	a->out = out;
-	a->ct = ct;
 	atomic_init(&a->rc, FB_OK);
 }
 
@@ -359,34 +358,50 @@ batch_half(const fb_wk *w, uint32_t h)
 }
 
 /*
- * The ct buffer of half h made writable for a batch: the slots no message
- * holds (else fb_lent_own gives fresh memory and leaves the old to them),
- * written by the batch's tasks each once. NULL: out of memory.
+ * The slots for batch a's n chunks: in the ct window in use if they fit
+ * there, else in the other one, made writable (when messages of its last
+ * use still hold it, fb_lent_own gives fresh memory and leaves the old to
+ * them). Slots are written only where no message holds one yet: the
+ * window's slots are taken in position order, each once. Errors: FB_ENOMEM.
  */
-static uint8_t *
-batch_ct(fb_wk *w, uint32_t h)
+static fb_err
+batch_ct(fb_wk *w, batch_arg *a, uint32_t n)
 {
+	fb_wk_upload *u = &w->up;
 	size_t len = fb_wk_ct_stride(w) * FB_WK_BATCH_MAX;
-	fb_err rc = w->send_ct[h] == NULL ? fb_lent_new(len, &w->send_ct[h])
-	                                  : fb_lent_own(&w->send_ct[h], len,
-	                                        false);
+	uint32_t next;
+	fb_err rc;
 
-	if (rc != FB_OK) {
-		fb_log_error("round %u: out of memory for the update's "
-		             "encrypted chunks",
-		    w->round);
-		return NULL;
+	if (!u->ct_live || a->first < u->ct_first ||
+	    a->first + n > u->ct_first + FB_WK_BATCH_MAX) {
+		next = u->ct_live ? 1 - u->ct_which : u->ct_which;
+		rc = w->send_ct[next] == NULL
+		         ? fb_lent_new(len, &w->send_ct[next])
+		         : fb_lent_own(&w->send_ct[next], len, false);
+		if (rc != FB_OK) {
+			fb_log_error("round %u: out of memory for the update's "
+			             "encrypted chunks",
+			    w->round);
+			return rc;
+		}
+		u->ct_which = next;
+		u->ct_first = a->first;
+		u->ct_live = true;
 	}
-	return fb_lent_data(w->send_ct[h]);
+	a->which = u->ct_which;
+	a->slot0 = a->first - u->ct_first;
+	a->ct = (uint8_t *)fb_lent_data(w->send_ct[a->which]) +
+	        (size_t)a->slot0 * fb_wk_ct_stride(w);
+	return FB_OK;
 }
 
 /*
- * A batch made (a, in half h, n chunks): on the loop thread, in position
- * order, its chunks' lengths are kept for their sends and their digest
- * entries go into the stream.
+ * A batch made (a, n chunks), now the one in use: on the loop thread, in
+ * position order, its chunks' slots and lengths are kept for their sends
+ * and their digest entries go into the stream.
  */
 static fb_err
-batch_take(fb_wk *w, const batch_arg *a, uint32_t h, uint32_t n)
+batch_take(fb_wk *w, const batch_arg *a, uint32_t n)
 {
 	fb_wk_upload *u = &w->up;
 	fb_err rc = (fb_err)atomic_load(&a->rc);
@@ -398,8 +413,10 @@ batch_take(fb_wk *w, const batch_arg *a, uint32_t h, uint32_t n)
 	if (rc != FB_OK) {
 		return rc;
 	}
+	u->batch_which = a->which;
+	u->batch_slot0 = a->slot0;
 	for (uint32_t i = 0; i < n; i++) {
-		u->ct_len[h][i] = a->ct_len[i];
+		u->ct_len[a->which][a->slot0 + i] = a->ct_len[i];
 		payload += a->m_len[i];
 	}
 	return fb_stream_push_hashes(u->push, a->hash[0], n, payload,
@@ -414,20 +431,21 @@ batch_ahead(fb_wk *w)
 	fb_wk_upload *u = &w->up;
 	uint32_t next = u->batch_first + u->batch_n;
 	struct fb_wk_masker *mk;
-	uint8_t *ct;
+	uint32_t n;
 
 	if (next >= u->chunks || w->pool == NULL || u->enc_dump != NULL ||
 	    u->mask_dump != NULL || (w->mk == NULL && masker_start(w) != FB_OK)) {
 		return false;
 	}
-	if ((ct = batch_ct(w, 1 - u->half)) == NULL) {
-		return false; /* the loop makes it when due */
-	}
+	n = u->chunks - next < u->batch_cap ? u->chunks - next : u->batch_cap;
 	mk = w->mk;
 	pthread_mutex_lock(&mk->mu);
-	batch_arg_init(&mk->a, w, next, batch_half(w, 1 - u->half), ct);
-	mk->n = u->chunks - next < u->batch_cap ? u->chunks - next
-	                                        : u->batch_cap;
+	batch_arg_init(&mk->a, w, next, batch_half(w, 1 - u->half));
+	if (batch_ct(w, &mk->a, n) != FB_OK) {
+		pthread_mutex_unlock(&mk->mu);
+		return false; /* the loop makes it when due */
+	}
+	mk->n = n;
 	mk->job = true;
 	pthread_cond_broadcast(&mk->cv);
 	pthread_mutex_unlock(&mk->mu);
@@ -448,7 +466,7 @@ batch_take_ahead(fb_wk *w)
 	u->half = 1 - u->half;
 	u->batch_first = u->ahead_first;
 	u->batch_n = u->ahead_n;
-	return batch_take(w, &w->mk->a, u->half, u->batch_n);
+	return batch_take(w, &w->mk->a, u->batch_n);
 }
 
 /*
@@ -462,7 +480,6 @@ batch_make(fb_wk *w)
 	fb_wk_upload *u = &w->up;
 	uint32_t n = fb_pool_threads(w->pool) + 1;
 	batch_arg *a;
-	uint8_t *ct;
 	fb_err rc;
 
 	n = n > FB_WK_BATCH_MAX ? FB_WK_BATCH_MAX : n;
@@ -481,13 +498,16 @@ batch_make(fb_wk *w)
 	if (u->batch_cap < n) {
 		u->batch_cap = n;
 	}
-	if ((ct = batch_ct(w, u->half)) == NULL ||
-	    (a = malloc(sizeof(*a))) == NULL) {
+	if ((a = malloc(sizeof(*a))) == NULL) {
 		return FB_ENOMEM;
 	}
 	u->batch_first = u->pos;
 	u->batch_n = u->chunks - u->pos < n ? u->chunks - u->pos : n;
-	batch_arg_init(a, w, u->pos, batch_half(w, u->half), ct);
+	batch_arg_init(a, w, u->pos, batch_half(w, u->half));
+	if ((rc = batch_ct(w, a, u->batch_n)) != FB_OK) {
+		free(a);
+		return rc;
+	}
 	if (u->batch_n == 1 && w->sa != NULL) {
 		/* here, with the dumps if open */
 		uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
@@ -505,7 +525,7 @@ batch_make(fb_wk *w)
 	} else {
 		fb_pool_for(w->pool, u->batch_n, batch_piece, a);
 	}
-	rc = batch_take(w, a, u->half, u->batch_n);
+	rc = batch_take(w, a, u->batch_n);
 	free(a);
 	return rc;
 }
@@ -559,10 +579,10 @@ chunk_stage(fb_wk *w, const uint8_t **ct, size_t *ct_len)
 		    w->sa != NULL ? "mask" : "seal", fb_strerror(rc));
 		return rc;
 	}
-	i = u->pos - u->batch_first;
-	*ct = (const uint8_t *)fb_lent_data(w->send_ct[u->half]) +
+	i = u->batch_slot0 + (u->pos - u->batch_first);
+	*ct = (const uint8_t *)fb_lent_data(w->send_ct[u->batch_which]) +
 	      (size_t)i * fb_wk_ct_stride(w);
-	*ct_len = u->ct_len[u->half][i];
+	*ct_len = u->ct_len[u->batch_which][i];
 	return FB_OK;
 }
 
@@ -591,7 +611,7 @@ chunk_send(fb_wk *w)
 		return rc;
 	}
 	/* from its ct slot, without a copy */
-	return fb_wk_send_now(w, &c, ct, ct_len, w->send_ct[u->half]);
+	return fb_wk_send_now(w, &c, ct, ct_len, w->send_ct[u->batch_which]);
 }
 
 /* Secure mode: the signed trailer, made once. */

@@ -130,10 +130,16 @@ typedef struct fb_wk_upload {
 	uint32_t pos;    /* next chunk position, 0..chunks */
 	uint32_t chunks; /* model chunks, + 1 with secure aggregation */
 	uint32_t credit; /* chunks the coordinator lets us send now */
-	/* secure: the sealed chunks' lengths, in their ct slots
-	 * (send_ct[h], h the batch's half), and the first error of a batch
-	 * (the stream then has a gap: no later chunk goes) */
+	/* secure: the ct window in use (send_ct[ct_which]) holds the chunks
+	 * of positions ct_first .. ct_first + FB_WK_BATCH_MAX - 1, in order,
+	 * sealed as their batches are made (ct_live: it is this upload's);
+	 * ct_len: each slot's sealed length; the batch in use lies in
+	 * send_ct[batch_which] from slot batch_slot0 on; failed: the first
+	 * error of a batch (the stream then has a gap: no later chunk goes) */
+	uint32_t ct_which, ct_first;
+	bool ct_live;
 	size_t ct_len[2][FB_WK_BATCH_MAX];
+	uint32_t batch_which, batch_slot0;
 	fb_err failed;
 	bool ended;   /* secure: the trailer is signed (end staged) */
 	fb_msg begin; /* holds the stream key until it is sent */
@@ -143,8 +149,8 @@ typedef struct fb_wk_upload {
 	uint64_t clipped;
 	FILE *enc_dump, *mask_dump; /* debug.dump_updates, or NULL */
 	/* secure: chunks made (masked with SecAgg, and sealed) several at
-	 * once on the pool, in two halves used in turn (send_ct[h] and, with
-	 * SecAgg, the masked inputs in half h of `batch`): positions
+	 * once on the pool, the masked inputs (SecAgg) in two halves of
+	 * `batch` used in turn: positions
 	 * batch_first .. batch_first + batch_n - 1 in half `half`, and,
 	 * while the loop sends those, the next batch (ahead_first, ahead_n)
 	 * made in the other half by the masker thread (w->mk) */
