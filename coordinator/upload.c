@@ -312,7 +312,20 @@ begin_stream(coord *c, worker *w, const fb_msg *m)
 		round_worker_failed(c, w, "update without a stream key");
 		return NULL;
 	}
-	if (fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	if (m->u.update_begin.stream_header.len == FB_STREAM_HEADER_LEN &&
+	    m->u.update_begin.stream_header.b[2] !=
+	        FB_STREAM_DIGEST_INDEXED_TAGS) {
+		/* one version on both ends: no negotiation, no downgrade */
+		guard_drop(c, DROP_MALFORMED, "update stream from %s in digest "
+		    "mode %u; this coordinator takes only mode %u (indexed "
+		    "tags): the worker runs another fedbox version", w->name,
+		    (unsigned)m->u.update_begin.stream_header.b[2],
+		    (unsigned)FB_STREAM_DIGEST_INDEXED_TAGS);
+		round_worker_failed(c, w, "update stream in another digest mode "
+		    "(another fedbox version)");
+		return NULL;
+	}
+	if (fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_INDEXED_TAGS,
 	        m->u.update_begin.stream_key.b,
 	        m->u.update_begin.stream_header.b,
 	        m->u.update_begin.stream_header.len, c->chunk_elems * 4, &pull,

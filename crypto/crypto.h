@@ -51,11 +51,12 @@
  *   stream header (FB_STREAM_HEADER_LEN = 32)
  *     0:1 version  1:1 kind=3  2:1 digest mode (fb_stream_digest)
  *     3:1 reserved, zero  4:4 max chunk length
- *     8:24 TAGS: secretstream header; FULL: 8:16 random nonce, 24:8 zero
+ *     8:24 TAGS: secretstream header; FULL, INDEXED_TAGS: 8:16 random
+ *     nonce, 24:8 zero
  *   stream chunk, TAGS: secretstream ciphertext of up to `max chunk
  *     length` bytes (+17); AD = run id || round || sender; last chunk
  *     tagged FINAL.
- *   stream chunk k, FULL: 0:1 flag (0, or 1 on the last chunk), then
+ *   stream chunk k, FULL and INDEXED_TAGS: 0:1 flag (0, or 1 on the last chunk), then
  *     XChaCha20-Poly1305-IETF ciphertext and 16-byte tag (+17 in all);
  *     nonce = header nonce || LE64(k); AD = run id || round || sender ||
  *     LE64(k) || flag.
@@ -67,7 +68,8 @@
  *     digest = BLAKE2b-256("fedbox/stream/v1" || stream header ||
  *              for each chunk: FULL: BLAKE2b-256(LE64(ciphertext length)
  *              || ciphertext); TAGS: LE64(ciphertext length) || the last
- *              16 bytes of the chunk, its Poly1305 tag)
+ *              16 bytes of the chunk, its Poly1305 tag; INDEXED_TAGS:
+ *              LE64(ciphertext length) || LE64(k) || its Poly1305 tag)
  *
  * Session keys: worker = crypto_kx client, coordinator = server, over the
  * two ephemeral keys; each direction's key is then
@@ -83,8 +85,10 @@
  *   worker: fb_msg_open gives the round key; fb_stream_pull_alloc with the
  *     same ctx and FULL; pull the chunks; fb_stream_pull_final with the
  *     pinned coordinator key.
- * Worker updates use the same calls with sender = the worker's id, and
- * FB_STREAM_DIGEST_TAGS where the ingest rate matters (see the enum).
+ * Worker updates use the same calls with sender = the worker's id and
+ * FB_STREAM_DIGEST_INDEXED_TAGS (see the enum): the worker seals the
+ * chunks on its pool (fb_stream_push_chunk_at), the coordinator opens each
+ * in parts after its MAC (fb_stream_pull_chunk_par).
  */
 #ifndef FB_CRYPTO_CRYPTO_H
 #define FB_CRYPTO_CRYPTO_H
@@ -440,12 +444,25 @@ FB_MUST_CHECK fb_err fb_msg_peek(
  * close to raw secretstream speed (BLAKE2b costs about as much as the
  * cipher), but the receiver, holding the key, could forge chunks with the
  * same tags, so the signature no longer binds the content against it. For
- * worker updates, whose key only the worker and the coordinator know. The
- * mode is in the stream header; the receiver states the mode it requires.
+ * worker updates, whose key only the worker and the coordinator know.
+ * TAGS' chunks are a secretstream, whose MACs chain: sealed one after the
+ * other. INDEXED_TAGS: FULL's chunks (indexed nonce, FINAL flag and index
+ * in the AD), each sealed on its own, so on many threads at once, and
+ * TAGS' digest (each chunk's length, index and Poly1305 tag). Tags
+ * suffice where the key is private to the two ends: without the key no
+ * one can make a chunk that verifies under a given tag (each chunk's
+ * Poly1305 key comes from the stream key and its index), so the signed
+ * tags bind the content against everyone but the receiver, which could
+ * as well lie about what it received. Truncation and a moved end are
+ * caught as in FULL (the trailer's chunk count and length, the flag in
+ * the AD); a chunk at another index than it was sealed at fails its MAC
+ * (the index is in its nonce and AD). The updates' mode. The mode is in
+ * the stream header; the receiver states the mode it requires.
  */
 typedef enum fb_stream_digest {
 	FB_STREAM_DIGEST_FULL = 0,
 	FB_STREAM_DIGEST_TAGS = 1,
+	FB_STREAM_DIGEST_INDEXED_TAGS = 2,
 } fb_stream_digest;
 
 /* Who and what a stream belongs to; both ends must agree on it. */
@@ -479,7 +496,8 @@ FB_MUST_CHECK fb_err fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m,
     size_t m_len, int final, uint8_t *c, size_t c_cap, size_t *c_len);
 
 /*
- * fb_stream_push_chunk_at seals chunk `index` of a FULL stream on its own,
+ * fb_stream_push_chunk_at seals chunk `index` of a FULL or INDEXED_TAGS
+ * stream on its own,
  * as fb_stream_push_chunk would have as the index-th chunk, and writes the
  * chunk's hash for the trailer's digest to `hash`. Chunks may be sealed in
  * any order and on several threads at once (`p` is only read); then
@@ -487,6 +505,7 @@ FB_MUST_CHECK fb_err fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m,
  * sealed again, before or after the trailer is signed: the same index and
  * plaintext give the same bytes (a sender that keeps no ciphertext seals
  * each chunk again when it is fetched). `hash` may be NULL: not computed.
+ * (An INDEXED_TAGS "hash" is the chunk's digest entry, see the top.)
  * Errors: FB_EINVAL (a TAGS stream), FB_ERANGE (sizes).
  */
 FB_MUST_CHECK fb_err fb_stream_push_chunk_at(const fb_stream_push *p,
@@ -496,7 +515,7 @@ FB_MUST_CHECK fb_err fb_stream_push_chunk_at(const fb_stream_push *p,
 /*
  * fb_stream_push_hashes appends `count` chunk hashes (count *
  * FB_STREAM_HASH_LEN bytes, in index order) of chunks holding payload_len
- * plaintext bytes in all to a FULL stream's digest; `final` says the last
+ * plaintext bytes in all to a FULL or INDEXED_TAGS stream's digest; `final` says the last
  * of them was the FINAL chunk. One thread. Errors: FB_EINVAL (a TAGS
  * stream, or finished).
  */
@@ -519,7 +538,8 @@ void fb_stream_push_free(fb_stream_push *p);
  * `max_chunk_len` bounds the chunk length the header may declare (memory);
  * a header of another digest mode than `digest` is MALFORMED (no downgrade).
  * On FB_OK the caller owns *out (fb_stream_pull_free). One thread at a time.
- * Errors (with *why): FB_EPROTO (MALFORMED, TOO_LARGE); FB_ENOMEM, FB_EIO.
+ * Errors (with *why): FB_EPROTO (MALFORMED, TOO_LARGE); FB_EINVAL (digest
+ * not a mode), FB_ENOMEM, FB_EIO.
  */
 FB_MUST_CHECK fb_err fb_stream_pull_alloc(const fb_stream_ctx *ctx,
     fb_stream_digest digest, const uint8_t key[FB_STREAM_KEY_LEN],
@@ -542,8 +562,9 @@ FB_MUST_CHECK fb_err fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c,
     fb_reject *why);
 
 /*
- * A TAGS chunk opened on several threads: fb_stream_pull_open checks the next chunk (sizes,
- * then its MAC over the whole chunk, then its tag; one thread), takes it
+ * A TAGS or INDEXED_TAGS chunk opened on several threads:
+ * fb_stream_pull_open checks the next chunk (sizes, then its MAC over the
+ * whole chunk, then its tag or flag; one thread), takes it
  * into the digest and moves the chain on; fb_stream_pull_decrypt then
  * decrypts parts of it, and fb_stream_pull_close ends it. Chunks come in
  * order as for fb_stream_pull_chunk, and so do its errors: after any
@@ -552,7 +573,7 @@ FB_MUST_CHECK fb_err fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c,
 
 /*
  * fb_stream_pull_open checks ciphertext chunk `c` (c_len bytes) of a TAGS
- * stream as fb_stream_pull_chunk would, and opens it for its parts: on
+ * or INDEXED_TAGS stream as fb_stream_pull_chunk would, and opens it for its parts: on
  * FB_OK *m_len is its plaintext length (<= m_cap) and *final is set on the
  * FINAL chunk; nothing is decrypted yet. No other pull call but
  * fb_stream_pull_decrypt until fb_stream_pull_close. Errors (with *why):
@@ -579,7 +600,8 @@ void fb_stream_pull_close(fb_stream_pull *p);
 
 /*
  * fb_stream_pull_chunk_par is fb_stream_pull_chunk (same contract, m and c
- * not overlapping or m == c + 1) with a TAGS chunk's decryption split in
+ * not overlapping or m == c + 1) with a TAGS or INDEXED_TAGS chunk's
+ * decryption split in
  * parts of 128 KiB or more after its MAC verified: run(ctx, n, fn, arg)
  * must call fn(arg, i) for every i in [0, n), on any threads, and return
  * when all are done (the signature of aggregation.h's fb_par_run). A FULL
@@ -594,7 +616,8 @@ FB_MUST_CHECK fb_err fb_stream_pull_chunk_par(fb_stream_pull *p,
 
 /*
  * fb_stream_pull_chunk_at verifies (MAC first) and decrypts chunk `index`
- * of a FULL stream on its own, as fb_stream_pull_chunk would have as the
+ * of a FULL or INDEXED_TAGS stream on its own, as fb_stream_pull_chunk
+ * would have as the
  * index-th chunk, and writes the chunk's hash for the trailer's digest to
  * `hash`. Chunks may be taken in any order and on several threads at once
  * (`p` is only read); `m` and `c` must not overlap. *final is set on the
@@ -613,7 +636,8 @@ FB_MUST_CHECK fb_err fb_stream_pull_chunk_at(const fb_stream_pull *p,
  * fb_stream_pull_hashes appends `count` chunk hashes (count *
  * FB_STREAM_HASH_LEN bytes) from fb_stream_pull_chunk_at of the chunks
  * numbered from the stream's chunk count on, in index order, holding
- * payload_len plaintext bytes in all, to a FULL stream's digest; `final`
+ * payload_len plaintext bytes in all, to a FULL or INDEXED_TAGS stream's
+ * digest; `final`
  * says the last of them was the FINAL chunk. One thread. Errors:
  * FB_EINVAL (a TAGS stream, or finished or dead).
  */

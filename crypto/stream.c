@@ -12,15 +12,20 @@
  * chunks with the same tags, so it is only for streams whose key is private
  * to the two ends (see crypto.h).
  *
- * FULL streams (the broadcast, whose round key every selected worker
- * holds): each chunk is sealed on its own, XChaCha20-Poly1305-IETF with the
+ * FULL and INDEXED_TAGS streams (the broadcast, whose round key every
+ * selected worker holds; worker updates): each chunk is sealed on its own, XChaCha20-Poly1305-IETF with the
  * nonce (header nonce || chunk index) and the chunk index and FINAL flag in
  * its associated data, so reordering, duplication and a moved FINAL fail at
  * the chunk, and the chunks of one stream can be sealed on many threads at
  * once. The digest is BLAKE2b over the header and each chunk's own
  * BLAKE2b-256 of its length-prefixed ciphertext; the sender signs it in the
  * trailer, so a worker holding the round key cannot forge a chunk that
- * another worker would accept as the coordinator's.
+ * another worker would accept as the coordinator's. INDEXED_TAGS hashes,
+ * in index order, LE64(length) || LE64(index) || the chunk's Poly1305 tag
+ * in place of that BLAKE2b pass (TAGS' trade, for a key private to the two
+ * ends), so its chunks seal and open on many threads at the cipher's
+ * speed; its ChaCha20 pass may be split over threads on the pull side too,
+ * after the MAC of the whole chunk (fb_stream_pull_open).
  * Work per chunk either way: one ChaCha20 + Poly1305 pass (+ one BLAKE2b
  * pass over the ciphertext in FULL mode); in place, no copies. A TAGS
  * chunk's ChaCha20 pass may be split over threads on the pull side
@@ -69,21 +74,26 @@ typedef struct stream_core {
 	fb_stream_ctx ctx;
 	uint8_t ad[AD_LEN]; /* run id || round || sender */
 	uint8_t digest[32]; /* valid once `finished` */
-	int tags_only;      /* FB_STREAM_DIGEST_TAGS: hash only the MACs */
-	/* FULL: the key and the header's nonce, chunks sealed one by one */
+	int mode;           /* fb_stream_digest, as in the header */
+	int chain;          /* FB_STREAM_DIGEST_TAGS: a secretstream */
+	/* FULL, INDEXED_TAGS: the key and the header's nonce, chunks sealed
+	 * one by one */
 	uint8_t key[FB_STREAM_KEY_LEN];
 	uint8_t nonce[IX_NONCE_LEN];
 	size_t chunk_len;   /* max plaintext bytes per chunk */
 	uint64_t payload_len;
 	uint64_t chunk_count;
 	int finished; /* FINAL chunk seen */
-	/* TAGS pull: a chunk open (fb_stream_pull_open), its length */
+	/* TAGS, INDEXED_TAGS pull: a chunk open (fb_stream_pull_open), its
+	 * length */
 	int part_open;
 	size_t part_len;
-	/* TAGS pull: the open chunk's key and nonce, for its parts (the
-	 * chain has moved on already) */
+	/* the open chunk's ChaCha20 key, nonce and the block counter of its
+	 * first message byte, for its parts (a TAGS chain has moved on
+	 * already) */
 	uint8_t part_k[crypto_stream_chacha20_ietf_KEYBYTES];
 	uint8_t part_nonce[crypto_stream_chacha20_ietf_NONCEBYTES];
+	uint32_t part_ic;
 	fb_err dead;  /* pull: first error, repeated afterwards */
 	fb_reject dead_why;
 } stream_core;
@@ -101,7 +111,8 @@ core_start(stream_core *c, const fb_stream_ctx *ctx, size_t chunk_len,
     const uint8_t header[FB_STREAM_HEADER_LEN])
 {
 	c->ctx = *ctx;
-	c->tags_only = header[2] == FB_STREAM_DIGEST_TAGS;
+	c->mode = header[2];
+	c->chain = header[2] == FB_STREAM_DIGEST_TAGS;
 	c->chunk_len = chunk_len;
 	memcpy(c->ad, ctx->run.b, FB_RUN_ID_LEN);
 	le32_store(c->ad + FB_RUN_ID_LEN, ctx->round);
@@ -126,14 +137,34 @@ ix_chunk_hash(const uint8_t *ct, size_t len, uint8_t out[FB_STREAM_HASH_LEN])
 	crypto_generichash_final(&h, out, FB_STREAM_HASH_LEN);
 }
 
+/* ix_chunk_entry is what chunk `index` of a FULL or INDEXED_TAGS stream
+ * puts into the digest: FULL, its own BLAKE2b-256 (ix_chunk_hash);
+ * INDEXED_TAGS, LE64(len) || LE64(index) || its Poly1305 tag (the last 16
+ * bytes; len >= 17 here). */
+static void
+ix_chunk_entry(const stream_core *c, uint64_t index, const uint8_t *ct,
+    size_t len, uint8_t out[FB_STREAM_HASH_LEN])
+{
+	_Static_assert(FB_STREAM_HASH_LEN == 8 + 8 + FB_MSG_MAC_LEN,
+	    "an INDEXED_TAGS entry fills a chunk hash");
+	if (c->mode == FB_STREAM_DIGEST_FULL) {
+		ix_chunk_hash(ct, len, out);
+		return;
+	}
+	fb_store_le64(out, (uint64_t)len);
+	fb_store_le64(out + 8, index);
+	memcpy(out + 16, ct + len - FB_MSG_MAC_LEN, FB_MSG_MAC_LEN);
+}
+
+/* The digest takes the next chunk (in order, one thread). */
 static void
 core_hash_chunk(stream_core *c, const uint8_t *ct, size_t len)
 {
 	uint8_t l[8];
 
-	if (!c->tags_only) {
+	if (!c->chain) {
 		uint8_t h[FB_STREAM_HASH_LEN];
-		ix_chunk_hash(ct, len, h);
+		ix_chunk_entry(c, c->chunk_count, ct, len, h);
 		crypto_generichash_update(&c->hash, h, sizeof(h));
 		return;
 	}
@@ -199,7 +230,8 @@ fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
 	memset(header, 0, FB_STREAM_HEADER_LEN);
 	if (chunk_len == 0 || chunk_len > FB_STREAM_CHUNK_MAX ||
 	    (digest != FB_STREAM_DIGEST_FULL &&
-	        digest != FB_STREAM_DIGEST_TAGS)) {
+	        digest != FB_STREAM_DIGEST_TAGS &&
+	        digest != FB_STREAM_DIGEST_INDEXED_TAGS)) {
 		rc = FB_EINVAL;
 		goto out;
 	}
@@ -268,7 +300,7 @@ fb_stream_push_chunk(fb_stream_push *p, const uint8_t *m, size_t m_len,
 	    c_cap < m_len + FB_STREAM_CHUNK_OVERHEAD) {
 		return FB_ERANGE;
 	}
-	if (!p->c.tags_only) {
+	if (!p->c.chain) {
 		uint8_t h[FB_STREAM_HASH_LEN];
 		fb_err rc = fb_stream_push_chunk_at(p, p->c.chunk_count, m, m_len,
 		    final, c, c_cap, c_len, h);
@@ -302,7 +334,7 @@ fb_stream_push_chunk_at(const fb_stream_push *p, uint64_t index,
 	if (hash != NULL) {
 		memset(hash, 0, FB_STREAM_HASH_LEN);
 	}
-	if (p->c.tags_only) {
+	if (p->c.chain) {
 		return FB_EINVAL;
 	}
 	if (m_len > p->c.chunk_len ||
@@ -317,7 +349,7 @@ fb_stream_push_chunk_at(const fb_stream_push *p, uint64_t index,
 	c[0] = flag;
 	*c_len = m_len + FB_STREAM_CHUNK_OVERHEAD;
 	if (hash != NULL) {
-		ix_chunk_hash(c, *c_len, hash);
+		ix_chunk_entry(&p->c, index, c, *c_len, hash);
 	}
 	return FB_OK;
 }
@@ -326,7 +358,7 @@ fb_err
 fb_stream_push_hashes(fb_stream_push *p, const uint8_t *hashes,
     uint64_t count, uint64_t payload_len, int final)
 {
-	if (p->c.tags_only || p->c.finished) {
+	if (p->c.chain || p->c.finished) {
 		return FB_EINVAL;
 	}
 	core_take_hashes(&p->c, hashes, count, payload_len, final);
@@ -394,6 +426,11 @@ fb_stream_pull_alloc(const fb_stream_ctx *ctx, fb_stream_digest digest,
 	if ((rc = fb_crypto_ready()) != FB_OK) {
 		goto out;
 	}
+	if (digest != FB_STREAM_DIGEST_FULL && digest != FB_STREAM_DIGEST_TAGS &&
+	    digest != FB_STREAM_DIGEST_INDEXED_TAGS) {
+		rc = FB_EINVAL;
+		goto out;
+	}
 	if (header_len != FB_STREAM_HEADER_LEN ||
 	    header[0] != FB_CRYPTO_WIRE_VERSION ||
 	    header[1] != FB_KIND_STREAM_HEADER || header[2] != digest ||
@@ -414,7 +451,7 @@ fb_stream_pull_alloc(const fb_stream_ctx *ctx, fb_stream_digest digest,
 		goto out;
 	}
 	memset(p, 0, sizeof(*p));
-	if (digest == FB_STREAM_DIGEST_FULL) {
+	if (digest != FB_STREAM_DIGEST_TAGS) {
 		if (!sodium_is_zero(header + 8 + IX_NONCE_LEN,
 		        FB_STREAM_HEADER_LEN - 8 - IX_NONCE_LEN)) {
 			fb_set_why(why, FB_REJECT_MALFORMED);
@@ -466,7 +503,8 @@ pull_begin(fb_stream_pull *p, int tags_open, size_t c_len, size_t m_cap,
 		fb_set_why(why, p->c.dead_why);
 		return p->c.dead;
 	}
-	if (p->c.part_open || (tags_open && !p->c.tags_only)) {
+	if (p->c.part_open ||
+	    (tags_open && p->c.mode == FB_STREAM_DIGEST_FULL)) {
 		return FB_EINVAL;
 	}
 	if (p->c.finished || c_len < FB_STREAM_CHUNK_OVERHEAD) {
@@ -526,7 +564,7 @@ fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	}
 	/* Hash first: with m == c + 1 the pull overwrites the ciphertext. */
 	core_hash_chunk(&p->c, c, c_len);
-	if (!p->c.tags_only) {
+	if (!p->c.chain) {
 		return ix_pull(p, c, c_len, m, m_len, final, why);
 	}
 	if (crypto_secretstream_xchacha20poly1305_pull(
@@ -546,6 +584,74 @@ fb_stream_pull_chunk(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 		*final = 1;
 	}
 	*m_len = (size_t)mlen;
+	return FB_OK;
+}
+
+/*
+ * An INDEXED_TAGS chunk opened in parts: the steps of
+ * crypto_aead_xchacha20poly1305_ietf_decrypt_detached (as libsodium
+ * documents its construction), the MAC checked over the whole chunk first,
+ * on one thread. Subkey = HChaCha20(key, nonce 0..16); ChaCha20-IETF
+ * under it with the nonce 4 zero bytes || nonce 16..24: block 0 keys
+ * Poly1305, blocks 1 on the message. MAC = Poly1305(ad, zero pad to 16,
+ * the ciphertext, zero pad to 16, LE64(ad length), LE64(length)).
+ * crypto_test checks it against libsodium's own seal.
+ */
+static fb_err
+ix_open(fb_stream_pull *p, const uint8_t *c, size_t c_len, size_t *m_len,
+    int *final, fb_reject *why)
+{
+	static const uint8_t zero[16];
+	uint8_t nonce[IX_NONCE_LEN + 8], ad[IX_AD_LEN];
+	uint8_t block[SS_BLOCK_LEN], l[8], mac[FB_MSG_MAC_LEN];
+	crypto_onetimeauth_poly1305_state poly;
+	size_t n = c_len - FB_STREAM_CHUNK_OVERHEAD;
+	uint8_t flag = c[0];
+
+	_Static_assert(sizeof(((stream_core *)0)->part_nonce) ==
+	        4 + 8, "ChaCha20-IETF nonce = 4 zero bytes || nonce 16..24");
+	ix_nonce_ad(&p->c, p->c.chunk_count, flag, nonce, ad);
+	crypto_core_hchacha20(p->c.part_k, nonce, p->c.key, NULL);
+	memset(p->c.part_nonce, 0, 4);
+	memcpy(p->c.part_nonce + 4, nonce + IX_NONCE_LEN, 8);
+	crypto_stream_chacha20_ietf(
+	    block, sizeof(block), p->c.part_nonce, p->c.part_k);
+	crypto_onetimeauth_poly1305_init(&poly, block);
+	sodium_memzero(block, sizeof(block));
+	crypto_onetimeauth_poly1305_update(&poly, ad, sizeof(ad));
+	crypto_onetimeauth_poly1305_update(
+	    &poly, zero, (0x10 - sizeof(ad)) & 0xf);
+	crypto_onetimeauth_poly1305_update(&poly, c + 1, n);
+	crypto_onetimeauth_poly1305_update(&poly, zero, (0x10 - n) & 0xf);
+	fb_store_le64(l, sizeof(ad));
+	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
+	fb_store_le64(l, (uint64_t)n);
+	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
+	crypto_onetimeauth_poly1305_final(&poly, mac);
+	sodium_memzero(&poly, sizeof(poly));
+	if (sodium_memcmp(mac, c + 1 + n, sizeof(mac)) != 0) {
+		sodium_memzero(mac, sizeof(mac));
+		fb_stream_pull_close(p);
+		return pull_die(p, FB_EAUTH, FB_REJECT_BAD_MAC, why);
+	}
+	sodium_memzero(mac, sizeof(mac));
+	/* The flag is authenticated as it came; only then is it read. */
+	if (flag != IX_FLAG_MESSAGE && flag != IX_FLAG_FINAL) {
+		fb_stream_pull_close(p);
+		return pull_die(p, FB_EPROTO, FB_REJECT_MALFORMED, why);
+	}
+	p->c.part_ic = 1;
+	core_hash_chunk(&p->c, c, c_len);
+	p->c.payload_len += n;
+	p->c.chunk_count++;
+	p->c.part_open = 1;
+	p->c.part_len = n;
+	if (flag == IX_FLAG_FINAL) {
+		p->c.finished = 1;
+		crypto_generichash_final(&p->c.hash, p->c.digest, 32);
+		*final = 1;
+	}
+	*m_len = n;
 	return FB_OK;
 }
 
@@ -571,6 +677,9 @@ fb_stream_pull_open(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	if ((rc = pull_begin(p, 1, c_len, m_cap, m_len, final, why)) !=
 	    FB_OK) {
 		return rc;
+	}
+	if (!p->c.chain) {
+		return ix_open(p, c, c_len, m_len, final, why);
 	}
 	n = c_len - FB_STREAM_CHUNK_OVERHEAD;
 	crypto_stream_chacha20_ietf(block, sizeof(block), ss->nonce, ss->k);
@@ -606,6 +715,7 @@ fb_stream_pull_open(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	}
 	memcpy(p->c.part_k, ss->k, sizeof(p->c.part_k));
 	memcpy(p->c.part_nonce, ss->nonce, sizeof(p->c.part_nonce));
+	p->c.part_ic = 2;
 	for (size_t i = 0; i < SS_INONCE_LEN; i++) {
 		ss->nonce[SS_COUNTER_LEN + i] ^= mac[i];
 	}
@@ -641,7 +751,8 @@ fb_stream_pull_decrypt(const fb_stream_pull *p, const uint8_t *c, size_t off,
 		return FB_ERANGE;
 	}
 	crypto_stream_chacha20_ietf_xor_ic(m + off, c + 1 + off, len,
-	    p->c.part_nonce, (uint32_t)(2 + off / SS_BLOCK_LEN), p->c.part_k);
+	    p->c.part_nonce, (uint32_t)(p->c.part_ic + off / SS_BLOCK_LEN),
+	    p->c.part_k);
 	return FB_OK;
 }
 
@@ -691,7 +802,7 @@ fb_stream_pull_chunk_par(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	fb_err rc;
 	uint32_t parts;
 
-	if (!p->c.tags_only) {
+	if (p->c.mode == FB_STREAM_DIGEST_FULL) {
 		return fb_stream_pull_chunk(p, c, c_len, m, m_cap, m_len, final,
 		    why);
 	}
@@ -724,7 +835,7 @@ fb_stream_pull_chunk_at(const fb_stream_pull *p, uint64_t index,
 	*final = 0;
 	memset(hash, 0, FB_STREAM_HASH_LEN);
 	fb_set_why(why, FB_REJECT_NONE);
-	if (p->c.tags_only || p->c.finished || p->c.dead != FB_OK) {
+	if (p->c.chain || p->c.finished || p->c.dead != FB_OK) {
 		return FB_EINVAL;
 	}
 	if (c_len < FB_STREAM_CHUNK_OVERHEAD) {
@@ -739,7 +850,7 @@ fb_stream_pull_chunk_at(const fb_stream_pull *p, uint64_t index,
 	if (m_cap < n) {
 		return FB_ERANGE;
 	}
-	ix_chunk_hash(c, c_len, hash);
+	ix_chunk_entry(&p->c, index, c, c_len, hash);
 	/* The flag is authenticated as it came; only then is it read. */
 	flag = c[0];
 	ix_nonce_ad(&p->c, index, flag, nonce, ad);
@@ -764,7 +875,7 @@ fb_err
 fb_stream_pull_hashes(fb_stream_pull *p, const uint8_t *hashes,
     uint64_t count, uint64_t payload_len, int final)
 {
-	if (p->c.tags_only || p->c.finished || p->c.dead != FB_OK) {
+	if (p->c.chain || p->c.finished || p->c.dead != FB_OK) {
 		return FB_EINVAL;
 	}
 	core_take_hashes(&p->c, hashes, count, payload_len, final);

@@ -9,13 +9,14 @@
  * allows (UpdateCredit: it grants chunks from one budget for all its
  * workers) and returns; the loop calls it again when the link has room or
  * a credit came, and meanwhile receives and answers the coordinator
- * (heartbeats, a RoundCancel, SecAgg reveals). A chunk is
- * encrypted (and masked) once, when it is next to go, into a slot of one of
- * two buffers used in turn (w->send_ct), and sent from there without a
- * copy. With secure aggregation the masked inputs are made a batch at a
- * time on the pool, the next batch by the masker thread while the loop
- * seals the current one. Plain updates go from w->local itself, without a
- * copy.
+ * (heartbeats, a RoundCancel, SecAgg reveals). In secure mode the chunks
+ * are made a batch at a time (one chunk per core) on the pool: masked
+ * (with secure aggregation) and sealed (an INDEXED_TAGS stream, whose
+ * chunks seal on their own) in the same task, into slots of one of two
+ * buffers used in turn (w->send_ct), from which they are sent without a
+ * copy; the masker thread makes the next batch while the loop sends the
+ * current one, so the loop thread only sends. Plaintext
+ * updates go from w->local itself, without a copy.
  *
  * debug.dump_updates (tests only) writes each round's update as sent:
  * plain, encoded and masked, in element order.
@@ -143,7 +144,7 @@ fb_wk_upload_start(fb_wk *w, double seconds, double loss, uint64_t steps)
 		    .round = w->round, .sender = fb_session_worker_id(w->sess)};
 		fb_session_run_id(w->sess, &ctx.run);
 		rc = fb_stream_push_alloc(&ctx, w->chunk_bytes,
-		    FB_STREAM_DIGEST_TAGS, m->u.update_begin.stream_key.b,
+		    FB_STREAM_DIGEST_INDEXED_TAGS, m->u.update_begin.stream_key.b,
 		    m->u.update_begin.stream_header.b, &u->push);
 		if (rc != FB_OK) {
 			fb_wk_upload_drop(w);
@@ -169,14 +170,49 @@ chunk_span(const fb_wk *w, uint32_t k, uint64_t *off, uint64_t *len)
 	                                       : w->chunk_bytes;
 }
 
-/* A batch of masked inputs: positions first .. first + n - 1, into out. */
+/*
+ * A batch: positions first .. first + n - 1, masked (SecAgg) into out
+ * and sealed into the slots of ct, each chunk in one task; its digest
+ * entries (hash) go into the stream in order once the batch is done
+ * (batch_take).
+ */
 typedef struct batch_arg {
 	fb_wk *w;
 	uint32_t first;
-	uint32_t *out;
+	uint32_t *out; /* SecAgg: the masked inputs; else NULL */
+	uint8_t *ct;   /* slot slot0 of send_ct[which] */
+	uint32_t which, slot0;
 	uint64_t clipped[FB_WK_BATCH_MAX];
+	size_t m_len[FB_WK_BATCH_MAX], ct_len[FB_WK_BATCH_MAX];
+	uint8_t hash[FB_WK_BATCH_MAX][FB_STREAM_HASH_LEN];
 	atomic_int rc;
 } batch_arg;
+
+static void
+batch_fail(batch_arg *a, fb_err rc)
+{
+	int ok = FB_OK;
+
+	atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
+}
+
+/* Seals piece i of the batch from `src` into its slot (any thread: the
+ * stream is only read). */
+static void
+batch_seal(batch_arg *a, uint32_t i, const uint8_t *src, uint64_t len)
+{
+	fb_wk *w = a->w;
+	uint32_t pos = a->first + i;
+	fb_err rc;
+
+	a->m_len[i] = (size_t)len;
+	rc = fb_stream_push_chunk_at(w->up.push, pos, src, (size_t)len,
+	    pos + 1 == w->up.chunks, a->ct + (size_t)i * fb_wk_ct_stride(w),
+	    fb_wk_ct_stride(w), &a->ct_len[i], a->hash[i]);
+	if (rc != FB_OK) {
+		batch_fail(a, rc);
+	}
+}
 
 static void
 batch_piece(void *arg, uint32_t i)
@@ -185,18 +221,24 @@ batch_piece(void *arg, uint32_t i)
 	fb_wk *w = a->w;
 	uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
 	    a->first + i);
+	uint32_t *out;
 	uint64_t off, len;
 	fb_err rc;
 
 	chunk_span(w, k, &off, &len);
+	if (w->sa == NULL) {
+		batch_seal(a, i, (const uint8_t *)w->local + off, len);
+		return;
+	}
+	out = a->out + (size_t)i * (w->chunk_bytes / 4);
 	rc = fb_wk_sa_encode_chunk(w, w->local,
 	    k == w->chunk_count ? w->param_count : off / 4, len / 4,
-	    w->up.loss, &a->clipped[i], NULL, NULL,
-	    a->out + (size_t)i * (w->chunk_bytes / 4));
+	    w->up.loss, &a->clipped[i], NULL, NULL, out);
 	if (rc != FB_OK) {
-		int ok = FB_OK;
-		atomic_compare_exchange_strong(&a->rc, &ok, (int)rc);
+		batch_fail(a, rc);
+		return;
 	}
+	batch_seal(a, i, (const uint8_t *)out, len);
 }
 
 static void
@@ -210,11 +252,11 @@ batch_arg_init(batch_arg *a, fb_wk *w, uint32_t first, uint32_t *out)
 }
 
 /*
- * The masker: one thread that makes the next batch of masked inputs on
- * the pool while the loop thread seals and sends the current one, so the
- * masks' expansion and the sealing overlap. The loop hands it one job at
- * a time and waits for it before it uses the batch, and before anything
- * the job reads changes (fb_wk_mask_wait: the update's end, w->sa's).
+ * The masker: one thread that makes (masks and seals) the next batch on
+ * the pool while the loop thread sends the current one. The loop hands it
+ * one job at a time and waits for it before it uses the batch, and before
+ * anything the job reads changes (fb_wk_mask_wait: the update's end, the
+ * stream's digest, w->sa's).
  */
 struct fb_wk_masker {
 	pthread_t thread;
@@ -303,13 +345,82 @@ fb_wk_mask_stop(fb_wk *w)
 	w->mk = NULL;
 }
 
-/* Half h of the batch buffer. */
+/* Half h of the batch buffer (SecAgg; NULL without). */
 static uint32_t *
 batch_half(const fb_wk *w, uint32_t h)
 {
 	const fb_wk_upload *u = &w->up;
 
+	if (u->batch == NULL) {
+		return NULL;
+	}
 	return u->batch + (size_t)h * u->batch_cap * (w->chunk_bytes / 4);
+}
+
+/*
+ * The slots for batch a's n chunks: in the ct window in use if they fit
+ * there, else in the other one, made writable (when messages of its last
+ * use still hold it, fb_lent_own gives fresh memory and leaves the old to
+ * them). Slots are written only where no message holds one yet: the
+ * window's slots are taken in position order, each once. Errors: FB_ENOMEM.
+ */
+static fb_err
+batch_ct(fb_wk *w, batch_arg *a, uint32_t n)
+{
+	fb_wk_upload *u = &w->up;
+	size_t len = fb_wk_ct_stride(w) * FB_WK_BATCH_MAX;
+	uint32_t next;
+	fb_err rc;
+
+	if (!u->ct_live || a->first < u->ct_first ||
+	    a->first + n > u->ct_first + FB_WK_BATCH_MAX) {
+		next = u->ct_live ? 1 - u->ct_which : u->ct_which;
+		rc = w->send_ct[next] == NULL
+		         ? fb_lent_new(len, &w->send_ct[next])
+		         : fb_lent_own(&w->send_ct[next], len, false);
+		if (rc != FB_OK) {
+			fb_log_error("round %u: out of memory for the update's "
+			             "encrypted chunks",
+			    w->round);
+			return rc;
+		}
+		u->ct_which = next;
+		u->ct_first = a->first;
+		u->ct_live = true;
+	}
+	a->which = u->ct_which;
+	a->slot0 = a->first - u->ct_first;
+	a->ct = (uint8_t *)fb_lent_data(w->send_ct[a->which]) +
+	        (size_t)a->slot0 * fb_wk_ct_stride(w);
+	return FB_OK;
+}
+
+/*
+ * A batch made (a, n chunks), now the one in use: on the loop thread, in
+ * position order, its chunks' slots and lengths are kept for their sends
+ * and their digest entries go into the stream.
+ */
+static fb_err
+batch_take(fb_wk *w, const batch_arg *a, uint32_t n)
+{
+	fb_wk_upload *u = &w->up;
+	fb_err rc = (fb_err)atomic_load(&a->rc);
+	uint64_t payload = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		u->clipped += a->clipped[i];
+	}
+	if (rc != FB_OK) {
+		return rc;
+	}
+	u->batch_which = a->which;
+	u->batch_slot0 = a->slot0;
+	for (uint32_t i = 0; i < n; i++) {
+		u->ct_len[a->which][a->slot0 + i] = a->ct_len[i];
+		payload += a->m_len[i];
+	}
+	return fb_stream_push_hashes(u->push, a->hash[0], n, payload,
+	    a->first + n == u->chunks);
 }
 
 /* Hands the masker the batch after the one in use, into the other half;
@@ -320,16 +431,21 @@ batch_ahead(fb_wk *w)
 	fb_wk_upload *u = &w->up;
 	uint32_t next = u->batch_first + u->batch_n;
 	struct fb_wk_masker *mk;
+	uint32_t n;
 
 	if (next >= u->chunks || w->pool == NULL || u->enc_dump != NULL ||
 	    u->mask_dump != NULL || (w->mk == NULL && masker_start(w) != FB_OK)) {
 		return false;
 	}
+	n = u->chunks - next < u->batch_cap ? u->chunks - next : u->batch_cap;
 	mk = w->mk;
 	pthread_mutex_lock(&mk->mu);
 	batch_arg_init(&mk->a, w, next, batch_half(w, 1 - u->half));
-	mk->n = u->chunks - next < u->batch_cap ? u->chunks - next
-	                                        : u->batch_cap;
+	if (batch_ct(w, &mk->a, n) != FB_OK) {
+		pthread_mutex_unlock(&mk->mu);
+		return false; /* the loop makes it when due */
+	}
+	mk->n = n;
 	mk->job = true;
 	pthread_cond_broadcast(&mk->cv);
 	pthread_mutex_unlock(&mk->mu);
@@ -344,62 +460,74 @@ static fb_err
 batch_take_ahead(fb_wk *w)
 {
 	fb_wk_upload *u = &w->up;
-	batch_arg *a = &w->mk->a;
 
 	fb_wk_mask_wait(w);
 	u->ahead = false;
 	u->half = 1 - u->half;
 	u->batch_first = u->ahead_first;
 	u->batch_n = u->ahead_n;
-	for (uint32_t i = 0; i < u->batch_n; i++) {
-		u->clipped += a->clipped[i];
-	}
-	return (fb_err)atomic_load(&a->rc);
+	return batch_take(w, &w->mk->a, u->batch_n);
 }
 
 /*
- * The masked inputs of the positions from u->pos on, a batch of them at
- * once on the pool (one per core, up to FB_WK_BATCH_MAX), made here. With
- * the debug dumps open, one at a time, in order (they are written as
- * made).
+ * The chunks of the positions from u->pos on, a batch of them at once on
+ * the pool (one per core, up to FB_WK_BATCH_MAX), made here. With the
+ * debug dumps open, one at a time, in order (they are written as made).
  */
 static fb_err
 batch_make(fb_wk *w)
 {
 	fb_wk_upload *u = &w->up;
 	uint32_t n = fb_pool_threads(w->pool) + 1;
-	batch_arg a;
+	batch_arg *a;
+	fb_err rc;
 
 	n = n > FB_WK_BATCH_MAX ? FB_WK_BATCH_MAX : n;
 	if (u->enc_dump != NULL || u->mask_dump != NULL) {
 		n = 1;
 	}
-	if (u->batch == NULL || u->batch_cap < n) {
+	if (w->sa != NULL && (u->batch == NULL || u->batch_cap < n)) {
 		fb_free(u->batch);
+		u->batch = NULL;
 		u->batch_cap = 0;
 		if ((u->batch = fb_alloc(2 * (size_t)n * w->chunk_bytes)) ==
 		    NULL) {
 			return FB_ENOMEM;
 		}
+	}
+	if (u->batch_cap < n) {
 		u->batch_cap = n;
+	}
+	if ((a = malloc(sizeof(*a))) == NULL) {
+		return FB_ENOMEM;
 	}
 	u->batch_first = u->pos;
 	u->batch_n = u->chunks - u->pos < n ? u->chunks - u->pos : n;
-	batch_arg_init(&a, w, u->pos, batch_half(w, u->half));
-	if (u->batch_n == 1) {
+	batch_arg_init(a, w, u->pos, batch_half(w, u->half));
+	if ((rc = batch_ct(w, a, u->batch_n)) != FB_OK) {
+		free(a);
+		return rc;
+	}
+	if (u->batch_n == 1 && w->sa != NULL) {
+		/* here, with the dumps if open */
 		uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count,
 		    u->pos);
 		uint64_t off, len;
 		chunk_span(w, k, &off, &len);
-		return fb_wk_sa_encode_chunk(w, w->local,
+		rc = fb_wk_sa_encode_chunk(w, w->local,
 		    k == w->chunk_count ? w->param_count : off / 4, len / 4,
-		    u->loss, &u->clipped, u->enc_dump, u->mask_dump, a.out);
+		    u->loss, &a->clipped[0], u->enc_dump, u->mask_dump, a->out);
+		if (rc != FB_OK) {
+			batch_fail(a, rc);
+		} else {
+			batch_seal(a, 0, (const uint8_t *)a->out, len);
+		}
+	} else {
+		fb_pool_for(w->pool, u->batch_n, batch_piece, a);
 	}
-	fb_pool_for(w->pool, u->batch_n, batch_piece, &a);
-	for (uint32_t i = 0; i < u->batch_n; i++) {
-		u->clipped += a.clipped[i];
-	}
-	return (fb_err)atomic_load(&a.rc);
+	rc = batch_take(w, a, u->batch_n);
+	free(a);
+	return rc;
 }
 
 /*
@@ -416,6 +544,9 @@ batch_ready(fb_wk *w)
 	    u->pos < u->batch_first + u->batch_n) {
 		return FB_OK;
 	}
+	if (u->failed != FB_OK) {
+		return u->failed; /* a batch failed: the stream has a gap */
+	}
 	if (u->ahead && u->ahead_first == u->pos) {
 		rc = batch_take_ahead(w);
 	} else {
@@ -425,6 +556,7 @@ batch_ready(fb_wk *w)
 	}
 	if (rc != FB_OK) {
 		u->batch_n = 0;
+		u->failed = rc;
 		return rc;
 	}
 	(void)batch_ahead(w);
@@ -432,79 +564,26 @@ batch_ready(fb_wk *w)
 }
 
 /*
- * The ct buffer for position u->pos, made ready when pos leaves the one in
- * use: the other of the two, after messages of its last use have left it
- * (else fb_lent_own gives fresh memory and leaves the old to them). Chunks
- * are written only into slots no message holds yet: the slots of the
- * window in use are written in order, each once.
+ * Secure mode: the chunk at position u->pos, masked (SecAgg) and sealed
+ * in its batch, once: its slot and length.
  */
 static fb_err
-ct_window(fb_wk *w)
+chunk_stage(fb_wk *w, const uint8_t **ct, size_t *ct_len)
 {
 	fb_wk_upload *u = &w->up;
-	size_t len = fb_wk_ct_stride(w) * FB_WK_BATCH_MAX;
-	uint32_t next;
+	uint32_t i;
 	fb_err rc;
 
-	if (u->ct_live && u->pos >= u->ct_first &&
-	    u->pos < u->ct_first + FB_WK_BATCH_MAX) {
-		return FB_OK;
-	}
-	next = u->ct_live ? 1 - u->ct_which : u->ct_which;
-	rc = w->send_ct[next] == NULL
-	         ? fb_lent_new(len, &w->send_ct[next])
-	         : fb_lent_own(&w->send_ct[next], len, false);
-	if (rc != FB_OK) {
-		fb_log_error("round %u: out of memory for the update's "
-		             "encrypted chunks",
-		    w->round);
+	if ((rc = batch_ready(w)) != FB_OK) {
+		fb_log_error("round %u: cannot %s the update: %s", w->round,
+		    w->sa != NULL ? "mask" : "seal", fb_strerror(rc));
 		return rc;
 	}
-	u->ct_which = next;
-	u->ct_first = u->pos;
-	u->ct_live = true;
+	i = u->batch_slot0 + (u->pos - u->batch_first);
+	*ct = (const uint8_t *)fb_lent_data(w->send_ct[u->batch_which]) +
+	      (size_t)i * fb_wk_ct_stride(w);
+	*ct_len = u->ct_len[u->batch_which][i];
 	return FB_OK;
-}
-
-/* Where the chunk at position u->pos is (to be) encrypted. */
-static uint8_t *
-ct_slot(fb_wk *w)
-{
-	fb_wk_upload *u = &w->up;
-
-	return (uint8_t *)fb_lent_data(w->send_ct[u->ct_which]) +
-	       (size_t)(u->pos - u->ct_first) * fb_wk_ct_stride(w);
-}
-
-/* Secure mode: masks (SecAgg) and encrypts chunk at position u->pos into
- * its ct slot, once: from the masked batch or w->local straight into the
- * memory it is sent from. */
-static fb_err
-chunk_stage(fb_wk *w, uint32_t k, uint64_t off, uint64_t len)
-{
-	fb_wk_upload *u = &w->up;
-	const uint8_t *src = (const uint8_t *)w->local + off;
-	fb_err rc;
-
-	if (w->sa != NULL) {
-		if ((rc = batch_ready(w)) != FB_OK) {
-			fb_log_error("round %u: cannot mask the update: %s",
-			    w->round, fb_strerror(rc));
-			return rc;
-		}
-		src = (const uint8_t *)(batch_half(w, u->half) +
-		                        (size_t)(u->pos - u->batch_first) *
-		                            (w->chunk_bytes / 4));
-	}
-	if ((rc = ct_window(w)) != FB_OK) {
-		return rc;
-	}
-	rc = fb_stream_push_chunk(u->push, src, len, u->pos + 1 == u->chunks,
-	    ct_slot(w), fb_wk_ct_stride(w), &u->staged_len);
-	if (rc == FB_OK) {
-		u->staged = true;
-	}
-	return rc;
 }
 
 /* Sends the chunk at position u->pos: FB_OK (taken), FB_EAGAIN, or an
@@ -515,6 +594,8 @@ chunk_send(fb_wk *w)
 	fb_wk_upload *u = &w->up;
 	uint32_t k = fb_upload_chunk(w->first_chunk, w->chunk_count, u->pos);
 	fb_msg c = {.type = FB_MSG_UPDATE_CHUNK};
+	const uint8_t *ct = NULL;
+	size_t ct_len = 0;
 	uint64_t off, len;
 	fb_err rc;
 
@@ -526,16 +607,11 @@ chunk_send(fb_wk *w)
 		return fb_wk_send_now(
 		    w, &c, (const uint8_t *)w->local + off, len, w->local_lent);
 	}
-	if (!u->staged && (rc = chunk_stage(w, k, off, len)) != FB_OK) {
+	if ((rc = chunk_stage(w, &ct, &ct_len)) != FB_OK) {
 		return rc;
 	}
 	/* from its ct slot, without a copy */
-	rc = fb_wk_send_now(w, &c, ct_slot(w), u->staged_len,
-	    w->send_ct[u->ct_which]);
-	if (rc == FB_OK) {
-		u->staged = false;
-	}
-	return rc;
+	return fb_wk_send_now(w, &c, ct, ct_len, w->send_ct[u->batch_which]);
 }
 
 /* Secure mode: the signed trailer, made once. */

@@ -139,13 +139,17 @@ typedef struct fb_wk_upload {
 	uint32_t pos;    /* next chunk position, 0..chunks */
 	uint32_t chunks; /* model chunks, + 1 with secure aggregation */
 	uint32_t credit; /* chunks the coordinator lets us send now */
-	bool staged;     /* chunk `pos` is encrypted in its ct slot */
-	size_t staged_len;
-	/* the ct buffer in use (send_ct[ct_which]) holds the chunks of
-	 * positions ct_first .. ct_first + FB_WK_BATCH_MAX - 1; ct_live:
-	 * it is this upload's */
+	/* secure: the ct window in use (send_ct[ct_which]) holds the chunks
+	 * of positions ct_first .. ct_first + FB_WK_BATCH_MAX - 1, in order,
+	 * sealed as their batches are made (ct_live: it is this upload's);
+	 * ct_len: each slot's sealed length; the batch in use lies in
+	 * send_ct[batch_which] from slot batch_slot0 on; failed: the first
+	 * error of a batch (the stream then has a gap: no later chunk goes) */
 	uint32_t ct_which, ct_first;
 	bool ct_live;
+	size_t ct_len[2][FB_WK_BATCH_MAX];
+	uint32_t batch_which, batch_slot0;
+	fb_err failed;
 	bool ended;   /* secure: the trailer is signed (end staged) */
 	fb_msg begin; /* holds the stream key until it is sent */
 	fb_msg end;
@@ -153,13 +157,13 @@ typedef struct fb_wk_upload {
 	double loss;          /* what goes into the extra coordinates */
 	uint64_t clipped;
 	FILE *enc_dump, *mask_dump; /* debug.dump_updates, or NULL */
-	/* SecAgg: masked inputs made ahead, several chunks at once on the
-	 * pool (the masks' expansion is the upload's cost), in two halves of
-	 * `batch` used in turn: positions batch_first .. batch_first +
-	 * batch_n - 1 in half `half`, and, while the loop seals those, the
-	 * next batch (ahead_first, ahead_n) made in the other half by the
-	 * masker thread (w->mk) */
-	uint32_t *batch;      /* 2 x batch_cap chunks of chunk_bytes */
+	/* secure: chunks made (masked with SecAgg, and sealed) several at
+	 * once on the pool, the masked inputs (SecAgg) in two halves of
+	 * `batch` used in turn: positions
+	 * batch_first .. batch_first + batch_n - 1 in half `half`, and,
+	 * while the loop sends those, the next batch (ahead_first, ahead_n)
+	 * made in the other half by the masker thread (w->mk) */
+	uint32_t *batch;      /* SecAgg: 2 x batch_cap chunks of chunk_bytes */
 	uint32_t batch_cap;
 	uint32_t batch_first, batch_n, half;
 	bool ahead;

@@ -218,7 +218,7 @@ encrypt(uint32_t s, bool final_on_last, const fb_identity *id, enc_stream *e)
 	e->ctx.sender = s;
 	assert_int_equal(fb_run_id_random(&e->ctx.run), FB_OK);
 	assert_int_equal(fb_stream_push_alloc(&e->ctx, CHUNK_LEN,
-	                     FB_STREAM_DIGEST_TAGS, e->key, e->header, &p),
+	                     FB_STREAM_DIGEST_INDEXED_TAGS, e->key, e->header, &p),
 	    FB_OK);
 	for (uint32_t k = 0; k < CHUNKS; k++) {
 		size_t clen = 0;
@@ -240,7 +240,7 @@ decryptor(const enc_stream *e)
 {
 	fb_stream_pull *p = NULL;
 	fb_reject why = FB_REJECT_NONE;
-	assert_int_equal(fb_stream_pull_alloc(&e->ctx, FB_STREAM_DIGEST_TAGS,
+	assert_int_equal(fb_stream_pull_alloc(&e->ctx, FB_STREAM_DIGEST_INDEXED_TAGS,
 	                     e->key, e->header, sizeof(e->header), CHUNK_LEN,
 	                     &p, &why),
 	    FB_OK);
@@ -879,7 +879,7 @@ dec_encrypt(uint32_t s, const fb_identity *id, dec_stream *d)
 	d->ctx.sender = s;
 	assert_int_equal(fb_run_id_random(&d->ctx.run), FB_OK);
 	assert_int_equal(fb_stream_push_alloc(&d->ctx, DEC_ELEMS * 4,
-	                     FB_STREAM_DIGEST_TAGS, d->key, d->header, &p),
+	                     FB_STREAM_DIGEST_INDEXED_TAGS, d->key, d->header, &p),
 	    FB_OK);
 	for (uint32_t k = 0; k < DEC_CHUNKS; k++) {
 		uint32_t *m = d->plain + (size_t)k * DEC_ELEMS;
@@ -934,7 +934,7 @@ test_decrypt_in_parts(void **state)
 	for (uint32_t s = 0; s < 2; s++) {
 		fb_stream_pull *pull = NULL;
 		assert_int_equal(fb_stream_pull_alloc(&d[s].ctx,
-		                     FB_STREAM_DIGEST_TAGS, d[s].key, d[s].header,
+		                     FB_STREAM_DIGEST_INDEXED_TAGS, d[s].key, d[s].header,
 		                     FB_STREAM_HEADER_LEN, DEC_ELEMS * 4, &pull,
 		                     &why),
 		    FB_OK);

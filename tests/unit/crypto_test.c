@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/util.h"
 #include "crypto/crypto.h"
 #include "crypto/crypto_impl.h"
 #include "tests/unit/harness.h"
@@ -1624,6 +1625,322 @@ test_stream_tags_mode(void **state)
 	cur_mode = FB_STREAM_DIGEST_FULL;
 }
 
+/* run_rev: an fb_stream_pull_chunk_par runner that runs the pieces last
+ * first, as threads may. */
+static void
+run_rev(void *ctx, uint32_t n, void (*fn)(void *arg, uint32_t i), void *arg)
+{
+	uint32_t *pieces = ctx;
+
+	*pieces += n;
+	for (uint32_t i = n; i-- > 0;) {
+		fn(arg, i);
+	}
+}
+
+/*
+ * INDEXED_TAGS (worker updates): every check the other modes pass
+ * (round trip, flipped bits in chunks, header and trailer, swapped,
+ * duplicated, skipped and truncated chunks, trailers of another stream,
+ * round, sender or run, chunks under another context, limits), and no
+ * receiver of one mode takes a stream of another.
+ */
+static void
+test_stream_indexed_mode(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	static wire w;
+	fb_reject why;
+	const fb_stream_digest other[] = {
+	    FB_STREAM_DIGEST_FULL, FB_STREAM_DIGEST_TAGS};
+
+	cur_mode = FB_STREAM_DIGEST_INDEXED_TAGS;
+	test_stream_roundtrip(state);
+	test_stream_chunk_bitflips(state);
+	test_stream_header_bitflips(state);
+	test_stream_trailer_bitflips(state);
+	test_stream_reorder_dup_truncate(state);
+	test_stream_bad_trailers(state);
+	test_stream_limits(state);
+	for (size_t i = 0; i < 2; i++) {
+		cur_mode = FB_STREAM_DIGEST_INDEXED_TAGS;
+		push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+		cur_mode = other[i];
+		assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, in_order,
+		                     w.nchunks, &why),
+		    FB_EPROTO);
+		assert_int_equal(why, FB_REJECT_MALFORMED);
+		push_wire(&ctx, f->w1, 2 * CH, 6, &w);
+		cur_mode = FB_STREAM_DIGEST_INDEXED_TAGS;
+		assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, in_order,
+		                     w.nchunks, &why),
+		    FB_EPROTO);
+		assert_int_equal(why, FB_REJECT_MALFORMED);
+	}
+	cur_mode = FB_STREAM_DIGEST_FULL;
+}
+
+/*
+ * An INDEXED_TAGS stream as crypto.h documents it, rebuilt here from
+ * libsodium's primitives alone: each chunk is XChaCha20-Poly1305-IETF
+ * under nonce = header nonce || LE64(k) and AD = run || round || sender
+ * || LE64(k) || flag, the digest in the trailer is BLAKE2b-256 of
+ * "fedbox/stream/v1" || header || for each chunk LE64(length) || LE64(k)
+ * || its tag, and the header carries mode 2.
+ */
+static void
+test_stream_indexed_wire_format(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 7, 3);
+	static wire w;
+	static uint8_t c[CH + FB_STREAM_CHUNK_OVERHEAD];
+	crypto_generichash_state h;
+	uint8_t nonce[24], ad[FB_RUN_ID_LEN + 8 + 9], l[8], digest[32];
+	size_t len = 2 * CH + 33, off = 0;
+	unsigned long long tlen = 0;
+
+	cur_mode = FB_STREAM_DIGEST_INDEXED_TAGS;
+	push_wire(&ctx, f->w1, len, 11, &w);
+	assert_int_equal(w.nchunks, 3);
+	assert_int_equal(w.header[2], 2);
+	assert_true(sodium_is_zero(w.header + 24, 8));
+	crypto_generichash_init(&h, NULL, 0, 32);
+	crypto_generichash_update(&h, (const uint8_t *)"fedbox/stream/v1", 16);
+	crypto_generichash_update(&h, w.header, sizeof(w.header));
+	for (size_t k = 0; k < w.nchunks; k++) {
+		size_t n = k == 2 ? 33 : CH;
+		uint8_t flag = k == 2;
+		memcpy(nonce, w.header + 8, 16);
+		fb_store_le64(nonce + 16, k);
+		memcpy(ad, f->run.b, FB_RUN_ID_LEN);
+		le32_store(ad + FB_RUN_ID_LEN, 7);
+		le32_store(ad + FB_RUN_ID_LEN + 4, 3);
+		fb_store_le64(ad + FB_RUN_ID_LEN + 8, k);
+		ad[FB_RUN_ID_LEN + 16] = flag;
+		c[0] = flag;
+		crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c + 1,
+		    c + 1 + n, &tlen, w.plain + off, n, ad, sizeof(ad), NULL,
+		    nonce, w.key);
+		assert_int_equal(tlen, 16);
+		assert_int_equal(w.chunk_len[k], n + 17);
+		assert_memory_equal(w.chunks[k], c, n + 17);
+		fb_store_le64(l, n + 17);
+		crypto_generichash_update(&h, l, 8);
+		fb_store_le64(l, k);
+		crypto_generichash_update(&h, l, 8);
+		crypto_generichash_update(&h, c + 1 + n, 16);
+		off += n;
+	}
+	crypto_generichash_final(&h, digest, 32);
+	assert_memory_equal(w.trailer + 44, digest, 32);
+	assert_int_equal(fb_load_le64(w.trailer + 28), len);
+	assert_int_equal(fb_load_le64(w.trailer + 36), 3);
+	cur_mode = FB_STREAM_DIGEST_FULL;
+}
+
+/*
+ * INDEXED_TAGS chunks sealed on their own, last first (as pool threads
+ * would), pull like a stream pushed in order; opened on their own in any
+ * order (fb_stream_pull_chunk_at) and in parts (fb_stream_pull_chunk_par,
+ * pieces last first) they give the same plaintext and the same digest as
+ * fb_stream_pull_chunk in order. A chunk moved to another index, its FINAL
+ * flag dropped, moved or added, or a chunk of another stream, round or
+ * sender at the same index fails its MAC; the hashes out of order fail
+ * the trailer.
+ */
+static void
+test_stream_indexed_parallel(void **state)
+{
+	const fixture *f = fx();
+	fb_stream_ctx ctx = ctx_of(&f->run, 2, 1);
+	const fb_stream_ctx others[] = {ctx_of(&f->run, 3, 1),
+	    ctx_of(&f->run, 2, 0), ctx};
+	static wire w, bad, alien;
+	static uint8_t plain[8 * CH], buf[CH + FB_STREAM_CHUNK_OVERHEAD];
+	uint8_t hashes[5][FB_STREAM_HASH_LEN], again[5][FB_STREAM_HASH_LEN];
+	fb_stream_push *p = NULL;
+	fb_stream_pull *q = NULL;
+	size_t len = 4 * CH + 200, mlen = 0;
+	uint64_t total = 0;
+	uint32_t pieces = 0;
+	int final = 0;
+	fb_reject why;
+
+	memset(&w, 0, sizeof(w));
+	for (size_t i = 0; i < len; i++) {
+		w.plain[i] = (uint8_t)(3 + i * 7);
+	}
+	w.plain_len = len;
+	w.nchunks = 5;
+	assert_int_equal(fb_stream_push_alloc(&ctx, CH,
+	                     FB_STREAM_DIGEST_INDEXED_TAGS, w.key, w.header, &p),
+	    FB_OK);
+	for (size_t k = 5; k-- > 0;) {
+		size_t n = k == 4 ? 200 : CH;
+		assert_int_equal(fb_stream_push_chunk_at(p, k, w.plain + k * CH, n,
+		                     k == 4, w.chunks[k], sizeof(w.chunks[k]),
+		                     &w.chunk_len[k], hashes[k]),
+		    FB_OK);
+	}
+	assert_int_equal(fb_stream_push_final(p, f->w1, w.trailer), FB_EINVAL);
+	assert_int_equal(fb_stream_push_hashes(p, hashes[0], 2, 2 * CH, 0),
+	    FB_OK);
+	assert_int_equal(fb_stream_push_hashes(p, hashes[2], 3, 2 * CH + 200,
+	                     1),
+	    FB_OK);
+	assert_int_equal(fb_stream_push_final(p, f->w1, w.trailer), FB_OK);
+	fb_stream_push_free(p);
+	cur_mode = FB_STREAM_DIGEST_INDEXED_TAGS;
+	/* in order, one by one */
+	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &w, in_order, 5, &why),
+	    FB_OK);
+	/* on their own, last first, then the hashes in order */
+	assert_int_equal(fb_stream_pull_alloc(&ctx,
+	                     FB_STREAM_DIGEST_INDEXED_TAGS, w.key, w.header,
+	                     sizeof(w.header), CH, &q, &why),
+	    FB_OK);
+	memset(plain, 0, sizeof(plain));
+	for (size_t k = 5; k-- > 0;) {
+		assert_int_equal(fb_stream_pull_chunk_at(q, k, w.chunks[k],
+		                     w.chunk_len[k], plain + k * CH, CH, &mlen,
+		                     &final, again[k], &why),
+		    FB_OK);
+		assert_int_equal(final, k == 4);
+		assert_memory_equal(again[k], hashes[k], FB_STREAM_HASH_LEN);
+	}
+	assert_memory_equal(plain, w.plain, len);
+	assert_int_equal(fb_stream_pull_hashes(q, again[0], 5, len, 1), FB_OK);
+	assert_int_equal(fb_stream_pull_final(q, &f->allowed[1], w.trailer,
+	                     sizeof(w.trailer), &total, &why),
+	    FB_OK);
+	assert_int_equal(total, len);
+	fb_stream_pull_free(q);
+	/* the hashes out of order: the digest differs */
+	memcpy(again[0], hashes[1], FB_STREAM_HASH_LEN);
+	memcpy(again[1], hashes[0], FB_STREAM_HASH_LEN);
+	assert_int_equal(fb_stream_pull_alloc(&ctx,
+	                     FB_STREAM_DIGEST_INDEXED_TAGS, w.key, w.header,
+	                     sizeof(w.header), CH, &q, &why),
+	    FB_OK);
+	assert_int_equal(fb_stream_pull_hashes(q, again[0], 5, len, 1), FB_OK);
+	assert_int_equal(fb_stream_pull_final(q, &f->allowed[1], w.trailer,
+	                     sizeof(w.trailer), &total, &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_SIGNATURE);
+	fb_stream_pull_free(q);
+	/* in parts, in place, the pieces last first */
+	assert_int_equal(fb_stream_pull_alloc(&ctx,
+	                     FB_STREAM_DIGEST_INDEXED_TAGS, w.key, w.header,
+	                     sizeof(w.header), CH, &q, &why),
+	    FB_OK);
+	for (size_t k = 0, off = 0; k < 5; k++) {
+		memcpy(buf, w.chunks[k], w.chunk_len[k]);
+		assert_int_equal(fb_stream_pull_chunk_par(q, buf, w.chunk_len[k],
+		                     buf + 1, CH, &mlen, &final, &why, run_rev,
+		                     &pieces),
+		    FB_OK);
+		assert_int_equal(final, k == 4);
+		assert_memory_equal(buf + 1, w.plain + off, mlen);
+		off += mlen;
+	}
+	assert_true(pieces >= 5);
+	assert_int_equal(fb_stream_pull_final(q, &f->allowed[1], w.trailer,
+	                     sizeof(w.trailer), &total, &why),
+	    FB_OK);
+	fb_stream_pull_free(q);
+	/* chunks moved: 2 at 1, the last at 3 */
+	bad = w;
+	memcpy(bad.chunks[1], w.chunks[2], w.chunk_len[2]);
+	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &bad, in_order, 5,
+	                     &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	bad = w;
+	memcpy(bad.chunks[3], w.chunks[4], w.chunk_len[4]);
+	bad.chunk_len[3] = w.chunk_len[4];
+	assert_int_equal(pull_wire(&ctx, &f->allowed[1], &bad, in_order, 4,
+	                     &why),
+	    FB_EAUTH);
+	assert_int_equal(why, FB_REJECT_BAD_MAC);
+	/* the FINAL flag: dropped from the last, moved, added, another value */
+	for (int t = 0; t < 4; t++) {
+		bad = w;
+		if (t == 0) {
+			bad.chunks[4][0] = 0;
+		} else if (t == 1) {
+			bad.chunks[2][0] = 1;
+		} else if (t == 2) {
+			bad.chunks[0][0] = 1;
+		} else {
+			bad.chunks[4][0] = 3;
+		}
+		assert_int_equal(pull_wire(&ctx, &f->allowed[1], &bad, in_order,
+		                     5, &why),
+		    FB_EAUTH);
+		assert_int_equal(why, FB_REJECT_BAD_MAC);
+		assert_int_equal(fb_stream_pull_alloc(&ctx,
+		                     FB_STREAM_DIGEST_INDEXED_TAGS, bad.key,
+		                     bad.header, sizeof(bad.header), CH, &q, &why),
+		    FB_OK);
+		for (size_t k = 0; k < 5; k++) {
+			fb_err rc;
+			memcpy(buf, bad.chunks[k], bad.chunk_len[k]);
+			memset(plain, 0xAA, CH);
+			rc = fb_stream_pull_chunk_par(q, buf, bad.chunk_len[k],
+			    plain, CH, &mlen, &final, &why, run_rev, &pieces);
+			if (rc != FB_OK) {
+				assert_int_equal(rc, FB_EAUTH);
+				assert_int_equal(why, FB_REJECT_BAD_MAC);
+				assert_int_equal(mlen, 0);
+				assert_int_equal(plain[0], 0xAA); /* MAC first */
+				break;
+			}
+			assert_true(k < 4);
+		}
+		fb_stream_pull_free(q);
+	}
+	/* chunk 1 of another stream (same context, another key), and of
+	 * the same plaintext under another round or sender */
+	for (size_t i = 0; i < 3; i++) {
+		push_wire(&others[i], f->w1, len, 3, &alien);
+		bad = w;
+		memcpy(bad.chunks[1], alien.chunks[1], alien.chunk_len[1]);
+		assert_int_equal(pull_wire(&ctx, &f->allowed[1], &bad, in_order,
+		                     5, &why),
+		    FB_EAUTH);
+		assert_int_equal(why, FB_REJECT_BAD_MAC);
+		assert_int_equal(fb_stream_pull_alloc(&ctx,
+		                     FB_STREAM_DIGEST_INDEXED_TAGS, bad.key,
+		                     bad.header, sizeof(bad.header), CH, &q, &why),
+		    FB_OK);
+		assert_int_equal(fb_stream_pull_chunk_at(q, 1, bad.chunks[1],
+		                     bad.chunk_len[1], plain, CH, &mlen, &final,
+		                     again[0], &why),
+		    FB_EAUTH);
+		assert_int_equal(why, FB_REJECT_BAD_MAC);
+		fb_stream_pull_free(q);
+	}
+	/* opened in three parts out of order; a TAGS-only check: none */
+	assert_int_equal(fb_stream_pull_alloc(&ctx,
+	                     FB_STREAM_DIGEST_INDEXED_TAGS, w.key, w.header,
+	                     sizeof(w.header), CH, &q, &why),
+	    FB_OK);
+	for (size_t k = 0, off = 0; k < 5; k++) {
+		assert_int_equal(open_parts(q, w.chunks[k], w.chunk_len[k],
+		                     plain + off, &mlen, &final, &why),
+		    FB_OK);
+		off += mlen;
+	}
+	assert_memory_equal(plain, w.plain, len);
+	assert_int_equal(fb_stream_pull_final(q, &f->allowed[1], w.trailer,
+	                     sizeof(w.trailer), &total, &why),
+	    FB_OK);
+	fb_stream_pull_free(q);
+	cur_mode = FB_STREAM_DIGEST_FULL;
+}
+
 static void
 test_broadcast(void **state)
 {
@@ -1737,6 +2054,12 @@ FB_TESTS = {
     {"stream sizes beyond the limits are rejected", test_stream_limits},
     {"TAGS digest streams pass the same checks and cannot be downgraded",
         test_stream_tags_mode},
+    {"an INDEXED_TAGS stream passes every check the other modes pass",
+        test_stream_indexed_mode},
+    {"an INDEXED_TAGS stream is the documented libsodium construction",
+        test_stream_indexed_wire_format},
+    {"INDEXED_TAGS chunks seal and open on their own, in any order",
+        test_stream_indexed_parallel},
     {"FULL chunks sealed out of order on their own pull as one stream",
         test_stream_chunks_sealed_out_of_order},
     {"FULL chunks opened out of order on their own verify as one stream",

@@ -219,6 +219,7 @@ typedef struct fake_worker {
 	fb_secagg_worker *held_sa;
 	uint32_t held_round, held_n;
 	fb_secagg_encodings held_enc;
+	bool old_stream;       /* its update stream in the TAGS mode */
 } fake_worker;
 
 typedef struct bench {
@@ -711,7 +712,8 @@ upload_begin(uint32_t i, const float *x)
 		fb_stream_ctx ctx = {.run = t.c->run, .round = fw->round,
 		    .sender = i};
 		assert_int_equal(fb_stream_push_alloc(&ctx, CHUNK_BYTES,
-		                     FB_STREAM_DIGEST_TAGS,
+		                     fw->old_stream ? FB_STREAM_DIGEST_TAGS
+		                                    : FB_STREAM_DIGEST_INDEXED_TAGS,
 		                     b.u.update_begin.stream_key.b,
 		                     b.u.update_begin.stream_header.b, &fw->push),
 		    FB_OK);
@@ -1762,6 +1764,35 @@ test_secure_worker_round_failed(void **state)
 	sa_fake_unmask(0x3);
 	assert_int_equal(t.c->rd.committed, 1);
 	assert_true(fedavg_error(3, 1.0) < 1e-3);
+	bench_stop();
+}
+
+/* Secure: an update stream in the old TAGS mode (a worker of another
+ * version) is refused at its UpdateBegin, saying so; the worker is a
+ * dropout and the round commits with the other two. */
+static void
+test_secure_old_stream_mode_refused(void **state)
+{
+	uint64_t malformed;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n"});
+	admit_all();
+	sa_setup(7);
+	malformed = t.c->g.drops[DROP_MALFORMED];
+	t.fw[2].old_stream = true;
+	upload_begin(2, t.fw[2].update);
+	assert_int_equal(t.c->reg.workers[2].state, W_FAILED);
+	assert_non_null(strstr(t.c->reg.workers[2].fail_reason,
+	    "another digest mode"));
+	assert_int_equal(t.c->g.drops[DROP_MALFORMED], malformed + 1);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_phase(PHASE_UNMASK);
+	sa_fake_unmask(0x3);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(3, 1.0) < 1e-3);
+	t.fw[2].old_stream = false;
 	bench_stop();
 }
 
@@ -3184,6 +3215,8 @@ FB_TESTS = {
         test_secure_worker_lost_after_input},
     {"secure: a worker's RoundFailed after the setup is a dropout",
         test_secure_worker_round_failed},
+    {"secure: an update stream in the old digest mode is refused",
+        test_secure_old_stream_mode_refused},
     {"secure: masked uploads take turns for max_uploads buffers",
         test_secure_masked_uploads_take_turns},
     {"secure: max_uploads 0, a cut upload in the sum starts it again",

@@ -1473,7 +1473,7 @@ test_secure_join_and_round(void **state)
 	ctx.round = 4;
 	ctx.sender = fb_session_worker_id(x->cs);
 	assert_int_equal(
-	    fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	    fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_INDEXED_TAGS,
 	        b->msg.u.update_begin.stream_key.b,
 	        b->msg.u.update_begin.stream_header.b,
 	        b->msg.u.update_begin.stream_header.len, CHUNK, &pull, &why),
@@ -2083,7 +2083,7 @@ test_secagg_masks_made_ahead(void **state)
 		ctx.run = x->run;
 		ctx.round = 5;
 		ctx.sender = fb_session_worker_id(x->cs);
-		assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+		assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_INDEXED_TAGS,
 		                     b->msg.u.update_begin.stream_key.b,
 		                     b->msg.u.update_begin.stream_header.b,
 		                     b->msg.u.update_begin.stream_header.len,
@@ -2129,7 +2129,7 @@ sa_upload_plain(fix *x, size_t at, uint32_t out[][CHUNK / 4])
 	ctx.run = x->run;
 	ctx.round = b->msg.u.update_begin.round;
 	ctx.sender = fb_session_worker_id(x->cs);
-	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_TAGS,
+	assert_int_equal(fb_stream_pull_alloc(&ctx, FB_STREAM_DIGEST_INDEXED_TAGS,
 	                     b->msg.u.update_begin.stream_key.b,
 	                     b->msg.u.update_begin.stream_header.b,
 	                     b->msg.u.update_begin.stream_header.len, CHUNK,

@@ -167,5 +167,7 @@ main(int argc, char **argv)
 	gen_stream(f, 3 * FZ_CHUNK, FB_STREAM_DIGEST_FULL, "three");
 	gen_stream(f, 5 * FZ_CHUNK + 7, FB_STREAM_DIGEST_FULL, "six");
 	gen_stream(f, 2 * FZ_CHUNK + 1, FB_STREAM_DIGEST_TAGS, "tags");
+	gen_stream(f, 3 * FZ_CHUNK + 2, FB_STREAM_DIGEST_INDEXED_TAGS,
+	    "indexed");
 	return 0;
 }

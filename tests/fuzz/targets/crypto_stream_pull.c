@@ -2,14 +2,26 @@
 /*
  * crypto_stream_pull.c -- libFuzzer target: receiving a payload stream
  * (fb_stream_pull_alloc/_chunk/_final) under the fixture's key and context,
- * signed by the fixture worker, in the digest mode its header names. Input:
- * frames of [u16 LE length][bytes]: the stream header, the chunks, and last the
- * trailer. Chunks are pulled in place (plaintext at c + 1) and the trailer is
- * checked only after the last frame, as a receiver would.
+ * signed by the fixture worker, in the digest mode its header names (byte
+ * 2, modulo the three modes). Input: frames of [u16 LE length][bytes]: the
+ * stream header, the chunks, and last the trailer. Chunks are pulled in
+ * place (plaintext at c + 1), every other one of a TAGS or INDEXED_TAGS
+ * stream in parts (fb_stream_pull_chunk_par, pieces last first), and the
+ * trailer is checked only after the last frame, as a receiver would.
  */
 #include "tests/fuzz/fuzz_common.h"
 
 #define MAX_FRAMES 64
+
+/* fb_stream_pull_chunk_par's runner: the pieces last first, here. */
+static void
+run_rev(void *ctx, uint32_t n, void (*fn)(void *arg, uint32_t i), void *arg)
+{
+	(void)ctx;
+	for (uint32_t i = n; i-- > 0;) {
+		fn(arg, i);
+	}
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -39,10 +51,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (n == 0) {
 		return 0;
 	}
-	/* Require the digest mode the header names, so both get fuzzed. */
+	/* Require the digest mode the header names, so all get fuzzed. */
 	rc = fb_stream_pull_alloc(&f->ctx,
-	    len[0] > 2 && (frame[0][2] & 1) ? FB_STREAM_DIGEST_TAGS
-	                                    : FB_STREAM_DIGEST_FULL,
+	    len[0] > 2 ? (fb_stream_digest)(frame[0][2] % 3)
+	               : FB_STREAM_DIGEST_FULL,
 	    f->stream_key, frame[0], len[0], FZ_MAX_CHUNK, &p, &why);
 	if ((rc == FB_OK) != (p != NULL) ||
 	    (rc == FB_OK) != (why == FB_REJECT_NONE)) {
@@ -58,9 +70,16 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			break;
 		}
 		memcpy(buf, frame[i], len[i]);
-		rc = fb_stream_pull_chunk(p, buf, len[i],
-		    len[i] > 0 ? buf + 1 : buf, len[i] > 0 ? len[i] - 1 : 0,
-		    &mlen, &final, &why);
+		if (i % 2 == 0 && frame[0][2] % 3 != FB_STREAM_DIGEST_FULL) {
+			rc = fb_stream_pull_chunk_par(p, buf, len[i],
+			    len[i] > 0 ? buf + 1 : buf,
+			    len[i] > 0 ? len[i] - 1 : 0, &mlen, &final, &why,
+			    run_rev, NULL);
+		} else {
+			rc = fb_stream_pull_chunk(p, buf, len[i],
+			    len[i] > 0 ? buf + 1 : buf,
+			    len[i] > 0 ? len[i] - 1 : 0, &mlen, &final, &why);
+		}
 		free(buf);
 		if (rc != FB_OK) {
 			if (why == FB_REJECT_NONE || mlen != 0) {
