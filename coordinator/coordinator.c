@@ -334,7 +334,7 @@ coord_fini(coord *c)
 		close(c->wake_fd);
 	}
 	pthread_mutex_destroy(&c->extra_mu);
-	sa_free(c->sa);
+	sa_free(&c->sa_sync); /* the cohorts free their own */
 	async_fini(c);
 	cohorts_fini(c);
 	fb_link_close(c->link);
