@@ -127,6 +127,16 @@ async_begin(coord *c, int64_t now)
 	round_open_model(c, now);
 }
 
+/* round.seed, then a new stream of batches for every task (and for every
+ * task of a resumed run: the version is in it too). */
+uint64_t
+async_task_seed(coord *c)
+{
+	return (uint64_t)c->cfg->seed +
+	    (++c->as.tasks + ((uint64_t)c->rd.committed << 32)) *
+	        0x9e3779b97f4a7c15ULL;
+}
+
 /* Gives worker w a task trained from the model of this moment. */
 static void
 dispatch(coord *c, worker *w)
@@ -134,27 +144,13 @@ dispatch(coord *c, worker *w)
 	round_state *rd = &c->rd;
 	wslot slot = registry_slot(c, w);
 
-	w->assigned_steps = round_schedule_steps(c, w);
-	w->weight = 0;
-	w->round_speed = 0;
-	w->a_norm = 0;
-	w->done_ms = 0;
-	w->next_chunk = 0;
-	w->steps = 0;
-	w->train_loss = 0;
-	w->train_seconds = 0;
+	round_task_reset(c, w, (uint32_t)((uint64_t)slot.v * c->chunk_count /
+	    (c->reg.cap > 0 ? c->reg.cap : 1)));
 	w->fail_reason = NULL;
-	fedeval_clear(w);
-	w->first_chunk = (uint32_t)((uint64_t)slot.v * c->chunk_count /
-	    (c->reg.cap > 0 ? c->reg.cap : 1));
 	w->task_round = rd->number;
 	w->task_version = rd->committed;
 	w->staleness = 0;
-	/* round.seed, then a new stream of batches for every task (and for
-	 * every task of a resumed run: the version is in it too) */
-	w->task_seed = (uint64_t)c->cfg->seed +
-	    (++c->as.tasks + ((uint64_t)rd->committed << 32)) *
-	        0x9e3779b97f4a7c15ULL;
+	w->task_seed = async_task_seed(c);
 	rd->r.selected++;
 	round_send_start(c, w);
 }

@@ -309,25 +309,13 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
 	co->m[s].id = w->id;
 	co->m[s].version = rd->committed;
 	snprintf(co->m[s].name, sizeof(co->m[s].name), "%s", w->name);
-	w->assigned_steps = round_schedule_steps(c, w);
-	w->weight = 0;
-	w->round_speed = 0;
-	w->a_norm = 0;
-	w->done_ms = 0;
-	w->next_chunk = 0;
-	w->steps = 0;
-	w->train_loss = 0;
-	w->train_seconds = 0;
+	round_task_reset(c, w,
+	    (uint32_t)((uint64_t)s * c->chunk_count / co->sa.n));
 	w->fail_reason = NULL;
-	fedeval_clear(w);
-	/* uploads spread over the model, as in a sync round */
-	w->first_chunk = (uint32_t)((uint64_t)s * c->chunk_count / co->sa.n);
 	w->task_round = co->id;
 	w->task_version = rd->committed;
 	w->staleness = 0;
-	w->task_seed = (uint64_t)c->cfg->seed +
-	               (++c->as.tasks + ((uint64_t)rd->committed << 32)) *
-	                   0x9e3779b97f4a7c15ULL;
+	w->task_seed = async_task_seed(c);
 	rd->r.selected++;
 	prev = cohort_enter(c, co, NULL);
 	sa_assign(c, s, slot.v);

@@ -772,6 +772,11 @@ void round_fail(coord *c, round_status st, int64_t now, const char *fmt,
 void round_record(coord *c, int64_t now);
 void round_send_start(coord *c, worker *w);
 uint64_t round_schedule_steps(const coord *c, const worker *w);
+/* round_task_reset readies w for a new task: its steps scheduled, the last
+ * task's results and evaluation forgotten, its upload to start at
+ * first_chunk (spread over the model so that the ingest threads add
+ * different streams to different chunks of the sum). */
+void round_task_reset(coord *c, worker *w, uint32_t first_chunk);
 /* round_open_to says whether a message of worker w for `round` belongs to
  * its current task (sync: round_open_for). */
 bool round_open_to(const coord *c, const worker *w, uint32_t round);
@@ -794,6 +799,8 @@ bool async_on_begin(coord *c, worker *w, const fb_msg *m);
 /* async_fetch_ok says whether w's ModelFetch can be served the model of
  * its task; if not, the task is cancelled (a new one follows). */
 bool async_fetch_ok(coord *c, worker *w);
+/* async_task_seed is the batch seed of the next task given out. */
+uint64_t async_task_seed(coord *c);
 
 /* ---- cohort.c: round.mode async with secure aggregation ---- */
 bool cohorts_on(const coord *c);

@@ -147,6 +147,22 @@ cancel_stragglers(coord *c, bool deadline, bool keep_uploads)
  * aggregation no speed is known here (workers report none): a time
  * budget goes to the workers as such (send_round_starts), and this is
  * the fixed work a worker does until it has measured its speed. */
+void
+round_task_reset(coord *c, worker *w, uint32_t first_chunk)
+{
+	w->assigned_steps = round_schedule_steps(c, w);
+	w->weight = 0;
+	w->round_speed = 0;
+	w->a_norm = 0;
+	w->done_ms = 0;
+	w->next_chunk = 0;
+	w->steps = 0;
+	w->train_loss = 0;
+	w->train_seconds = 0;
+	fedeval_clear(w);
+	w->first_chunk = first_chunk;
+}
+
 uint64_t
 round_schedule_steps(const coord *c, const worker *w)
 {
@@ -222,20 +238,8 @@ select_workers(coord *c)
 	for (uint32_t s = 0; s < nsel; s++) {
 		worker *w = &c->reg.workers[rd->sel[s]];
 		rd->sel_id[s] = w->id;
-		w->assigned_steps = round_schedule_steps(c, w);
-		w->weight = 0;
-		w->round_speed = 0;
-		w->a_norm = 0;
-		w->done_ms = 0;
-		w->next_chunk = 0;
-		w->steps = 0;
-		w->train_loss = 0;
-		w->train_seconds = 0;
-		fedeval_clear(w);
-		/* Uploads start evenly spread over the model, so that the
-		 * ingest threads add different streams to different chunks of
-		 * the sum instead of queueing on the same one. */
-		w->first_chunk = (uint32_t)((uint64_t)s * c->chunk_count / nsel);
+		round_task_reset(c, w,
+		    (uint32_t)((uint64_t)s * c->chunk_count / nsel));
 	}
 	rd->nsel = nsel;
 	return nsel;
