@@ -302,6 +302,10 @@ on_peers(fb_wk *w, const fb_frame *f, uint32_t cnt)
 		    out_len);
 		if (rc != FB_OK) {
 			sa_abandon(w, "the shares could not be sent");
+		} else {
+			fb_log_debug("round %u: shares sent for %u neighbours",
+			    w->sa_round,
+			    (uint32_t)(out_len / FB_SECAGG_SHARE_MSG_LEN));
 		}
 	} else {
 		sa_abandon(

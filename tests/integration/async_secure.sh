@@ -4,8 +4,9 @@
 # round.buffer_size (3, threshold 2) among the workers given their tasks
 # for it; the coordinator learns each cohort's sum only.
 #  1. 5 workers (throttles 1, 1, 2, 4 and w4 far slower): w4 is killed
-#     with SIGKILL in the middle of its first task; its cohort completes without
-#     it (a dropout, its mask recovered), and the run makes its 6 steps.
+#     with SIGKILL in the middle of its first task, once its shares are out;
+#     its cohort completes without it (a dropout, its mask recovered), and
+#     the run makes its 8 steps.
 #     Each step's metrics line names its cohort, has 2+ members, each
 #     member's model version and staleness, and the secure_aggregation
 #     block; accuracy rises as in plain async on the same data (the masks
@@ -23,7 +24,7 @@ OUT=$T/out
 coord_yaml "$port" "$OUT" "  mode: async
   buffer_size: 3
   max_staleness: 6
-  rounds: 6
+  rounds: 8
   min_workers: 5
   local_steps: 30
   batch_size: 32
@@ -42,12 +43,15 @@ for i in 0 1 2 3; do
 	printf 'debug:\n  dump_updates: %s\n' "$T/dump/w$i" >>"$T/w$i.yaml"
 	start_worker "$T/w$i.yaml" "w$i"
 done
-# w4 is slowed down so much that it is surely mid-task when killed.
+# w4 is slowed down so much that it is surely mid-task when killed, and
+# killed as soon as its shares are out: its cohort is sealed then, and the
+# fast workers have steps left to make after its loss is seen (a fixed
+# sleep here let them finish the run first on a loaded machine).
 worker_yaml "$port" 4 5 "  throttle: 400" >"$T/w4.yaml"
+echo "log_level: debug" >>"$T/w4.yaml"
 start_worker "$T/w4.yaml" w4
 victim=$WPID
-wait_for "$T/w4.log" "trainer: " 120
-sleep 0.5
+wait_for "$T/w4.log" "shares sent for" 120
 kill -KILL "$victim"
 echo "killed w4 (pid $victim) while it trained its first task"
 wait_exit "$CPID" 180 || fail "coordinator exited with status $?"
@@ -56,7 +60,7 @@ grep -q "worker w4 lost" "$T/coord.log" || fail "w4's loss was not noticed"
 "$PY" - "$OUT/metrics.jsonl" <<'PYEOF' || fail "secure async metrics are wrong"
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-assert len(rows) == 6, len(rows)
+assert len(rows) == 8, len(rows)
 cohorts, inboth, accs = set(), {}, []
 for k, r in enumerate(rows, 1):
     assert r["mode"] == "async" and r["status"] == "ok", r
@@ -85,7 +89,7 @@ assert max(len(v) for v in inboth.values()) >= 2, inboth
 # the killed worker's cohort completed without it: a dropout recovered
 drop = [r for r in rows if r["members"] == 3 and r["participants"] == 2]
 assert drop, "no cohort completed with a dropout (w4's)"
-print("6 steps; cohorts per worker:",
+print("8 steps; cohorts per worker:",
       {k: sorted(v) for k, v in inboth.items()}, "accuracy", accs,
       "steps with a dropout:", len(drop))
 PYEOF
@@ -110,7 +114,7 @@ port=$(free_port)
 coord_yaml "$port" "$T/plain" "  mode: async
   buffer_size: 3
   max_staleness: 6
-  rounds: 6
+  rounds: 8
   min_workers: 4
   local_steps: 30
   batch_size: 32
