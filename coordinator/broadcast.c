@@ -53,9 +53,6 @@
 /* chunks one worker may ask for ahead of those sealed for it (its
  * transport.fetch_window is at most this) */
 #define FETCH_AHEAD_MAX FB_FETCH_WINDOW_MAX
-/* sent lists looked at this often while a worker waits for a buffer and
- * no fetch comes (ms); the loop wakes as often then */
-#define SWEEP_MS 1
 
 fb_err
 model_writable(coord *c, fb_lent **b, size_t len, bool keep)
@@ -195,6 +192,10 @@ seal_start(coord *c, bool inline_seal)
 	if ((b->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
 		fb_log_error("eventfd: %s", strerror(errno));
 		return FB_EIO;
+	}
+	/* a buffer ZeroMQ lets go of wakes the loop (broadcast_pump) */
+	for (uint32_t i = 0; i < b->nbufs; i++) {
+		fb_lent_notify(b->bufs[i].lent, b->efd);
 	}
 	n = inline_seal ? 0 : cpus > 1 ? cpus - 1 : 1;
 	n = n > SEAL_THREADS_MAX ? SEAL_THREADS_MAX : n;
@@ -450,7 +451,7 @@ submit(coord *c, uint32_t wi)
 
 /* Free buffers go to the workers waiting, one chunk each in turn. A
  * worker at its share stays on the ring: it waits for ZeroMQ to let go
- * of one of its chunks (broadcast_pump looks every SWEEP_MS). */
+ * of one of its chunks, whose release wakes broadcast_pump. */
 static void
 serve(coord *c)
 {
@@ -484,14 +485,6 @@ serve(coord *c)
 	}
 }
 
-int64_t
-broadcast_next_timer(const coord *c)
-{
-	const broadcast *b = &c->bc;
-
-	return b->on_fetch && !b->frozen && b->ready_count > 0 ? SWEEP_MS : 100;
-}
-
 void
 broadcast_pump(coord *c)
 {
@@ -502,10 +495,14 @@ broadcast_pump(coord *c)
 	if (!b->on_fetch) {
 		return;
 	}
+	/* written by the seal threads (a chunk sealed) and by the release
+	 * of a sent buffer (fb_lent_notify) */
+	if (read(b->efd, &n, sizeof(n)) == (ssize_t)sizeof(n)) {
+		b->released = true;
+	} else if (errno != EAGAIN) {
+		fb_log_error("seal eventfd: %s", strerror(errno));
+	}
 	if (b->nthreads > 0) {
-		if (read(b->efd, &n, sizeof(n)) < 0 && errno != EAGAIN) {
-			fb_log_error("seal eventfd: %s", strerror(errno));
-		}
 		pthread_mutex_lock(&b->mu);
 		i = b->done_head;
 		b->done_head = b->done_tail = SEAL_NONE;
@@ -519,8 +516,8 @@ broadcast_pump(coord *c)
 			i = next;
 		}
 	}
-	if (b->ready_count > 0 && c->now - b->swept_ms >= SWEEP_MS) {
-		b->swept_ms = c->now;
+	if (b->ready_count > 0 && b->released) {
+		b->released = false;
 		for (uint32_t wi = 0; wi < c->reg.cap; wi++) {
 			reclaim(c, wi);
 		}

@@ -418,7 +418,8 @@ typedef struct broadcast {
 	fetcher *fw;             /* per reg slot */
 	uint32_t *ready;         /* ring of workers with chunks to seal */
 	uint32_t ready_head, ready_count;
-	int64_t swept_ms;        /* sent lists last looked at */
+	bool released;           /* a sent chunk may have been let go of
+	                          * since the sent lists were looked at */
 	/* the seal threads; under mu */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;       /* work, or stop */
@@ -852,8 +853,6 @@ void broadcast_open(coord *c);
 /* broadcast_pump (loop): sealed chunks go out, freed buffers take the
  * next fetches. */
 void broadcast_pump(coord *c);
-/* broadcast_next_timer: ms until broadcast_pump should look again. */
-int64_t broadcast_next_timer(const coord *c);
 void broadcast_round_start(const coord *c, fb_msg *m);
 void broadcast_on_fetch(coord *c, worker *w, const fb_msg *m);
 FB_MUST_CHECK fb_err model_writable(coord *c, fb_lent **b, size_t len,

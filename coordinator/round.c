@@ -969,7 +969,7 @@ round_step(coord *c, int64_t now)
 int64_t
 round_next_timer(const coord *c, int64_t now)
 {
-	int64_t next = broadcast_next_timer(c);
+	int64_t next = 100; /* the broadcast wakes the loop itself */
 
 	if (c->rd.phase == PHASE_TRAIN && c->rd.deadline_ms - now < next) {
 		next = c->rd.deadline_ms - now;

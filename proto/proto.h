@@ -610,6 +610,12 @@ bool fb_lent_lendable(const fb_lent *b);
 /* fb_lent_free drops the owner's reference (or one fb_lent_ref took);
  * NULL is a no-op. */
 void fb_lent_free(fb_lent *b);
+/* fb_lent_notify asks for a wake when b turns idle: each time a release
+ * leaves only the owner's reference, 1 is written to the eventfd `fd` (on
+ * whichever thread released it, ZeroMQ's I/O thread for a message); -1
+ * stops it. Set it before b is lent; fd must outlive b's messages. A
+ * replacement from fb_lent_own keeps it. */
+void fb_lent_notify(fb_lent *b, int fd);
 /* fb_lent_ref takes one more reference for a holder other than the link's
  * messages (dropped by fb_lent_free): b is not idle while it is held.
  * Thread-safe. */

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <stdbool.h>
@@ -997,6 +998,27 @@ test_link_lent(void **state)
 	first = b;
 	assert_int_equal(fb_lent_own(&b, 2 * len, true), FB_OK);
 	assert_ptr_equal(b, first); /* idle: the owner writes in place */
+
+	/* with fb_lent_notify, the release that leaves the memory idle
+	 * writes the eventfd: the owner's loop wakes instead of polling */
+	{
+		int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		struct pollfd pfd = {.fd = -1, .events = POLLIN};
+		uint64_t n = 0;
+		assert_true(efd >= 0);
+		pfd.fd = efd;
+		fb_lent_notify(b, efd);
+		assert_int_equal(poll(&pfd, 1, 0), 0); /* nothing yet */
+		assert_int_equal(fb_link_send_from(dealer, NULL, &m, p, len, b),
+		    FB_OK);
+		assert_int_equal(recv_wait(router, &f, &why), FB_OK);
+		assert_int_equal(poll(&pfd, 1, 5000), 1);
+		assert_int_equal(read(efd, &n, sizeof(n)), (ssize_t)sizeof(n));
+		assert_int_equal(n, 1);
+		assert_true(fb_lent_idle(b)); /* woken: it is idle */
+		fb_lent_notify(b, -1);
+		close(efd);
+	}
 
 	/* a refused send takes no reference */
 	assert_int_equal(fb_link_send_from(dealer, NULL, &m, p, len + 1, b),
