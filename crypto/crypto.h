@@ -749,8 +749,9 @@ void fb_stream_pull_free(fb_stream_pull *p);
  * built. c_sk is never revealed and the share key takes the round, so c
  * could live longer, but that saves one key pair a round. A coordinator
  * that claims a dropout gains what the threat model above says: that
- * round's s_j, i.e. j's pair masks of that round, and then no b_j of that
- * round from an honest holder (one kind per owner).
+ * round's s_j, i.e. j's pair masks of that round, while each honest holder
+ * gives it one kind of share of j per round, never both, so b_j of that
+ * round stays out of its reach without colluders.
  *
  * Ring: masks live in Z_2^32. An encoding into Z_2^bits (bits <= 32, see
  * aggregation.h) embeds into it: the sum mod 2^32 reduced mod 2^bits is the
