@@ -717,6 +717,42 @@ void fb_stream_pull_free(fb_stream_pull *p);
  * caller's policy) keeps t a majority of each neighbourhood, so that two
  * conflicting sets would need t - ((k + 1) - t) colluding neighbours.
  *
+ * Key lifetimes (issue 25). Every secret is one round's: c, s and b are
+ * made by fb_secagg_worker_alloc for one round and wiped by _free, and
+ * every message carries run and round inside its signed or authenticated
+ * bytes, so nothing of round r is taken in round r + 1 (an advert gets
+ * FB_ESTALE, a share message does not open). What a reveal exposes, and for how
+ * long: b_i (i included) gives PRG(b_i), round r's self-mask of i; s_sk_j
+ * (j dropped) gives the pair seeds of every round under that key, which
+ * is round r alone. The pair seed's KDF over (run, round, both keys) keeps
+ * rounds apart for anyone who holds seeds but not the X25519 secret.
+ * Why s is not kept for a session: a dropout recovery reconstructs s_sk_j
+ * itself, the input of that KDF, not one round's output, so with a
+ * session-long s it yields j's pair seeds of all rounds under the key,
+ * the earlier ones included; in each earlier round r' where j was
+ * included the coordinator reconstructed b_j (as it must) and received
+ * y_j (each worker's upload arrives on its own stream), so it could remove
+ * every mask of y_j and read x_j of round r'. That needs no lie, one real
+ * dropout after rounds with j included; a lying coordinator gets it by
+ * claiming one. A rekey after the reveal protects the rounds after it, not
+ * those before. Sharing s_sk once per session adds another leak: holders
+ * told "j dropped" in different rounds reveal shares of the one sharing,
+ * which add up to t across rounds. Renewing s after every round whose
+ * b_j was revealed (every round j is in) is the per-round key. What keeps
+ * the setup off a round's critical path without that: set round r + 1 up
+ * (adverts and shares of its fresh keys) while round r runs, which is this
+ * protocol shifted in time, secret for secret (secagg_test: "a round set
+ * up during the previous one"); then no reveal of round r bears on r + 1
+ * and no rekey is needed. A session-long s would need a recovery that
+ * never reveals s_sk (the survivors revealing the round's pair seeds,
+ * KDF outputs, checked against commitments of the dropped worker): not
+ * built. c_sk is never revealed and the share key takes the round, so c
+ * could live longer, but that saves one key pair a round. A coordinator
+ * that claims a dropout gains what the threat model above says: that
+ * round's s_j, i.e. j's pair masks of that round, while each honest holder
+ * gives it one kind of share of j per round, never both, so b_j of that
+ * round stays out of its reach without colluders.
+ *
  * Ring: masks live in Z_2^32. An encoding into Z_2^bits (bits <= 32, see
  * aggregation.h) embeds into it: the sum mod 2^32 reduced mod 2^bits is the
  * sum mod 2^bits, and a masked value mod 2^bits is still uniform, so a

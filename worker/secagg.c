@@ -223,6 +223,14 @@ fb_wk_sa_start(fb_wk *w, const fb_msg *m)
 		    w->sa_round, fb_strerror(rc));
 		return rc;
 	}
+	/* Public keys, for the record (tests/integration/secagg.sh checks
+	 * that none comes back in another round). */
+	fb_log_debug("round %u: secure-aggregation keys of this round: c_pk "
+	             "%02x%02x%02x%02x%02x%02x%02x%02x.., s_pk "
+	             "%02x%02x%02x%02x%02x%02x%02x%02x..",
+	    w->sa_round, adv[28], adv[29], adv[30], adv[31], adv[32], adv[33],
+	    adv[34], adv[35], adv[60], adv[61], adv[62], adv[63], adv[64],
+	    adv[65], adv[66], adv[67]);
 	if (w->encbuf == NULL && (w->encbuf = fb_alloc(cap)) == NULL) {
 		return FB_ENOMEM;
 	}

@@ -12,7 +12,9 @@
 #     before unmasking: the round completes and equals the plain weighted
 #     average of the included updates; then a round with fewer survivors
 #     than the threshold is aborted with a clear message, the model
-#     unchanged, and the next round is fine.
+#     unchanged, and the next round (the workers killed after their
+#     shares back in, under new keys: no public key repeats in any round)
+#     equals the plain weighted average of all five.
 # SECAGG_DEVICE=cuda (tests/gpu/run-mask, on a GPU host): the workers of
 # part 1 train and mask on their GPU, and say so in their logs;
 # SECAGG_DATA: their Fashion-MNIST folder (default: Debian's).
@@ -126,6 +128,7 @@ declare -A WP
 start_w() { # INDEX THROTTLE [TAG]
 	worker_yaml "$port" "$1" 5 "  throttle: $2" >"$T/w$1${3:-}.yaml"
 	printf 'debug:\n  dump_updates: %s\n' "$T/dump/w$1" >>"$T/w$1${3:-}.yaml"
+	echo "log_level: debug" >>"$T/w$1${3:-}.yaml"
 	mkdir -p "$T/dump/w$1"
 	start_worker "$T/w$1${3:-}.yaml" "w$1${3:-}"
 	WP[$1]=$WPID
@@ -181,4 +184,27 @@ assert rows[3]["secure_aggregation"]["included"] == 5, rows[3]
 print("round 2: 4 of 5 inputs, unmasked with 3 survivors' shares; "
       "round 3 aborted; round 4 ok")
 PYEOF
+# Round 4: w0, whose round-2 mask key the coordinator reconstructed, is
+# back in with fresh keys and the sum is the plain weighted average of
+# all five (round 3 left the model as round 2 made it).
+"${CHECK[@]}" average "$OUT/model.safetensors" "$T/m2.safetensors" --round 4 \
+	--n 5 --dump "$T/dump/w0,$T/dump/w1,$T/dump/w2,$T/dump/w3,$T/dump/w4" ||
+	fail "round 4 is not the weighted average of the 5 updates"
+# No public key of any worker comes back in another round or for another
+# worker: every round is a fresh key agreement.
+keys() { # LOG ROUND: the round's "c_pk X.., s_pk Y.." of that log
+	sed -n "s/.*round $2: secure-aggregation keys of this round: //p" "$1"
+}
+k2=$(keys "$T/w0.log" 2)
+k4=$(keys "$T/w0b.log" 4)
+[ -n "$k2" ] && [ -n "$k4" ] || fail "no key record of w0 in rounds 2 and 4"
+[ "$k2" != "$k4" ] || fail "w0 came back in round 4 with its round-2 keys"
+all=$(cat "$T"/w[0-4].log "$T"/w[0-4]b.log |
+	sed -n 's/.*secure-aggregation keys of this round: //p' |
+	tr ',' '\n' | sed 's/^ *//')
+[ "$(echo "$all" | wc -l)" -ge 30 ] ||
+	fail "too few key records: $(echo "$all" | wc -l)"
+dup=$(echo "$all" | sort | uniq -d)
+[ -z "$dup" ] || fail "a public key came back: $dup"
+echo "round 4: w0 back under new keys, the average of all 5; no key repeats"
 echo PASS

@@ -1424,6 +1424,241 @@ test_accum_reads_secure_sum(void **state)
 	fb_accum_free(a);
 }
 
+/* ---- a round set up during the previous one ----------------------------- */
+
+/*
+ * One round's instances, stepped by hand so that two rounds interleave the
+ * way a coordinator that sets round r + 1 up while round r runs would run
+ * them: the setup (adverts and shares) of r + 1 between r's masked inputs
+ * and r's confirmations and reveals.
+ */
+#define AH_N 5
+#define AH_T 3
+#define AH_COUNT 300
+
+typedef struct ahead_round {
+	fb_secagg_params p;
+	fb_secagg_server *srv;
+	fb_secagg_worker *w[AH_N];
+	uint8_t adv[AH_N][FB_SECAGG_ADV_LEN];
+	uint8_t inc[AH_N];
+	uint32_t sum[AH_COUNT];
+	double want[AH_COUNT];
+	uint32_t included;
+} ahead_round;
+
+static void
+ahead_setup(ahead_round *r, const fb_run_id *run, uint32_t round,
+    fb_identity *const *ids, const fb_pubkey *pks, const ahead_round *prev)
+{
+	uint8_t buf[AH_N * FB_SECAGG_SHARE_MSG_LEN];
+
+	memset(r, 0, sizeof(*r));
+	r->p.run = *run;
+	r->p.round = round;
+	r->p.n = AH_N;
+	r->p.degree = AH_N - 1;
+	r->p.threshold = AH_T;
+	randombytes_buf(r->p.graph_seed, sizeof(r->p.graph_seed));
+	assert_int_equal(fb_secagg_server_alloc(&r->p, &r->srv), FB_OK);
+	for (uint32_t i = 0; i < AH_N; i++) {
+		assert_int_equal(fb_secagg_worker_alloc(&r->p, i, &r->w[i]),
+		    FB_OK);
+		assert_int_equal(fb_secagg_worker_advertise(r->w[i], ids[i],
+		    r->adv[i]), FB_OK);
+	}
+	for (uint32_t i = 0; prev != NULL && i < AH_N; i++) {
+		/* Fresh keys: no c_pk, s_pk or b commitment of the previous
+		 * round comes back, for any worker. */
+		for (uint32_t j = 0; j < AH_N; j++) {
+			assert_memory_not_equal(r->adv[i] + 28,
+			    prev->adv[j] + 28, 32);
+			assert_memory_not_equal(r->adv[i] + 60,
+			    prev->adv[j] + 60, 32);
+			assert_memory_not_equal(r->adv[i] + 92,
+			    prev->adv[j] + 92, 32);
+		}
+		/* The previous round's advert (whose s_sk that round may
+		 * reveal) is refused for this one, by the server and the
+		 * neighbours: nobody masks with the old key again. */
+		assert_int_equal(fb_secagg_server_add_advert(r->srv, i, &pks[i],
+		    prev->adv[i], FB_SECAGG_ADV_LEN), FB_ESTALE);
+		for (uint32_t j = 0; j < AH_N; j++) {
+			if (j != i) {
+				assert_int_equal(fb_secagg_worker_add_advert(
+				    r->w[j], &pks[i], prev->adv[i],
+				    FB_SECAGG_ADV_LEN), FB_ESTALE);
+			}
+		}
+	}
+	for (uint32_t i = 0; i < AH_N; i++) {
+		assert_int_equal(fb_secagg_server_add_advert(r->srv, i, &pks[i],
+		    r->adv[i], FB_SECAGG_ADV_LEN), FB_OK);
+		for (uint32_t j = 0; j < AH_N; j++) {
+			assert_int_equal(fb_secagg_worker_add_advert(r->w[j],
+			    &pks[i], r->adv[i], FB_SECAGG_ADV_LEN), FB_OK);
+		}
+	}
+	for (uint32_t i = 0; i < AH_N; i++) {
+		size_t out_len;
+		assert_int_equal(fb_secagg_worker_make_shares(r->w[i], buf,
+		    sizeof(buf), &out_len), FB_OK);
+		assert_int_equal(fb_secagg_server_add_shares(r->srv, i, buf,
+		    out_len), FB_OK);
+		for (size_t o = 0; o < out_len; o += FB_SECAGG_SHARE_MSG_LEN) {
+			uint32_t from, to;
+			assert_int_equal(fb_secagg_share_msg_peek(buf + o,
+			    FB_SECAGG_SHARE_MSG_LEN, &from, &to), FB_OK);
+			if (prev != NULL) {
+				/* nor do this round's shares open in the
+				 * previous round's instances */
+				assert_int_not_equal(fb_secagg_worker_add_share(
+				    prev->w[to], buf + o,
+				    FB_SECAGG_SHARE_MSG_LEN), FB_OK);
+			}
+			assert_int_equal(fb_secagg_worker_add_share(r->w[to],
+			    buf + o, FB_SECAGG_SHARE_MSG_LEN), FB_OK);
+		}
+	}
+}
+
+/* Masked inputs of the workers that do not drop (drop[i] != 0: dropped
+ * after the shares, before its input went up). */
+static void
+ahead_inputs(ahead_round *r, const uint8_t *drop)
+{
+	fb_encoding ex;
+	float x[AH_COUNT];
+	uint32_t y[AH_COUNT];
+
+	assert_int_equal(fb_encoding_init(&ex, 32, AH_N, 2.0, 1.0), FB_OK);
+	for (uint32_t i = 0; i < AH_N; i++) {
+		double wi = (i + 1.0) / (AH_N + 1.0);
+		assert_int_equal(fb_secagg_worker_mask_begin(r->w[i]), FB_OK);
+		if (drop[i]) {
+			continue;
+		}
+		for (uint32_t c = 0; c < AH_COUNT; c++) {
+			x[c] = (float)(1.5 * cos(0.11 * c * (i + 1) +
+			    r->p.round));
+		}
+		assert_int_equal(fb_encode_chunk(&ex, x, AH_COUNT, wi, 0,
+		    77 + i + r->p.round, y, NULL), FB_OK);
+		assert_int_equal(fb_secagg_worker_mask_chunk(r->w[i], y, 0,
+		    AH_COUNT), FB_OK);
+		for (uint32_t c = 0; c < AH_COUNT; c++) {
+			r->sum[c] += y[c];
+			r->want[c] += wi * fmax(-2.0, fmin(2.0, (double)x[c]));
+		}
+		assert_int_equal(fb_secagg_server_set_included(r->srv, i),
+		    FB_OK);
+		r->included++;
+	}
+}
+
+/* Confirmations, reveals, unmasking: the sum is the included inputs'. */
+static void
+ahead_finish(ahead_round *r, fb_identity *const *ids)
+{
+	uint8_t conf[AH_N][FB_SECAGG_CONFIRM_LEN];
+	uint8_t buf[FB_SECAGG_REVEAL_HEADER_LEN +
+	    AH_N * FB_SECAGG_REVEAL_ENTRY_LEN];
+	double got[AH_COUNT];
+	fb_encoding ex;
+
+	assert_int_equal(fb_encoding_init(&ex, 32, AH_N, 2.0, 1.0), FB_OK);
+	fb_secagg_server_included(r->srv, r->inc);
+	for (uint32_t i = 0; i < AH_N; i++) {
+		if (!r->inc[i]) {
+			continue;
+		}
+		assert_int_equal(fb_secagg_worker_confirm(r->w[i], ids[i],
+		    r->inc, AH_N, conf[i]), FB_OK);
+		assert_int_equal(fb_secagg_server_add_confirm(r->srv, i,
+		    conf[i], FB_SECAGG_CONFIRM_LEN), FB_OK);
+	}
+	for (uint32_t i = 0; i < AH_N; i++) {
+		for (uint32_t j = 0; r->inc[i] && j < AH_N; j++) {
+			if (j != i && r->inc[j]) {
+				assert_int_equal(fb_secagg_worker_add_confirm(
+				    r->w[i], conf[j], FB_SECAGG_CONFIRM_LEN),
+				    FB_OK);
+			}
+		}
+	}
+	for (uint32_t i = 0; i < AH_N; i++) {
+		size_t out_len;
+		if (!r->inc[i]) {
+			continue;
+		}
+		assert_int_equal(fb_secagg_worker_reveal(r->w[i], buf,
+		    sizeof(buf), &out_len), FB_OK);
+		assert_int_equal(fb_secagg_server_add_reveal(r->srv, i, buf,
+		    out_len), FB_OK);
+	}
+	assert_int_equal(fb_secagg_server_finish(r->srv), FB_OK);
+	assert_int_equal(fb_secagg_server_unmask_chunk(r->srv, r->sum, 0,
+	    AH_COUNT), FB_OK);
+	fb_decode_chunk(&ex, r->sum, AH_COUNT, got);
+	for (uint32_t c = 0; c < AH_COUNT; c++) {
+		assert_true(fabs(got[c] - r->want[c]) <=
+		    fb_encoding_bound(&ex, r->included));
+	}
+}
+
+static void
+ahead_free(ahead_round *r)
+{
+	for (uint32_t i = 0; i < AH_N; i++) {
+		fb_secagg_worker_free(r->w[i]);
+	}
+	fb_secagg_server_free(r->srv);
+}
+
+static void
+test_round_set_up_during_the_previous_one(void **state)
+{
+	fb_identity *ids[AH_N];
+	fb_pubkey pks[AH_N];
+	fb_run_id run;
+	ahead_round *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+	const uint8_t drop_a[AH_N] = {0, 1, 0, 0, 0}, none[AH_N] = {0};
+
+	(void)state;
+	assert_non_null(a);
+	assert_non_null(b);
+	assert_int_equal(fb_run_id_random(&run), FB_OK);
+	for (uint32_t i = 0; i < AH_N; i++) {
+		uint8_t seed[32] = {(uint8_t)i, 0xa4};
+		assert_int_equal(fb_identity_alloc_from_seed(seed, NULL,
+		    &ids[i]), FB_OK);
+		fb_identity_pubkey(ids[i], &pks[i]);
+	}
+	/* Round 7: worker 1 drops after its shares went out, so round 7's
+	 * unmasking reconstructs its s_sk. */
+	ahead_setup(a, &run, 7, ids, pks, NULL);
+	ahead_inputs(a, drop_a);
+	/* Round 8's whole setup, worker 1 back, while round 7 is still to
+	 * be confirmed and unmasked. */
+	ahead_setup(b, &run, 8, ids, pks, a);
+	ahead_finish(a, ids);
+	assert_int_equal(a->included, AH_N - 1);
+	assert_int_equal(a->inc[1], 0);
+	/* Round 8 starts with its masks fixed (no advert, no share step
+	 * left) and worker 1, whose round-7 s_sk the coordinator now
+	 * holds, masks under its round-8 keys only: the sum is right. */
+	ahead_inputs(b, none);
+	ahead_finish(b, ids);
+	assert_int_equal(b->included, AH_N);
+	ahead_free(a);
+	ahead_free(b);
+	for (uint32_t i = 0; i < AH_N; i++) {
+		fb_identity_free(ids[i]);
+	}
+	free(a);
+	free(b);
+}
+
 FB_TESTS = {
     {"shamir shares and secrets match the independent reference",
         test_shamir_vectors},
@@ -1467,6 +1702,9 @@ FB_TESTS = {
         test_conflicting_included_sets_are_caught},
     {"a confirmation with bad bytes is refused",
         test_confirmation_refuses_bad_bytes},
+    {"a round set up during the previous one: fresh keys, the old "
+     "advert refused, both sums right",
+        test_round_set_up_during_the_previous_one},
     {NULL, NULL},
 };
 
