@@ -401,7 +401,7 @@ worker_free(const coord *c, const worker *w)
  * own (ties: the fullest, sealed soonest, then the oldest); else a new
  * one, if the bound allows and (others filling) open_safe does. NULL:
  * it waits. */
-static cohort *
+cohort *
 cohort_place(coord *c, const worker *w, int64_t now)
 {
 	int64_t f = expect_of(c, w, now), bd = 0;

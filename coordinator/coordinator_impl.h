@@ -832,6 +832,9 @@ cohort *cohort_of(coord *c, uint32_t id);
 sa_round *cohort_enter(coord *c, cohort *co, worker *w);
 void cohort_leave(coord *c, sa_round *prev, worker *w);
 void cohort_on_secagg(coord *c, worker *w, const fb_frame *f);
+/* cohort_place: the cohort free worker w's task goes to (one it may
+ * open), or NULL: it waits (cohort.c says how it is chosen). */
+cohort *cohort_place(coord *c, const worker *w, int64_t now);
 /* cohort_note_begin: w's masked upload began (UpdateBegin taken); its
  * task's time is measured. */
 void cohort_note_begin(coord *c, worker *w, int64_t now);
