@@ -4,9 +4,9 @@
  * cohort (coordinator_impl.h): one SecAgg+ instance of round.buffer_size
  * slots with a sum of its own, among the workers given their tasks for it.
  *
- *   filling   a free worker gets a task in the cohort now filling, and the
- *             next free slot of its SecAgg instance (its RoundStart says
- *             which); its key advert is taken at once
+ *   filling   a free worker gets a task in a cohort filling (below), and
+ *             the next free slot of its SecAgg instance (its RoundStart
+ *             says which); its key advert is taken at once
  *   running   full: sealed; the SecAgg setup (adverts relayed, shares
  *             relayed) runs among the members while they train, and each
  *             member's masked input streams into the cohort's own sum
@@ -18,15 +18,26 @@
  *             order they completed
  *
  * Several cohorts are in flight: a fast worker finishes its task, takes
- * one in the cohort filling, and answers its earlier cohorts' unmasking
- * alongside; a slow member holds back only its own cohort. A worker has at
- * most one slot in a cohort (a SecAgg identity signs for one slot), so a
- * member of the cohort filling waits until it is sealed. At most one
- * cohort per live worker is in flight (each holds a model-sized sum), and
- * a member whose task falls more than round.max_staleness steps behind
- * before its input is in is cancelled: a dropout of its cohort. A cohort
- * with fewer inputs than its threshold fails: nothing of it is applied,
- * and its members are free.
+ * one in a cohort filling, and answers its earlier cohorts' unmasking
+ * alongside; a slow member holds back only its own cohort. A member of a
+ * cohort not yet sealed holds its trained update until the seal (its
+ * masks need every member's keys), so it is not free either: the cohorts
+ * filling must fill. A free worker's task goes to the cohort filling
+ * that it is not in (a SecAgg identity signs for one slot) whose
+ * members' expected upload begins are nearest its own (ties: the
+ * fullest, then the oldest); only when there is none does it open a new
+ * one, and while others fill only if the live workers outside the
+ * filling cohorts can fill them all (open_safe). Each worker's expected
+ * begin is now plus its tasks' measured time, RoundStart sent to
+ * UpdateBegin, smoothed (the live workers' mean until it has one): plain
+ * metadata the coordinator sees, not the speed the worker keeps. At
+ * most one cohort per live worker is in flight (each holds a model-sized
+ * sum), and a member whose task falls more than round.max_staleness
+ * steps behind before its input is in is cancelled: a dropout of its
+ * cohort. A cohort with fewer inputs than its threshold fails: nothing
+ * of it is applied, and its members are free. Each cohort's fill
+ * deadline, setup end, input deadline and unmask end set the loop's
+ * timeout (cohorts_next_timer).
  *
  * A member's weight is fixed before masking, so inside a cohort the
  * inputs weigh by sample count only; the step is then shrunk by
