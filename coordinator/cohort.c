@@ -467,6 +467,16 @@ dispatch_free(coord *c, int64_t now)
 		co = cohort_place(c, w, now);
 		if (co != NULL) {
 			cohort_dispatch(c, co, w, now);
+			continue;
+		}
+		for (uint32_t k = 0; k < cs->cap; k++) {
+			if (cs->co[k].state == CO_FILLING) {
+				co = &cs->co[k];
+				break;
+			}
+		}
+		if (co == NULL) {
+			return; /* none to join, none may open: the rest wait */
 		}
 	}
 }
