@@ -4,9 +4,9 @@
  * cohort (coordinator_impl.h): one SecAgg+ instance of round.buffer_size
  * slots with a sum of its own, among the workers given their tasks for it.
  *
- *   filling   a free worker gets a task in the cohort now filling, and the
- *             next free slot of its SecAgg instance (its RoundStart says
- *             which); its key advert is taken at once
+ *   filling   a free worker gets a task in a cohort filling (below), and
+ *             the next free slot of its SecAgg instance (its RoundStart
+ *             says which); its key advert is taken at once
  *   running   full: sealed; the SecAgg setup (adverts relayed, shares
  *             relayed) runs among the members while they train, and each
  *             member's masked input streams into the cohort's own sum
@@ -18,15 +18,26 @@
  *             order they completed
  *
  * Several cohorts are in flight: a fast worker finishes its task, takes
- * one in the cohort filling, and answers its earlier cohorts' unmasking
- * alongside; a slow member holds back only its own cohort. A worker has at
- * most one slot in a cohort (a SecAgg identity signs for one slot), so a
- * member of the cohort filling waits until it is sealed. At most one
- * cohort per live worker is in flight (each holds a model-sized sum), and
- * a member whose task falls more than round.max_staleness steps behind
- * before its input is in is cancelled: a dropout of its cohort. A cohort
- * with fewer inputs than its threshold fails: nothing of it is applied,
- * and its members are free.
+ * one in a cohort filling, and answers its earlier cohorts' unmasking
+ * alongside; a slow member holds back only its own cohort. A member of a
+ * cohort not yet sealed holds its trained update until the seal (its
+ * masks need every member's keys), so it is not free either: the cohorts
+ * filling must fill. A free worker's task goes to the cohort filling
+ * that it is not in (a SecAgg identity signs for one slot) whose
+ * members' expected upload begins are nearest its own (ties: the
+ * fullest, then the oldest); only when there is none does it open a new
+ * one, and while others fill only if the live workers outside the
+ * filling cohorts can fill them all (open_safe). Each worker's expected
+ * begin is now plus its tasks' measured time, RoundStart sent to
+ * UpdateBegin, smoothed (the live workers' mean until it has one): plain
+ * metadata the coordinator sees, not the speed the worker keeps. At
+ * most one cohort per live worker is in flight (each holds a model-sized
+ * sum), and a member whose task falls more than round.max_staleness
+ * steps behind before its input is in is cancelled: a dropout of its
+ * cohort. A cohort with fewer inputs than its threshold fails: nothing
+ * of it is applied, and its members are free. Each cohort's fill
+ * deadline, setup end, input deadline and unmask end set the loop's
+ * timeout (cohorts_next_timer).
  *
  * A member's weight is fixed before masking, so inside a cohort the
  * inputs weigh by sample count only; the step is then shrunk by
@@ -59,7 +70,6 @@ cohorts_alloc(coord *c)
 {
 	cohorts *cs = &c->cs;
 
-	cs->filling = -1;
 	cs->applying = -1;
 	cs->next_id = 1;
 	if (!cohorts_on(c)) {
@@ -201,9 +211,6 @@ cohort_free(coord *c, cohort *co, const char *why)
 	 * the sum is used again (ingest_arg.cohort no longer matches) */
 	upload_settle(c);
 	sa_free(&co->sa);
-	if (c->cs.filling == (int32_t)(co - c->cs.co)) {
-		c->cs.filling = -1;
-	}
 	co->state = CO_FREE;
 	co->count = 0;
 	co->id = 0;
@@ -227,6 +234,72 @@ cohort_fail(coord *c, cohort *co, const char *fmt, ...)
 	c->cs.failed++;
 	c->cs.failed_total++;
 	cohort_free(c, co, "its cohort failed");
+}
+
+/* A measured begin this soon after the shares were relayed may have
+ * waited for them: its time is then an upper bound of the task's. */
+#define CENSOR_MS 200
+
+/* When worker w, given a task now, is expected to begin its masked
+ * upload: now plus its tasks' measured time, or the live workers' mean
+ * of theirs while it has none; 0 when no worker has one yet. */
+static int64_t
+expect_of(const coord *c, const worker *w, int64_t now)
+{
+	double sum = 0;
+	uint32_t n = 0;
+
+	if (w->has_task_ms) {
+		return now + (int64_t)llround(w->task_ms);
+	}
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		const worker *o = &c->reg.workers[i];
+		if (o->used && o->has_task_ms) {
+			sum += o->task_ms;
+			n++;
+		}
+	}
+	return n == 0 ? 0 : now + (int64_t)llround(sum / n);
+}
+
+/* When filling cohort co's last upload is expected to begin: the latest
+ * of its members' expectations (one already past is taken as due now);
+ * 0 when none of theirs is known. */
+static int64_t
+cohort_expect(const cohort *co, int64_t now)
+{
+	int64_t e = 0;
+
+	for (uint32_t s = 0; s < co->count; s++) {
+		int64_t m = co->m[s].expect_ms;
+		if (m != 0) {
+			m = m < now ? now : m;
+			e = m > e ? m : e;
+		}
+	}
+	return e;
+}
+
+/* Whether opening another cohort (its first member w's) while others
+ * fill leaves every cohort filling fillable by the live workers outside
+ * the filling cohorts: a member of a cohort not sealed holds its trained
+ * update until the seal (the masks need every member's keys), so cohorts
+ * left short would hold their members until round.deadline. */
+static bool
+open_safe(const coord *c)
+{
+	uint32_t n = (uint32_t)c->cfg->buffer_size;
+	uint64_t need = n > 1 ? n - 1 : 0, members = 1;
+	uint32_t live = registry_live_count(c);
+
+	for (uint32_t i = 0; i < c->cs.cap; i++) {
+		const cohort *co = &c->cs.co[i];
+		if (co->state == CO_FILLING) {
+			need += n - co->count;
+			members += co->count;
+		}
+	}
+	return members <= live && need <= live - members;
 }
 
 /* Opens a new cohort for the tasks to come; NULL at the bound. */
@@ -273,11 +346,11 @@ cohort_open(coord *c, int64_t now)
 	co->state = CO_FILLING;
 	co->count = 0;
 	co->opened_ms = now;
+	co->input_ms = 0;
 	co->deadline_ms = 0;
 	co->closing_ms = 0;
 	co->stale = 0;
 	co->superseded = 0;
-	cs->filling = (int32_t)(co - cs->co);
 	fb_log_debug(
 	    "cohort %u opened (%u slots, threshold %u)", co->id, n, co->sa.t);
 	return co;
@@ -290,9 +363,6 @@ cohort_seal(coord *c, cohort *co, int64_t now)
 	co->state = CO_RUNNING;
 	co->sa.phase_end_ms = now + c->cfg->sa_setup_ms;
 	co->deadline_ms = now + c->cfg->deadline_ms;
-	if (c->cs.filling == (int32_t)(co - c->cs.co)) {
-		c->cs.filling = -1;
-	}
 	fb_log_info("cohort %u sealed with %u members", co->id, co->count);
 }
 
@@ -308,6 +378,7 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
 	co->m[s].slot = slot.v;
 	co->m[s].id = w->id;
 	co->m[s].version = rd->committed;
+	co->m[s].expect_ms = expect_of(c, w, now);
 	snprintf(co->m[s].name, sizeof(co->m[s].name), "%s", w->name);
 	round_task_reset(c, w,
 	    (uint32_t)((uint64_t)s * c->chunk_count / co->sa.n));
@@ -316,6 +387,7 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
 	w->task_version = rd->committed;
 	w->staleness = 0;
 	w->task_seed = async_task_seed(c);
+	w->task_sent_ms = now;
 	rd->r.selected++;
 	prev = cohort_enter(c, co, NULL);
 	sa_assign(c, s, slot.v);
@@ -335,8 +407,49 @@ worker_free(const coord *c, const worker *w)
 	           w->state == W_FAILED);
 }
 
-/* Gives every free worker a task in the cohort filling (opened as
- * needed), while the step's model is out. */
+/* The cohort free worker w's task goes to: of the cohorts filling that
+ * it is not in, the one whose members' expected begins are nearest its
+ * own (ties: the fullest, sealed soonest, then the oldest); else a new
+ * one, if the bound allows and (others filling) open_safe does. NULL:
+ * it waits. */
+cohort *
+cohort_place(coord *c, const worker *w, int64_t now)
+{
+	int64_t f = expect_of(c, w, now), bd = 0;
+	cohort *best = NULL;
+	bool filling = false;
+
+	for (uint32_t i = 0; i < c->cs.cap; i++) {
+		cohort *co = &c->cs.co[i];
+		int64_t e, d;
+		if (co->state != CO_FILLING) {
+			continue;
+		}
+		filling = true;
+		if (member_of(c, co, w) < co->count) {
+			continue; /* one slot each in a cohort */
+		}
+		e = cohort_expect(co, now);
+		d = e == 0 || f == 0 ? 0 : llabs(e - f);
+		if (best == NULL || d < bd ||
+		    (d == bd && (co->count > best->count ||
+		                    (co->count == best->count &&
+		                        co->id < best->id)))) {
+			best = co;
+			bd = d;
+		}
+	}
+	if (best != NULL) {
+		return best;
+	}
+	if (filling && !open_safe(c)) {
+		return NULL;
+	}
+	return cohort_open(c, now);
+}
+
+/* Gives every free worker a task (cohort_place), while the step's model
+ * is out. */
 static void
 dispatch_free(coord *c, int64_t now)
 {
@@ -351,15 +464,20 @@ dispatch_free(coord *c, int64_t now)
 		if (!worker_free(c, w)) {
 			continue;
 		}
-		co = cs->filling >= 0 ? &cs->co[cs->filling]
-		                      : cohort_open(c, now);
+		co = cohort_place(c, w, now);
+		if (co != NULL) {
+			cohort_dispatch(c, co, w, now);
+			continue;
+		}
+		for (uint32_t k = 0; k < cs->cap; k++) {
+			if (cs->co[k].state == CO_FILLING) {
+				co = &cs->co[k];
+				break;
+			}
+		}
 		if (co == NULL) {
-			return; /* at the bound: free workers wait */
+			return; /* none to join, none may open: the rest wait */
 		}
-		if (member_of(c, co, w) < co->count) {
-			continue; /* one slot each: it waits for the seal */
-		}
-		cohort_dispatch(c, co, w, now);
 	}
 }
 
@@ -371,6 +489,9 @@ cohort_run(coord *c, cohort *co, int64_t now)
 	uint32_t included;
 
 	sa_advance(c, now);
+	if (co->sa.phase == SA_INPUT && co->input_ms == 0) {
+		co->input_ms = now;
+	}
 	for (uint32_t s = 0; s < co->count; s++) {
 		worker *w = &c->reg.workers[co->m[s].slot];
 		if (sa_member_pending(c, s) && w->id == co->m[s].id) {
@@ -702,4 +823,71 @@ cohort_on_secagg(coord *c, worker *w, const fb_frame *f)
 	prev = cohort_enter(c, co, w);
 	sa_handle(c, w, f);
 	cohort_leave(c, prev, w);
+	if (co->sa.phase == SA_INPUT && co->input_ms == 0) {
+		co->input_ms = c->now;
+	}
+}
+
+void
+cohort_note_begin(coord *c, worker *w, int64_t now)
+{
+	cohort *co = cohort_of(c, w->task_round);
+	double t;
+
+	if (co == NULL || w->state != W_UPLOADING || w->task_sent_ms == 0 ||
+	    now < w->task_sent_ms) {
+		return;
+	}
+	t = (double)(now - w->task_sent_ms);
+	w->task_sent_ms = 0;
+	if (co->input_ms == 0 || now - co->input_ms < CENSOR_MS) {
+		/* it may have waited for the shares: an upper bound, which
+		 * says something only below the estimate */
+		if (w->has_task_ms && t >= w->task_ms) {
+			return;
+		}
+	}
+	w->task_ms = w->has_task_ms ? 0.5 * w->task_ms + 0.5 * t : t;
+	w->has_task_ms = true;
+}
+
+/* The earlier of next and t - now (t 0: none). */
+static int64_t
+sooner(int64_t next, int64_t t, int64_t now)
+{
+	return t != 0 && t - now < next ? t - now : next;
+}
+
+int64_t
+cohorts_next_timer(const coord *c, int64_t now, int64_t next)
+{
+	const fb_coord_config *cfg = c->cfg;
+
+	for (uint32_t i = 0; i < c->cs.cap; i++) {
+		const cohort *co = &c->cs.co[i];
+		switch (co->state) {
+		case CO_FILLING:
+			next = sooner(next, co->opened_ms + cfg->deadline_ms, now);
+			break;
+		case CO_RUNNING:
+			if (co->sa.phase == SA_ADVERTS ||
+			    co->sa.phase == SA_SHARES) {
+				next = sooner(next, co->sa.phase_end_ms, now);
+			}
+			if (co->deadline_ms > now) {
+				next = sooner(next, co->deadline_ms, now);
+			}
+			if (co->closing_ms != 0) { /* uploads finishing */
+				next = sooner(next,
+				    co->closing_ms + cfg->sa_unmask_ms, now);
+			}
+			break;
+		case CO_UNMASK:
+			next = sooner(next, co->sa.phase_end_ms, now);
+			break;
+		default:
+			break;
+		}
+	}
+	return next < 0 ? 0 : next;
 }

@@ -187,6 +187,13 @@ typedef struct worker {
 	double speed;            /* smoothed local steps per second */
 	bool has_speed;
 	double round_speed;      /* this round's steps per second */
+	/* secure async (cohort.c): its tasks' time from RoundStart sent to
+	 * its masked input begun, smoothed; plain metadata the coordinator
+	 * sees (when it gave the task, when the upload began), not the
+	 * worker's speed, which it keeps */
+	int64_t task_sent_ms;    /* its current task was sent; 0: none */
+	double task_ms;          /* smoothed; valid when has_task_ms */
+	bool has_task_ms;
 } worker;
 
 /* Secure aggregation (SecAgg+, crypto.h) of one round. */
@@ -520,6 +527,8 @@ typedef struct cohort_member {
 	uint32_t slot;    /* its worker slot */
 	uint32_t id;      /* that worker's id when it joined */
 	uint32_t version; /* the model version (rd.committed) it trains from */
+	int64_t expect_ms; /* when its upload is expected to begin (0: no
+	                    * measure of its tasks' time yet) */
 	char name[FB_NAME_MAX];
 } cohort_member;
 
@@ -531,6 +540,7 @@ typedef struct cohort {
 	sa_round sa;
 	fb_accum *accum;      /* its sum: made when first needed, kept */
 	int64_t opened_ms;    /* its first member joined */
+	int64_t input_ms;     /* its shares were relayed (0: not yet) */
 	int64_t deadline_ms;  /* sealed: inputs by then (round.deadline) */
 	int64_t closing_ms;   /* past the deadline, uploads finishing */
 	uint64_t ready_seq;   /* the order it completed in */
@@ -542,7 +552,6 @@ typedef struct cohorts {
 	cohort *co;           /* cap entries */
 	uint32_t cap;         /* registry slots + 1 */
 	uint32_t next_id;     /* the next cohort's id */
-	int32_t filling;      /* the cohort taking members, -1: none */
 	int32_t applying;     /* the cohort the step applies, -1: none */
 	uint64_t seq;
 	uint32_t bc_version;  /* the model version the broadcast holds */
@@ -824,6 +833,15 @@ cohort *cohort_of(coord *c, uint32_t id);
 sa_round *cohort_enter(coord *c, cohort *co, worker *w);
 void cohort_leave(coord *c, sa_round *prev, worker *w);
 void cohort_on_secagg(coord *c, worker *w, const fb_frame *f);
+/* cohort_place: the cohort free worker w's task goes to (one it may
+ * open), or NULL: it waits (cohort.c says how it is chosen). */
+cohort *cohort_place(coord *c, const worker *w, int64_t now);
+/* cohort_note_begin: w's masked upload began (UpdateBegin taken); its
+ * task's time is measured. */
+void cohort_note_begin(coord *c, worker *w, int64_t now);
+/* cohorts_next_timer: milliseconds until a cohort's own deadline or
+ * phase end (at most `next`). */
+int64_t cohorts_next_timer(const coord *c, int64_t now, int64_t next);
 bool cohort_open_to(const coord *c, const worker *w, uint32_t round);
 bool cohort_fetch_ok(coord *c, worker *w);
 /* round_sa is the SecAgg instance the round's record speaks of. */

@@ -971,13 +971,18 @@ round_next_timer(const coord *c, int64_t now)
 {
 	int64_t next = 100; /* the broadcast wakes the loop itself */
 
-	if (c->rd.phase == PHASE_TRAIN && c->rd.deadline_ms - now < next) {
+	if (c->rd.phase == PHASE_TRAIN && !cohorts_on(c) &&
+	    c->rd.deadline_ms - now < next) {
 		next = c->rd.deadline_ms - now;
 	}
 	if ((c->sa->phase == SA_ADVERTS || c->sa->phase == SA_SHARES ||
 	        c->sa->phase == SA_CONFIRM || c->sa->phase == SA_UNMASK) &&
 	    c->sa->phase_end_ms - now < next) {
 		next = c->sa->phase_end_ms - now;
+	}
+	if (cohorts_on(c)) {
+		/* each cohort's deadline and phases on their own timer */
+		next = cohorts_next_timer(c, now, next);
 	}
 	return next < 0 ? 0 : next;
 }

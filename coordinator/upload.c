@@ -417,6 +417,7 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 	prev = cohort_enter(c, co, w);
 	begin_in(c, w, m);
 	cohort_leave(c, prev, w);
+	cohort_note_begin(c, w, c->now);
 }
 
 static void

@@ -3169,6 +3169,153 @@ test_secure_async_cohort_below_threshold_fails(void **state)
 	bench_stop();
 }
 
+/* Marks the free cohort entry k (beyond the live ones) as filling with
+ * the workers in `who` (a bit mask), each expected to begin its upload
+ * at `expect`: the state cohort_place chooses from, made by hand. */
+static cohort *
+fake_filling(uint32_t k, uint32_t id, uint32_t who, int64_t expect)
+{
+	cohort *co = &t.c->cs.co[k];
+
+	assert_int_equal(co->state, CO_FREE);
+	co->state = CO_FILLING;
+	co->id = id;
+	co->count = 0;
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			co->m[co->count].slot = i;
+			co->m[co->count].id = t.c->reg.workers[i].id;
+			co->m[co->count].expect_ms = expect;
+			co->count++;
+		}
+	}
+	return co;
+}
+
+static void
+fake_free(cohort *co)
+{
+	co->state = CO_FREE;
+	co->count = 0;
+	co->id = 0;
+}
+
+static void
+set_task_ms(uint32_t i, double ms)
+{
+	t.c->reg.workers[i].task_ms = ms;
+	t.c->reg.workers[i].has_task_ms = true;
+}
+
+/* Placement by expected begin: 4 workers, buffer 3. Cohort 1 (w0, w1,
+ * w2) is sealed and cohort 2 (w3) fills; a second cohort filling (id 99,
+ * w2, a slow task) is made by hand. A worker goes to the one whose
+ * expected begin is nearest its own, never to one it is in, to a far one
+ * rather than waiting, and opens none past the bound or where the
+ * cohorts filling could not all be filled. */
+static void
+test_secure_async_placement(void **state)
+{
+	cohort *co2, *slow, *extra[2];
+	worker *w0, *w3;
+	int64_t now;
+	uint32_t k = 0;
+
+	bench_start(&(setup){.workers = 4, .secure = true,
+	    .extra = "  mode: async\n  buffer_size: 3\n  max_staleness: 4\n"});
+	admit_all();
+	for (uint32_t i = 0; i < 4; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	now = t.now;
+	w0 = &t.c->reg.workers[0];
+	w3 = &t.c->reg.workers[3];
+	co2 = cohort_of(t.c, 2);
+	assert_non_null(co2);
+	assert_int_equal(co2->state, CO_FILLING);
+	assert_int_equal(co2->count, 1);
+	/* no measure yet: its expectation is unknown */
+	assert_int_equal(co2->m[0].expect_ms, 0);
+	co2->m[0].expect_ms = now + 1000;
+	while (t.c->cs.co[k].state != CO_FREE) {
+		k++;
+	}
+	slow = fake_filling(k, 99, 0x4, now + 8000);
+	/* a fast task (1 s) goes with w3's, a slow one (7 s) with w2's */
+	set_task_ms(0, 1000);
+	assert_ptr_equal(cohort_place(t.c, w0, now), co2);
+	set_task_ms(0, 7000);
+	assert_ptr_equal(cohort_place(t.c, w0, now), slow);
+	/* later, both members past due: a tie, the older cohort */
+	assert_ptr_equal(cohort_place(t.c, w0, now + 9000), co2);
+	/* one slot each: w3 (in cohort 2) goes to the other, however far */
+	set_task_ms(3, 500);
+	assert_ptr_equal(cohort_place(t.c, w3, now), slow);
+	/* w0 far from both still joins one rather than wait */
+	set_task_ms(0, 100000);
+	assert_ptr_equal(cohort_place(t.c, w0, now), slow);
+	/* w3 in both: a third cohort would leave 6 slots to fill from the
+	 * one live worker outside them: it waits */
+	slow->m[slow->count].slot = 3;
+	slow->m[slow->count].id = w3->id;
+	slow->count++;
+	assert_null(cohort_place(t.c, w3, now));
+	fake_free(slow);
+	/* the in-flight bound: 4 live workers, 4 cohorts in flight (2 real,
+	 * 2 made running by hand): no new one */
+	for (uint32_t j = 0, e = 0; e < 2; j++) {
+		if (t.c->cs.co[j].state == CO_FREE) {
+			extra[e] = &t.c->cs.co[j];
+			extra[e]->state = CO_RUNNING;
+			extra[e++]->id = 100 + j;
+		}
+	}
+	assert_null(cohort_place(t.c, w3, now));
+	fake_free(extra[0]);
+	fake_free(extra[1]);
+	bench_stop();
+}
+
+/* A worker's task time is measured from its RoundStart to its
+ * UpdateBegin; each cohort's deadline and setup end set the loop's
+ * timeout. */
+static void
+test_secure_async_task_time_and_timer(void **state)
+{
+	const cohort *c1, *c2;
+	int64_t t0, want;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .extra = SECURE_ASYNC_ROUND});
+	admit_all();
+	t0 = t.now;
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	c1 = cohort_of(t.c, 1);
+	c2 = cohort_of(t.c, 2);
+	assert_int_equal(c1->state, CO_RUNNING);
+	assert_int_equal(c2->state, CO_FILLING);
+	want = c1->sa.phase_end_ms;
+	want = c1->deadline_ms < want ? c1->deadline_ms : want;
+	want = c2->opened_ms + t.c->cfg->deadline_ms < want
+	           ? c2->opened_ms + t.c->cfg->deadline_ms
+	           : want;
+	assert_int_equal(cohorts_next_timer(t.c, t.now, INT64_MAX),
+	    want - t.now);
+	assert_true(cohorts_next_timer(t.c, t.now, 7) == 7);
+	sa_setup(0x3);
+	assert_int_equal(c1->sa.phase, SA_INPUT);
+	assert_true(c1->input_ms != 0);
+	advance(1500);
+	assert_false(t.c->reg.workers[0].has_task_ms);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	assert_true(t.c->reg.workers[0].has_task_ms);
+	assert_true(t.c->reg.workers[0].task_ms >= (double)(t.now - t0) - 1 &&
+	            t.c->reg.workers[0].task_ms <= (double)(t.now - t0));
+	bench_stop();
+}
+
 FB_TESTS = {
 	{"the final round only evaluates: no step, a final line",
 	    test_final_round_only_evaluates},
@@ -3277,6 +3424,10 @@ FB_TESTS = {
         test_secure_async_stale_member_cancelled},
     {"secure async: a cohort below its threshold fails, nothing applied",
         test_secure_async_cohort_below_threshold_fails},
+    {"secure async: tasks placed by expected begin, bounded",
+        test_secure_async_placement},
+    {"secure async: task time measured, cohort timers",
+        test_secure_async_task_time_and_timer},
     {NULL, NULL},
 };
 
