@@ -385,6 +385,12 @@ send_sealed(coord *c, uint32_t i)
 	}
 	sb->state = SEAL_SENT;
 	sb->wnext = SEAL_NONE;
+	if (fb_lent_idle(sb->lent)) {
+		/* no message holds it (the send copied it, or it is out
+		 * already), so no release may come to wake the loop:
+		 * broadcast_pump looks at the sent lists before it returns */
+		b->released = true;
+	}
 	if (f->s_tail == SEAL_NONE) {
 		f->s_head = i;
 	} else {
@@ -516,13 +522,15 @@ broadcast_pump(coord *c)
 			i = next;
 		}
 	}
-	if (b->ready_count > 0 && b->released) {
-		b->released = false;
-		for (uint32_t wi = 0; wi < c->reg.cap; wi++) {
-			reclaim(c, wi);
+	do {
+		if (b->ready_count > 0 && b->released) {
+			b->released = false;
+			for (uint32_t wi = 0; wi < c->reg.cap; wi++) {
+				reclaim(c, wi);
+			}
 		}
-	}
-	serve(c);
+		serve(c); /* (a send may find its buffer idle at once) */
+	} while (b->ready_count > 0 && b->released);
 }
 
 void
