@@ -10,11 +10,11 @@ its update until then (not free: its masks need every member's keys);
 a cohort completes when every member's input is in and takes UNMASK
 until its step; at most one cohort per worker is in flight. Policies:
 
-  main    one cohort fills at a time (fedbox before the cohorts branch)
-  branch  the cohort filling nearest the worker's expected begin; a new
+  single  one cohort fills at a time (fedbox's rule before 2026-12-02)
+  nearest the cohort filling nearest the worker's expected begin; a new
           one only when none is joinable, and while others fill only if
           the workers outside them can fill them all (open_safe)
-  eager   as branch, but a new one also when the nearest is farther than
+  eager   as nearest, but a new one also when the nearest is farther than
           TOL x the worker's own task time (guarded against deadlock
           only: some cohort filling stays fillable)
 
@@ -80,7 +80,7 @@ def sim(durs, B, policy, T=3000.0, tol=0.5, seed=1, jitter=0.05,
             cand = [co for co in filling if all(m['w'] != w for m in co['m'])]
             can_open = len(cohorts) < n
             co = None
-            if policy == 'main':
+            if policy == 'single':
                 if filling:
                     co = filling[0] if filling[0] in cand else None
                 elif can_open:
@@ -95,7 +95,7 @@ def sim(durs, B, policy, T=3000.0, tol=0.5, seed=1, jitter=0.05,
                     if bd is None or d < bd - 1e-9 or (
                             abs(d - bd) < 1e-9 and len(c['m']) > len(best['m'])):
                         best, bd = c, d
-                if policy == 'branch':
+                if policy == 'nearest':
                     if best is not None:
                         co = best
                     elif can_open and (not filling or fillable(filling, 'new', True)):
@@ -160,7 +160,7 @@ def main():
     durs = [float(x) for x in a.throttles.split(",")]
     print("plain async (FedBuff) would step %.3f times a unit" %
           (sum(1 / d for d in durs) / a.buffer))
-    for pol in ("main", "branch", "eager"):
+    for pol in ("single", "nearest", "eager"):
         for s in a.seeds.split(","):
             r = sim(durs, a.buffer, pol, tol=a.tol, seed=int(s), unmask=a.unmask)
             print("%-6s seed %s: %.3f steps/unit, staleness %.2f, idle %s" % (
