@@ -612,7 +612,7 @@ struct fb_lent {
 	void *data;
 	lent_line *line;
 	bool replaced;      /* counted in line->held_old until freed */
-	int notify_fd;      /* eventfd written when it turns idle, or -1 */
+	atomic_int notify_fd; /* eventfd written when it turns idle, or -1 */
 };
 
 static fb_err
@@ -641,7 +641,7 @@ lent_alloc(size_t len, lent_line *line, fb_lent **out)
 	atomic_init(&b->refs, 1);
 	b->line = line;
 	b->replaced = false;
-	b->notify_fd = -1;
+	atomic_init(&b->notify_fd, -1);
 	*out = b;
 	return FB_OK;
 }
@@ -675,13 +675,15 @@ static void
 lent_unref(fb_lent *b)
 {
 	lent_line *line;
+	/* read before the release: once it is out, another holder may free b */
+	int fd = atomic_load_explicit(&b->notify_fd, memory_order_relaxed);
 	size_t was = atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel);
 
-	if (was == 2 && b->notify_fd >= 0) {
+	if (was == 2 && fd >= 0) {
 		/* idle now (or the owner's own reference went first, a wake
 		 * for nothing): the owner's loop looks at its buffers */
 		uint64_t one = 1;
-		if (write(b->notify_fd, &one, sizeof(one)) != sizeof(one) &&
+		if (write(fd, &one, sizeof(one)) != sizeof(one) &&
 		    errno != EAGAIN) {
 			fb_log_error("lent eventfd: %s", strerror(errno));
 		}
@@ -713,7 +715,7 @@ fb_lent_free(fb_lent *b)
 void
 fb_lent_notify(fb_lent *b, int fd)
 {
-	b->notify_fd = fd;
+	atomic_store_explicit(&b->notify_fd, fd, memory_order_relaxed);
 }
 
 void
@@ -737,7 +739,9 @@ fb_lent_own(fb_lent **b, size_t len, bool keep)
 	if (keep) {
 		memcpy(fresh->data, (*b)->data, len);
 	}
-	fresh->notify_fd = (*b)->notify_fd;
+	atomic_store_explicit(&fresh->notify_fd,
+	    atomic_load_explicit(&(*b)->notify_fd, memory_order_relaxed),
+	    memory_order_relaxed);
 	/* Counted before the owner's reference goes, so the release that
 	 * frees it (here or on ZeroMQ's I/O thread) finds it counted. */
 	atomic_fetch_add_explicit(&(*b)->line->held_old, 1,
