@@ -21,6 +21,7 @@ static const char *const datasets[] = {"fashion-mnist", "none", "files",
 static const char *const devices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const maths[] = {"fp32", "tf32", "bf16", NULL};
 static const char *const sa_modes[] = {"required", "optional", NULL};
+static const char *const masks_ahead[] = {"auto", "on", "off", NULL};
 static const char *const auto_word[] = {"auto", NULL}; /* -1 */
 static const char *const forever_word[] = {"forever", NULL}; /* -1 */
 /* security.coordinator_key: a value starting so is the key, not a file. */
@@ -140,6 +141,15 @@ const fb_cfg_field fb_worker_config_schema[] = {
         "rounds asking fewer are skipped; auto = a majority of the round's "
         "neighbourhood, floor((k + 1) / 2) + 1 of its k neighbours and this "
         "worker"},
+    {"security.secagg_masks_ahead", FB_CFG_ENUM, F(secagg_masks_ahead),
+        "auto", NOB, masks_ahead, "make the secure-aggregation mask ahead: "
+        "once the round's masks are fixed (while the model downloads or "
+        "the box trains) the whole mask is expanded on the box's cores "
+        "into one vector (4 bytes a parameter, kept between rounds), so "
+        "that the masked upload only adds it; off = made chunk by chunk "
+        "as the update goes up; auto = on unless the trainer's GPU makes "
+        "the masks or the vector would take over a quarter of the memory "
+        "available"},
     {"debug.dump_updates", FB_CFG_PATH, F(dump_updates), "", NOB, MB,
         "TESTS ONLY: folder where each round's update (plain, encoded and "
         "masked) is written; empty = off"},

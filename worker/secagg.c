@@ -29,6 +29,7 @@ void
 fb_wk_sa_end(fb_wk *w)
 {
 	fb_wk_mask_wait(w); /* a batch made ahead reads w->sa */
+	fb_wk_premask_drop(w);
 	fb_secagg_worker_free(w->sa);
 	w->sa = NULL;
 	w->sa_phase = FB_WK_SA_OFF;
@@ -48,6 +49,7 @@ fb_wk_sa_hold(fb_wk *w)
 		return; /* no masked input of it went up */
 	}
 	fb_wk_mask_wait(w);
+	fb_wk_premask_drop(w);
 	for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {
 		/* one instance a round: an older one of the same round (a
 		 * coordinator that restarted) is stale */
@@ -357,8 +359,12 @@ on_relay(fb_wk *w, const fb_frame *f, uint32_t cnt)
 	}
 	w->sa_phase = FB_WK_SA_MASKING;
 	fb_log_clear_error();
-	if (w->phase == FB_WK_WAITING &&
-	    fb_wk_upload_start(w, w->stats.seconds, w->stats.loss_mean,
+	if (w->phase != FB_WK_WAITING) {
+		/* still fetching or training: the mask is made meanwhile */
+		fb_wk_premask_start(w);
+		return;
+	}
+	if (fb_wk_upload_start(w, w->stats.seconds, w->stats.loss_mean,
 	        w->stats.steps) != FB_OK) {
 		fb_log_warn("round %u: update not delivered", w->sa_round);
 		fb_wk_round_fail(w, w->sa_round, fb_log_last_error());
@@ -585,6 +591,7 @@ fb_wk_sa_encode_chunk(fb_wk *w, const float *x, uint64_t off, uint64_t count,
 	uint64_t seed = w->seed ^ ((uint64_t)w->sa_round * 0x9e3779b97f4a7c15ULL) ^
 	                (((uint64_t)w->cfg->index + 1) * 0xc2b2ae3d27d4eb4fULL);
 	fb_secagg_eval ev;
+	const uint32_t *mask;
 	fb_err rc;
 
 	fb_wk_sa_eval(w, &ev);
@@ -601,10 +608,18 @@ fb_wk_sa_encode_chunk(fb_wk *w, const float *x, uint64_t off, uint64_t count,
 	    fseeko(enc_dump, (off_t)(off * 4), SEEK_SET) == 0) {
 		fwrite(out, 4, count, enc_dump);
 	}
-	rc = w->trainer != NULL && fb_trainer_has_mask(w->trainer)
+	if ((mask = fb_wk_premask_get(w, off, count)) != NULL) {
+		/* made ahead: the same words as masking here (mod 2^32) */
+		for (uint64_t i = 0; i < count; i++) {
+			out[i] += mask[i];
+		}
+		rc = FB_OK;
+	} else {
+		rc = w->trainer != NULL && fb_trainer_has_mask(w->trainer)
 	         ? fb_secagg_worker_mask_chunk_on(w->sa, out, off, count,
 	               trainer_masks, w->trainer)
 	         : fb_secagg_worker_mask_chunk(w->sa, out, off, count);
+	}
 	if (rc == FB_OK && mask_dump != NULL &&
 	    fseeko(mask_dump, (off_t)(off * 4), SEEK_SET) == 0) {
 		fwrite(out, 4, count, mask_dump);

@@ -116,6 +116,7 @@ fb_wk_upload_start(fb_wk *w, double seconds, double loss, uint64_t steps)
 	bool sa = w->sa != NULL;
 	fb_err rc;
 
+	fb_wk_premask_stop(w); /* what it made goes up; the rest is made now */
 	fb_wk_upload_drop(w);
 	m->type = FB_MSG_UPDATE_BEGIN;
 	m->u.update_begin.round = w->round;

@@ -82,6 +82,7 @@ fb_wk_fini(fb_wk *w)
 	}
 	fb_wk_upload_drop(w);
 	fb_wk_mask_stop(w);
+	fb_wk_premask_free(w);
 	fb_wk_outbox_clear(w);
 	fb_wk_sa_end(w);
 	fb_wk_sa_held_free(w);
@@ -773,6 +774,7 @@ fb_worker_run(const fb_worker_config *cfg, volatile sig_atomic_t *stop)
 out:
 	fb_wk_thread_stop(&w);
 	fb_wk_mask_stop(&w); /* its last batch runs on the pool */
+	fb_wk_premask_free(&w); /* and so may the mask made ahead */
 	fb_link_close(lp.link);
 	fb_pool_free(w.pool);
 	w.pool = NULL;

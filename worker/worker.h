@@ -60,8 +60,16 @@ typedef struct fb_worker_config {
 	int secure_aggregation;   /* 0 required, 1 optional */
 	char *peers;              /* optional: allowlist of peers' keys */
 	int64_t secagg_min_threshold; /* -1 auto: a neighbourhood majority */
+	int secagg_masks_ahead;   /* fb_worker_masks_ahead */
 	char *dump_updates;       /* debug: folder for each round's update */
 } fb_worker_config;
+
+/* security.secagg_masks_ahead (the enum's order is the config's). */
+typedef enum fb_worker_masks_ahead {
+	FB_WORKER_MASKS_AHEAD_AUTO = 0,
+	FB_WORKER_MASKS_AHEAD_ON,
+	FB_WORKER_MASKS_AHEAD_OFF,
+} fb_worker_masks_ahead;
 
 extern const fb_cfg_field fb_worker_config_schema[];
 

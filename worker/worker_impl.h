@@ -302,6 +302,8 @@ struct fb_wk {
 	uint32_t *encbuf; /* one encoded (then masked) chunk */
 	struct fb_pool *pool; /* the box's cores, for the masks (may be NULL) */
 	struct fb_wk_masker *mk; /* makes masked inputs ahead (upload.c) */
+	struct fb_wk_premask *premask; /* the mask made ahead (premask.c) */
+	bool premask_noted; /* auto said once why it does not make them */
 	fb_pubkey *peers; /* security.peers: the keys we accept, or NULL */
 	uint32_t peer_count;
 	/* what goes out */
@@ -532,6 +534,31 @@ fb_wk_ct_stride(const fb_wk *w)
 /* fb_wk_upload_drop forgets the update being sent (nothing more of it
  * goes out). */
 void fb_wk_upload_drop(fb_wk *w);
+
+/* ---- premask.c --------------------------------------------------------- */
+
+/*
+ * fb_wk_premask_start starts expanding this round's whole mask (w->sa,
+ * its masks fixed) on the pool, in upload order, in the background, when
+ * security.secagg_masks_ahead allows; fb_wk_premask_stop stops it and
+ * waits for the batch in progress (what was made stays usable);
+ * fb_wk_premask_drop also forgets and wipes it (before w->sa changes);
+ * fb_wk_premask_free releases it all (before the pool goes). Loop thread.
+ */
+void fb_wk_premask_start(fb_wk *w);
+void fb_wk_premask_stop(fb_wk *w);
+void fb_wk_premask_drop(fb_wk *w);
+void fb_wk_premask_free(fb_wk *w);
+
+/*
+ * fb_wk_premask_get returns the mask made ahead for elements off ..
+ * off + count of w->sa's input when that whole chunk was made (exactly
+ * an upload chunk's span), else NULL. Any thread, while w->sa stays.
+ */
+const uint32_t *fb_wk_premask_get(const fb_wk *w, uint64_t off,
+    uint64_t count);
+/* fb_wk_premask_made counts the chunks of w->sa's mask made so far. */
+uint32_t fb_wk_premask_made(const fb_wk *w);
 
 /* ---- secagg.c ---------------------------------------------------------- */
 

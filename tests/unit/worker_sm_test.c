@@ -2150,6 +2150,108 @@ sa_upload_plain(fix *x, size_t at, uint32_t out[][CHUNK / 4])
 }
 
 /*
+ * security.secagg_masks_ahead: the shares come in while the worker still
+ * trains, so the whole mask is made ahead on the pool (auto and on; never
+ * with off), and the upload adds it. Whether the mask was all made before
+ * the upload began (`wait`) or the upload stopped it midway, every chunk
+ * decrypts to exactly the masked input made as the chunk goes (the mask
+ * made ahead forgotten first), the extras included.
+ */
+static void
+test_secagg_whole_mask_made_ahead(void **state)
+{
+	static uint32_t got[NCHUNK + 1][CHUNK / 4];
+	static const int modes[] = {FB_WORKER_MASKS_AHEAD_AUTO,
+	    FB_WORKER_MASKS_AHEAD_ON, FB_WORKER_MASKS_AHEAD_OFF};
+
+	for (uint32_t mi = 0; mi < 3; mi++) {
+		for (uint32_t threads = 0; threads <= 2; threads++) {
+			for (int wait = 0; wait <= 1; wait++) {
+				fb_pool *pool = NULL;
+				fix *x = fix_new(true);
+				uint32_t want[CHUNK / 4];
+				fb_msg rs;
+				size_t at;
+
+				x->cfg.secagg_masks_ahead = modes[mi];
+				if (threads > 0) {
+					assert_int_equal(
+					    fb_pool_alloc(threads, &pool), FB_OK);
+				}
+				x->w.pool = pool;
+				secure_join(x);
+				rs = sa_round_msg(x, 5);
+				x->served = x->nlog;
+				assert_int_equal(
+				    deliver_sealed(x, &rs, NULL, 0), FB_OK);
+				sa_exchange_adverts(x, 5);
+				serve_model(x);
+				assert_int_equal(x->w.phase, FB_WK_TRAINING);
+				sa_exchange_shares(x, 5); /* while training */
+				assert_int_equal(x->w.sa_phase, FB_WK_SA_MASKING);
+				assert_int_equal(x->w.phase, FB_WK_TRAINING);
+				if (modes[mi] == FB_WORKER_MASKS_AHEAD_OFF) {
+					assert_null(x->w.premask);
+				} else {
+					assert_non_null(x->w.premask);
+				}
+				for (int spin = 0; wait && x->w.premask != NULL &&
+				     fb_wk_premask_made(&x->w) < NCHUNK + 1 &&
+				     spin < 10000; spin++) {
+					fb_sleep_ms(1);
+				}
+				if (wait && x->w.premask != NULL) {
+					assert_int_equal(
+					    fb_wk_premask_made(&x->w), NCHUNK + 1);
+				}
+				train_done(x, FB_OK);
+				assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+				if (wait && x->w.premask != NULL) {
+					/* every chunk, the extras too, from it */
+					for (uint32_t k = 0; k <= NCHUNK; k++) {
+						uint64_t off = k < NCHUNK
+						    ? (uint64_t)k * (CHUNK / 4)
+						    : P;
+						uint64_t n = k == NCHUNK
+						    ? FB_SECAGG_EXTRA
+						    : k + 1 == NCHUNK ? LAST_LEN / 4
+						                      : CHUNK / 4;
+						assert_non_null(
+						    fb_wk_premask_get(&x->w, off, n));
+					}
+				}
+				at = x->nlog;
+				while (x->w.phase == FB_WK_UPLOADING) {
+					writable(x);
+				}
+				sa_upload_plain(x, at, got);
+				/* the reference: masks made as the chunks go */
+				fb_wk_premask_drop(&x->w);
+				for (uint32_t k = 0; k <= NCHUNK; k++) {
+					uint64_t off = k < NCHUNK
+					    ? (uint64_t)k * (CHUNK / 4)
+					    : P;
+					uint64_t n = k == NCHUNK ? FB_SECAGG_EXTRA
+					    : k + 1 == NCHUNK    ? LAST_LEN / 4
+					                         : CHUNK / 4;
+					uint64_t clipped = 0;
+					assert_null(fb_wk_premask_get(&x->w, off, n));
+					assert_int_equal(
+					    fb_wk_sa_encode_chunk(&x->w, x->w.local,
+					        off, n, x->w.stats.loss_mean, &clipped,
+					        NULL,
+					        NULL, want),
+					    FB_OK);
+					assert_memory_equal(got[k], want, n * 4);
+				}
+				fix_free(x);
+				fb_pool_free(pool);
+			}
+		}
+	}
+}
+
+/*
  * Asked for its masked input again (the coordinator's sum started again:
  * secure_aggregation.max_uploads 0), the worker sends it anew in a new
  * stream: the same plaintext chunk for chunk, the extras too, under a new
@@ -2771,6 +2873,8 @@ FB_TESTS = {
         test_secagg_async_keeps_the_last_cohort},
     {"masked inputs made ahead on the pool go up whole and in order",
         test_secagg_masks_made_ahead},
+    {"the whole mask made ahead while training: the same masked input",
+        test_secagg_whole_mask_made_ahead},
     {"asked again, the masked input goes up anew: the same bytes",
         test_secagg_input_sent_again},
     {"a full queue keeps secure-aggregation messages in order",
