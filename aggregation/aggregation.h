@@ -389,7 +389,7 @@ bool fb_rule_is_fednova(fb_rule rule);
  * A coordinate x of an update with weight w in [0, w_max] becomes
  *     q = floor(w * clamp(x, -clip, clip) * S + u)  mod 2^bits,
  * u uniform in [0, 1) (stochastic rounding: E[q] = w * clamp(x) * S, up to
- * 2^-53 of a unit), from a counter-based generator keyed by a 64-bit seed
+ * 2^-31 of a unit), from a counter-based generator keyed by a 64-bit seed
  * and the coordinate's index, so a chunk encodes the same whatever the
  * chunking. The seed should be fresh per worker and round (e.g. from
  * randombytes); the rounding noise only has to be unbiased and independent
