@@ -272,6 +272,13 @@ const fb_cfg_field fb_coord_config_schema[] = {
     {"secure_aggregation.setup_timeout", FB_CFG_DURATION, F(sa_setup_ms),
         "30s", 10, 8.64e7, MB, "how long each key and share phase waits "
         "for the workers"},
+    {"secure_aggregation.setup_ahead", FB_CFG_BOOL, F(sa_setup_ahead),
+        "true", NOB, MB, "sync rounds: set the next round up (fresh keys "
+        "and shares, among the workers live then) while this one runs, so "
+        "that a round's masked inputs need no setup round trips; a worker "
+        "that joins meanwhile is in the round after; off with "
+        "round.workers_per_round (the sample is drawn at the round's "
+        "start)"},
     {"secure_aggregation.max_uploads", FB_CFG_INT, F(sa_max_uploads),
         "auto", 0, 65536, auto_word, "masked uploads under way at once: "
         "each is kept apart (one model's worth, 4 bytes a parameter) until "

@@ -335,6 +335,7 @@ coord_fini(coord *c)
 	}
 	pthread_mutex_destroy(&c->extra_mu);
 	sa_free(&c->sa_sync); /* the cohorts free their own */
+	sa_free(&c->sa_ahead);
 	async_fini(c);
 	cohorts_fini(c);
 	fb_link_close(c->link);

@@ -124,6 +124,7 @@ typedef struct fb_coord_config {
 	int64_t sa_ring_bits;
 	int64_t sa_max_samples;    /* public bound: weight = n / this */
 	int64_t sa_setup_ms;       /* each of the key and share phases */
+	bool sa_setup_ahead;       /* the next round's setup during this one */
 	int64_t sa_unmask_ms;
 	int64_t sa_max_uploads;    /* -1 = auto */
 	/* monitoring */

@@ -177,6 +177,7 @@ typedef struct worker {
 	char eval_name[FB_WIRE_METRICS_MAX][FB_WIRE_METRIC_NAME];
 	double eval_metric[FB_WIRE_METRICS_MAX];
 	uint32_t sa_slot;        /* SecAgg: its slot in the round */
+	uint32_t ahead_slot;     /* its slot in c->sa_ahead, when a member */
 	/* round.mode: async */
 	uint32_t task_round;     /* the round number of its task's RoundStart */
 	uint32_t task_version;   /* the model version (rd.committed) it
@@ -218,6 +219,7 @@ extern const char *const sa_phase_names[SA_PHASE_COUNT_];
 #define SA_F_CONFIRMED 16u /* signed the included set (U4) */
 #define SA_F_REFUSED 32u   /* said it will not reveal */
 #define SA_F_DISCARDED 64u /* its confirmation did not verify */
+#define SA_F_OUT 128u      /* set up ahead: left the setup (secagg.c) */
 
 typedef struct sa_round {
 	sa_phase phase;
@@ -234,6 +236,12 @@ typedef struct sa_round {
 	uint32_t extra[SA_EXTRA]; /* coord.extra_mu: the pool adds here */
 	fb_secagg_encodings enc;
 	const char *poisoned;   /* why the sum is unusable, or NULL */
+	/* secure_aggregation.setup_ahead: the next round's instance, set up
+	 * while the current one runs; each slot's worker id and session
+	 * (hello's: a new one for each process and rejoin) when given */
+	bool ahead;
+	uint32_t *slot_id;
+	uint64_t *slot_session;
 } sa_round;
 
 /*
@@ -579,6 +587,8 @@ typedef struct round_state {
 	uint64_t up_bytes, down_bytes;
 	double first_begin_s;    /* the round's first update began; 0 */
 	uint32_t sum_restarts;   /* the sum started again (partials.cut) */
+	bool set_up_ahead;       /* its SecAgg setup ran in the round before */
+	uint32_t ahead_tried;    /* the last round set up ahead (or tried) */
 	int64_t restart_ms;      /* the last time; 0: never this round */
 	round_result r;
 	uint32_t *sel;           /* the selected workers' slots ... */
@@ -711,7 +721,10 @@ struct coord {
 	partials part;
 	sa_round sa_sync;        /* the round's SecAgg instance (sync) */
 	sa_round *sa;            /* the instance being handled: &sa_sync, or
-	                          * a cohort's (secure async, cohort.c) */
+	                          * a cohort's (secure async, cohort.c), or
+	                          * sa_ahead while its messages are handled */
+	sa_round sa_ahead;       /* the next round's, set up during this one
+	                          * (secure_aggregation.setup_ahead) */
 	async_state as;          /* round.mode: async */
 	cohorts cs;              /* round.mode: async, secure aggregation */
 	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */
@@ -929,6 +942,23 @@ void sa_inputs_again(coord *c);
 fb_err sa_ask_again(coord *c, worker *w);
 double sa_a_bound(const coord *c);
 void sa_note_included(coord *c, uint32_t slot);
+/*
+ * secure_aggregation.setup_ahead (sync rounds, every live worker in each):
+ * sa_ahead_step starts the next round's setup once the current round's
+ * own is done, and moves it on (its key and share phases) whatever the
+ * round is doing; sa_ahead_adopt, at the next round's start, takes it as
+ * that round's instance and selects its members still here (true), or
+ * drops it (false: the round sets up as before).
+ */
+void sa_ahead_step(coord *c, int64_t now);
+/* sa_ahead_forget: w was (re)admitted; a slot it had in the setup made
+ * ahead is its old session's, so it is out of that setup. */
+void sa_ahead_forget(coord *c, worker *w);
+bool sa_ahead_adopt(coord *c, int64_t now);
+/* sa_ahead_pending: the round about to begin is being set up ahead (its
+ * adverts or shares still come). */
+bool sa_ahead_pending(const coord *c);
+int64_t sa_ahead_next_timer(const coord *c, int64_t now, int64_t next);
 fb_err sa_unmask(coord *c, job *j);      /* job thread */
 
 /* ---- jobs.c ---- */

@@ -451,10 +451,11 @@ json_round(coord *c, FILE *f)
 		           "\"neighbours\": %u, \"threshold\": %u, "
 		           "\"included\": %u, \"confirmed\": %u, "
 		           "\"refused\": %u, \"revealed\": %u, "
-		           "\"restarts\": %u}, ",
+		           "\"restarts\": %u, \"set_up_ahead\": %s}, ",
 		    sa->n, sa->k, sa->t, sa_count(sa, SA_F_INCLUDED),
 		    sa_count(sa, SA_F_CONFIRMED), sa_count(sa, SA_F_REFUSED),
-		    sa_count(sa, SA_F_REVEALED), rd->sum_restarts);
+		    sa_count(sa, SA_F_REVEALED), rd->sum_restarts,
+		    rd->set_up_ahead ? "true" : "false");
 	}
 	fprintf(f, "\"seconds\": %.3f, \"bytes_up\": %" PRIu64
 	           ", \"bytes_down\": %" PRIu64 ", \"clipped\": %" PRIu64

@@ -261,6 +261,7 @@ round_reset_result(coord *c, int64_t now)
 	rd->first_begin_s = 0;
 	rd->sum_restarts = 0;
 	rd->restart_ms = 0;
+	rd->set_up_ahead = false;
 	rd->started_ms = now;
 	rd->sent0 = c->io.bytes_sent(c);
 	rd->recv0 = c->io.bytes_received(c);
@@ -418,6 +419,8 @@ round_rejoin(coord *c, worker *w, int64_t now)
 	wslot slot = registry_slot(c, w);
 	uint32_t s;
 
+	/* a new session: whatever it set up ahead is gone with the old one */
+	sa_ahead_forget(c, w);
 	if (c->cfg->mode == FB_MODE_ASYNC) {
 		return; /* free again: the next task is its way back */
 	}
@@ -470,6 +473,12 @@ round_begin(coord *c, int64_t now)
 	uint32_t nsel;
 
 	round_reset(c, now);
+	if (cfg->sa_enabled && sa_ahead_adopt(c, now)) {
+		/* its keys and shares went during the round before */
+		rd->in_chunks = c->chunk_count + 1;
+		round_open_model(c, now);
+		return;
+	}
 	nsel = select_workers(c);
 	if (!cfg->sa_enabled && select_weights(c) != FB_OK) {
 		round_fail(c, ROUND_FAILED, now, "no usable sample counts");
@@ -914,6 +923,11 @@ round_idle_step(coord *c, int64_t now)
 		return;
 	}
 	if (live >= (uint32_t)cfg->min_workers) {
+		if (sa_ahead_pending(c)) {
+			/* its setup is under way: no slower to finish than one
+			 * started now, and bounded by its phase timers */
+			return;
+		}
 		round_begin(c, now);
 		return;
 	}
@@ -934,17 +948,9 @@ round_idle_step(coord *c, int64_t now)
 	}
 }
 
-void
-round_step(coord *c, int64_t now)
+static void
+round_phase_step(coord *c, int64_t now)
 {
-	if (cohorts_on(c)) {
-		/* the cohorts go on whatever the step is doing */
-		if (c->rd.phase == PHASE_IDLE) {
-			round_idle_step(c, now);
-		}
-		cohorts_tick(c, now);
-		return;
-	}
 	switch (c->rd.phase) {
 	case PHASE_IDLE:
 		round_idle_step(c, now);
@@ -962,6 +968,27 @@ round_step(coord *c, int64_t now)
 		return;
 	default:
 		return; /* PREPARE, AGGREGATE, RECORD: the job's completion */
+	}
+}
+
+void
+round_step(coord *c, int64_t now)
+{
+	if (cohorts_on(c)) {
+		/* the cohorts go on whatever the step is doing */
+		if (c->rd.phase == PHASE_IDLE) {
+			round_idle_step(c, now);
+		}
+		cohorts_tick(c, now);
+		return;
+	}
+	round_phase_step(c, now);
+	/* the next round's setup goes on whatever this one is doing (and
+	 * starts as soon as this round's own is done) */
+	sa_ahead_step(c, now);
+	if (c->rd.phase == PHASE_IDLE && c->sa_ahead.phase == SA_INPUT &&
+	    c->sa_ahead.p.round == c->rd.number) {
+		round_phase_step(c, now); /* it was waited for: begin now */
 	}
 }
 
@@ -984,6 +1011,7 @@ round_next_timer(const coord *c, int64_t now)
 		/* each cohort's deadline and phases on their own timer */
 		next = cohorts_next_timer(c, now, next);
 	}
+	next = sa_ahead_next_timer(c, now, next);
 	return next < 0 ? 0 : next;
 }
 

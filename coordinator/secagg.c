@@ -53,6 +53,8 @@ sa_free(sa_round *sa)
 	free(sa->shares);
 	free(sa->share_len);
 	free(sa->confirm);
+	free(sa->slot_id);
+	free(sa->slot_session);
 	memset(sa, 0, sizeof(*sa)); /* phase SA_OFF */
 }
 
@@ -89,6 +91,13 @@ sa_in_round(coord *c, uint32_t slot)
 		return false; /* secure async: a slot nobody took */
 	}
 	w = sa_worker(c, slot);
+	if (c->sa->ahead) {
+		/* set up ahead: still here, the same worker in the same
+		 * session (a new one has none of that setup), not left */
+		return w->used && w->id == c->sa->slot_id[slot] &&
+		       w->session == c->sa->slot_session[slot] &&
+		       !(c->sa->flags[slot] & SA_F_OUT);
+	}
 	/* (secure async: a member that moved on to another task is out) */
 	return w->used && round_of(c, w) == c->sa->p.round &&
 	    (w->state == W_TRAINING || w->state == W_UPLOADING ||
@@ -245,6 +254,7 @@ sa_round_start(const coord *c, const worker *w, fb_msg *m)
 	m->u.round_start.sa_clip = sa->enc.x.clip;
 	m->u.round_start.sa_max_samples = (uint64_t)c->cfg->sa_max_samples;
 	m->u.round_start.sa_a_bound = sa->enc.a.clip;
+	m->u.round_start.sa_set_up = c->rd.set_up_ahead && sa == &c->sa_sync;
 }
 
 /* SecAgg slot `slot`'s whole masked input is in the sum (its worker may
@@ -306,6 +316,36 @@ sa_unmasking(const coord *c)
 	return cohorts_on(c) || c->rd.phase == PHASE_UNMASK;
 }
 
+/*
+ * w cannot go on in c->sa: out of its round (round_cancel), or, for an
+ * instance set up ahead, out of that setup only (its round is another:
+ * it sits the next one out).
+ */
+static void
+sa_leave(coord *c, uint32_t slot, const char *why)
+{
+	worker *w = sa_worker(c, slot);
+
+	if (!c->sa->ahead) {
+		round_cancel(c, w, why);
+		return;
+	}
+	fb_log_warn("round %u (set up ahead): %s leaves its setup: %s",
+	    c->sa->p.round, w->name, why);
+	c->sa->flags[slot] |= SA_F_OUT;
+}
+
+/* A send to slot's worker failed: as sa_leave (it is failing anyway). */
+static void
+sa_send_failed(coord *c, uint32_t slot, const char *why)
+{
+	if (!c->sa->ahead) {
+		round_worker_failed(c, sa_worker(c, slot), why);
+		return;
+	}
+	sa_leave(c, slot, why);
+}
+
 static drop_reason
 sa_drop_reason(fb_err rc)
 {
@@ -331,7 +371,7 @@ on_advert(coord *c, worker *w, const fb_frame *f)
 	if (rc != FB_OK) {
 		guard_drop(c, sa_drop_reason(rc), "key advert from %s: %s",
 		    w->name, fb_strerror(rc));
-		round_cancel(c, w, "bad secure-aggregation key advert");
+		sa_leave(c, slot, "bad secure-aggregation key advert");
 		return;
 	}
 	memcpy(sa->adv + (size_t)slot * FB_SECAGG_ADV_LEN, f->payload,
@@ -355,7 +395,7 @@ on_shares(coord *c, worker *w, const fb_frame *f)
 	if (f->payload_len > (size_t)sa->k * FB_SECAGG_SHARE_MSG_LEN) {
 		guard_drop(c, DROP_WRONG_SIZE, "%zu bytes of shares from %s",
 		    f->payload_len, w->name);
-		round_cancel(c, w, "bad secure-aggregation shares");
+		sa_leave(c, slot, "bad secure-aggregation shares");
 		return;
 	}
 	rc = fb_secagg_server_add_shares(sa->srv, slot, f->payload,
@@ -363,7 +403,7 @@ on_shares(coord *c, worker *w, const fb_frame *f)
 	if (rc != FB_OK) {
 		guard_drop(c, sa_drop_reason(rc), "shares from %s: %s", w->name,
 		    fb_strerror(rc));
-		round_cancel(c, w, "bad secure-aggregation shares");
+		sa_leave(c, slot, "bad secure-aggregation shares");
 		return;
 	}
 	memcpy(sa->shares + (size_t)slot * sa->k * FB_SECAGG_SHARE_MSG_LEN,
@@ -457,6 +497,8 @@ on_reveal(coord *c, worker *w, const fb_frame *f)
 	sa->flags[slot] |= SA_F_REVEALED;
 }
 
+static void ahead_on_message(coord *c, worker *w, const fb_frame *f);
+
 void
 sa_on_message(coord *c, worker *w, const fb_frame *f)
 {
@@ -464,6 +506,20 @@ sa_on_message(coord *c, worker *w, const fb_frame *f)
 
 	if (cohorts_on(c)) {
 		cohort_on_secagg(c, w, f);
+		return;
+	}
+	if (m->u.secagg.ahead) {
+		/* a step of the round set up ahead: never of another instance,
+		 * even of the same round (set up afresh when it began) */
+		if (c->sa_ahead.phase == SA_OFF ||
+		    m->u.secagg.round != c->sa_ahead.p.round) {
+			guard_drop(c, DROP_STALE_ROUND, "secure-aggregation "
+			    "step %u of round %u set up ahead, from %s: no such "
+			    "setup now", m->u.secagg.phase, m->u.secagg.round,
+			    w->name);
+			return;
+		}
+		ahead_on_message(c, w, f);
 		return;
 	}
 	if (!round_open_for(c, m->u.secagg.round)) {
@@ -518,6 +574,7 @@ sa_send(coord *c, worker *w, fb_secagg_phase phase, uint32_t count,
 	m.u.secagg.round = c->sa->p.round;
 	m.u.secagg.phase = phase;
 	m.u.secagg.count = count;
+	m.u.secagg.ahead = c->sa->ahead;
 	return coord_send(c, w, &m, data, len, NULL);
 }
 
@@ -565,19 +622,19 @@ sa_send_peers(coord *c, int64_t now)
 		}
 		w = sa_worker(c, s);
 		if (!(sa->flags[s] & SA_F_ADV)) {
-			round_cancel(c, w, "no secure-aggregation key advert "
-			                   "within secure_aggregation.setup_timeout");
+			sa_leave(c, s, "no secure-aggregation key advert "
+			               "within secure_aggregation.setup_timeout");
 			continue;
 		}
 		if (nb == NULL || buf == NULL ||
 		    fb_secagg_graph_neighbours(g, s, nb) != FB_OK) {
-			round_cancel(c, w, "out of memory");
+			sa_leave(c, s, "out of memory");
 			continue;
 		}
 		cnt = peer_entries(c, nb, buf);
 		if (sa_send(c, w, FB_SA_PEERS, cnt, buf,
 		        (size_t)cnt * FB_SECAGG_PEER_ENTRY_LEN) != FB_OK) {
-			round_worker_failed(c, w, "key adverts could not be sent");
+			sa_send_failed(c, s, "key adverts could not be sent");
 			continue;
 		}
 		sent++;
@@ -632,15 +689,15 @@ sa_relay_shares(coord *c)
 		}
 		w = sa_worker(c, s);
 		if (!(sa->flags[s] & SA_F_SHARED)) {
-			round_cancel(c, w, "no secure-aggregation shares within "
-			                   "secure_aggregation.setup_timeout");
+			sa_leave(c, s, "no secure-aggregation shares within "
+			               "secure_aggregation.setup_timeout");
 			continue;
 		}
 		cnt = buf != NULL ? shares_for(sa, s, buf) : 0;
 		if (buf == NULL ||
 		    sa_send(c, w, FB_SA_RELAY, cnt, buf,
 		        (size_t)cnt * FB_SECAGG_SHARE_MSG_LEN) != FB_OK) {
-			round_worker_failed(c, w, "shares could not be relayed");
+			sa_send_failed(c, s, "shares could not be relayed");
 			continue;
 		}
 		sent++;
@@ -818,4 +875,304 @@ sa_reveals_hopeless(const coord *c)
 		        c->reg.workers[sa->slot_worker[s]].used);
 	}
 	return may < sa->t;
+}
+
+/* ---- the next round set up ahead (secure_aggregation.setup_ahead) ------- */
+
+/*
+ * What this changes, and what not: round r + 1's SecAgg instance is made
+ * (fresh graph seed, degree and threshold; the workers' fresh keys,
+ * adverts and shares) by the same steps as in a round, only while round r
+ * still runs, among the workers live then. Nothing of round r's instance
+ * is reused, so no reveal of round r bears on it (crypto.h, "Key
+ * lifetimes"), and its messages are bound to round r + 1 like any of
+ * that round. The coordinator learns the same things, sooner: who sent
+ * its keys and shares. At round r + 1's start it selects the members
+ * still here whose shares went out (U2); one lost since is a dropout of
+ * that round, recovered as any other.
+ */
+
+/* Whether worker w has slot *slot in the instance set up ahead. */
+static bool
+ahead_member(const coord *c, const worker *w, uint32_t *slot)
+{
+	const sa_round *sa = &c->sa_ahead;
+	uint32_t s = w->ahead_slot;
+
+	if (sa->slot_id == NULL || s >= sa->n ||
+	    sa->slot_worker[s] != registry_slot(c, w).v ||
+	    sa->slot_id[s] != w->id || sa->slot_session[s] != w->session) {
+		return false;
+	}
+	*slot = s;
+	return true;
+}
+
+/* w's advert or shares for the round set up ahead: handled as in a
+ * round, with c->sa that instance and w->sa_slot its slot there. */
+static void
+ahead_on_message(coord *c, worker *w, const fb_frame *f)
+{
+	const fb_msg *m = &f->msg;
+	sa_round *prev = c->sa;
+	uint32_t slot = 0, own;
+
+	if (!ahead_member(c, w, &slot) ||
+	    (c->sa_ahead.flags[slot] & SA_F_OUT) ||
+	    (m->u.secagg.phase != FB_SA_ADVERT &&
+	        m->u.secagg.phase != FB_SA_SHARES)) {
+		guard_drop(c, DROP_UNEXPECTED, "secure-aggregation step %u of "
+		    "round %u (set up ahead) from %s", m->u.secagg.phase,
+		    m->u.secagg.round, w->name);
+		return;
+	}
+	own = w->sa_slot;
+	c->sa = &c->sa_ahead;
+	w->sa_slot = slot;
+	sa_handle(c, w, f);
+	w->sa_slot = own;
+	c->sa = prev;
+}
+
+/* Whether the next round should be set up now: sync secure rounds of
+ * every live worker, a next round to come, and this round's own setup
+ * done (its masked inputs may come). */
+static bool
+ahead_wanted(const coord *c)
+{
+	const fb_coord_config *cfg = c->cfg;
+	const round_state *rd = &c->rd;
+
+	if (!cfg->sa_enabled || !cfg->sa_setup_ahead || !c->secure ||
+	    cfg->mode != FB_MODE_SYNC || cfg->workers_per_round > 0 ||
+	    rd->final ||
+	    (rd->number >= (uint32_t)cfg->rounds && !cfg->fed_final)) {
+		return false;
+	}
+	switch (rd->phase) {
+	case PHASE_TRAIN:
+	case PHASE_OVERTIME:
+		return c->sa_sync.phase >= SA_INPUT;
+	case PHASE_UNMASK:
+	case PHASE_AGGREGATE:
+	case PHASE_RECORD:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* Starts round rd.number + 1's instance among the workers live now: each
+ * gets its slot and the round's parameters (FB_SA_SETUP) and answers with
+ * its advert. */
+static void
+ahead_start(coord *c, int64_t now)
+{
+	uint32_t round = c->rd.number + 1, n = 0;
+	uint32_t *cand = calloc(c->reg.cap > 0 ? c->reg.cap : 1, sizeof(*cand));
+	sa_round *prev = c->sa, *sa = &c->sa_ahead;
+	uint8_t payload[FB_SA_SETUP_MAX];
+	const char *why = NULL;
+	fb_err rc;
+
+	if (cand == NULL) {
+		return;
+	}
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		if (c->reg.workers[i].used) {
+			cand[n++] = i;
+		}
+	}
+	if (n < 2) {
+		free(cand);
+		return; /* the round will wait for workers, and set up then */
+	}
+	c->sa = sa;
+	if ((rc = sa_begin(c, round, NULL, n, &why)) == FB_OK &&
+	    ((sa->slot_id = calloc(n, sizeof(*sa->slot_id))) == NULL ||
+	        (sa->slot_session = calloc(n, sizeof(*sa->slot_session))) ==
+	            NULL)) {
+		why = "out of memory";
+		rc = FB_ENOMEM;
+	}
+	if (rc != FB_OK) {
+		fb_log_warn("round %u: cannot set round %u up ahead (%s); it "
+		            "sets up when it starts",
+		    c->rd.number, round, why != NULL ? why : fb_strerror(rc));
+		sa_free(sa);
+		c->sa = prev;
+		free(cand);
+		return;
+	}
+	sa->ahead = true;
+	sa->phase_end_ms = now + c->cfg->sa_setup_ms;
+	for (uint32_t s = 0; s < n; s++) {
+		worker *w = &c->reg.workers[cand[s]];
+		fb_msg m = {.type = FB_MSG_ROUND_START};
+		uint32_t own = w->sa_slot;
+		size_t len = 0;
+
+		sa->slot_worker[s] = cand[s];
+		sa->slot_id[s] = w->id;
+		sa->slot_session[s] = w->session;
+		w->ahead_slot = s;
+		w->sa_slot = s;
+		sa_round_start(c, w, &m);
+		w->sa_slot = own;
+		if (fb_sa_setup_pack(&m, payload, sizeof(payload), &len) !=
+		        FB_OK ||
+		    sa_send(c, w, FB_SA_SETUP, 1, payload, len) != FB_OK) {
+			sa->flags[s] |= SA_F_OUT;
+		}
+	}
+	fb_log_debug("round %u: round %u set up ahead among %u workers "
+	             "(%u neighbours, threshold %u)",
+	    c->rd.number, round, n, sa->k, sa->t);
+	c->sa = prev;
+	free(cand);
+}
+
+void
+sa_ahead_step(coord *c, int64_t now)
+{
+	round_state *rd = &c->rd;
+	sa_round *prev;
+	/* the round it may be for: the next, or, waiting to start, this */
+	uint32_t next = rd->number + (rd->phase == PHASE_IDLE ? 0 : 1);
+
+	if (c->sa_ahead.phase != SA_OFF && c->sa_ahead.p.round != next) {
+		sa_free(&c->sa_ahead); /* its round began without it */
+	}
+	if (c->sa_ahead.phase == SA_OFF && rd->ahead_tried != rd->number + 1 &&
+	    ahead_wanted(c)) {
+		rd->ahead_tried = rd->number + 1;
+		ahead_start(c, now);
+	}
+	if (c->sa_ahead.phase == SA_ADVERTS || c->sa_ahead.phase == SA_SHARES) {
+		prev = c->sa;
+		c->sa = &c->sa_ahead;
+		sa_advance(c, now);
+		c->sa = prev;
+	}
+}
+
+bool
+sa_ahead_pending(const coord *c)
+{
+	const sa_round *sa = &c->sa_ahead;
+
+	return (sa->phase == SA_ADVERTS || sa->phase == SA_SHARES) &&
+	       sa->p.round == c->rd.number;
+}
+
+int64_t
+sa_ahead_next_timer(const coord *c, int64_t now, int64_t next)
+{
+	const sa_round *sa = &c->sa_ahead;
+
+	if ((sa->phase == SA_ADVERTS || sa->phase == SA_SHARES) &&
+	    sa->phase_end_ms - now < next) {
+		next = sa->phase_end_ms - now;
+	}
+	return next;
+}
+
+void
+sa_ahead_forget(coord *c, worker *w)
+{
+	uint32_t slot = 0;
+
+	if (c->sa_ahead.phase != SA_OFF && ahead_member(c, w, &slot) &&
+	    !(c->sa_ahead.flags[slot] & SA_F_OUT)) {
+		fb_log_debug("round %u (set up ahead): %s is back in a new "
+		             "session; out of that setup",
+		    c->sa_ahead.p.round, w->name);
+		c->sa_ahead.flags[slot] |= SA_F_OUT;
+	}
+}
+
+/*
+ * Taken only when it covers every live worker: each a member whose shares
+ * went out. A worker that joined or came back since, or that left the
+ * setup, would otherwise sit the round out; then the round sets up as
+ * before, with everyone.
+ */
+bool
+sa_ahead_adopt(coord *c, int64_t now)
+{
+	round_state *rd = &c->rd;
+	sa_round *sa = &c->sa_ahead, *prev = c->sa;
+	uint32_t members = 0, live = 0, nsel = 0;
+	const char *why = NULL;
+
+	if (sa->phase == SA_OFF) {
+		return false;
+	}
+	c->sa = sa;
+	for (uint32_t s = 0; s < sa->n && sa->phase == SA_INPUT; s++) {
+		members += sa_in_round(c, s) && (sa->flags[s] & SA_F_SHARED);
+	}
+	c->sa = prev;
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		live += c->reg.workers[i].used;
+	}
+	if (sa->p.round != rd->number) {
+		why = ""; /* another round's: dropped without a word */
+	} else if (sa->phase != SA_INPUT) {
+		why = "did not finish in time";
+	} else if (members < live) {
+		why = "leaves out a worker that joined, came back or left it "
+		      "since";
+	} else if (members < sa->t || members < 2) {
+		why = "kept too few workers";
+	}
+	if (why != NULL) {
+		if (why[0] != '\0') {
+			fb_log_info("round %u: its secure-aggregation setup made "
+			            "ahead %s; setting it up now",
+			    rd->number, why);
+		}
+		sa_free(sa);
+		return false;
+	}
+	/* the selection: every live member whose shares went out */
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		c->reg.workers[i].state = W_IDLE;
+		c->reg.workers[i].fail_reason = NULL;
+	}
+	c->sa = sa;
+	for (uint32_t s = 0; s < sa->n; s++) {
+		if (sa_in_round(c, s) && (sa->flags[s] & SA_F_SHARED)) {
+			rd->sel[nsel] = sa->slot_worker[s];
+			rd->sel_id[nsel] = sa->slot_id[s];
+			nsel++;
+		}
+	}
+	c->sa = prev;
+	rd->target_updates = nsel;
+	rd->nsel = nsel;
+	for (uint32_t k = 0; k < nsel; k++) {
+		round_task_reset(c, &c->reg.workers[rd->sel[k]],
+		    (uint32_t)((uint64_t)k * c->chunk_count / nsel));
+	}
+	/* the instance is the round's now */
+	sa_free(&c->sa_sync);
+	c->sa_sync = *sa;
+	memset(sa, 0, sizeof(*sa));
+	c->sa_sync.ahead = false;
+	free(c->sa_sync.slot_id);
+	free(c->sa_sync.slot_session);
+	c->sa_sync.slot_id = NULL;
+	c->sa_sync.slot_session = NULL;
+	for (uint32_t k = 0; k < nsel; k++) {
+		worker *w = &c->reg.workers[rd->sel[k]];
+		w->sa_slot = w->ahead_slot;
+	}
+	c->sa = &c->sa_sync;
+	rd->set_up_ahead = true;
+	fb_log_debug("round %u: secure aggregation set up ahead, %u of %u "
+	             "workers",
+	    rd->number, nsel, c->sa_sync.n);
+	(void)now;
+	return true;
 }

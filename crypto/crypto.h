@@ -742,8 +742,9 @@ void fb_stream_pull_free(fb_stream_pull *p);
  * the setup off a round's critical path without that: set round r + 1 up
  * (adverts and shares of its fresh keys) while round r runs, which is this
  * protocol shifted in time, secret for secret (secagg_test: "a round set
- * up during the previous one"); then no reveal of round r bears on r + 1
- * and no rekey is needed. A session-long s would need a recovery that
+ * up during the previous one"; the coordinator and worker do it under
+ * secure_aggregation.setup_ahead, coordinator/secagg.c); then no reveal of
+ * round r bears on r + 1 and no rekey is needed. A session-long s would need a recovery that
  * never reveals s_sk (the survivors revealing the round's pair seeds,
  * KDF outputs, checked against commitments of the dropped worker): not
  * built. c_sk is never revealed and the share key takes the round, so c

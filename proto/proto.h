@@ -31,8 +31,10 @@
  * for it; the signed hello carries it); a masked input has 6 extra
  * coordinates (the federated evaluation's three after the weight, loss
  * and FedNova's); UpdateBegin.eval_*, RoundStart.evaluate_only; update
- * chunks go up only on the coordinator's UpdateCredit. */
-#define FB_PROTOCOL_VERSION 5
+ * chunks go up only on the coordinator's UpdateCredit; 6: SecAgg SETUP
+ * and the ahead flag (a round set up during the one before), RoundStart's
+ * SecAggRound.set_up. */
+#define FB_PROTOCOL_VERSION 6
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
@@ -93,7 +95,11 @@ typedef enum fb_secagg_phase {
 	FB_SA_AGAIN = 10,   /* coordinator: send the round's masked input
 	                     * again, from its UpdateBegin (the sum started
 	                     * again); no data */
-	FB_SA_PHASE_MAX_ = 10
+	FB_SA_SETUP = 11,   /* coordinator: set up a later round's secure
+	                     * aggregation now (its SecAggRound, packed by
+	                     * fb_sa_setup_pack): advert and shares go while
+	                     * the current round runs */
+	FB_SA_PHASE_MAX_ = 11
 } fb_secagg_phase;
 
 typedef struct fb_wire_model_spec {
@@ -170,6 +176,7 @@ typedef struct fb_msg {
 			double sa_clip;
 			uint64_t sa_max_samples;
 			double sa_a_bound;
+			bool sa_set_up; /* set up ahead (FB_SA_SETUP) */
 		} round_start;
 		struct {
 			uint32_t round;
@@ -202,6 +209,7 @@ typedef struct fb_msg {
 			uint32_t round;
 			uint32_t phase; /* fb_secagg_phase */
 			uint32_t count;
+			bool ahead; /* of a round set up ahead */
 		} secagg;
 		struct {
 			uint32_t round;
@@ -246,6 +254,25 @@ bool fb_msg_has_payload(fb_msg_type t);
  */
 FB_MUST_CHECK fb_err fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap,
     size_t *len);
+
+/* The most bytes fb_sa_setup_pack writes. */
+#define FB_SA_SETUP_MAX 128
+
+/*
+ * fb_sa_setup_pack writes the secure-aggregation fields of RoundStart `rs`
+ * (sa_slot .. sa_a_bound) as a SecAggRound, the payload of an FB_SA_SETUP
+ * step: the parameters of a round set up ahead. Errors: FB_ERANGE (cap).
+ */
+FB_MUST_CHECK fb_err fb_sa_setup_pack(const fb_msg *rs, uint8_t *buf,
+    size_t cap, size_t *len);
+
+/*
+ * fb_sa_setup_unpack reads such a payload into rs's secure-aggregation
+ * fields (secagg set, the rest of rs untouched). Errors: FB_EPROTO
+ * (malformed, or a graph seed over 32 bytes).
+ */
+FB_MUST_CHECK fb_err fb_sa_setup_unpack(const uint8_t *buf, size_t len,
+    fb_msg *rs);
 
 /*
  * fb_msg_pack_envelope encodes `m` as a bare Envelope (no prefix), for

@@ -199,6 +199,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 			sar.clip = m->u.round_start.sa_clip;
 			sar.max_samples = m->u.round_start.sa_max_samples;
 			sar.a_bound = m->u.round_start.sa_a_bound;
+			sar.set_up = m->u.round_start.sa_set_up;
 			rs.secagg = &sar;
 		}
 		env.body_case = FEDBOX__ENVELOPE__BODY_ROUND_START;
@@ -317,6 +318,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		sa.round = m->u.secagg.round;
 		sa.phase = m->u.secagg.phase;
 		sa.count = m->u.secagg.count;
+		sa.ahead = m->u.secagg.ahead;
 		env.body_case = FEDBOX__ENVELOPE__BODY_SECAGG;
 		env.secagg = &sa;
 		break;
@@ -500,6 +502,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 			m->u.round_start.sa_clip = q->clip;
 			m->u.round_start.sa_max_samples = q->max_samples;
 			m->u.round_start.sa_a_bound = q->a_bound;
+			m->u.round_start.sa_set_up = q->set_up != 0;
 			if (!blob_from_pb(&m->u.round_start.sa_graph_seed,
 			        q->graph_seed)) {
 				reason = "round_start: blob too long";
@@ -639,6 +642,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->u.secagg.round = env->secagg->round;
 		m->u.secagg.phase = env->secagg->phase;
 		m->u.secagg.count = env->secagg->count;
+		m->u.secagg.ahead = env->secagg->ahead != 0;
 		if (m->u.secagg.phase < FB_SA_ADVERT ||
 		    m->u.secagg.phase > FB_SA_PHASE_MAX_) {
 			reason = "secagg: unknown phase";
@@ -664,5 +668,55 @@ out:
 			*why = reason;
 		}
 	}
+	return rc;
+}
+
+fb_err
+fb_sa_setup_pack(const fb_msg *rs, uint8_t *buf, size_t cap, size_t *len)
+{
+	Fedbox__SecAggRound sar;
+
+	fedbox__sec_agg_round__init(&sar);
+	sar.slot = rs->u.round_start.sa_slot;
+	sar.n = rs->u.round_start.sa_n;
+	sar.degree = rs->u.round_start.sa_degree;
+	sar.threshold = rs->u.round_start.sa_threshold;
+	sar.graph_seed = blob_to_pb(&rs->u.round_start.sa_graph_seed);
+	sar.ring_bits = rs->u.round_start.sa_ring_bits;
+	sar.clip = rs->u.round_start.sa_clip;
+	sar.max_samples = rs->u.round_start.sa_max_samples;
+	sar.a_bound = rs->u.round_start.sa_a_bound;
+	if (fedbox__sec_agg_round__get_packed_size(&sar) > cap) {
+		return FB_ERANGE;
+	}
+	*len = fedbox__sec_agg_round__pack(&sar, buf);
+	return FB_OK;
+}
+
+fb_err
+fb_sa_setup_unpack(const uint8_t *buf, size_t len, fb_msg *rs)
+{
+	Fedbox__SecAggRound *q;
+	fb_err rc = FB_OK;
+
+	if (len > FB_SA_SETUP_MAX ||
+	    (q = fedbox__sec_agg_round__unpack(NULL, len, buf)) == NULL) {
+		return FB_EPROTO;
+	}
+	rs->u.round_start.secagg = true;
+	rs->u.round_start.sa_slot = q->slot;
+	rs->u.round_start.sa_n = q->n;
+	rs->u.round_start.sa_degree = q->degree;
+	rs->u.round_start.sa_threshold = q->threshold;
+	rs->u.round_start.sa_ring_bits = q->ring_bits;
+	rs->u.round_start.sa_clip = q->clip;
+	rs->u.round_start.sa_max_samples = q->max_samples;
+	rs->u.round_start.sa_a_bound = q->a_bound;
+	rs->u.round_start.sa_set_up = false;
+	if (q->graph_seed.len > 32 ||
+	    !blob_from_pb(&rs->u.round_start.sa_graph_seed, q->graph_seed)) {
+		rc = FB_EPROTO;
+	}
+	fedbox__sec_agg_round__free_unpacked(q, NULL);
 	return rc;
 }

@@ -515,6 +515,7 @@ fb_wk_on_welcome(fb_wk *w, const fb_frame *f)
 		return rc;
 	}
 	fb_wk_round_leave(w); /* a new run: nothing of the old one goes on */
+	fb_wk_sa_ahead_free(w);
 	w->welcomed = true;
 	w->admitted = w->admitted || w->secure;
 	w->run_id = m->u.welcome.run_id;

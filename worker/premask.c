@@ -94,6 +94,9 @@ premask_piece(void *arg, uint32_t i)
 	uint64_t off, count;
 	fb_err rc;
 
+	if (atomic_load_explicit(&p->done[k], memory_order_relaxed)) {
+		return; /* made before it was stopped (resumed) */
+	}
 	premask_span(p, k, &off, &count);
 	memset(p->v + off, 0, count * 4);
 	rc = fb_secagg_worker_mask_chunk(p->sa, p->v + off, off, count);
@@ -103,6 +106,7 @@ premask_piece(void *arg, uint32_t i)
 		return;
 	}
 	atomic_store_explicit(&p->done[k], 1, memory_order_release);
+	atomic_fetch_add(&p->made, 1);
 }
 
 static void *
@@ -118,6 +122,12 @@ premask_main(void *arg)
 		if (atomic_load(&p->stop)) {
 			break;
 		}
+		if (atomic_load_explicit(&p->done[fb_upload_chunk(p->first_chunk,
+		        p->chunk_count, pos)], memory_order_relaxed) &&
+		    atomic_load_explicit(&p->done[fb_upload_chunk(p->first_chunk,
+		        p->chunk_count, pos + n - 1)], memory_order_relaxed)) {
+			continue; /* made before it was stopped (resumed) */
+		}
 		atomic_init(&b.rc, FB_OK);
 		/* one batch at a time: the loop's own passes on the pool (the
 		 * model's decryption) wait for one batch at most */
@@ -126,7 +136,6 @@ premask_main(void *arg)
 			p->rc = (fb_err)atomic_load(&b.rc);
 			break;
 		}
-		atomic_fetch_add(&p->made, n);
 	}
 	p->ended_ms = fb_now_ms();
 	return NULL;
@@ -200,7 +209,20 @@ fb_wk_premask_start(fb_wk *w)
 	    !premask_wanted(w, cap * 4)) {
 		return;
 	}
-	fb_wk_premask_drop(w);
+	fb_wk_premask_stop(w); /* one at a time: another round's stops */
+	if (w->premask != NULL && w->premask->sa == w->sa &&
+	    w->premask->round == w->sa_round && w->premask->rc == FB_OK) {
+		/* stopped midway: go on with the chunks not made */
+		p = w->premask;
+		p->first_chunk = w->first_chunk;
+		p->started_ms = fb_now_ms();
+		p->ended_ms = 0;
+		atomic_init(&p->stop, false);
+		if (pthread_create(&p->thread, NULL, premask_main, p) == 0) {
+			p->live = true;
+		}
+		return;
+	}
 	if (w->premask == NULL &&
 	    (w->premask = calloc(1, sizeof(*w->premask))) == NULL) {
 		return; /* the masks are made as the update goes */
@@ -226,6 +248,7 @@ fb_wk_premask_start(fb_wk *w)
 		}
 		p->chunks_cap = chunks;
 	}
+	p->sa = NULL; /* (no reader while the flags reset) */
 	for (uint32_t k = 0; k < chunks; k++) {
 		atomic_init(&p->done[k], 0);
 	}
@@ -272,15 +295,21 @@ fb_wk_premask_stop(fb_wk *w)
 }
 
 void
-fb_wk_premask_drop(fb_wk *w)
+fb_wk_premask_drop_sa(fb_wk *w, const fb_secagg_worker *sa)
 {
 	struct fb_wk_premask *p = w->premask;
 
-	if (p == NULL) {
-		return;
+	if (p == NULL || p->sa == NULL || p->sa != sa) {
+		return; /* another instance's (set up ahead): it stays */
 	}
 	fb_wk_premask_stop(w);
 	p->sa = NULL;
+}
+
+void
+fb_wk_premask_drop(fb_wk *w)
+{
+	fb_wk_premask_drop_sa(w, w->sa);
 }
 
 void
@@ -289,7 +318,8 @@ fb_wk_premask_free(fb_wk *w)
 	if (w->premask == NULL) {
 		return;
 	}
-	fb_wk_premask_drop(w);
+	fb_wk_premask_stop(w);
+	w->premask->sa = NULL;
 	if (w->premask->v != NULL) {
 		fb_wipe(w->premask->v, w->premask->cap * 4);
 	}

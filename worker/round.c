@@ -474,6 +474,7 @@ fb_wk_on_round_start(fb_wk *w, const fb_msg *m)
 		    fb_wk_phase_name(w->phase), w->round);
 	}
 	fb_wk_round_leave(w);
+	fb_wk_sa_ahead_check(w, m);
 	if (!round_start_usable(w, m)) {
 		fb_log_warn("round %u: malformed round start ignored",
 		    m->u.round_start.round);

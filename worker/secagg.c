@@ -109,13 +109,22 @@ sa_send(fb_wk *w, fb_secagg_phase phase, uint32_t count, const void *data,
 	m.u.secagg.round = w->sa_round;
 	m.u.secagg.phase = phase;
 	m.u.secagg.count = count;
+	m.u.secagg.ahead = w->in_ahead;
 	return fb_wk_send_ctl(w, &m, data, len);
 }
 
-/* Leaves the round: secure aggregation cannot go on for us. */
+/* Leaves the round: secure aggregation cannot go on for us. For the
+ * next round's instance set up ahead (in w->sa for the moment), only that
+ * setup is left: the round it is for has not begun. */
 static void
 sa_abandon(fb_wk *w, const char *why)
 {
+	if (w->in_ahead) {
+		fb_log_warn("round %u (set up ahead): %s; leaving that setup",
+		    w->sa_round, why);
+		w->sa_phase = FB_WK_SA_OFF; /* freed once swapped back */
+		return;
+	}
 	fb_log_warn("round %u: %s; leaving the round", w->sa_round, why);
 	fb_wk_round_fail(w, w->sa_round, why);
 }
@@ -198,8 +207,10 @@ sa_check(fb_wk *w, const fb_msg *m)
 	return FB_OK;
 }
 
-fb_err
-fb_wk_sa_start(fb_wk *w, const fb_msg *m)
+/* Starts round `round`'s instance from its parameters (RoundStart's
+ * secure-aggregation fields) in w->sa and sends our advert. */
+static fb_err
+sa_start_round(fb_wk *w, uint32_t round, const fb_msg *m)
 {
 	fb_secagg_params p;
 	uint8_t adv[FB_SECAGG_ADV_LEN];
@@ -207,7 +218,7 @@ fb_wk_sa_start(fb_wk *w, const fb_msg *m)
 	                                                  : 4 * FB_SECAGG_EXTRA;
 	fb_err rc;
 
-	w->sa_round = w->round;
+	w->sa_round = round;
 	if ((rc = sa_check(w, m)) != FB_OK) {
 		return rc;
 	}
@@ -244,6 +255,176 @@ fb_wk_sa_start(fb_wk *w, const fb_msg *m)
 	w->sa_max_samples = m->u.round_start.sa_max_samples;
 	w->sa_phase = FB_WK_SA_ADVERTISED;
 	return sa_send(w, FB_SA_ADVERT, 1, adv, sizeof(adv));
+}
+
+/* Swaps the instance set up ahead (and its round's fields) with w's. */
+static void
+ahead_swap(fb_wk *w)
+{
+	fb_wk_sa_ahead *a = &w->ahead;
+	fb_secagg_worker *sa = w->sa;
+	uint32_t round = w->sa_round, n = w->sa_n, t = w->sa_t;
+	uint32_t again = w->sa_again;
+	fb_wk_sa_phase ph = w->sa_phase;
+	double weight = w->sa_weight;
+	uint64_t maxs = w->sa_max_samples;
+	fb_secagg_encodings enc = w->enc;
+
+	w->sa = a->sa;
+	w->sa_round = a->round;
+	w->sa_phase = a->phase;
+	w->sa_n = a->n;
+	w->sa_t = a->t;
+	w->sa_again = a->again;
+	w->sa_weight = a->weight;
+	w->sa_max_samples = a->max_samples;
+	w->enc = a->enc;
+	a->sa = sa;
+	a->round = round;
+	a->phase = ph;
+	a->n = n;
+	a->t = t;
+	a->again = again;
+	a->weight = weight;
+	a->max_samples = maxs;
+	a->enc = enc;
+	w->in_ahead = !w->in_ahead;
+}
+
+void
+fb_wk_sa_ahead_free(fb_wk *w)
+{
+	if (w->ahead.sa == NULL) {
+		return;
+	}
+	fb_wk_premask_drop_sa(w, w->ahead.sa);
+	fb_secagg_worker_free(w->ahead.sa);
+	memset(&w->ahead, 0, sizeof(w->ahead));
+}
+
+/* Back from a message of the instance set up ahead: an abandoned setup
+ * is dropped. */
+static void
+ahead_leave(fb_wk *w)
+{
+	ahead_swap(w);
+	if (w->ahead.sa != NULL && w->ahead.phase == FB_WK_SA_OFF) {
+		fb_wk_sa_ahead_free(w);
+	}
+}
+
+/*
+ * The coordinator sets a later round up now (secure_aggregation.
+ * setup_ahead): the same checks and the same fresh keys as at a
+ * RoundStart, and our advert for that round; its PEERS and RELAY come
+ * while the current round runs, and its RoundStart takes the instance.
+ */
+static void
+on_setup(fb_wk *w, const fb_frame *f)
+{
+	const fb_msg *sm = &f->msg;
+	fb_msg rs = {.type = FB_MSG_ROUND_START};
+	uint32_t round = sm->u.secagg.round;
+	fb_err rc;
+
+	if (!w->welcomed || round <= w->round ||
+	    sm->u.secagg.count != 1 ||
+	    fb_sa_setup_unpack(f->payload, f->payload_len, &rs) != FB_OK) {
+		fb_log_warn("malformed or unexpected secure-aggregation setup "
+		            "of round %u (this worker is at round %u): ignored",
+		    round, w->round);
+		return;
+	}
+	rs.u.round_start.round = round;
+	fb_wk_mask_wait(w); /* a batch made ahead reads w->sa */
+	fb_wk_sa_ahead_free(w); /* an older setup: superseded */
+	w->ahead.params = rs;
+	ahead_swap(w);
+	rc = sa_start_round(w, round, &rs);
+	if (rc != FB_OK) {
+		fb_log_warn("round %u (set up ahead): cannot take part: %s",
+		    round, fb_strerror(rc));
+		fb_secagg_worker_free(w->sa);
+		w->sa = NULL;
+		w->sa_phase = FB_WK_SA_OFF;
+	}
+	ahead_leave(w);
+}
+
+/* Whether RoundStart `m` describes the instance set up ahead. */
+static bool
+ahead_matches(const fb_wk *w, const fb_msg *m)
+{
+	const fb_msg *a = &w->ahead.params;
+
+	return w->ahead.sa != NULL && w->ahead.round == m->u.round_start.round &&
+	       w->ahead.phase == FB_WK_SA_MASKING &&
+	       a->u.round_start.sa_slot == m->u.round_start.sa_slot &&
+	       a->u.round_start.sa_n == m->u.round_start.sa_n &&
+	       a->u.round_start.sa_degree == m->u.round_start.sa_degree &&
+	       a->u.round_start.sa_threshold == m->u.round_start.sa_threshold &&
+	       a->u.round_start.sa_ring_bits == m->u.round_start.sa_ring_bits &&
+	       a->u.round_start.sa_clip == m->u.round_start.sa_clip &&
+	       a->u.round_start.sa_max_samples ==
+	           m->u.round_start.sa_max_samples &&
+	       a->u.round_start.sa_a_bound == m->u.round_start.sa_a_bound &&
+	       a->u.round_start.sa_graph_seed.len ==
+	           m->u.round_start.sa_graph_seed.len &&
+	       memcmp(a->u.round_start.sa_graph_seed.b,
+	           m->u.round_start.sa_graph_seed.b,
+	           m->u.round_start.sa_graph_seed.len) == 0;
+}
+
+void
+fb_wk_sa_ahead_check(fb_wk *w, const fb_msg *rs)
+{
+	if (w->ahead.sa == NULL || w->ahead.round > rs->u.round_start.round) {
+		return;
+	}
+	if (rs->u.round_start.secagg && rs->u.round_start.sa_set_up &&
+	    ahead_matches(w, rs)) {
+		return; /* fb_wk_sa_start takes it */
+	}
+	fb_wk_mask_wait(w);
+	fb_wk_sa_ahead_free(w);
+}
+
+void
+fb_wk_sa_ahead_premask(fb_wk *w)
+{
+	if (w->ahead.sa == NULL || w->ahead.phase != FB_WK_SA_MASKING ||
+	    (w->phase != FB_WK_IDLE && w->phase != FB_WK_DONE)) {
+		return;
+	}
+	fb_wk_mask_wait(w);
+	ahead_swap(w);
+	fb_wk_premask_start(w);
+	ahead_swap(w);
+}
+
+fb_err
+fb_wk_sa_start(fb_wk *w, const fb_msg *m)
+{
+	if (!m->u.round_start.sa_set_up) {
+		return sa_start_round(w, w->round, m);
+	}
+	/* its keys and shares went during the round before */
+	w->sa_round = w->round;
+	if (!ahead_matches(w, m)) {
+		fb_log_error("round %u: the coordinator set its secure "
+		             "aggregation up ahead, but this worker holds no "
+		             "finished setup of it",
+		    w->round);
+		return FB_EPROTO;
+	}
+	fb_wk_mask_wait(w);
+	fb_wk_sa_end(w); /* (the round before's, if any is left) */
+	ahead_swap(w);
+	w->in_ahead = false;
+	memset(&w->ahead, 0, sizeof(w->ahead));
+	fb_log_debug("round %u: secure aggregation set up ahead", w->round);
+	fb_wk_premask_start(w); /* what the last round left, or all */
+	return FB_OK;
 }
 
 /* Whether security.peers (if set) lists `pk`. */
@@ -359,6 +540,14 @@ on_relay(fb_wk *w, const fb_frame *f, uint32_t cnt)
 	}
 	w->sa_phase = FB_WK_SA_MASKING;
 	fb_log_clear_error();
+	if (w->in_ahead) {
+		/* the next round's: its mask is made once this round's
+		 * update is up (fb_wk_sa_ahead_premask) */
+		if (w->phase == FB_WK_IDLE || w->phase == FB_WK_DONE) {
+			fb_wk_premask_start(w);
+		}
+		return;
+	}
 	if (w->phase != FB_WK_WAITING) {
 		/* still fetching or training: the mask is made meanwhile */
 		fb_wk_premask_start(w);
@@ -518,6 +707,30 @@ fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
 	const fb_msg *m = &f->msg;
 	uint32_t cnt = m->u.secagg.count;
 
+	if (m->u.secagg.phase == FB_SA_SETUP && m->u.secagg.ahead) {
+		on_setup(w, f);
+		return;
+	}
+	if (m->u.secagg.ahead) {
+		/* of the round set up ahead: never of another instance */
+		if (w->ahead.sa == NULL || m->u.secagg.round != w->ahead.round ||
+		    (m->u.secagg.phase != FB_SA_PEERS &&
+		        m->u.secagg.phase != FB_SA_RELAY)) {
+			fb_log_debug("dropped a secure-aggregation step %u of "
+			             "round %u set up ahead: no such setup here",
+			    m->u.secagg.phase, m->u.secagg.round);
+			return;
+		}
+		fb_wk_mask_wait(w); /* a batch made ahead reads w->sa */
+		ahead_swap(w);
+		if (m->u.secagg.phase == FB_SA_PEERS) {
+			on_peers(w, f, cnt);
+		} else {
+			on_relay(w, f, cnt);
+		}
+		ahead_leave(w);
+		return;
+	}
 	if (w->sa == NULL || m->u.secagg.round != w->sa_round) {
 		/* secure async: the unmasking of an earlier task's cohort */
 		for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {

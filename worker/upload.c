@@ -700,6 +700,7 @@ fb_wk_upload_pump(fb_wk *w, uint32_t budget)
 	}
 	fb_log_debug("round %u: update sent (%u chunks)", w->round, u->chunks);
 	fb_wk_upload_drop(w);
+	fb_wk_sa_ahead_premask(w); /* the next round's mask, if set up */
 out:
 	if (rc != FB_OK && rc != FB_EAGAIN) {
 		char why[128];

@@ -85,6 +85,7 @@ fb_wk_fini(fb_wk *w)
 	fb_wk_premask_free(w);
 	fb_wk_outbox_clear(w);
 	fb_wk_sa_end(w);
+	fb_wk_sa_ahead_free(w);
 	fb_wk_sa_held_free(w);
 	fb_trainer_close(w->trainer);
 	fb_model_close(w->model);

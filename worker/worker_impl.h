@@ -84,6 +84,23 @@ typedef enum fb_wk_sa_phase {
 
 typedef struct fb_wk fb_wk;
 
+/*
+ * The next round's secure aggregation, set up ahead (FB_SA_SETUP) while
+ * the current round runs: its instance and the per-round fields that go
+ * with it, swapped with w's own while one of its messages is handled
+ * (secagg.c), and taken as the round's at its RoundStart.
+ */
+typedef struct fb_wk_sa_ahead {
+	fb_secagg_worker *sa; /* NULL: none */
+	uint32_t round;
+	fb_wk_sa_phase phase;
+	uint32_t n, t, again;
+	double weight;
+	uint64_t max_samples;
+	fb_secagg_encodings enc;
+	fb_msg params; /* the setup's SecAggRound, as RoundStart fields */
+} fb_wk_sa_ahead;
+
 /* A secure-aggregation instance kept after its task (secure async). */
 #define FB_WK_SA_HELD 4
 typedef struct fb_wk_sa_held {
@@ -293,6 +310,8 @@ struct fb_wk {
 	fb_wk_sa_held sa_held[FB_WK_SA_HELD];
 	uint32_t sa_held_next;
 	bool sa_swapped; /* a held instance is in w->sa for a moment */
+	fb_wk_sa_ahead ahead; /* the next round's, set up ahead */
+	bool in_ahead;   /* the ahead instance is in w->sa for a moment */
 	uint32_t sa_n;
 	uint32_t sa_again;       /* times asked for the masked input again */
 	uint32_t sa_t;    /* the round's threshold */
@@ -548,6 +567,8 @@ void fb_wk_upload_drop(fb_wk *w);
 void fb_wk_premask_start(fb_wk *w);
 void fb_wk_premask_stop(fb_wk *w);
 void fb_wk_premask_drop(fb_wk *w);
+/* fb_wk_premask_drop_sa is fb_wk_premask_drop for instance `sa`. */
+void fb_wk_premask_drop_sa(fb_wk *w, const fb_secagg_worker *sa);
 void fb_wk_premask_free(fb_wk *w);
 
 /*
@@ -574,6 +595,15 @@ void fb_wk_sa_end(fb_wk *w);
 void fb_wk_sa_hold(fb_wk *w);
 /* fb_wk_sa_held_free wipes every held instance. */
 void fb_wk_sa_held_free(fb_wk *w);
+/* fb_wk_sa_ahead_free wipes the next round's instance set up ahead. */
+void fb_wk_sa_ahead_free(fb_wk *w);
+/* fb_wk_sa_ahead_check, at a RoundStart: an instance set up ahead for
+ * this round or an earlier one that the RoundStart does not take is
+ * dropped. */
+void fb_wk_sa_ahead_check(fb_wk *w, const fb_msg *rs);
+/* fb_wk_sa_ahead_premask: the current round's update is up, so the
+ * mask of the round set up ahead (its shares in) is made now. */
+void fb_wk_sa_ahead_premask(fb_wk *w);
 
 void fb_wk_on_secagg(fb_wk *w, const fb_frame *f);
 

@@ -14,7 +14,9 @@
 #     than the threshold is aborted with a clear message, the model
 #     unchanged, and the next round (the workers killed after their
 #     shares back in, under new keys: no public key repeats in any round)
-#     equals the plain weighted average of all five.
+#     equals the plain weighted average of all five. Part 3's rounds set
+#     up in the round, which its kills are timed by; secagg_ahead.sh has
+#     the same dropouts in rounds set up during the round before.
 # SECAGG_DEVICE=cuda (tests/gpu/run-mask, on a GPU host): the workers of
 # part 1 train and mask on their GPU, and say so in their logs;
 # SECAGG_DATA: their Fashion-MNIST folder (default: Debian's).
@@ -115,6 +117,7 @@ fi
 port=$(free_port)
 OUT=$T/drop
 SA_YAML="  threshold: 3
+  setup_ahead: false
 " coord_yaml "$port" "$OUT" "  rounds: 4
   min_workers: 5
   local_steps: 30

@@ -115,11 +115,13 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		m->u.round_start.sa_clip = 0.125;
 		m->u.round_start.sa_max_samples = 1ULL << 40;
 		m->u.round_start.sa_a_bound = 1234.5;
+		m->u.round_start.sa_set_up = true;
 		break;
 	case FB_MSG_SECAGG:
 		m->u.secagg.round = 9;
-		m->u.secagg.phase = FB_SA_REVEAL;
+		m->u.secagg.phase = FB_SA_SETUP;
 		m->u.secagg.count = 70000;
+		m->u.secagg.ahead = true;
 		break;
 	case FB_MSG_MODEL_FETCH:
 		m->u.model_fetch.round = 3;
@@ -1972,7 +1974,56 @@ test_secagg_payload_sealed(void **state)
 	fb_session_free(cs);
 }
 
+/*
+ * A SETUP's payload carries RoundStart's secure-aggregation fields as a
+ * SecAggRound: they come back as they went (set_up is RoundStart's own,
+ * never a setup's); garbage, a seed over 32 bytes and an oversized
+ * payload are refused.
+ */
+static void
+test_sa_setup_payload(void **state)
+{
+	fb_msg rs, back;
+	uint8_t buf[FB_SA_SETUP_MAX], big[FB_SA_SETUP_MAX + 1];
+	size_t len = 0;
+
+	(void)state;
+	memset(&rs, 0, sizeof(rs));
+	memset(&back, 0, sizeof(back));
+	sample_msg(FB_MSG_ROUND_START, &rs);
+	assert_int_equal(fb_sa_setup_pack(&rs, buf, sizeof(buf), &len), FB_OK);
+	assert_int_equal(fb_sa_setup_pack(&rs, buf, 8, &len), FB_ERANGE);
+	assert_int_equal(fb_sa_setup_pack(&rs, buf, sizeof(buf), &len), FB_OK);
+	assert_int_equal(fb_sa_setup_unpack(buf, len, &back), FB_OK);
+	assert_true(back.u.round_start.secagg);
+	assert_false(back.u.round_start.sa_set_up);
+	assert_int_equal(back.u.round_start.sa_slot, 4);
+	assert_int_equal(back.u.round_start.sa_n, 128);
+	assert_int_equal(back.u.round_start.sa_degree, 22);
+	assert_int_equal(back.u.round_start.sa_threshold, 12);
+	assert_int_equal(back.u.round_start.sa_graph_seed.len, 32);
+	assert_memory_equal(back.u.round_start.sa_graph_seed.b,
+	    rs.u.round_start.sa_graph_seed.b, 32);
+	assert_int_equal(back.u.round_start.sa_ring_bits, 24);
+	assert_true(back.u.round_start.sa_clip == 0.125);
+	assert_int_equal(back.u.round_start.sa_max_samples, 1ULL << 40);
+	assert_true(back.u.round_start.sa_a_bound == 1234.5);
+	/* not a SecAggRound */
+	memset(buf, 0xff, sizeof(buf));
+	assert_int_equal(fb_sa_setup_unpack(buf, 40, &back), FB_EPROTO);
+	/* a graph seed of 33 bytes */
+	rs.u.round_start.sa_graph_seed.len = 33;
+	assert_int_equal(fb_sa_setup_pack(&rs, buf, sizeof(buf), &len), FB_OK);
+	assert_int_equal(fb_sa_setup_unpack(buf, len, &back), FB_EPROTO);
+	/* longer than any setup */
+	memset(big, 0, sizeof(big));
+	assert_int_equal(fb_sa_setup_unpack(big, sizeof(big), &back),
+	    FB_EPROTO);
+}
+
 FB_TESTS = {
+    {"a setup's payload: RoundStart's SecAgg fields, and nothing else",
+        test_sa_setup_payload},
 	{"an update's evaluation metrics are bounded in count and name",
 	    test_update_begin_metrics_bounded},
     {"every message type survives pack and unpack with all fields",

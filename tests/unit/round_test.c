@@ -373,12 +373,16 @@ write_config(const setup *s, char *path, size_t cap)
 	           "  liveness_timeout: 5s\n  send_timeout: 3s\n%s"
 	           "security:\n  enabled: %s\n"
 	           "secure_aggregation:\n  enabled: %s\n  setup_timeout: 4s\n"
-	           "  unmask_timeout: 4s\n  max_samples: 1000\n  clip: 4\n%s",
+	           "  unmask_timeout: 4s\n  max_samples: 1000\n  clip: 4\n%s%s",
 	    t.dir, PARAMS, s->workers, s->extra ? s->extra : "",
 	    s->agg_extra ? s->agg_extra : "", CHUNK_BYTES,
 	    s->tr_extra ? s->tr_extra : "", s->secure ? "true" : "false",
 	    s->secure ? "true" : "false",
-	    s->sa_extra ? s->sa_extra : "");
+	    s->sa_extra ? s->sa_extra : "",
+	    /* rounds set up in the round, unless a test sets them up ahead */
+	    s->sa_extra != NULL && strstr(s->sa_extra, "setup_ahead") != NULL
+	        ? ""
+	        : "  setup_ahead: false\n");
 	fclose(f);
 }
 
@@ -1453,6 +1457,348 @@ test_secure_round_phases(void **state)
 	/* 3 workers, clip 4: within the encoding's bound on the weighted
 	 * sum (3 / 2^27) over the weight sum 0.6, and float rounding */
 	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	bench_stop();
+}
+
+/* ---- secure_aggregation.setup_ahead -------------------------------------- */
+
+/* The fake's instance of the round set up ahead: made from its SETUP,
+ * kept apart until that round's RoundStart takes it (ahead_install). */
+static struct {
+	fb_secagg_worker *sa;
+	fb_secagg_encodings enc;
+	uint32_t n, round, slot;
+	fb_msg params;
+} ahead_fw[MAXW];
+
+/* The next SecAgg message to worker i: of `phase`, flagged ahead. */
+static const sent *
+next_sa_ahead(uint32_t i, fb_secagg_phase phase)
+{
+	const sent *s = next_to(i, FB_MSG_SECAGG);
+
+	assert_non_null(s);
+	assert_int_equal(s->m.u.secagg.phase, phase);
+	assert_true(s->m.u.secagg.ahead);
+	return s;
+}
+
+static void
+send_secagg_ahead(uint32_t i, fb_secagg_phase ph, uint32_t count,
+    const void *data, size_t len)
+{
+	fb_msg m = {.type = FB_MSG_SECAGG};
+	m.u.secagg.round = ahead_fw[i].round;
+	m.u.secagg.phase = ph;
+	m.u.secagg.count = count;
+	m.u.secagg.ahead = true;
+	deliver(i, &m, data, len);
+}
+
+/* SETUP in: fresh keys for that round, the advert out (flagged ahead). */
+static void
+ahead_advertise(uint32_t i)
+{
+	const sent *s = next_sa_ahead(i, FB_SA_SETUP);
+	fb_msg *rs = &ahead_fw[i].params;
+	fb_secagg_params p;
+	uint8_t adv[FB_SECAGG_ADV_LEN];
+
+	memset(rs, 0, sizeof(*rs));
+	assert_int_equal(fb_sa_setup_unpack(s->payload, s->len, rs), FB_OK);
+	ahead_fw[i].round = s->m.u.secagg.round;
+	ahead_fw[i].slot = rs->u.round_start.sa_slot;
+	memset(&p, 0, sizeof(p));
+	p.run = t.c->run;
+	p.round = ahead_fw[i].round;
+	p.n = rs->u.round_start.sa_n;
+	p.degree = rs->u.round_start.sa_degree;
+	p.threshold = rs->u.round_start.sa_threshold;
+	memcpy(p.graph_seed, rs->u.round_start.sa_graph_seed.b, 32);
+	fb_secagg_worker_free(ahead_fw[i].sa);
+	assert_int_equal(fb_secagg_worker_alloc(&p, ahead_fw[i].slot,
+	                     &ahead_fw[i].sa),
+	    FB_OK);
+	assert_int_equal(fb_secagg_encodings_init(&ahead_fw[i].enc,
+	                     rs->u.round_start.sa_ring_bits, p.n,
+	                     rs->u.round_start.sa_clip,
+	                     rs->u.round_start.sa_a_bound),
+	    FB_OK);
+	ahead_fw[i].n = p.n;
+	assert_int_equal(fb_secagg_worker_advertise(ahead_fw[i].sa,
+	                     t.fw[i].id, adv),
+	    FB_OK);
+	send_secagg_ahead(i, FB_SA_ADVERT, 1, adv, sizeof(adv));
+}
+
+/* The neighbours' adverts of that round in, its shares out. */
+static void
+ahead_share(uint32_t i)
+{
+	const sent *s = next_sa_ahead(i, FB_SA_PEERS);
+	uint8_t out[MAXW * FB_SECAGG_SHARE_MSG_LEN];
+	size_t out_len = 0;
+
+	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
+		const uint8_t *e = s->payload + (size_t)k * FB_SECAGG_PEER_ENTRY_LEN;
+		fb_pubkey pk;
+		memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
+		assert_int_equal(fb_secagg_worker_add_advert(ahead_fw[i].sa, &pk,
+		                     e + 4 + FB_PUBKEY_LEN, FB_SECAGG_ADV_LEN),
+		    FB_OK);
+	}
+	assert_int_equal(fb_secagg_worker_make_shares(ahead_fw[i].sa, out,
+	                     sizeof(out), &out_len),
+	    FB_OK);
+	send_secagg_ahead(i, FB_SA_SHARES,
+	    (uint32_t)(out_len / FB_SECAGG_SHARE_MSG_LEN), out, out_len);
+}
+
+/* The shares addressed to it in: that round's masks fixed. */
+static void
+ahead_take_shares(uint32_t i)
+{
+	const sent *s = next_sa_ahead(i, FB_SA_RELAY);
+
+	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
+		assert_int_equal(fb_secagg_worker_add_share(ahead_fw[i].sa,
+		                     s->payload + (size_t)k * FB_SECAGG_SHARE_MSG_LEN,
+		                     FB_SECAGG_SHARE_MSG_LEN),
+		    FB_OK);
+	}
+	assert_int_equal(fb_secagg_worker_mask_begin(ahead_fw[i].sa), FB_OK);
+}
+
+/* The next round's setup, ahead, for the workers in `who`. */
+static void
+ahead_setup(uint32_t who)
+{
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			ahead_advertise(i);
+		}
+	}
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			ahead_share(i);
+		}
+	}
+	for (uint32_t i = 0; i < t.n; i++) {
+		if (who & (1u << i)) {
+			ahead_take_shares(i);
+		}
+	}
+}
+
+/* That round's RoundStart: it says the setup was made ahead, with the
+ * very parameters of the SETUP, and the fake masks with that instance. */
+static void
+ahead_install(uint32_t i)
+{
+	const fb_msg *rs = take_round_start(i);
+	const fb_msg *a = &ahead_fw[i].params;
+
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, ahead_fw[i].round);
+	assert_true(rs->u.round_start.secagg);
+	assert_true(rs->u.round_start.sa_set_up);
+	assert_int_equal(rs->u.round_start.sa_slot, ahead_fw[i].slot);
+	assert_int_equal(rs->u.round_start.sa_n, a->u.round_start.sa_n);
+	assert_int_equal(rs->u.round_start.sa_threshold,
+	    a->u.round_start.sa_threshold);
+	assert_memory_equal(rs->u.round_start.sa_graph_seed.b,
+	    a->u.round_start.sa_graph_seed.b, 32);
+	fb_secagg_worker_free(t.fw[i].sa);
+	t.fw[i].sa = ahead_fw[i].sa;
+	t.fw[i].enc = ahead_fw[i].enc;
+	t.fw[i].sa_n = ahead_fw[i].n;
+	ahead_fw[i].sa = NULL;
+}
+
+static void
+ahead_free(void)
+{
+	for (uint32_t i = 0; i < MAXW; i++) {
+		fb_secagg_worker_free(ahead_fw[i].sa);
+		memset(&ahead_fw[i], 0, sizeof(ahead_fw[i]));
+	}
+}
+
+/*
+ * secure_aggregation.setup_ahead: once round 1's own setup is done, round
+ * 2 is set up among the three workers (SETUP, adverts, shares: all
+ * flagged ahead, all bound to round 2) while round 1 goes on and commits;
+ * round 2's RoundStart says so, it takes no advert, its masked inputs
+ * stream in at once, and it commits their weighted average. Its metrics
+ * line says the setup was made ahead; round 1's says it was not.
+ */
+static void
+test_secure_round_set_up_ahead(void **state)
+{
+	char line[8192];
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  setup_ahead: true\n"});
+	admit_all();
+	assert_phase(PHASE_TRAIN);
+	assert_int_equal(t.c->sa_ahead.phase, SA_OFF);
+	sa_setup(7);
+	/* round 1's setup done: round 2's begins */
+	assert_int_equal(t.c->sa_ahead.phase, SA_ADVERTS);
+	assert_int_equal(t.c->sa_ahead.p.round, 2);
+	ahead_setup(7);
+	assert_int_equal(t.c->sa_ahead.phase, SA_INPUT);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_UNMASK);
+	sa_fake_unmask(7);
+	assert_int_equal(t.c->rd.committed, 1);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"set_up_ahead\": false"));
+	/* round 2: taken as it was set up */
+	assert_phase(PHASE_TRAIN);
+	assert_int_equal(t.c->rd.number, 2);
+	assert_true(t.c->rd.set_up_ahead);
+	assert_int_equal(t.c->sa->phase, SA_INPUT);
+	memcpy(t.start, t.c->params, sizeof(t.start));
+	for (uint32_t i = 0; i < 3; i++) {
+		ahead_install(i);
+	}
+	/* round 3's setup goes on beside it */
+	assert_int_equal(t.c->sa_ahead.p.round, 3);
+	ahead_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		/* neighbours' adverts: round 1's, 2's and 3's, none of them
+		 * in round 2 itself */
+		assert_int_equal(count_sa(i, FB_SA_PEERS), 3);
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_UNMASK);
+	sa_fake_unmask(7);
+	assert_int_equal(t.c->rd.committed, 2);
+	assert_true(fedavg_error(7, 1.0) < 1e-6);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"set_up_ahead\": true"));
+	assert_non_null(strstr(line, "\"included\": 3"));
+	ahead_free();
+	bench_stop();
+}
+
+/*
+ * A worker lost after its shares for round 2 went out, before round 2
+ * begins: round 2 is still taken as set up (every live worker is in it)
+ * and the lost one is its dropout, its masks recovered from the others'
+ * shares; the round commits the average of the other two. A worker that
+ * comes back in a new session is out of the setup it made in its old
+ * one, so round 3 sets up in the round, with all three.
+ */
+static void
+test_secure_ahead_dropout_and_return(void **state)
+{
+	char line[8192];
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  threshold: 2\n  setup_ahead: true\n"});
+	admit_all();
+	sa_setup(7);
+	ahead_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	sa_fake_unmask(7);
+	assert_int_equal(t.c->rd.committed, 1);
+	/* round 2 began at once, set up ahead; worker 2 is lost in it */
+	assert_int_equal(t.c->rd.number, 2);
+	assert_true(t.c->rd.set_up_ahead);
+	memcpy(t.start, t.c->params, sizeof(t.start));
+	for (uint32_t i = 0; i < 3; i++) {
+		ahead_install(i);
+	}
+	/* round 3's setup starts among the three; worker 2 is lost before
+	 * its advert, so the other two go on without it */
+	assert_int_equal(t.c->sa_ahead.p.round, 3);
+	registry_forget(t.c, &t.c->reg.workers[2], "test: lost");
+	ahead_setup(3);
+	assert_int_equal(t.c->sa_ahead.phase, SA_INPUT);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_phase(PHASE_UNMASK);
+	sa_fake_unmask(3);
+	assert_int_equal(t.c->rd.committed, 2);
+	assert_true(fedavg_error(3, 1.0) < 1e-3);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"set_up_ahead\": true"));
+	assert_non_null(strstr(line, "\"included\": 2"));
+	/* worker 2 is back in a new session: round 3 sets up afresh */
+	hello_on(2, 0x5e55, 2);
+	advance(10);
+	while (t.c->rd.phase == PHASE_IDLE && t.c->rd.number == 3) {
+		advance(100);
+	}
+	assert_int_equal(t.c->rd.number, 3);
+	assert_false(t.c->rd.set_up_ahead);
+	assert_int_equal(t.c->sa->phase, SA_ADVERTS);
+	ahead_free();
+	bench_stop();
+}
+
+/*
+ * Round 1 ends while round 2's setup still waits for worker 2's shares:
+ * the coordinator waits for it (no fresh setup, no round started) and
+ * begins round 2, taking it as set up, the moment those shares are in.
+ */
+static void
+test_secure_round_waits_for_its_setup(void **state)
+{
+	uint8_t late[MAXW * FB_SECAGG_SHARE_MSG_LEN];
+	size_t late_len = 0;
+	const sent *s;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  setup_ahead: true\n"});
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		ahead_advertise(i);
+	}
+	ahead_share(0);
+	ahead_share(1);
+	/* worker 2 takes its neighbours' adverts; its shares wait */
+	s = next_sa_ahead(2, FB_SA_PEERS);
+	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
+		const uint8_t *e = s->payload + (size_t)k * FB_SECAGG_PEER_ENTRY_LEN;
+		fb_pubkey pk;
+		memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
+		assert_int_equal(fb_secagg_worker_add_advert(ahead_fw[2].sa, &pk,
+		                     e + 4 + FB_PUBKEY_LEN, FB_SECAGG_ADV_LEN),
+		    FB_OK);
+	}
+	assert_int_equal(fb_secagg_worker_make_shares(ahead_fw[2].sa, late,
+	                     sizeof(late), &late_len),
+	    FB_OK);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	sa_fake_unmask(7);
+	assert_int_equal(t.c->rd.committed, 1);
+	advance(200);
+	assert_phase(PHASE_IDLE);
+	assert_int_equal(t.c->rd.number, 2);
+	assert_int_equal(t.c->sa_ahead.phase, SA_SHARES);
+	assert_int_equal(count_to(0, FB_MSG_ROUND_START), 1);
+	/* the shares come: round 2 begins, set up ahead */
+	send_secagg_ahead(2, FB_SA_SHARES,
+	    (uint32_t)(late_len / FB_SECAGG_SHARE_MSG_LEN), late, late_len);
+	assert_phase(PHASE_TRAIN);
+	assert_true(t.c->rd.set_up_ahead);
+	assert_int_equal(t.c->sa->phase, SA_INPUT);
+	for (uint32_t i = 0; i < 3; i++) {
+		ahead_take_shares(i);
+		ahead_install(i);
+	}
+	ahead_free();
 	bench_stop();
 }
 
@@ -3357,6 +3703,12 @@ FB_TESTS = {
     {"plain FedNova steps by the library's tau_eff", test_fednova_plain_scale},
     {"a secure round passes prepare, train, unmask, aggregate, record",
         test_secure_round_phases},
+    {"secure: round 2 set up during round 1 is taken as it was set up",
+        test_secure_round_set_up_ahead},
+    {"secure: a dropout of a round set up ahead; a worker back sets up anew",
+        test_secure_ahead_dropout_and_return},
+    {"secure: the next round waits for its setup under way, then takes it",
+        test_secure_round_waits_for_its_setup},
     {"a secure round with the job thread commits the same model",
         test_secure_round_with_job_thread},
     {"model chunks sealed on fetch are the bytes the trailer signs",

@@ -2252,6 +2252,134 @@ test_secagg_whole_mask_made_ahead(void **state)
 }
 
 /*
+ * secure_aggregation.setup_ahead, the worker's side. During round 5 (its
+ * update up) the coordinator sets round 6 up: the worker answers the
+ * SETUP with a fresh advert for round 6, flagged ahead, and the flagged
+ * PEERS and RELAY with its shares and its masks, while round 5's instance
+ * stays as it was. Round 6's RoundStart (sa_set_up) takes that instance:
+ * no advert goes in the round, the trained update goes up at once, and
+ * each chunk is exactly the masked input of that instance. A RoundStart
+ * that says set up ahead where no setup was finished fails the round,
+ * saying so; flagged steps of a setup it does not hold are dropped.
+ */
+static void
+test_secagg_set_up_ahead(void **state)
+{
+	static uint32_t got[NCHUNK + 1][CHUNK / 4];
+	fix *x = fix_new(true);
+	fb_msg rs5, rs6, m;
+	uint8_t setup[FB_SA_SETUP_MAX], entry[FB_SECAGG_PEER_ENTRY_LEN];
+	uint8_t out[4 * FB_SECAGG_SHARE_MSG_LEN];
+	const fb_secagg_worker *round5;
+	size_t len = 0, out_len = 0, at;
+	sent *adv, *sh, *f;
+
+	secure_join(x);
+	rs5 = sa_round_msg(x, 5);
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs5, NULL, 0), FB_OK);
+	sa_exchange_adverts(x, 5);
+	serve_model(x);
+	train_done(x, FB_OK);
+	sa_exchange_shares(x, 5);
+	while (x->w.phase == FB_WK_UPLOADING) {
+		writable(x);
+	}
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	round5 = x->w.sa;
+	/* round 6's setup (its peer is a fresh slot-1 instance of round 6) */
+	rs6 = sa_round_msg(x, 6);
+	assert_int_equal(fb_sa_setup_pack(&rs6, setup, sizeof(setup), &len),
+	    FB_OK);
+	m = sa_msg(6, FB_SA_SETUP, 1);
+	m.u.secagg.ahead = true;
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &m, setup, len), FB_OK);
+	adv = find_sa(x, 6, FB_SA_ADVERT);
+	assert_non_null(adv);
+	assert_true(adv->msg.u.secagg.ahead);
+	assert_true(x->w.sa == round5 && x->w.sa_round == 5);
+	assert_non_null(x->w.ahead.sa);
+	assert_int_equal(x->w.ahead.phase, FB_WK_SA_ADVERTISED);
+	/* its adverts: flagged ahead, for round 6 */
+	assert_int_equal(fb_secagg_worker_add_advert(x->peer, &x->wpk,
+	                     adv->payload, adv->len),
+	    FB_OK);
+	memset(entry, 0, sizeof(entry));
+	entry[0] = 1;
+	memcpy(entry + 4, x->ppk.b, FB_PUBKEY_LEN);
+	assert_int_equal(fb_secagg_worker_advertise(x->peer, x->pid,
+	                     entry + 4 + FB_PUBKEY_LEN),
+	    FB_OK);
+	m = sa_msg(6, FB_SA_PEERS, 1);
+	m.u.secagg.ahead = true;
+	assert_int_equal(deliver_sealed(x, &m, entry, sizeof(entry)), FB_OK);
+	sh = find_sa(x, 6, FB_SA_SHARES);
+	assert_non_null(sh);
+	assert_true(sh->msg.u.secagg.ahead);
+	assert_int_equal(x->w.ahead.phase, FB_WK_SA_SHARED);
+	/* the peer's shares back, flagged: round 6's masks fixed */
+	assert_int_equal(fb_secagg_worker_make_shares(x->peer, out, sizeof(out),
+	                     &out_len),
+	    FB_OK);
+	assert_int_equal(
+	    fb_secagg_worker_add_share(x->peer, sh->payload, sh->len), FB_OK);
+	m = sa_msg(6, FB_SA_RELAY, 1);
+	m.u.secagg.ahead = true;
+	assert_int_equal(deliver_sealed(x, &m, out, out_len), FB_OK);
+	assert_int_equal(x->w.ahead.phase, FB_WK_SA_MASKING);
+	assert_true(x->w.sa == round5 && x->w.phase == FB_WK_IDLE);
+	/* round 6 begins, set up ahead: no advert in the round */
+	rs6.u.round_start.sa_set_up = true;
+	x->served = x->nlog;
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs6, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), 0);
+	assert_int_equal(x->w.sa_round, 6);
+	assert_int_equal(x->w.sa_phase, FB_WK_SA_MASKING);
+	assert_null(x->w.ahead.sa);
+	serve_model(x);
+	train_done(x, FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	at = x->nlog;
+	while (x->w.phase == FB_WK_UPLOADING) {
+		writable(x);
+	}
+	sa_upload_plain(x, at, got);
+	fb_wk_premask_drop(&x->w);
+	for (uint32_t k = 0; k <= NCHUNK; k++) {
+		uint32_t want[CHUNK / 4];
+		uint64_t off = k < NCHUNK ? (uint64_t)k * (CHUNK / 4) : P;
+		uint64_t n = k == NCHUNK ? FB_SECAGG_EXTRA
+		    : k + 1 == NCHUNK    ? LAST_LEN / 4
+		                         : CHUNK / 4;
+		uint64_t clipped = 0;
+		assert_int_equal(fb_wk_sa_encode_chunk(&x->w, x->w.local, off, n,
+		                     x->w.stats.loss_mean, &clipped, NULL, NULL,
+		                     want),
+		    FB_OK);
+		assert_memory_equal(got[k], want, n * 4);
+	}
+	/* flagged PEERS of a setup it does not hold: dropped */
+	at = x->nlog;
+	m = sa_msg(8, FB_SA_PEERS, 1);
+	m.u.secagg.ahead = true;
+	assert_int_equal(deliver_sealed(x, &m, entry, sizeof(entry)), FB_OK);
+	assert_int_equal(x->nlog, at);
+	/* round 7 claims a setup made ahead that this worker never made */
+	rs6 = sa_round_msg(x, 7);
+	rs6.u.round_start.sa_set_up = true;
+	x->served = x->nlog;
+	at = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs6, NULL, 0), FB_OK);
+	f = find(x, FB_MSG_ROUND_FAILED, at);
+	assert_non_null(f);
+	assert_int_equal(f->msg.u.round_failed.round, 7);
+	assert_non_null(strstr(f->msg.u.round_failed.reason, "up ahead"));
+	fix_free(x);
+}
+
+/*
  * Asked for its masked input again (the coordinator's sum started again:
  * secure_aggregation.max_uploads 0), the worker sends it anew in a new
  * stream: the same plaintext chunk for chunk, the extras too, under a new
@@ -2875,6 +3003,8 @@ FB_TESTS = {
         test_secagg_masks_made_ahead},
     {"the whole mask made ahead while training: the same masked input",
         test_secagg_whole_mask_made_ahead},
+    {"a round set up during the one before: its instance, no advert",
+        test_secagg_set_up_ahead},
     {"asked again, the masked input goes up anew: the same bytes",
         test_secagg_input_sent_again},
     {"a full queue keeps secure-aggregation messages in order",
