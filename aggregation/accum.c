@@ -150,16 +150,8 @@ fb_accum_chunk_len(const fb_accum *a, uint32_t chunk)
  * device host's Xeon added 2.8 GB/s on one thread with the SSE2 build,
  * less than one ZeroMQ stream brings; on our 2-CPU AMD EPYC build machine,
  * AVX-512F adds 25-35% over AVX2 (about 10 vs 8 GB/s of floats).
- * Not under ThreadSanitizer: its runtime is not up yet when the dynamic
- * loader runs the resolvers.
+ * (FB_KERNEL_CLONES, aggregation_impl.h.)
  */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define FB_KERNEL_CLONES \
-	__attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FB_KERNEL_CLONES
-#endif
 
 /*
  * encode_one clamps f to [-clip, clip] and rounds f * k half away from

@@ -15,6 +15,21 @@
 
 #include "aggregation/aggregation.h"
 
+/*
+ * FB_KERNEL_CLONES: the loops every update goes through (accum.c's adds,
+ * encode.c's encoder) are also built for AVX-512F and AVX2 on x86-64, the
+ * best picked when the program starts (glibc's ifunc). Not under
+ * ThreadSanitizer: its runtime is not up yet when the dynamic loader runs
+ * the resolvers.
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
+#define FB_KERNEL_CLONES \
+	__attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FB_KERNEL_CLONES
+#endif
+
 struct fb_accum {
 	uint64_t count;
 	uint64_t chunk_elems;

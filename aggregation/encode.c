@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "aggregation/aggregation.h"
+#include "aggregation/aggregation_impl.h"
 
 /* Relative slack for the double arithmetic of w * x * S + u. */
 #define FP_MARGIN 0x1p-40
@@ -147,13 +148,6 @@ ring_mask(const fb_encoding *e)
  * so every build gives the same words (tests/unit/secagg_test.c checks
  * them against one coordinate at a time).
  */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define FB_KERNEL_CLONES \
-	__attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FB_KERNEL_CLONES
-#endif
 
 /*
  * encode_one clamps c, and rounds c * ws stochastically: t = c * ws + u

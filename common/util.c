@@ -142,22 +142,38 @@ fb_stop_on_signals(void)
 	return &stop_flag;
 }
 
-uint64_t
-fb_peak_rss_bytes(void)
+/* The "NAME: N kB" line of a /proc file, in bytes; 0 without one. */
+static uint64_t
+proc_kb(const char *path, const char *name)
 {
 	char line[256];
 	unsigned long long kb = 0;
-	FILE *f = fopen("/proc/self/status", "r");
+	size_t n = strlen(name);
+	FILE *f = fopen(path, "r");
+
 	if (f == NULL) {
 		return 0;
 	}
 	while (fgets(line, sizeof(line), f) != NULL) {
-		if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) {
+		if (strncmp(line, name, n) == 0 && line[n] == ':' &&
+		    sscanf(line + n + 1, "%llu", &kb) == 1) {
 			break;
 		}
 	}
 	fclose(f);
 	return (uint64_t)kb * 1024;
+}
+
+uint64_t
+fb_peak_rss_bytes(void)
+{
+	return proc_kb("/proc/self/status", "VmHWM");
+}
+
+uint64_t
+fb_mem_available_bytes(void)
+{
+	return proc_kb("/proc/meminfo", "MemAvailable");
 }
 
 fb_err

@@ -47,6 +47,8 @@ volatile sig_atomic_t *fb_stop_on_signals(void);
 
 /* fb_peak_rss_bytes returns this process's peak resident set (VmHWM). */
 uint64_t fb_peak_rss_bytes(void);
+/* fb_mem_available_bytes returns the host's MemAvailable (0: unknown). */
+uint64_t fb_mem_available_bytes(void);
 
 /*
  * fb_file_write_atomic writes `len` bytes from up to `n` pieces to `path`

@@ -67,6 +67,23 @@ blob_to_pb(const fb_blob *b)
 	return d;
 }
 
+/* RoundStart m's secure-aggregation fields as a SecAggRound (set_up
+ * left false); its seed points into m. */
+static void
+sar_from_msg(const fb_msg *m, Fedbox__SecAggRound *sar)
+{
+	fedbox__sec_agg_round__init(sar);
+	sar->slot = m->u.round_start.sa_slot;
+	sar->n = m->u.round_start.sa_n;
+	sar->degree = m->u.round_start.sa_degree;
+	sar->threshold = m->u.round_start.sa_threshold;
+	sar->graph_seed = blob_to_pb(&m->u.round_start.sa_graph_seed);
+	sar->ring_bits = m->u.round_start.sa_ring_bits;
+	sar->clip = m->u.round_start.sa_clip;
+	sar->max_samples = m->u.round_start.sa_max_samples;
+	sar->a_bound = m->u.round_start.sa_a_bound;
+}
+
 static bool
 blob_from_pb(fb_blob *b, ProtobufCBinaryData d)
 {
@@ -189,16 +206,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		rs.model_round = m->u.round_start.model_round;
 		rs.evaluate_only = m->u.round_start.evaluate_only;
 		if (m->u.round_start.secagg) {
-			fedbox__sec_agg_round__init(&sar);
-			sar.slot = m->u.round_start.sa_slot;
-			sar.n = m->u.round_start.sa_n;
-			sar.degree = m->u.round_start.sa_degree;
-			sar.threshold = m->u.round_start.sa_threshold;
-			sar.graph_seed = blob_to_pb(&m->u.round_start.sa_graph_seed);
-			sar.ring_bits = m->u.round_start.sa_ring_bits;
-			sar.clip = m->u.round_start.sa_clip;
-			sar.max_samples = m->u.round_start.sa_max_samples;
-			sar.a_bound = m->u.round_start.sa_a_bound;
+			sar_from_msg(m, &sar);
 			sar.set_up = m->u.round_start.sa_set_up;
 			rs.secagg = &sar;
 		}
@@ -676,16 +684,7 @@ fb_sa_setup_pack(const fb_msg *rs, uint8_t *buf, size_t cap, size_t *len)
 {
 	Fedbox__SecAggRound sar;
 
-	fedbox__sec_agg_round__init(&sar);
-	sar.slot = rs->u.round_start.sa_slot;
-	sar.n = rs->u.round_start.sa_n;
-	sar.degree = rs->u.round_start.sa_degree;
-	sar.threshold = rs->u.round_start.sa_threshold;
-	sar.graph_seed = blob_to_pb(&rs->u.round_start.sa_graph_seed);
-	sar.ring_bits = rs->u.round_start.sa_ring_bits;
-	sar.clip = rs->u.round_start.sa_clip;
-	sar.max_samples = rs->u.round_start.sa_max_samples;
-	sar.a_bound = rs->u.round_start.sa_a_bound;
+	sar_from_msg(rs, &sar);
 	if (fedbox__sec_agg_round__get_packed_size(&sar) > cap) {
 		return FB_ERANGE;
 	}

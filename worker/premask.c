@@ -141,26 +141,6 @@ premask_main(void *arg)
 	return NULL;
 }
 
-/* MemAvailable from /proc/meminfo, in bytes; 0 when it cannot be read. */
-static uint64_t
-mem_available(void)
-{
-	char line[256];
-	unsigned long long kb = 0;
-	FILE *f = fopen("/proc/meminfo", "r");
-
-	if (f == NULL) {
-		return 0;
-	}
-	while (fgets(line, sizeof(line), f) != NULL) {
-		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-			break;
-		}
-	}
-	fclose(f);
-	return (uint64_t)kb * 1024;
-}
-
 /* Whether this round's masks are made ahead: the config's answer, and for
  * auto, whether the vector fits and no GPU makes the masks anyway. */
 static bool
@@ -182,7 +162,7 @@ premask_wanted(fb_wk *w, uint64_t bytes)
 	if (w->premask != NULL && w->premask->v != NULL) {
 		return true; /* allocated already: it fitted */
 	}
-	avail = mem_available();
+	avail = fb_mem_available_bytes();
 	if (avail == 0 || bytes > avail / PREMASK_AUTO_SHARE) {
 		if (!w->premask_noted) {
 			fb_log_info("secure aggregation: masks made as the "
