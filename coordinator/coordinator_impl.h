@@ -951,9 +951,6 @@ void sa_note_included(coord *c, uint32_t slot);
  * drops it (false: the round sets up as before).
  */
 void sa_ahead_step(coord *c, int64_t now);
-/* sa_ahead_forget: w was (re)admitted; a slot it had in the setup made
- * ahead is its old session's, so it is out of that setup. */
-void sa_ahead_forget(coord *c, worker *w);
 bool sa_ahead_adopt(coord *c, int64_t now);
 /* sa_ahead_pending: the round about to begin is being set up ahead (its
  * adverts or shares still come). */

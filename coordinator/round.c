@@ -419,8 +419,6 @@ round_rejoin(coord *c, worker *w, int64_t now)
 	wslot slot = registry_slot(c, w);
 	uint32_t s;
 
-	/* a new session: whatever it set up ahead is gone with the old one */
-	sa_ahead_forget(c, w);
 	if (c->cfg->mode == FB_MODE_ASYNC) {
 		return; /* free again: the next task is its way back */
 	}

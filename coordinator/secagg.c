@@ -1009,16 +1009,14 @@ ahead_start(coord *c, int64_t now)
 	for (uint32_t s = 0; s < n; s++) {
 		worker *w = &c->reg.workers[cand[s]];
 		fb_msg m = {.type = FB_MSG_ROUND_START};
-		uint32_t own = w->sa_slot;
 		size_t len = 0;
 
 		sa->slot_worker[s] = cand[s];
 		sa->slot_id[s] = w->id;
 		sa->slot_session[s] = w->session;
 		w->ahead_slot = s;
-		w->sa_slot = s;
 		sa_round_start(c, w, &m);
-		w->sa_slot = own;
+		m.u.round_start.sa_slot = s; /* its slot in this instance */
 		if (fb_sa_setup_pack(&m, payload, sizeof(payload), &len) !=
 		        FB_OK ||
 		    sa_send(c, w, FB_SA_SETUP, 1, payload, len) != FB_OK) {
@@ -1077,25 +1075,12 @@ sa_ahead_next_timer(const coord *c, int64_t now, int64_t next)
 	return next;
 }
 
-void
-sa_ahead_forget(coord *c, worker *w)
-{
-	uint32_t slot = 0;
-
-	if (c->sa_ahead.phase != SA_OFF && ahead_member(c, w, &slot) &&
-	    !(c->sa_ahead.flags[slot] & SA_F_OUT)) {
-		fb_log_debug("round %u (set up ahead): %s is back in a new "
-		             "session; out of that setup",
-		    c->sa_ahead.p.round, w->name);
-		c->sa_ahead.flags[slot] |= SA_F_OUT;
-	}
-}
-
 /*
  * Taken only when it covers every live worker: each a member whose shares
- * went out. A worker that joined or came back since, or that left the
- * setup, would otherwise sit the round out; then the round sets up as
- * before, with everyone.
+ * went out, in the session it set up in (one that came back since has a
+ * new session and none of that setup). A worker that joined or came back
+ * since, or that left the setup, would otherwise sit the round out; then
+ * the round sets up as before, with everyone.
  */
 bool
 sa_ahead_adopt(coord *c, int64_t now)

@@ -178,36 +178,13 @@ premask_wanted(fb_wk *w, uint64_t bytes)
 	return true;
 }
 
-void
-fb_wk_premask_start(fb_wk *w)
+/* Makes p's vector and flags fit w's model; false when out of memory. */
+static bool
+premask_fit(fb_wk *w, struct fb_wk_premask *p)
 {
-	struct fb_wk_premask *p;
 	uint64_t cap = w->param_count + FB_SECAGG_EXTRA;
 	uint32_t chunks = w->chunk_count + 1;
 
-	if (w->sa == NULL || w->sa_phase != FB_WK_SA_MASKING ||
-	    !premask_wanted(w, cap * 4)) {
-		return;
-	}
-	fb_wk_premask_stop(w); /* one at a time: another round's stops */
-	if (w->premask != NULL && w->premask->sa == w->sa &&
-	    w->premask->round == w->sa_round && w->premask->rc == FB_OK) {
-		/* stopped midway: go on with the chunks not made */
-		p = w->premask;
-		p->first_chunk = w->first_chunk;
-		p->started_ms = fb_now_ms();
-		p->ended_ms = 0;
-		atomic_init(&p->stop, false);
-		if (pthread_create(&p->thread, NULL, premask_main, p) == 0) {
-			p->live = true;
-		}
-		return;
-	}
-	if (w->premask == NULL &&
-	    (w->premask = calloc(1, sizeof(*w->premask))) == NULL) {
-		return; /* the masks are made as the update goes */
-	}
-	p = w->premask;
 	if (p->cap != cap) {
 		fb_free(p->v);
 		p->cap = 0;
@@ -216,7 +193,7 @@ fb_wk_premask_start(fb_wk *w)
 			            "ahead (%.1f MiB); they are made as the update "
 			            "goes up",
 			    w->sa_round, (double)(cap * 4) / 1048576.0);
-			return;
+			return false;
 		}
 		p->cap = cap;
 	}
@@ -224,31 +201,55 @@ fb_wk_premask_start(fb_wk *w)
 		free(p->done);
 		p->chunks_cap = 0;
 		if ((p->done = malloc(chunks * sizeof(*p->done))) == NULL) {
-			return;
+			return false;
 		}
 		p->chunks_cap = chunks;
 	}
-	p->sa = NULL; /* (no reader while the flags reset) */
-	for (uint32_t k = 0; k < chunks; k++) {
-		atomic_init(&p->done[k], 0);
+	return true;
+}
+
+void
+fb_wk_premask_start(fb_wk *w)
+{
+	struct fb_wk_premask *p;
+
+	if (w->sa == NULL || w->sa_phase != FB_WK_SA_MASKING ||
+	    !premask_wanted(w, (w->param_count + FB_SECAGG_EXTRA) * 4)) {
+		return;
 	}
-	p->sa = w->sa;
-	p->round = w->sa_round;
-	p->pool = w->pool;
+	fb_wk_premask_stop(w); /* one at a time: another round's stops */
+	if (w->premask == NULL &&
+	    (w->premask = calloc(1, sizeof(*w->premask))) == NULL) {
+		return; /* the masks are made as the update goes */
+	}
+	p = w->premask;
+	if (p->sa != w->sa || p->round != w->sa_round || p->rc != FB_OK) {
+		/* a new instance (else one stopped midway: the chunks not
+		 * made yet are made now) */
+		p->sa = NULL; /* (no reader while the flags reset) */
+		if (!premask_fit(w, p)) {
+			return;
+		}
+		for (uint32_t k = 0; k <= w->chunk_count; k++) {
+			atomic_init(&p->done[k], 0);
+		}
+		p->sa = w->sa;
+		p->round = w->sa_round;
+		p->pool = w->pool;
+		p->chunk_count = w->chunk_count;
+		p->chunk_bytes = w->chunk_bytes;
+		p->param_count = w->param_count;
+		p->rc = FB_OK;
+		atomic_init(&p->made, 0);
+	}
+	if (atomic_load(&p->made) == p->chunk_count + 1) {
+		return; /* all made */
+	}
 	p->first_chunk = w->first_chunk;
-	p->chunk_count = w->chunk_count;
-	p->chunk_bytes = w->chunk_bytes;
-	p->param_count = w->param_count;
-	p->rc = FB_OK;
-	atomic_init(&p->made, 0);
 	p->started_ms = fb_now_ms();
 	p->ended_ms = 0;
 	atomic_init(&p->stop, false);
-	if (pthread_create(&p->thread, NULL, premask_main, p) != 0) {
-		p->sa = NULL;
-		return;
-	}
-	p->live = true;
+	p->live = pthread_create(&p->thread, NULL, premask_main, p) == 0;
 }
 
 void

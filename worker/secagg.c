@@ -25,6 +25,25 @@
 #include "common/util.h"
 #include "worker/worker_impl.h"
 
+/* Exchanges the instance (and its round's fields) kept in `o` with w's. */
+static void
+sa_swap(fb_wk *w, fb_wk_sa_state *o)
+{
+	fb_wk_sa_state mine = {w->sa, w->sa_round, w->sa_phase, w->sa_n,
+	    w->sa_t, w->sa_again, w->sa_weight, w->sa_max_samples, w->enc};
+
+	w->sa = o->sa;
+	w->sa_round = o->round;
+	w->sa_phase = o->phase;
+	w->sa_n = o->n;
+	w->sa_t = o->t;
+	w->sa_again = o->again;
+	w->sa_weight = o->weight;
+	w->sa_max_samples = o->max_samples;
+	w->enc = o->enc;
+	*o = mine;
+}
+
 void
 fb_wk_sa_end(fb_wk *w)
 {
@@ -41,7 +60,7 @@ fb_wk_sa_end(fb_wk *w)
 void
 fb_wk_sa_hold(fb_wk *w)
 {
-	fb_wk_sa_held *h = &w->sa_held[w->sa_held_next];
+	fb_wk_sa_state *h = &w->sa_held[w->sa_held_next];
 
 	if (w->sa == NULL || w->phase != FB_WK_IDLE ||
 	    (w->sa_phase != FB_WK_SA_MASKING &&
@@ -53,21 +72,16 @@ fb_wk_sa_hold(fb_wk *w)
 	for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {
 		/* one instance a round: an older one of the same round (a
 		 * coordinator that restarted) is stale */
-		fb_wk_sa_held *o = &w->sa_held[i];
+		fb_wk_sa_state *o = &w->sa_held[i];
 		if (o->sa != NULL && o->round == w->sa_round) {
 			fb_secagg_worker_free(o->sa);
 			memset(o, 0, sizeof(*o));
 		}
 	}
 	fb_secagg_worker_free(h->sa); /* the oldest: its cohort is long done */
-	h->sa = w->sa;
-	h->round = w->sa_round;
-	h->phase = w->sa_phase;
-	h->n = w->sa_n;
-	h->t = w->sa_t;
+	memset(h, 0, sizeof(*h));
+	sa_swap(w, h); /* it is held; w has none */
 	w->sa_held_next = (w->sa_held_next + 1) % FB_WK_SA_HELD;
-	w->sa = NULL;
-	w->sa_phase = FB_WK_SA_OFF;
 }
 
 void
@@ -77,27 +91,6 @@ fb_wk_sa_held_free(fb_wk *w)
 		fb_secagg_worker_free(w->sa_held[i].sa);
 		memset(&w->sa_held[i], 0, sizeof(w->sa_held[i]));
 	}
-}
-
-/* Swaps held instance h with the current one (w->sa and its round). */
-static void
-sa_swap(fb_wk *w, fb_wk_sa_held *h)
-{
-	fb_secagg_worker *sa = w->sa;
-	uint32_t round = w->sa_round, n = w->sa_n, t = w->sa_t;
-	fb_wk_sa_phase ph = w->sa_phase;
-
-	w->sa = h->sa;
-	w->sa_round = h->round;
-	w->sa_phase = h->phase;
-	w->sa_n = h->n;
-	w->sa_t = h->t;
-	h->sa = sa;
-	h->round = round;
-	h->phase = ph;
-	h->n = n;
-	h->t = t;
-	w->sa_swapped = !w->sa_swapped;
 }
 
 static fb_err
@@ -257,48 +250,30 @@ sa_start_round(fb_wk *w, uint32_t round, const fb_msg *m)
 	return sa_send(w, FB_SA_ADVERT, 1, adv, sizeof(adv));
 }
 
-/* Swaps the instance set up ahead (and its round's fields) with w's. */
+/* Swaps held instance h with w's, and back. */
+static void
+held_swap(fb_wk *w, fb_wk_sa_state *h)
+{
+	sa_swap(w, h);
+	w->sa_swapped = !w->sa_swapped;
+}
+
+/* Swaps the instance set up ahead with w's, and back. */
 static void
 ahead_swap(fb_wk *w)
 {
-	fb_wk_sa_ahead *a = &w->ahead;
-	fb_secagg_worker *sa = w->sa;
-	uint32_t round = w->sa_round, n = w->sa_n, t = w->sa_t;
-	uint32_t again = w->sa_again;
-	fb_wk_sa_phase ph = w->sa_phase;
-	double weight = w->sa_weight;
-	uint64_t maxs = w->sa_max_samples;
-	fb_secagg_encodings enc = w->enc;
-
-	w->sa = a->sa;
-	w->sa_round = a->round;
-	w->sa_phase = a->phase;
-	w->sa_n = a->n;
-	w->sa_t = a->t;
-	w->sa_again = a->again;
-	w->sa_weight = a->weight;
-	w->sa_max_samples = a->max_samples;
-	w->enc = a->enc;
-	a->sa = sa;
-	a->round = round;
-	a->phase = ph;
-	a->n = n;
-	a->t = t;
-	a->again = again;
-	a->weight = weight;
-	a->max_samples = maxs;
-	a->enc = enc;
+	sa_swap(w, &w->ahead.st);
 	w->in_ahead = !w->in_ahead;
 }
 
 void
 fb_wk_sa_ahead_free(fb_wk *w)
 {
-	if (w->ahead.sa == NULL) {
+	if (w->ahead.st.sa == NULL) {
 		return;
 	}
-	fb_wk_premask_drop_sa(w, w->ahead.sa);
-	fb_secagg_worker_free(w->ahead.sa);
+	fb_wk_premask_drop_sa(w, w->ahead.st.sa);
+	fb_secagg_worker_free(w->ahead.st.sa);
 	memset(&w->ahead, 0, sizeof(w->ahead));
 }
 
@@ -308,7 +283,7 @@ static void
 ahead_leave(fb_wk *w)
 {
 	ahead_swap(w);
-	if (w->ahead.sa != NULL && w->ahead.phase == FB_WK_SA_OFF) {
+	if (w->ahead.st.sa != NULL && w->ahead.st.phase == FB_WK_SA_OFF) {
 		fb_wk_sa_ahead_free(w);
 	}
 }
@@ -357,8 +332,8 @@ ahead_matches(const fb_wk *w, const fb_msg *m)
 {
 	const fb_msg *a = &w->ahead.params;
 
-	return w->ahead.sa != NULL && w->ahead.round == m->u.round_start.round &&
-	       w->ahead.phase == FB_WK_SA_MASKING &&
+	return w->ahead.st.sa != NULL && w->ahead.st.round == m->u.round_start.round &&
+	       w->ahead.st.phase == FB_WK_SA_MASKING &&
 	       a->u.round_start.sa_slot == m->u.round_start.sa_slot &&
 	       a->u.round_start.sa_n == m->u.round_start.sa_n &&
 	       a->u.round_start.sa_degree == m->u.round_start.sa_degree &&
@@ -378,7 +353,7 @@ ahead_matches(const fb_wk *w, const fb_msg *m)
 void
 fb_wk_sa_ahead_check(fb_wk *w, const fb_msg *rs)
 {
-	if (w->ahead.sa == NULL || w->ahead.round > rs->u.round_start.round) {
+	if (w->ahead.st.sa == NULL || w->ahead.st.round > rs->u.round_start.round) {
 		return;
 	}
 	if (rs->u.round_start.secagg && rs->u.round_start.sa_set_up &&
@@ -392,7 +367,7 @@ fb_wk_sa_ahead_check(fb_wk *w, const fb_msg *rs)
 void
 fb_wk_sa_ahead_premask(fb_wk *w)
 {
-	if (w->ahead.sa == NULL || w->ahead.phase != FB_WK_SA_MASKING ||
+	if (w->ahead.st.sa == NULL || w->ahead.st.phase != FB_WK_SA_MASKING ||
 	    (w->phase != FB_WK_IDLE && w->phase != FB_WK_DONE)) {
 		return;
 	}
@@ -713,7 +688,7 @@ fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
 	}
 	if (m->u.secagg.ahead) {
 		/* of the round set up ahead: never of another instance */
-		if (w->ahead.sa == NULL || m->u.secagg.round != w->ahead.round ||
+		if (w->ahead.st.sa == NULL || m->u.secagg.round != w->ahead.st.round ||
 		    (m->u.secagg.phase != FB_SA_PEERS &&
 		        m->u.secagg.phase != FB_SA_RELAY)) {
 			fb_log_debug("dropped a secure-aggregation step %u of "
@@ -734,21 +709,21 @@ fb_wk_on_secagg(fb_wk *w, const fb_frame *f)
 	if (w->sa == NULL || m->u.secagg.round != w->sa_round) {
 		/* secure async: the unmasking of an earlier task's cohort */
 		for (uint32_t i = 0; i < FB_WK_SA_HELD; i++) {
-			fb_wk_sa_held *h = &w->sa_held[i];
+			fb_wk_sa_state *h = &w->sa_held[i];
 			if (h->sa == NULL || h->round != m->u.secagg.round ||
 			    (m->u.secagg.phase != FB_SA_INCLUDED &&
 			        m->u.secagg.phase != FB_SA_CONFIRMS)) {
 				continue;
 			}
 			fb_wk_mask_wait(w); /* a batch made ahead reads w->sa */
-			sa_swap(w, h);
+			held_swap(w, h);
 			if (m->u.secagg.phase == FB_SA_INCLUDED) {
 				on_included(w, f, cnt);
-				sa_swap(w, h);
+				held_swap(w, h);
 				return;
 			}
 			on_confirms(w, f, cnt);
-			sa_swap(w, h);
+			held_swap(w, h);
 			/* revealed (or refused): its secrets are done with */
 			fb_secagg_worker_free(h->sa);
 			memset(h, 0, sizeof(*h));

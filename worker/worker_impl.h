@@ -85,12 +85,13 @@ typedef enum fb_wk_sa_phase {
 typedef struct fb_wk fb_wk;
 
 /*
- * The next round's secure aggregation, set up ahead (FB_SA_SETUP) while
- * the current round runs: its instance and the per-round fields that go
- * with it, swapped with w's own while one of its messages is handled
- * (secagg.c), and taken as the round's at its RoundStart.
+ * A secure-aggregation instance and the per-round fields that go with it,
+ * kept apart from w's own (w->sa, its sa_* fields and w->enc): a secure
+ * async task's, held for its cohort's unmasking, or the next round's, set
+ * up ahead. secagg.c's sa_swap exchanges one with w's while one of its
+ * messages is handled.
  */
-typedef struct fb_wk_sa_ahead {
+typedef struct fb_wk_sa_state {
 	fb_secagg_worker *sa; /* NULL: none */
 	uint32_t round;
 	fb_wk_sa_phase phase;
@@ -98,17 +99,17 @@ typedef struct fb_wk_sa_ahead {
 	double weight;
 	uint64_t max_samples;
 	fb_secagg_encodings enc;
+} fb_wk_sa_state;
+
+/* Instances kept after their task (secure async). */
+#define FB_WK_SA_HELD 4
+
+/* The next round's, set up ahead (FB_SA_SETUP) while the current round
+ * runs, and taken as the round's at its RoundStart. */
+typedef struct fb_wk_sa_ahead {
+	fb_wk_sa_state st;
 	fb_msg params; /* the setup's SecAggRound, as RoundStart fields */
 } fb_wk_sa_ahead;
-
-/* A secure-aggregation instance kept after its task (secure async). */
-#define FB_WK_SA_HELD 4
-typedef struct fb_wk_sa_held {
-	fb_secagg_worker *sa; /* NULL: free */
-	uint32_t round;
-	fb_wk_sa_phase phase;
-	uint32_t n, t;
-} fb_wk_sa_held;
 
 /*
  * The operations the state machine uses. None may call back into the
@@ -307,7 +308,7 @@ struct fb_wk {
 	/* secure async: the instances of earlier tasks whose masked input
 	 * went up, held for their cohort's unmasking while the next task
 	 * runs (oldest replaced first) */
-	fb_wk_sa_held sa_held[FB_WK_SA_HELD];
+	fb_wk_sa_state sa_held[FB_WK_SA_HELD];
 	uint32_t sa_held_next;
 	bool sa_swapped; /* a held instance is in w->sa for a moment */
 	fb_wk_sa_ahead ahead; /* the next round's, set up ahead */

@@ -201,3 +201,52 @@ for line in open(sys.argv[1]):
         break
 PYEOF
 }
+
+# ---- secure aggregation with dropouts (secagg.sh part 3, secagg_ahead.sh) ----
+# secagg_drop_coordinator PORT OUT [SA-LINES]: 5 workers, threshold 3 (and
+# SA-LINES), 4 rounds of an MLP with 64 hidden units, the log at debug;
+# started. secagg_drop_worker PORT INDEX THROTTLE [TAG]: worker INDEX of 5
+# ("wINDEXTAG"), its updates dumped to $T/dump/wINDEX, its log at debug;
+# its PID in WP[INDEX].
+secagg_drop_coordinator() {
+	SA_YAML="  threshold: 3
+${3:-}" coord_yaml "$1" "$2" "  rounds: 4
+  min_workers: 5
+  local_steps: 30
+  batch_size: 64
+  lr: 0.05
+  deadline: 60s
+  wait_for_workers: 30s" >"$T/c.yaml"
+	sed -i 's/^  hidden: \[32\]/  hidden: [64]/' "$T/c.yaml"
+	echo "log_level: debug" >>"$T/c.yaml"
+	start_coordinator "$T/c.yaml"
+}
+
+secagg_drop_worker() {
+	local y=$T/w$2${4:-}.yaml
+	worker_yaml "$1" "$2" 5 "  throttle: $3" >"$y"
+	printf 'debug:\n  dump_updates: %s\n' "$T/dump/w$2" >>"$y"
+	echo "log_level: debug" >>"$y"
+	mkdir -p "$T/dump/w$2"
+	start_worker "$y" "w$2${4:-}"
+	WP[$2]=$WPID
+}
+
+# secagg_keys LOG ROUND: that round's "c_pk X.., s_pk Y.." in a worker's log.
+secagg_keys() {
+	sed -n "s/.*round $2: secure-aggregation keys of this round: //p" "$1"
+}
+
+# secagg_no_key_repeats MIN: the workers' logs ($T/w[0-4]*.log) hold at
+# least MIN public keys, and none comes back in another round or for
+# another worker: every round is a fresh key agreement.
+secagg_no_key_repeats() {
+	local all dup
+	all=$(cat "$T"/w[0-4].log "$T"/w[0-4]b.log |
+		sed -n 's/.*secure-aggregation keys of this round: //p' |
+		tr ',' '\n' | sed 's/^ *//')
+	[ "$(echo "$all" | wc -l)" -ge "$1" ] ||
+		fail "too few key records: $(echo "$all" | wc -l)"
+	dup=$(echo "$all" | sort | uniq -d)
+	[ -z "$dup" ] || fail "a public key came back: $dup"
+}

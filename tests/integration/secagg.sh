@@ -116,27 +116,9 @@ fi
 # ---- 3: dropouts with SIGKILL, and a round below the threshold ------------
 port=$(free_port)
 OUT=$T/drop
-SA_YAML="  threshold: 3
-  setup_ahead: false
-" coord_yaml "$port" "$OUT" "  rounds: 4
-  min_workers: 5
-  local_steps: 30
-  batch_size: 64
-  lr: 0.05
-  deadline: 60s
-  wait_for_workers: 30s" >"$T/c.yaml"
-sed -i 's/^  hidden: \[32\]/  hidden: [64]/' "$T/c.yaml"
-echo "log_level: debug" >>"$T/c.yaml"
-declare -A WP
-start_w() { # INDEX THROTTLE [TAG]
-	worker_yaml "$port" "$1" 5 "  throttle: $2" >"$T/w$1${3:-}.yaml"
-	printf 'debug:\n  dump_updates: %s\n' "$T/dump/w$1" >>"$T/w$1${3:-}.yaml"
-	echo "log_level: debug" >>"$T/w$1${3:-}.yaml"
-	mkdir -p "$T/dump/w$1"
-	start_worker "$T/w$1${3:-}.yaml" "w$1${3:-}"
-	WP[$1]=$WPID
-}
-start_coordinator "$T/c.yaml"
+secagg_drop_coordinator "$port" "$OUT" "  setup_ahead: false
+"
+start_w() { secagg_drop_worker "$port" "$@"; } # INDEX THROTTLE [TAG]
 start_w 0 100 # A: slow, killed after share distribution, before its input
 start_w 1 1   # B: fast, killed after its input, before unmasking
 for i in 2 3 4; do start_w "$i" 60; done
@@ -195,19 +177,10 @@ PYEOF
 	fail "round 4 is not the weighted average of the 5 updates"
 # No public key of any worker comes back in another round or for another
 # worker: every round is a fresh key agreement.
-keys() { # LOG ROUND: the round's "c_pk X.., s_pk Y.." of that log
-	sed -n "s/.*round $2: secure-aggregation keys of this round: //p" "$1"
-}
-k2=$(keys "$T/w0.log" 2)
-k4=$(keys "$T/w0b.log" 4)
+k2=$(secagg_keys "$T/w0.log" 2)
+k4=$(secagg_keys "$T/w0b.log" 4)
 [ -n "$k2" ] && [ -n "$k4" ] || fail "no key record of w0 in rounds 2 and 4"
 [ "$k2" != "$k4" ] || fail "w0 came back in round 4 with its round-2 keys"
-all=$(cat "$T"/w[0-4].log "$T"/w[0-4]b.log |
-	sed -n 's/.*secure-aggregation keys of this round: //p' |
-	tr ',' '\n' | sed 's/^ *//')
-[ "$(echo "$all" | wc -l)" -ge 30 ] ||
-	fail "too few key records: $(echo "$all" | wc -l)"
-dup=$(echo "$all" | sort | uniq -d)
-[ -z "$dup" ] || fail "a public key came back: $dup"
+secagg_no_key_repeats 30
 echo "round 4: w0 back under new keys, the average of all 5; no key repeats"
 echo PASS

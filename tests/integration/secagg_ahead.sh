@@ -21,26 +21,8 @@ source tests/integration/lib.sh
 CHECK=("$PY" "$ROOT/tests/tools/secagg_check.py")
 port=$(free_port)
 OUT=$T/drop
-SA_YAML="  threshold: 3
-" coord_yaml "$port" "$OUT" "  rounds: 4
-  min_workers: 5
-  local_steps: 30
-  batch_size: 64
-  lr: 0.05
-  deadline: 60s
-  wait_for_workers: 30s" >"$T/c.yaml"
-sed -i 's/^  hidden: \[32\]/  hidden: [64]/' "$T/c.yaml"
-echo "log_level: debug" >>"$T/c.yaml"
-declare -A WP
-start_w() { # INDEX THROTTLE [TAG]
-	worker_yaml "$port" "$1" 5 "  throttle: $2" >"$T/w$1${3:-}.yaml"
-	printf 'debug:\n  dump_updates: %s\n' "$T/dump/w$1" >>"$T/w$1${3:-}.yaml"
-	echo "log_level: debug" >>"$T/w$1${3:-}.yaml"
-	mkdir -p "$T/dump/w$1"
-	start_worker "$T/w$1${3:-}.yaml" "w$1${3:-}"
-	WP[$1]=$WPID
-}
-start_coordinator "$T/c.yaml"
+secagg_drop_coordinator "$port" "$OUT"
+start_w() { secagg_drop_worker "$port" "$@"; } # INDEX THROTTLE [TAG]
 start_w 0 100 # slow: killed in round 2 before its masked input
 start_w 1 1   # fast: killed after its round-2 input, before unmasking
 for i in 2 3 4; do start_w "$i" 60; done
@@ -104,20 +86,11 @@ PYEOF
 "${CHECK[@]}" average "$OUT/model.safetensors" "$T/m3.safetensors" --round 4 \
 	--n 5 --dump "$T/dump/w0,$T/dump/w1,$T/dump/w2,$T/dump/w3,$T/dump/w4" ||
 	fail "round 4 is not the weighted average of the 5 updates"
-keys() { # LOG ROUND: the round's "c_pk X.., s_pk Y.." of that log
-	sed -n "s/.*round $2: secure-aggregation keys of this round: //p" "$1"
-}
-k2=$(keys "$T/w0.log" 2)
-k3=$(keys "$T/w0b.log" 3)
-k4=$(keys "$T/w0b.log" 4)
+k2=$(secagg_keys "$T/w0.log" 2)
+k3=$(secagg_keys "$T/w0b.log" 3)
+k4=$(secagg_keys "$T/w0b.log" 4)
 [ -n "$k2" ] && [ -n "$k3" ] && [ -n "$k4" ] ||
 	fail "no key record of w0 in rounds 2, 3 and 4"
-all=$(cat "$T"/w[0-4].log "$T"/w[0-4]b.log |
-	sed -n 's/.*secure-aggregation keys of this round: //p' |
-	tr ',' '\n' | sed 's/^ *//')
-[ "$(echo "$all" | wc -l)" -ge 30 ] ||
-	fail "too few key records: $(echo "$all" | wc -l)"
-dup=$(echo "$all" | sort | uniq -d)
-[ -z "$dup" ] || fail "a public key came back: $dup"
+secagg_no_key_repeats 30
 echo "round 4: the average of all 5; w0 back under new keys; no key repeats"
 echo PASS

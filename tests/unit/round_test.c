@@ -486,22 +486,76 @@ take_round_start(uint32_t i)
 	return &s->m;
 }
 
+/* The ahead setup's instance of each fake worker (see ahead_setup). */
+static struct {
+	fb_secagg_worker *sa;
+	fb_secagg_encodings enc;
+	uint32_t n, round, slot;
+	fb_msg params;
+} ahead_fw[MAXW];
+
+/* One SecAgg instance of fake worker i: its round's own (t.fw[i]), or
+ * the next round's, set up ahead (ahead_fw[i], its steps flagged). */
+typedef struct fake_inst {
+	fb_secagg_worker **sa;
+	fb_secagg_encodings *enc;
+	uint32_t *n;
+	uint32_t round;
+	bool ahead;
+} fake_inst;
+
+static fake_inst
+own_inst(uint32_t i)
+{
+	return (fake_inst){&t.fw[i].sa, &t.fw[i].enc, &t.fw[i].sa_n,
+	    t.fw[i].round, false};
+}
+
+static fake_inst
+ahead_inst(uint32_t i)
+{
+	return (fake_inst){&ahead_fw[i].sa, &ahead_fw[i].enc, &ahead_fw[i].n,
+	    ahead_fw[i].round, true};
+}
+
+static void
+send_sa_as(uint32_t i, fake_inst in, fb_secagg_phase ph, uint32_t count,
+    const void *data, size_t len)
+{
+	fb_msg m = {.type = FB_MSG_SECAGG};
+	m.u.secagg.round = in.round;
+	m.u.secagg.phase = ph;
+	m.u.secagg.count = count;
+	m.u.secagg.ahead = in.ahead;
+	deliver(i, &m, data, len);
+}
+
 static void
 send_secagg(uint32_t i, fb_secagg_phase ph, uint32_t count,
     const void *data, size_t len)
 {
-	fb_msg m = {.type = FB_MSG_SECAGG};
-	m.u.secagg.round = t.fw[i].round;
-	m.u.secagg.phase = ph;
-	m.u.secagg.count = count;
-	deliver(i, &m, data, len);
+	send_sa_as(i, own_inst(i), ph, count, data, len);
 }
 
-/* SecAgg step 1: keys from RoundStart, the signed advert. */
-static void
-sa_advertise(uint32_t i, const fb_msg *rs)
+/* The next SecAgg message to worker i: of `phase`, flagged ahead for an
+ * instance set up ahead. */
+static const sent *
+next_sa_as(uint32_t i, fake_inst in, fb_secagg_phase phase)
 {
-	fake_worker *fw = &t.fw[i];
+	const sent *s = next_to(i, FB_MSG_SECAGG);
+
+	assert_non_null(s);
+	assert_int_equal(s->m.u.secagg.phase, phase);
+	if (in.ahead) {
+		assert_true(s->m.u.secagg.ahead);
+	}
+	return s;
+}
+
+/* SecAgg step 1: keys from the round's parameters, the signed advert. */
+static void
+sa_keys_as(uint32_t i, fake_inst in, const fb_msg *rs)
+{
 	fb_secagg_params p;
 	uint8_t adv[FB_SECAGG_ADV_LEN];
 
@@ -512,63 +566,83 @@ sa_advertise(uint32_t i, const fb_msg *rs)
 	p.degree = rs->u.round_start.sa_degree;
 	p.threshold = rs->u.round_start.sa_threshold;
 	memcpy(p.graph_seed, rs->u.round_start.sa_graph_seed.b, 32);
-	fb_secagg_worker_free(fw->sa);
+	fb_secagg_worker_free(*in.sa);
 	assert_int_equal(fb_secagg_worker_alloc(&p, rs->u.round_start.sa_slot,
-	                     &fw->sa),
+	                     in.sa),
 	    FB_OK);
-	assert_int_equal(fb_secagg_encodings_init(&fw->enc,
+	assert_int_equal(fb_secagg_encodings_init(in.enc,
 	                     rs->u.round_start.sa_ring_bits, p.n,
 	                     rs->u.round_start.sa_clip,
 	                     rs->u.round_start.sa_a_bound),
 	    FB_OK);
-	fw->sa_n = p.n;
-	assert_int_equal(fb_secagg_worker_advertise(fw->sa, fw->id, adv),
+	*in.n = p.n;
+	assert_int_equal(fb_secagg_worker_advertise(*in.sa, t.fw[i].id, adv),
 	    FB_OK);
-	send_secagg(i, FB_SA_ADVERT, 1, adv, sizeof(adv));
+	send_sa_as(i, in, FB_SA_ADVERT, 1, adv, sizeof(adv));
 }
 
-/* SecAgg step 2: neighbours' adverts in, shares out. */
+/* SecAgg step 2 up to the send: the neighbours' adverts in, the shares
+ * made into out (cap bytes, *len written). */
 static void
-sa_share(uint32_t i)
+sa_peers_in(uint32_t i, fake_inst in, uint8_t *out, size_t cap, size_t *len)
 {
-	fake_worker *fw = &t.fw[i];
-	const sent *s = next_to(i, FB_MSG_SECAGG);
-	uint8_t out[MAXW * FB_SECAGG_SHARE_MSG_LEN];
-	size_t out_len = 0;
+	const sent *s = next_sa_as(i, in, FB_SA_PEERS);
 
-	assert_non_null(s);
-	assert_int_equal(s->m.u.secagg.phase, FB_SA_PEERS);
 	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
 		const uint8_t *e = s->payload + (size_t)k * FB_SECAGG_PEER_ENTRY_LEN;
 		fb_pubkey pk;
 		memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
-		assert_int_equal(fb_secagg_worker_add_advert(fw->sa, &pk,
+		assert_int_equal(fb_secagg_worker_add_advert(*in.sa, &pk,
 		                     e + 4 + FB_PUBKEY_LEN, FB_SECAGG_ADV_LEN),
 		    FB_OK);
 	}
-	assert_int_equal(fb_secagg_worker_make_shares(fw->sa, out, sizeof(out),
-	                     &out_len),
+	assert_int_equal(fb_secagg_worker_make_shares(*in.sa, out, cap, len),
 	    FB_OK);
-	send_secagg(i, FB_SA_SHARES, (uint32_t)(out_len /
-	    FB_SECAGG_SHARE_MSG_LEN), out, out_len);
+}
+
+/* SecAgg step 2: neighbours' adverts in, shares out. */
+static void
+sa_share_as(uint32_t i, fake_inst in)
+{
+	uint8_t out[MAXW * FB_SECAGG_SHARE_MSG_LEN];
+	size_t out_len = 0;
+
+	sa_peers_in(i, in, out, sizeof(out), &out_len);
+	send_sa_as(i, in, FB_SA_SHARES,
+	    (uint32_t)(out_len / FB_SECAGG_SHARE_MSG_LEN), out, out_len);
 }
 
 /* SecAgg step 3: relayed shares in, masks fixed. */
 static void
-sa_take_shares(uint32_t i)
+sa_take_shares_as(uint32_t i, fake_inst in)
 {
-	fake_worker *fw = &t.fw[i];
-	const sent *s = next_to(i, FB_MSG_SECAGG);
+	const sent *s = next_sa_as(i, in, FB_SA_RELAY);
 
-	assert_non_null(s);
-	assert_int_equal(s->m.u.secagg.phase, FB_SA_RELAY);
 	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
-		assert_int_equal(fb_secagg_worker_add_share(fw->sa,
+		assert_int_equal(fb_secagg_worker_add_share(*in.sa,
 		                     s->payload + (size_t)k * FB_SECAGG_SHARE_MSG_LEN,
 		                     FB_SECAGG_SHARE_MSG_LEN),
 		    FB_OK);
 	}
-	assert_int_equal(fb_secagg_worker_mask_begin(fw->sa), FB_OK);
+	assert_int_equal(fb_secagg_worker_mask_begin(*in.sa), FB_OK);
+}
+
+static void
+sa_advertise(uint32_t i, const fb_msg *rs)
+{
+	sa_keys_as(i, own_inst(i), rs);
+}
+
+static void
+sa_share(uint32_t i)
+{
+	sa_share_as(i, own_inst(i));
+}
+
+static void
+sa_take_shares(uint32_t i)
+{
+	sa_take_shares_as(i, own_inst(i));
 }
 
 /* SecAgg step 4: the included set, signed (or, with `other`, a set with
@@ -1462,111 +1536,19 @@ test_secure_round_phases(void **state)
 
 /* ---- secure_aggregation.setup_ahead -------------------------------------- */
 
-/* The fake's instance of the round set up ahead: made from its SETUP,
- * kept apart until that round's RoundStart takes it (ahead_install). */
-static struct {
-	fb_secagg_worker *sa;
-	fb_secagg_encodings enc;
-	uint32_t n, round, slot;
-	fb_msg params;
-} ahead_fw[MAXW];
-
-/* The next SecAgg message to worker i: of `phase`, flagged ahead. */
-static const sent *
-next_sa_ahead(uint32_t i, fb_secagg_phase phase)
-{
-	const sent *s = next_to(i, FB_MSG_SECAGG);
-
-	assert_non_null(s);
-	assert_int_equal(s->m.u.secagg.phase, phase);
-	assert_true(s->m.u.secagg.ahead);
-	return s;
-}
-
-static void
-send_secagg_ahead(uint32_t i, fb_secagg_phase ph, uint32_t count,
-    const void *data, size_t len)
-{
-	fb_msg m = {.type = FB_MSG_SECAGG};
-	m.u.secagg.round = ahead_fw[i].round;
-	m.u.secagg.phase = ph;
-	m.u.secagg.count = count;
-	m.u.secagg.ahead = true;
-	deliver(i, &m, data, len);
-}
-
 /* SETUP in: fresh keys for that round, the advert out (flagged ahead). */
 static void
 ahead_advertise(uint32_t i)
 {
-	const sent *s = next_sa_ahead(i, FB_SA_SETUP);
+	const sent *s = next_sa_as(i, ahead_inst(i), FB_SA_SETUP);
 	fb_msg *rs = &ahead_fw[i].params;
-	fb_secagg_params p;
-	uint8_t adv[FB_SECAGG_ADV_LEN];
 
 	memset(rs, 0, sizeof(*rs));
 	assert_int_equal(fb_sa_setup_unpack(s->payload, s->len, rs), FB_OK);
+	rs->u.round_start.round = s->m.u.secagg.round;
 	ahead_fw[i].round = s->m.u.secagg.round;
 	ahead_fw[i].slot = rs->u.round_start.sa_slot;
-	memset(&p, 0, sizeof(p));
-	p.run = t.c->run;
-	p.round = ahead_fw[i].round;
-	p.n = rs->u.round_start.sa_n;
-	p.degree = rs->u.round_start.sa_degree;
-	p.threshold = rs->u.round_start.sa_threshold;
-	memcpy(p.graph_seed, rs->u.round_start.sa_graph_seed.b, 32);
-	fb_secagg_worker_free(ahead_fw[i].sa);
-	assert_int_equal(fb_secagg_worker_alloc(&p, ahead_fw[i].slot,
-	                     &ahead_fw[i].sa),
-	    FB_OK);
-	assert_int_equal(fb_secagg_encodings_init(&ahead_fw[i].enc,
-	                     rs->u.round_start.sa_ring_bits, p.n,
-	                     rs->u.round_start.sa_clip,
-	                     rs->u.round_start.sa_a_bound),
-	    FB_OK);
-	ahead_fw[i].n = p.n;
-	assert_int_equal(fb_secagg_worker_advertise(ahead_fw[i].sa,
-	                     t.fw[i].id, adv),
-	    FB_OK);
-	send_secagg_ahead(i, FB_SA_ADVERT, 1, adv, sizeof(adv));
-}
-
-/* The neighbours' adverts of that round in, its shares out. */
-static void
-ahead_share(uint32_t i)
-{
-	const sent *s = next_sa_ahead(i, FB_SA_PEERS);
-	uint8_t out[MAXW * FB_SECAGG_SHARE_MSG_LEN];
-	size_t out_len = 0;
-
-	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
-		const uint8_t *e = s->payload + (size_t)k * FB_SECAGG_PEER_ENTRY_LEN;
-		fb_pubkey pk;
-		memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
-		assert_int_equal(fb_secagg_worker_add_advert(ahead_fw[i].sa, &pk,
-		                     e + 4 + FB_PUBKEY_LEN, FB_SECAGG_ADV_LEN),
-		    FB_OK);
-	}
-	assert_int_equal(fb_secagg_worker_make_shares(ahead_fw[i].sa, out,
-	                     sizeof(out), &out_len),
-	    FB_OK);
-	send_secagg_ahead(i, FB_SA_SHARES,
-	    (uint32_t)(out_len / FB_SECAGG_SHARE_MSG_LEN), out, out_len);
-}
-
-/* The shares addressed to it in: that round's masks fixed. */
-static void
-ahead_take_shares(uint32_t i)
-{
-	const sent *s = next_sa_ahead(i, FB_SA_RELAY);
-
-	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
-		assert_int_equal(fb_secagg_worker_add_share(ahead_fw[i].sa,
-		                     s->payload + (size_t)k * FB_SECAGG_SHARE_MSG_LEN,
-		                     FB_SECAGG_SHARE_MSG_LEN),
-		    FB_OK);
-	}
-	assert_int_equal(fb_secagg_worker_mask_begin(ahead_fw[i].sa), FB_OK);
+	sa_keys_as(i, ahead_inst(i), rs);
 }
 
 /* The next round's setup, ahead, for the workers in `who`. */
@@ -1580,12 +1562,12 @@ ahead_setup(uint32_t who)
 	}
 	for (uint32_t i = 0; i < t.n; i++) {
 		if (who & (1u << i)) {
-			ahead_share(i);
+			sa_share_as(i, ahead_inst(i));
 		}
 	}
 	for (uint32_t i = 0; i < t.n; i++) {
 		if (who & (1u << i)) {
-			ahead_take_shares(i);
+			sa_take_shares_as(i, ahead_inst(i));
 		}
 	}
 }
@@ -1754,7 +1736,6 @@ test_secure_round_waits_for_its_setup(void **state)
 {
 	uint8_t late[MAXW * FB_SECAGG_SHARE_MSG_LEN];
 	size_t late_len = 0;
-	const sent *s;
 
 	bench_start(&(setup){.workers = 3, .secure = true,
 	    .sa_extra = "  setup_ahead: true\n"});
@@ -1763,21 +1744,10 @@ test_secure_round_waits_for_its_setup(void **state)
 	for (uint32_t i = 0; i < 3; i++) {
 		ahead_advertise(i);
 	}
-	ahead_share(0);
-	ahead_share(1);
+	sa_share_as(0, ahead_inst(0));
+	sa_share_as(1, ahead_inst(1));
 	/* worker 2 takes its neighbours' adverts; its shares wait */
-	s = next_sa_ahead(2, FB_SA_PEERS);
-	for (uint32_t k = 0; k < s->m.u.secagg.count; k++) {
-		const uint8_t *e = s->payload + (size_t)k * FB_SECAGG_PEER_ENTRY_LEN;
-		fb_pubkey pk;
-		memcpy(pk.b, e + 4, FB_PUBKEY_LEN);
-		assert_int_equal(fb_secagg_worker_add_advert(ahead_fw[2].sa, &pk,
-		                     e + 4 + FB_PUBKEY_LEN, FB_SECAGG_ADV_LEN),
-		    FB_OK);
-	}
-	assert_int_equal(fb_secagg_worker_make_shares(ahead_fw[2].sa, late,
-	                     sizeof(late), &late_len),
-	    FB_OK);
+	sa_peers_in(2, ahead_inst(2), late, sizeof(late), &late_len);
 	for (uint32_t i = 0; i < 3; i++) {
 		upload(i, t.fw[i].update, UINT32_MAX);
 	}
@@ -1789,13 +1759,13 @@ test_secure_round_waits_for_its_setup(void **state)
 	assert_int_equal(t.c->sa_ahead.phase, SA_SHARES);
 	assert_int_equal(count_to(0, FB_MSG_ROUND_START), 1);
 	/* the shares come: round 2 begins, set up ahead */
-	send_secagg_ahead(2, FB_SA_SHARES,
+	send_sa_as(2, ahead_inst(2), FB_SA_SHARES,
 	    (uint32_t)(late_len / FB_SECAGG_SHARE_MSG_LEN), late, late_len);
 	assert_phase(PHASE_TRAIN);
 	assert_true(t.c->rd.set_up_ahead);
 	assert_int_equal(t.c->sa->phase, SA_INPUT);
 	for (uint32_t i = 0; i < 3; i++) {
-		ahead_take_shares(i);
+		sa_take_shares_as(i, ahead_inst(i));
 		ahead_install(i);
 	}
 	ahead_free();

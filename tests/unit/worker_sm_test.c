@@ -1831,16 +1831,21 @@ find_sa(fix *x, uint32_t round, fb_secagg_phase phase)
 	return NULL;
 }
 
-/* The worker's advert goes to the peer; the peer's comes back (PEERS). */
+/* The worker's advert goes to the peer; the peer's comes back (PEERS),
+ * both flagged `ahead` for a round set up ahead. */
 static void
-sa_exchange_adverts(fix *x, uint32_t round)
+sa_exchange_adverts_as(fix *x, uint32_t round, bool ahead)
 {
 	uint8_t entry[FB_SECAGG_PEER_ENTRY_LEN];
 	sent *adv = find_sa(x, round, FB_SA_ADVERT);
 	fb_msg pm = sa_msg(round, FB_SA_PEERS, 1);
 
+	pm.u.secagg.ahead = ahead;
 	assert_non_null(adv);
 	assert_true(adv->sealed);
+	if (ahead) {
+		assert_true(adv->msg.u.secagg.ahead);
+	}
 	assert_int_equal(adv->len, FB_SECAGG_ADV_LEN);
 	assert_int_equal(fb_secagg_worker_add_advert(
 	                     x->peer, &x->wpk, adv->payload, adv->len),
@@ -1854,17 +1859,28 @@ sa_exchange_adverts(fix *x, uint32_t round)
 	assert_int_equal(deliver_sealed(x, &pm, entry, sizeof(entry)), FB_OK);
 }
 
-/* The worker's shares go to the peer; the peer's for it come back. */
 static void
-sa_exchange_shares(fix *x, uint32_t round)
+sa_exchange_adverts(fix *x, uint32_t round)
+{
+	sa_exchange_adverts_as(x, round, false);
+}
+
+/* The worker's shares go to the peer; the peer's for it come back (both
+ * flagged `ahead` for a round set up ahead). */
+static void
+sa_exchange_shares_as(fix *x, uint32_t round, bool ahead)
 {
 	uint8_t out[4 * FB_SECAGG_SHARE_MSG_LEN];
 	size_t out_len = 0;
 	sent *sh = find_sa(x, round, FB_SA_SHARES);
 	fb_msg rm = sa_msg(round, FB_SA_RELAY, 1);
 
+	rm.u.secagg.ahead = ahead;
 	assert_non_null(sh);
 	assert_true(sh->sealed);
+	if (ahead) {
+		assert_true(sh->msg.u.secagg.ahead);
+	}
 	assert_int_equal(sh->msg.u.secagg.count, 1);
 	assert_int_equal(
 	    fb_secagg_worker_make_shares(x->peer, out, sizeof(out), &out_len),
@@ -1873,6 +1889,12 @@ sa_exchange_shares(fix *x, uint32_t round)
 	assert_int_equal(
 	    fb_secagg_worker_add_share(x->peer, sh->payload, sh->len), FB_OK);
 	assert_int_equal(deliver_sealed(x, &rm, out, out_len), FB_OK);
+}
+
+static void
+sa_exchange_shares(fix *x, uint32_t round)
+{
+	sa_exchange_shares_as(x, round, false);
 }
 
 static void
@@ -2268,11 +2290,10 @@ test_secagg_set_up_ahead(void **state)
 	static uint32_t got[NCHUNK + 1][CHUNK / 4];
 	fix *x = fix_new(true);
 	fb_msg rs5, rs6, m;
-	uint8_t setup[FB_SA_SETUP_MAX], entry[FB_SECAGG_PEER_ENTRY_LEN];
-	uint8_t out[4 * FB_SECAGG_SHARE_MSG_LEN];
+	uint8_t setup[FB_SA_SETUP_MAX], entry[FB_SECAGG_PEER_ENTRY_LEN] = {0};
 	const fb_secagg_worker *round5;
-	size_t len = 0, out_len = 0, at;
-	sent *adv, *sh, *f;
+	size_t len = 0, at;
+	sent *f;
 
 	secure_join(x);
 	rs5 = sa_round_msg(x, 5);
@@ -2293,41 +2314,16 @@ test_secagg_set_up_ahead(void **state)
 	    FB_OK);
 	m = sa_msg(6, FB_SA_SETUP, 1);
 	m.u.secagg.ahead = true;
-	at = x->nlog;
 	assert_int_equal(deliver_sealed(x, &m, setup, len), FB_OK);
-	adv = find_sa(x, 6, FB_SA_ADVERT);
-	assert_non_null(adv);
-	assert_true(adv->msg.u.secagg.ahead);
+	assert_non_null(find_sa(x, 6, FB_SA_ADVERT));
 	assert_true(x->w.sa == round5 && x->w.sa_round == 5);
-	assert_non_null(x->w.ahead.sa);
-	assert_int_equal(x->w.ahead.phase, FB_WK_SA_ADVERTISED);
-	/* its adverts: flagged ahead, for round 6 */
-	assert_int_equal(fb_secagg_worker_add_advert(x->peer, &x->wpk,
-	                     adv->payload, adv->len),
-	    FB_OK);
-	memset(entry, 0, sizeof(entry));
-	entry[0] = 1;
-	memcpy(entry + 4, x->ppk.b, FB_PUBKEY_LEN);
-	assert_int_equal(fb_secagg_worker_advertise(x->peer, x->pid,
-	                     entry + 4 + FB_PUBKEY_LEN),
-	    FB_OK);
-	m = sa_msg(6, FB_SA_PEERS, 1);
-	m.u.secagg.ahead = true;
-	assert_int_equal(deliver_sealed(x, &m, entry, sizeof(entry)), FB_OK);
-	sh = find_sa(x, 6, FB_SA_SHARES);
-	assert_non_null(sh);
-	assert_true(sh->msg.u.secagg.ahead);
-	assert_int_equal(x->w.ahead.phase, FB_WK_SA_SHARED);
-	/* the peer's shares back, flagged: round 6's masks fixed */
-	assert_int_equal(fb_secagg_worker_make_shares(x->peer, out, sizeof(out),
-	                     &out_len),
-	    FB_OK);
-	assert_int_equal(
-	    fb_secagg_worker_add_share(x->peer, sh->payload, sh->len), FB_OK);
-	m = sa_msg(6, FB_SA_RELAY, 1);
-	m.u.secagg.ahead = true;
-	assert_int_equal(deliver_sealed(x, &m, out, out_len), FB_OK);
-	assert_int_equal(x->w.ahead.phase, FB_WK_SA_MASKING);
+	assert_non_null(x->w.ahead.st.sa);
+	assert_int_equal(x->w.ahead.st.phase, FB_WK_SA_ADVERTISED);
+	/* its advert, the peers' and the shares: flagged ahead, round 6 */
+	sa_exchange_adverts_as(x, 6, true);
+	assert_int_equal(x->w.ahead.st.phase, FB_WK_SA_SHARED);
+	sa_exchange_shares_as(x, 6, true);
+	assert_int_equal(x->w.ahead.st.phase, FB_WK_SA_MASKING);
 	assert_true(x->w.sa == round5 && x->w.phase == FB_WK_IDLE);
 	/* round 6 begins, set up ahead: no advert in the round */
 	rs6.u.round_start.sa_set_up = true;
@@ -2337,7 +2333,7 @@ test_secagg_set_up_ahead(void **state)
 	assert_int_equal(count_of(x, FB_MSG_SECAGG, at), 0);
 	assert_int_equal(x->w.sa_round, 6);
 	assert_int_equal(x->w.sa_phase, FB_WK_SA_MASKING);
-	assert_null(x->w.ahead.sa);
+	assert_null(x->w.ahead.st.sa);
 	serve_model(x);
 	train_done(x, FB_OK);
 	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
