@@ -17,6 +17,12 @@ until its step; at most one cohort per worker is in flight. Policies:
   eager   as nearest, but a new one also when the nearest is farther than
           TOL x the worker's own task time (guarded against deadlock
           only: some cohort filling stays fillable)
+  finish  no cohort at dispatch: a worker that has trained joins the
+          cohort filling, in the order they finish; a full cohort's
+          setup then runs after its last member trained (the members
+          idle meanwhile; pipelined: each trains its next task instead)
+
+and plain async (FedBuff), whose buffer takes updates as they arrive.
 
 Prints steps per unit time, mean staleness (steps between a task's
 dispatch and its cohort's step) and each worker's idle share (free, or
@@ -149,6 +155,64 @@ def sim(durs, B, policy, T=3000.0, tol=0.5, seed=1, jitter=0.05,
             [i / t for i in idle])
 
 
+def sim_finish(durs, B, T=3000.0, seed=1, jitter=0.05, unmask=0.2,
+               setup=0.1, pipelined=False):
+    """Cohorts bound at finish: the first B trained form one. Pipelined:
+    a worker trains its next task while its update waits in a cohort."""
+    rnd = random.Random(seed)
+    n = len(durs)
+    ev, steps, stal, filling = [], 0, [], []
+    idle = [0.0] * n
+
+    def task(w, now):
+        ev.append((now + durs[w] * (1 + rnd.uniform(-jitter, jitter)),
+                   'train', (w, steps)))
+
+    for w in range(n):
+        task(w, 0.0)
+    t = 0.0
+    while t < T and ev:
+        ev.sort(key=lambda e: e[0])
+        t, kind, obj = ev.pop(0)
+        if kind == 'train':
+            if pipelined:
+                task(obj[0], t)
+            filling.append((obj, t))
+            if len(filling) == B:
+                ev.append((t + setup, 'setup', filling))
+                filling = []
+        elif kind == 'setup':
+            for (w, ver), done in obj:
+                if not pipelined:
+                    idle[w] += t - done
+                    task(w, t)
+            ev.append((t + unmask, 'step', [v for (_, v), _ in obj]))
+        else:
+            stal.extend(steps - v for v in obj)
+            steps += 1
+    return (steps / t, sum(stal) / max(len(stal), 1),
+            [i / t for i in idle])
+
+
+def sim_plain(durs, B, T=3000.0, seed=1, jitter=0.05):
+    """Plain FedBuff: each buffer of B arrivals is one step at once."""
+    rnd = random.Random(seed)
+    ev = [(d * (1 + rnd.uniform(-jitter, jitter)), w, 0)
+          for w, d in enumerate(durs)]
+    steps, stal, buf, t = 0, [], [], 0.0
+    while t < T:
+        ev.sort()
+        t, w, ver = ev.pop(0)
+        buf.append(ver)
+        if len(buf) == B:
+            stal.extend(steps - v for v in buf)
+            steps += 1
+            buf = []
+        ev.append((t + durs[w] * (1 + rnd.uniform(-jitter, jitter)), w,
+                   steps))
+    return steps / t, sum(stal) / max(len(stal), 1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--throttles", default="1,1,2,4")
@@ -160,11 +224,24 @@ def main():
     durs = [float(x) for x in a.throttles.split(",")]
     print("plain async (FedBuff) would step %.3f times a unit" %
           (sum(1 / d for d in durs) / a.buffer))
+    for sd in a.seeds.split(","):
+        r = sim_plain(durs, a.buffer, seed=int(sd))
+        print("plain  seed %s: %.3f steps/unit, staleness %.2f" % (
+            sd, r[0], r[1]))
     for pol in ("single", "nearest", "eager"):
         for s in a.seeds.split(","):
             r = sim(durs, a.buffer, pol, tol=a.tol, seed=int(s), unmask=a.unmask)
             print("%-6s seed %s: %.3f steps/unit, staleness %.2f, idle %s" % (
                 pol, s, r[0], r[1], " ".join("%.2f" % i for i in r[2])))
+    for s in a.seeds.split(","):
+        for pipe in (False, True):
+            for setup in (0.1, 0.02):
+                r = sim_finish(durs, a.buffer, seed=int(s), unmask=a.unmask,
+                               setup=setup, pipelined=pipe)
+                print("finish%s seed %s, setup %.2f: %.3f steps/unit, "
+                      "staleness %.2f, idle %s" % (
+                          ", pipelined" if pipe else "", s, setup, r[0],
+                          r[1], " ".join("%.2f" % i for i in r[2])))
 
 
 if __name__ == "__main__":
