@@ -14,13 +14,18 @@ until its step; at most one cohort per worker is in flight. Policies:
   nearest the cohort filling nearest the worker's expected begin; a new
           one only when none is joinable, and while others fill only if
           the workers outside them can fill them all (open_safe)
+  (each also with "last waits": the member whose input completes a
+  cohort is free only at its step, fedbox's rule since 2026-12-06; before,
+  it was free at once and trained from the model before the step)
   eager   as nearest, but a new one also when the nearest is farther than
           TOL x the worker's own task time (guarded against deadlock
           only: some cohort filling stays fillable)
   finish  no cohort at dispatch: a worker that has trained joins the
           cohort filling, in the order they finish; a full cohort's
-          setup then runs after its last member trained (the members
-          idle meanwhile; pipelined: each trains its next task instead)
+          setup then runs after its last member trained (wait: the
+          members idle meanwhile; pipelined: each trains its next task
+          instead; last: as pipelined, but the member that filled the
+          cohort starts its next task from the step's model)
 
 and plain async (FedBuff), whose buffer takes updates as they arrive.
 
@@ -35,7 +40,7 @@ import random
 
 
 def sim(durs, B, policy, T=3000.0, tol=0.5, seed=1, jitter=0.05,
-        unmask=0.2, setup=0.1):
+        unmask=0.2, setup=0.1, last_waits=True):
     rnd = random.Random(seed)
     n = len(durs)
     est = [None] * n
@@ -73,11 +78,15 @@ def sim(durs, B, policy, T=3000.0, tol=0.5, seed=1, jitter=0.05,
         if est[w] is None or clean or d < est[w]:
             est[w] = d if est[w] is None else 0.5 * est[w] + 0.5 * d
         idle[w] += now - m['trained']
-        free.add(w)
         idle_since[w] = now
         if all(x['in'] is not None for x in co['m']):
             co['state'] = 'done'
+            co['last'] = w
             ev.append((now + unmask, 'step', co))
+            if not last_waits:
+                free.add(w)
+        else:
+            free.add(w)
 
     def dispatch(now):
         for w in sorted(free):
@@ -141,6 +150,8 @@ def sim(durs, B, policy, T=3000.0, tol=0.5, seed=1, jitter=0.05,
             stal.extend(steps - m['ver'] for m in obj['m'])
             steps += 1
             cohorts.remove(obj)
+            if last_waits:
+                free.add(obj['last'])
         elif kind == 'setup':
             for m in obj['m']:
                 if m['trained'] is not None and m['in'] is None:
@@ -156,9 +167,12 @@ def sim(durs, B, policy, T=3000.0, tol=0.5, seed=1, jitter=0.05,
 
 
 def sim_finish(durs, B, T=3000.0, seed=1, jitter=0.05, unmask=0.2,
-               setup=0.1, pipelined=False):
-    """Cohorts bound at finish: the first B trained form one. Pipelined:
-    a worker trains its next task while its update waits in a cohort."""
+               setup=0.1, mode='wait'):
+    """Cohorts bound at finish: the first B trained form one. mode wait:
+    the members idle until the setup is done; pipelined: each trains its
+    next task while its update waits in a cohort; last: as pipelined,
+    but the member that fills the cohort starts its next task from the
+    step's model (it waits for the setup and the unmask)."""
     rnd = random.Random(seed)
     n = len(durs)
     ev, steps, stal, filling = [], 0, [], []
@@ -175,21 +189,26 @@ def sim_finish(durs, B, T=3000.0, seed=1, jitter=0.05, unmask=0.2,
         ev.sort(key=lambda e: e[0])
         t, kind, obj = ev.pop(0)
         if kind == 'train':
-            if pipelined:
-                task(obj[0], t)
             filling.append((obj, t))
-            if len(filling) == B:
+            full = len(filling) == B
+            if mode == 'pipelined' or (mode == 'last' and not full):
+                task(obj[0], t)
+            if full:
                 ev.append((t + setup, 'setup', filling))
                 filling = []
         elif kind == 'setup':
             for (w, ver), done in obj:
-                if not pipelined:
+                if mode == 'wait':
                     idle[w] += t - done
                     task(w, t)
-            ev.append((t + unmask, 'step', [v for (_, v), _ in obj]))
+            ev.append((t + unmask, 'step', obj))
         else:
-            stal.extend(steps - v for v in obj)
+            stal.extend(steps - v for (_, v), _ in obj)
             steps += 1
+            if mode == 'last':
+                (w, _), done = obj[-1]
+                idle[w] += t - done
+                task(w, t)
     return (steps / t, sum(stal) / max(len(stal), 1),
             [i / t for i in idle])
 
@@ -230,18 +249,22 @@ def main():
             sd, r[0], r[1]))
     for pol in ("single", "nearest", "eager"):
         for s in a.seeds.split(","):
-            r = sim(durs, a.buffer, pol, tol=a.tol, seed=int(s), unmask=a.unmask)
-            print("%-6s seed %s: %.3f steps/unit, staleness %.2f, idle %s" % (
-                pol, s, r[0], r[1], " ".join("%.2f" % i for i in r[2])))
+            for lw in (False, True):
+                r = sim(durs, a.buffer, pol, tol=a.tol, seed=int(s),
+                        unmask=a.unmask, last_waits=lw)
+                print("%-6s seed %s%s: %.3f steps/unit, staleness %.2f, "
+                      "idle %s" % (pol, s, ", last waits" if lw else "",
+                                   r[0], r[1],
+                                   " ".join("%.2f" % i for i in r[2])))
     for s in a.seeds.split(","):
-        for pipe in (False, True):
+        for mode in ('wait', 'pipelined', 'last'):
             for setup in (0.1, 0.02):
                 r = sim_finish(durs, a.buffer, seed=int(s), unmask=a.unmask,
-                               setup=setup, pipelined=pipe)
-                print("finish%s seed %s, setup %.2f: %.3f steps/unit, "
+                               setup=setup, mode=mode)
+                print("finish, %s, seed %s, setup %.2f: %.3f steps/unit, "
                       "staleness %.2f, idle %s" % (
-                          ", pipelined" if pipe else "", s, setup, r[0],
-                          r[1], " ".join("%.2f" % i for i in r[2])))
+                          mode, s, setup, r[0], r[1],
+                          " ".join("%.2f" % i for i in r[2])))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@
  *
  * Several cohorts are in flight: a fast worker finishes its task, takes
  * one in a cohort filling, and answers its earlier cohorts' unmasking
- * alongside; a slow member holds back only its own cohort. A member of a
+ * alongside; a slow member holds back only its own cohort. The member
+ * whose input completes a cohort waits for its step (awaits_own_step). A member of a
  * cohort not yet sealed holds its trained update until the seal (its
  * masks need every member's keys), so it is not free either: the cohorts
  * filling must fill. A free worker's task goes to the cohort filling
@@ -398,13 +399,38 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
 	}
 }
 
+/*
+ * Whether w's last task's cohort has all its inputs in and waits for its
+ * step (confirmations, reveals, the job). Its last input's worker then
+ * waits for that step, so that its next task trains from the model its
+ * own update is in, as plain async's buffer does (async.c: a buffer's
+ * last worker gets its next task from the step's model). Given a task at
+ * once, it would train from the model before: one step staler, for the
+ * price of the unmask's time idle. The members that were in earlier have
+ * their next tasks already.
+ */
+static bool
+awaits_own_step(const coord *c, const worker *w)
+{
+	for (uint32_t i = 0; w->task_round != 0 && i < c->cs.cap; i++) {
+		const cohort *co = &c->cs.co[i];
+		if (co->id == w->task_round &&
+		    (co->state == CO_UNMASK || co->state == CO_READY ||
+		        co->state == CO_APPLYING)) {
+			return true;
+		}
+	}
+	return false;
+}
+
 /* Whether w can take a task now. */
 static bool
 worker_free(const coord *c, const worker *w)
 {
 	return w->used && w->welcomed &&
 	       (w->state == W_IDLE || w->state == W_DONE ||
-	           w->state == W_FAILED);
+	           w->state == W_FAILED) &&
+	       !awaits_own_step(c, w);
 }
 
 /* The cohort free worker w's task goes to: of the cohorts filling that

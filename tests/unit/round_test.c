@@ -3396,6 +3396,45 @@ test_secure_async_cohorts_in_flight(void **state)
 	bench_stop();
 }
 
+/* The member whose input completes a cohort gets its next task only once
+ * that cohort is applied, from the model its own update is in (as plain
+ * async's buffer does); a member in earlier gets its next task at once.
+ * Cohort 1 is w0 and w1: w0 is in first and joins w2's cohort 2 at once;
+ * w1 completes cohort 1, waits through its unmasking, and opens cohort 3
+ * with the model of step 1. */
+static void
+test_secure_async_last_member_waits_for_step(void **state)
+{
+	const fb_msg *rs;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .extra = SECURE_ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	sa_setup(0x3);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	held_swap(0);
+	rs = take_round_start(0); /* cohort 1 still runs: a task at once */
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 2);
+	assert_int_equal(t.c->reg.workers[0].task_version, 0);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_int_equal(cohort_of(t.c, 1)->state, CO_UNMASK);
+	assert_null(take_round_start(1));
+	assert_int_equal(t.c->reg.workers[1].state, W_DONE);
+	held_swap(0);
+	sa_fake_unmask(0x3);
+	assert_int_equal(t.c->rd.committed, 1);
+	rs = take_round_start(1);
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 3); /* 2 is w2's and w0's */
+	assert_int_equal(t.c->reg.workers[1].task_version, 1);
+	assert_int_equal(cohort_of(t.c, 3)->state, CO_FILLING);
+	bench_stop();
+}
+
 /* A member whose task falls past max_staleness before its input is in is
  * cancelled at the step: a dropout of its cohort (3 slots, threshold 2),
  * which then completes with the other two and is applied. */
@@ -3751,6 +3790,8 @@ FB_TESTS = {
         test_lr_decay_async_by_version},
     {"secure async: two cohorts in flight, a slow member holds back its own",
         test_secure_async_cohorts_in_flight},
+    {"secure async: a cohort's last member's next task is from its step",
+        test_secure_async_last_member_waits_for_step},
     {"secure async: a member past max_staleness is a dropout, recovered",
         test_secure_async_stale_member_cancelled},
     {"secure async: a cohort below its threshold fails, nothing applied",
