@@ -3396,6 +3396,21 @@ test_secure_async_cohorts_in_flight(void **state)
 	bench_stop();
 }
 
+/* Three workers, buffer 2: w0 and w1 make cohort 1, w2 opens cohort 2;
+ * cohort 1's setup done, and w0's input in. */
+static void
+three_w0_in(void)
+{
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .extra = SECURE_ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	sa_setup(0x3);
+	upload(0, t.fw[0].update, UINT32_MAX);
+}
+
 /* The member whose input completes a cohort gets its next task only once
  * that cohort is applied, from the model its own update is in (as plain
  * async's buffer does); a member in earlier gets its next task at once.
@@ -3407,14 +3422,7 @@ test_secure_async_last_member_waits_for_step(void **state)
 {
 	const fb_msg *rs;
 
-	bench_start(&(setup){.workers = 3, .secure = true,
-	    .extra = SECURE_ASYNC_ROUND});
-	admit_all();
-	for (uint32_t i = 0; i < 3; i++) {
-		assert_non_null(take_round_start(i));
-	}
-	sa_setup(0x3);
-	upload(0, t.fw[0].update, UINT32_MAX);
+	three_w0_in();
 	held_swap(0);
 	rs = take_round_start(0); /* cohort 1 still runs: a task at once */
 	assert_non_null(rs);
@@ -3509,14 +3517,7 @@ test_secure_async_cohort_below_threshold_fails(void **state)
 	fb_msg f = {.type = FB_MSG_ROUND_FAILED};
 	uint32_t starts;
 
-	bench_start(&(setup){.workers = 3, .secure = true,
-	    .extra = SECURE_ASYNC_ROUND});
-	admit_all();
-	for (uint32_t i = 0; i < 3; i++) {
-		assert_non_null(take_round_start(i));
-	}
-	sa_setup(0x3);
-	upload(0, t.fw[0].update, UINT32_MAX);
+	three_w0_in();
 	/* w1 fails its task: cohort 1 has 1 input, its threshold is 2 */
 	starts = count_to(1, FB_MSG_ROUND_START);
 	f.u.round_failed.round = 1;
