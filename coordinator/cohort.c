@@ -400,25 +400,29 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
 }
 
 /*
- * Whether w's last task's cohort has all its inputs in and waits for its
- * step (confirmations, reveals, the job). Its last input's worker then
- * waits for that step, so that its next task trains from the model its
- * own update is in, as plain async's buffer does (async.c: a buffer's
- * last worker gets its next task from the step's model). Given a task at
- * once, it would train from the model before: one step staler, for the
- * price of the unmask's time idle. The members that were in earlier have
- * their next tasks already.
+ * Whether w's last task's input is in a cohort that has all its inputs
+ * and waits for its step (confirmations, reveals, the job). Its last
+ * input's worker then waits for that step, so that its next task trains
+ * from the model its own update is in, as plain async's buffer does
+ * (async.c: a buffer's last worker gets its next task from the step's
+ * model). Given a task at once, it would train from the model before:
+ * one step staler, for the price of the unmask's time idle. The members
+ * that were in earlier have their next tasks already; a member whose
+ * input was left out does not wait.
  */
 static bool
 awaits_own_step(const coord *c, const worker *w)
 {
 	for (uint32_t i = 0; w->task_round != 0 && i < c->cs.cap; i++) {
 		const cohort *co = &c->cs.co[i];
-		if (co->id == w->task_round &&
-		    (co->state == CO_UNMASK || co->state == CO_READY ||
-		        co->state == CO_APPLYING)) {
-			return true;
+		uint32_t s;
+		if (co->id != w->task_round ||
+		    (co->state != CO_UNMASK && co->state != CO_READY &&
+		        co->state != CO_APPLYING)) {
+			continue;
 		}
+		s = member_of(c, co, w);
+		return s < co->count && (co->sa.flags[s] & SA_F_INCLUDED);
 	}
 	return false;
 }

@@ -3494,6 +3494,11 @@ test_secure_async_stale_member_cancelled(void **state)
 	assert_non_null(strstr(cancel->m.u.round_cancel.reason,
 	    "round.max_staleness"));
 	assert_int_equal(cohort_of(t.c, 1)->state, CO_UNMASK);
+	/* w2's input is not in cohort 1: it does not wait for its step,
+	 * and takes a task in cohort 4 with w0 and w3 (whose tasks in
+	 * cohort 3, of version 0 too, were cancelled alike) */
+	assert_non_null(take_round_start(2));
+	assert_int_equal(t.fw[2].round, 4);
 	memcpy(before, t.c->params, sizeof(before));
 	held_swap(0);
 	held_swap(1);
