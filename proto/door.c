@@ -563,9 +563,10 @@ note_peaks(fb_door *d)
 }
 
 /* One line on what the door closed since the last, at most every
- * DOOR_LOG_MS (the first at once). */
+ * DOOR_LOG_MS (the first at once), and the rest when the door closes
+ * (final), so that a run's lines add up to all it closed. */
 static void
-log_summary(fb_door *d, int64_t now)
+log_summary(fb_door *d, int64_t now, bool final)
 {
 	const fb_door_stats *s = &d->st, *p = &d->logged;
 	uint64_t rs = s->refused_source - p->refused_source;
@@ -575,7 +576,8 @@ log_summary(fb_door *d, int64_t now)
 	uint64_t ob = s->over_bytes - p->over_bytes;
 
 	if (rs + rf + ev + to + ob == 0 ||
-	    (d->last_log_ms != 0 && now - d->last_log_ms < DOOR_LOG_MS)) {
+	    (!final && d->last_log_ms != 0 &&
+	        now - d->last_log_ms < DOOR_LOG_MS)) {
 		return;
 	}
 	fb_log_warn("door: closed %" PRIu64 " unauthenticated connections "
@@ -614,6 +616,9 @@ door_main(void *arg)
 			break;
 		}
 		if (it[1].revents & ZMQ_POLLIN) {
+			pthread_mutex_lock(&d->mu);
+			log_summary(d, fb_now_ms(), true);
+			pthread_mutex_unlock(&d->mu);
 			break;
 		}
 		pthread_mutex_lock(&d->mu);
@@ -644,7 +649,7 @@ door_main(void *arg)
 			d->last_trim_ms = now;
 		}
 		note_peaks(d);
-		log_summary(d, now);
+		log_summary(d, now, false);
 		pthread_mutex_unlock(&d->mu);
 	}
 	return NULL;
