@@ -31,7 +31,7 @@ endif
 comma := ,
 B := build$(if $(SAN),/san-$(subst $(comma),-,$(SAN)))
 CPPFLAGS += -D_GNU_SOURCE -I. -I$(B)
-LDLIBS    = -lzmq -lprotobuf-c -lsodium -lyaml -lz -lm -lpthread -ldl
+LDLIBS    = -lzmq -lprotobuf-c -lsodium -lcrypto -lyaml -lz -lm -lpthread -ldl
 ifdef SAN
 CFLAGS   += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS  += -fsanitize=$(SAN)

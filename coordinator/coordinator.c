@@ -505,8 +505,9 @@ listen_link(coord *c)
 	}
 	snprintf(c->listening, sizeof(c->listening),
 	    "listening on %s (%d ZeroMQ I/O thread%s%s); model %s; "
-	    "run %016" PRIx64, c->cfg->listen, lo.io_threads,
-	    lo.io_threads == 1 ? "" : "s", lanes, c->model_desc, c->run_id);
+	    "run %016" PRIx64 "; ciphers: %s", c->cfg->listen, lo.io_threads,
+	    lo.io_threads == 1 ? "" : "s", lanes, c->model_desc, c->run_id,
+	    fb_crypto_ciphers());
 	return FB_OK;
 }
 

@@ -177,6 +177,15 @@ const char *fb_reject_name(fb_reject why);
  */
 FB_MUST_CHECK fb_err fb_crypto_init(void);
 
+/*
+ * fb_crypto_ciphers names the library that runs the bulk ChaCha20 passes
+ * (model and update chunks, masks; the bytes are the same either way):
+ * "libcrypto" (OpenSSL's, with its AVX2/AVX-512 code), or "libsodium" when
+ * libcrypto lacks the ciphers or FEDBOX_CIPHER=libsodium is in the
+ * environment (for comparisons).
+ */
+const char *fb_crypto_ciphers(void);
+
 /* fb_wipe zeroes `len` bytes in a way the compiler cannot elide. Use it on
  * stream keys and plaintext once they are used. */
 void fb_wipe(void *p, size_t len);

@@ -343,8 +343,7 @@ fb_stream_push_chunk_at(const fb_stream_push *p, uint64_t index,
 	}
 	ix_nonce_ad(&p->c, index, flag, nonce, ad);
 	/* (in place when m == c + 1) */
-	crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c + 1,
-	    c + 1 + m_len, NULL, m, m_len, ad, sizeof(ad), NULL, nonce,
+	fb_xchacha_seal(c + 1, c + 1 + m_len, m, m_len, ad, sizeof(ad), nonce,
 	    p->c.key);
 	c[0] = flag;
 	*c_len = m_len + FB_STREAM_CHUNK_OVERHEAD;
@@ -531,8 +530,8 @@ ix_pull(fb_stream_pull *p, const uint8_t *c, size_t c_len, uint8_t *m,
 
 	/* The flag is authenticated as it came; only then is it read. */
 	ix_nonce_ad(&p->c, p->c.chunk_count, flag, nonce, ad);
-	if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL,
-	        c + 1, n, c + 1 + n, ad, sizeof(ad), nonce, p->c.key) != 0) {
+	if (fb_xchacha_open(m, c + 1, n, c + 1 + n, ad, sizeof(ad), nonce,
+	        p->c.key) != 0) {
 		return pull_die(p, FB_EAUTH, FB_REJECT_BAD_MAC, why);
 	}
 	if (flag != IX_FLAG_MESSAGE && flag != IX_FLAG_FINAL) {
@@ -750,7 +749,7 @@ fb_stream_pull_decrypt(const fb_stream_pull *p, const uint8_t *c, size_t off,
 	    len > p->c.part_len - off) {
 		return FB_ERANGE;
 	}
-	crypto_stream_chacha20_ietf_xor_ic(m + off, c + 1 + off, len,
+	fb_chacha20_xor_ic(m + off, c + 1 + off, len,
 	    p->c.part_nonce, (uint32_t)(p->c.part_ic + off / SS_BLOCK_LEN),
 	    p->c.part_k);
 	return FB_OK;
@@ -854,8 +853,8 @@ fb_stream_pull_chunk_at(const fb_stream_pull *p, uint64_t index,
 	/* The flag is authenticated as it came; only then is it read. */
 	flag = c[0];
 	ix_nonce_ad(&p->c, index, flag, nonce, ad);
-	if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m, NULL,
-	        c + 1, n, c + 1 + n, ad, sizeof(ad), nonce, p->c.key) != 0) {
+	if (fb_xchacha_open(m, c + 1, n, c + 1 + n, ad, sizeof(ad), nonce,
+	        p->c.key) != 0) {
 		memset(hash, 0, FB_STREAM_HASH_LEN);
 		fb_set_why(why, FB_REJECT_BAD_MAC);
 		return FB_EAUTH;

@@ -189,8 +189,8 @@ fb_wk_on_handshake_reply(fb_wk *w, const fb_msg *m)
 	fb_handshake_free(w->hs);
 	w->hs = NULL;
 	w->sess = s;
-	fb_log_info("secure session established (worker id %u)",
-	    fb_session_worker_id(s));
+	fb_log_info("secure session established (worker id %u; ciphers: %s)",
+	    fb_session_worker_id(s), fb_crypto_ciphers());
 	fb_wk_send_hello(w);
 }
 

@@ -22,7 +22,7 @@ FUZZ_SRCS_common = common/err.c common/log.c common/util.c
 # crypto/: the library sources, not the keygen program.
 FUZZ_SRCS_crypto = $(filter-out crypto/keygen.c,$(wildcard crypto/*.c)) \
                    $(FUZZ_SRCS_common)
-FUZZ_LIBS_crypto = -lsodium -lm -lpthread
+FUZZ_LIBS_crypto = -lsodium -lcrypto -lm -lpthread
 
 # secagg_*: the secure-aggregation decoders of crypto/ (secagg.c), with
 # their round fixture tests/fuzz/secagg_common.h.

@@ -149,6 +149,129 @@ test_kat_ed25519(void **state)
 	fb_identity_free(id);
 }
 
+/* ---- the bulk ChaCha20 passes (chacha.c) ------------------------------- */
+
+/* libcrypto in use, unless the environment asked for libsodium. */
+static void
+expect_libcrypto(void)
+{
+	const char *e = getenv("FEDBOX_CIPHER");
+
+	if (e == NULL || strcmp(e, "libsodium") != 0) {
+		assert_string_equal(fb_crypto_ciphers(), "libcrypto");
+	}
+}
+
+static void
+test_chacha_is_libsodium(void **state)
+{
+	/* around FB_CHACHA_MIN, block edges, a multi-MiB chunk */
+	static const size_t sizes[] = {0, 1, 63, 64, 65, 4095, 4096, 4097,
+	    65536 + 17, (4u << 20) + 5};
+	static const uint32_t ics[] = {0, 1, 12345, 0xffffff00u, 0xfffffffeu};
+	size_t max = (4u << 20) + 5;
+	uint8_t *m = fb_alloc(max), *c1 = fb_alloc(max), *c2 = fb_alloc(max);
+	uint8_t *back = fb_alloc(max);
+	uint8_t k[32], npub[24], n12[12], ad[45], t1[16], t2[16];
+
+	assert_non_null(m);
+	assert_non_null(c1);
+	assert_non_null(c2);
+	assert_non_null(back);
+	expect_libcrypto();
+	randombytes_buf(m, max);
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		size_t n = sizes[i];
+		for (size_t adl = 0; adl <= sizeof(ad); adl += sizeof(ad)) {
+			randombytes_buf(k, sizeof(k));
+			randombytes_buf(npub, sizeof(npub));
+			randombytes_buf(ad, sizeof(ad));
+			crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c1,
+			    t1, NULL, m, n, ad, adl, NULL, npub, k);
+			fb_xchacha_seal(c2, t2, m, n, ad, adl, npub, k);
+			assert_memory_equal(c1, c2, n);
+			assert_memory_equal(t1, t2, 16);
+			assert_int_equal(fb_xchacha_open(back, c1, n, t1, ad,
+			                     adl, npub, k),
+			    0);
+			assert_memory_equal(back, m, n);
+			/* in place, both ways */
+			memcpy(c2, m, n);
+			fb_xchacha_seal(c2, t2, c2, n, ad, adl, npub, k);
+			assert_memory_equal(c1, c2, n);
+			assert_memory_equal(t1, t2, 16);
+			assert_int_equal(fb_xchacha_open(c2, c2, n, t2, ad,
+			                     adl, npub, k),
+			    0);
+			assert_memory_equal(c2, m, n);
+		}
+		for (size_t j = 0; j < sizeof(ics) / sizeof(ics[0]); j++) {
+			/* up to the counter's last block (past it,
+			 * libsodium aborts, and so does fb_chacha20_xor_ic,
+			 * through it) */
+			if ((n + 63) / 64 > (1ull << 32) - ics[j]) {
+				continue;
+			}
+			randombytes_buf(k, sizeof(k));
+			randombytes_buf(n12, sizeof(n12));
+			crypto_stream_chacha20_ietf_xor_ic(c1, m, n, n12,
+			    ics[j], k);
+			fb_chacha20_xor_ic(c2, m, n, n12, ics[j], k);
+			assert_memory_equal(c1, c2, n);
+		}
+	}
+	fb_free(m);
+	fb_free(c1);
+	fb_free(c2);
+	fb_free(back);
+}
+
+static void
+test_chacha_open_refuses_and_wipes(void **state)
+{
+	size_t sizes[] = {100, 8192 + 3};
+	uint8_t k[32], npub[24], ad[20], tag[16];
+	uint8_t *m = fb_alloc(8192 + 3), *c = fb_alloc(8192 + 3);
+	uint8_t *out = fb_alloc(8192 + 3);
+
+	assert_non_null(m);
+	assert_non_null(c);
+	assert_non_null(out);
+	expect_libcrypto();
+	randombytes_buf(k, sizeof(k));
+	randombytes_buf(npub, sizeof(npub));
+	randombytes_buf(ad, sizeof(ad));
+	for (size_t i = 0; i < 2; i++) {
+		size_t n = sizes[i];
+		randombytes_buf(m, n);
+		fb_xchacha_seal(c, tag, m, n, ad, sizeof(ad), npub, k);
+		/* a bit of the ciphertext, of the tag, of the AD, of the
+		 * nonce, of the key */
+		for (int what = 0; what < 5; what++) {
+			uint8_t *p = what == 0 ? c + n / 2
+			           : what == 1 ? tag + 7
+			           : what == 2 ? ad + 3
+			           : what == 3 ? npub + 20
+			                       : k + 31;
+			*p ^= 0x10;
+			memset(out, 0xa5, n);
+			assert_int_equal(fb_xchacha_open(out, c, n, tag, ad,
+			                     sizeof(ad), npub, k),
+			    -1);
+			for (size_t b = 0; b < n; b++) {
+				assert_true(out[b] == 0 || out[b] == 0xa5);
+			}
+			*p ^= 0x10;
+		}
+		assert_int_equal(
+		    fb_xchacha_open(out, c, n, tag, ad, sizeof(ad), npub, k), 0);
+		assert_memory_equal(out, m, n);
+	}
+	fb_free(m);
+	fb_free(c);
+	fb_free(out);
+}
+
 static void
 test_kat_blake2b(void **state)
 {
@@ -2018,6 +2141,10 @@ test_reject_names(void **state)
 FB_TESTS = {
     {"Ed25519 from a seed matches RFC 8032", test_kat_ed25519},
     {"BLAKE2b matches RFC 7693", test_kat_blake2b},
+    {"the bulk ChaCha20 passes are libsodium's, byte for byte",
+        test_chacha_is_libsodium},
+    {"a failed open returns -1 and leaves nothing unauthenticated",
+        test_chacha_open_refuses_and_wipes},
     {"identity survives save and load", test_identity_save_load},
     {"saving refuses to overwrite without force", test_identity_no_overwrite},
     {"secret key readable by others is refused with a chmod hint",

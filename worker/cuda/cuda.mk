@@ -48,6 +48,6 @@ $(B)/tests/gpu/mask_host_check: tests/gpu/mask_host_check.cu \
     worker/cuda/mask.cu worker/cuda/cuda_impl.h $(call libs_of,crypto)
 	@mkdir -p $(@D)
 	$(NVCC) -O2 -std=c++17 -Xcompiler -Wall -I. -I$(B) -o $@ $< \
-	    $(call libs_of,crypto) -lsodium
+	    $(call libs_of,crypto) -lsodium -lcrypto
 endif
 endif
