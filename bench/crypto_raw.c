@@ -3,8 +3,11 @@
  * crypto_raw.c -- the ceiling for fedbox's encrypted payloads: raw
  * libsodium crypto_secretstream_xchacha20poly1305 push and pull throughput
  * over fixed-size chunks, the BLAKE2b pass fedbox adds per stream (its
- * signed digest), and Ed25519 sign/verify rates. One thread, in place, no
- * fedbox code beyond common/. Prints a table.
+ * signed digest), and Ed25519 sign/verify rates. One thread, in place.
+ * Then the passes fedbox's chunks and masks take (crypto/chacha.c), on
+ * libsodium and on libcrypto in the same run: a chunk's
+ * XChaCha20-Poly1305-IETF seal and open, and the ChaCha20 keystream of a
+ * mask. Prints a table.
  *
  *   build/bench/crypto_raw [--size MiB] [--chunk KiB] [--reps N]
  */
@@ -16,6 +19,7 @@
 #include <sodium.h>
 
 #include "common/util.h"
+#include "crypto/crypto_impl.h"
 
 typedef struct bench_cfg {
 	size_t total; /* bytes of plaintext per pass */
@@ -99,6 +103,64 @@ row(const char *what, double bytes, double secs)
 {
 	printf("%-40s %10.3f GB/s %10.1f ms\n", what, bytes / secs / 1e9,
 	    secs * 1e3);
+}
+
+/*
+ * One pass of chunk seals, opens (in place) and keystreams over `pt`, on
+ * libsodium (lib 0) or through chacha.c (lib 1): seconds in t[3].
+ */
+static int
+time_chacha(const bench_cfg *cfg, uint8_t *pt, uint8_t *ct, size_t nchunks,
+    int lib, double t[3])
+{
+	static const uint8_t ad[29];
+	uint8_t key[32], npub[24], mac[16];
+	double t0;
+	int bad = 0;
+
+	randombytes_buf(key, sizeof(key));
+	randombytes_buf(npub, sizeof(npub));
+	t0 = fb_now_s();
+	for (size_t i = 0; i < nchunks; i++) {
+		uint8_t *p = pt + i * cfg->chunk;
+		if (lib) {
+			fb_xchacha_seal(p, mac, p, cfg->chunk, ad, sizeof(ad),
+			    npub, key);
+		} else {
+			crypto_aead_xchacha20poly1305_ietf_encrypt_detached(p,
+			    mac, NULL, p, cfg->chunk, ad, sizeof(ad), NULL,
+			    npub, key);
+		}
+	}
+	t[0] = min_d(t[0], fb_now_s() - t0);
+	/* the opens: one sealed chunk (in ct), opened into every chunk of pt
+	 * in turn (the same work per byte as opening each) */
+	fb_xchacha_seal(ct, mac, pt, cfg->chunk, ad, sizeof(ad), npub, key);
+	t0 = fb_now_s();
+	for (size_t i = 0; i < nchunks; i++) {
+		uint8_t *p = pt + i * cfg->chunk;
+		if (lib) {
+			bad |= fb_xchacha_open(p, ct, cfg->chunk, mac, ad,
+			    sizeof(ad), npub, key);
+		} else {
+			bad |= crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+			    p, NULL, ct, cfg->chunk, mac, ad, sizeof(ad), npub,
+			    key);
+		}
+	}
+	t[1] = min_d(t[1], fb_now_s() - t0);
+	t0 = fb_now_s();
+	for (size_t i = 0; i < nchunks; i++) {
+		uint8_t *p = pt + i * cfg->chunk;
+		if (lib) {
+			fb_chacha20_xor_ic(p, p, cfg->chunk, npub, 0, key);
+		} else {
+			crypto_stream_chacha20_ietf_xor_ic(p, p, cfg->chunk,
+			    npub, 0, key);
+		}
+	}
+	t[2] = min_d(t[2], fb_now_s() - t0);
+	return bad;
 }
 
 static void
@@ -205,6 +267,33 @@ main(int argc, char **argv)
 	row("push+pull + 2x BLAKE2b (fedbox both)", bytes,
 	    t.push + t.pull + 2 * t.hash);
 	bench_ed25519();
+	{
+		double tl[2][3] = {{1e30, 1e30, 1e30}, {1e30, 1e30, 1e30}};
+		static const char *what[3] = {"chunk seal", "chunk open",
+		    "keystream"};
+		for (int i = 0; i < cfg.reps; i++) {
+			for (int lib = 0; lib < 2; lib++) {
+				if (time_chacha(&cfg, pt, ct, nchunks, lib,
+				        tl[lib]) != 0) {
+					fprintf(stderr, "crypto_raw: an open "
+					                "failed\n");
+					goto out;
+				}
+			}
+		}
+		printf("# XChaCha20-Poly1305-IETF chunks (%zu KiB) and "
+		       "ChaCha20 keystream: libsodium, then crypto/chacha.c "
+		       "(%s)\n",
+		    cfg.chunk >> 10, fb_crypto_ciphers());
+		for (int k = 0; k < 3; k++) {
+			char name[64];
+			snprintf(name, sizeof(name), "%s, libsodium", what[k]);
+			row(name, bytes, tl[0][k]);
+			snprintf(name, sizeof(name), "%s, fedbox (%s)", what[k],
+			    fb_crypto_ciphers());
+			row(name, bytes, tl[1][k]);
+		}
+	}
 	rc = 0;
 out:
 	fb_free(pt);
