@@ -66,7 +66,7 @@
  *     36:8 chunk count  44:32 digest
  *     76:64 Ed25519 sig by the sender over "fedbox/trailr/v1" || 0..76
  *     digest = BLAKE2b-256("fedbox/stream/v1" || stream header ||
- *              for each chunk: FULL: BLAKE2b-256(LE64(ciphertext length)
+ *              for each chunk: FULL: SHA-256(LE64(ciphertext length)
  *              || ciphertext); TAGS: LE64(ciphertext length) || the last
  *              16 bytes of the chunk, its Poly1305 tag; INDEXED_TAGS:
  *              LE64(ciphertext length) || LE64(k) || its Poly1305 tag)

@@ -75,13 +75,12 @@ fb_err fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
     uint8_t header[FB_STREAM_HEADER_LEN], fb_stream_push **out);
 
 /*
- * The bulk ChaCha20 passes (chacha.c): libsodium's results byte for byte,
- * on libcrypto's faster ChaCha20 for messages of FB_CHACHA_MIN bytes and
- * more. fb_xchacha_seal and fb_xchacha_open are
+ * The bulk passes (bulk.c): libsodium's results byte for byte, on
+ * libcrypto's faster code for messages of FB_CHACHA_MIN bytes and more. fb_xchacha_seal and fb_xchacha_open are
  * crypto_aead_xchacha20poly1305_ietf_{encrypt,decrypt}_detached (m == c is
  * allowed; a failed open wipes m and returns -1); fb_chacha20_xor_ic is
- * crypto_stream_chacha20_ietf_xor_ic (fb_crypto_ciphers, crypto.h, names
- * the library they run on).
+ * crypto_stream_chacha20_ietf_xor_ic; fb_sha256_2 is the SHA-256 of a || b
+ * (fb_crypto_ciphers, crypto.h, names the library they run on).
  */
 #define FB_CHACHA_MIN 4096
 void fb_xchacha_seal(uint8_t *c, uint8_t mac[16], const uint8_t *m,
@@ -92,6 +91,8 @@ int fb_xchacha_open(uint8_t *m, const uint8_t *c, size_t c_len,
     const uint8_t npub[24], const uint8_t k[32]);
 void fb_chacha20_xor_ic(uint8_t *c, const uint8_t *m, size_t len,
     const uint8_t n[12], uint32_t ic, const uint8_t k[32]);
+void fb_sha256_2(uint8_t out[32], const uint8_t *a, size_t a_len,
+    const uint8_t *b, size_t b_len);
 
 static inline void
 le16_store(uint8_t *p, uint16_t v)

@@ -7,7 +7,7 @@
  *
  * Speed: the keystream is made 16 KiB at a time into a stack buffer that
  * stays in L1 and is added into the caller's vector right away, so the
- * cost is one ChaCha20 pass (libcrypto's, chacha.c) plus one cheap
+ * cost is one ChaCha20 pass (libcrypto's, bulk.c) plus one cheap
  * vectorised pass.
  */
 #include <string.h>

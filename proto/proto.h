@@ -33,8 +33,10 @@
  * and FedNova's); UpdateBegin.eval_*, RoundStart.evaluate_only; update
  * chunks go up only on the coordinator's UpdateCredit; 6: SecAgg SETUP
  * and the ahead flag (a round set up during the one before), RoundStart's
- * SecAggRound.set_up. */
-#define FB_PROTOCOL_VERSION 6
+ * SecAggRound.set_up. 7: a FULL stream's chunk hashes are SHA-256, not
+ * BLAKE2b-256 (crypto/stream.c: the model's download, hashed on every
+ * worker, at the CPU's SHA-extension speed). */
+#define FB_PROTOCOL_VERSION 7
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */

@@ -149,7 +149,7 @@ test_kat_ed25519(void **state)
 	fb_identity_free(id);
 }
 
-/* ---- the bulk ChaCha20 passes (chacha.c) ------------------------------- */
+/* ---- the bulk passes (bulk.c) ------------------------------------------ */
 
 /* libcrypto in use, unless the environment asked for libsodium. */
 static void
@@ -204,6 +204,16 @@ test_chacha_is_libsodium(void **state)
 			                     adl, npub, k),
 			    0);
 			assert_memory_equal(c2, m, n);
+		}
+		{
+			uint8_t h1[32], h2[32];
+			crypto_hash_sha256_state st;
+			size_t cut = n / 3;
+			crypto_hash_sha256_init(&st);
+			crypto_hash_sha256_update(&st, m, n);
+			crypto_hash_sha256_final(&st, h1);
+			fb_sha256_2(h2, m, cut, m + cut, n - cut);
+			assert_memory_equal(h1, h2, 32);
 		}
 		for (size_t j = 0; j < sizeof(ics) / sizeof(ics[0]); j++) {
 			/* up to the counter's last block (past it,
@@ -1809,15 +1819,16 @@ test_stream_indexed_mode(void **state)
 }
 
 /*
- * An INDEXED_TAGS stream as crypto.h documents it, rebuilt here from
- * libsodium's primitives alone: each chunk is XChaCha20-Poly1305-IETF
+ * An INDEXED_TAGS or FULL stream as crypto.h documents it, rebuilt here
+ * from libsodium's primitives alone: each chunk is XChaCha20-Poly1305-IETF
  * under nonce = header nonce || LE64(k) and AD = run || round || sender
  * || LE64(k) || flag, the digest in the trailer is BLAKE2b-256 of
- * "fedbox/stream/v1" || header || for each chunk LE64(length) || LE64(k)
- * || its tag, and the header carries mode 2.
+ * "fedbox/stream/v1" || header || for each chunk, INDEXED_TAGS:
+ * LE64(length) || LE64(k) || its tag, FULL: SHA-256(LE64(length) ||
+ * chunk), and the header carries the mode (2, 0).
  */
 static void
-test_stream_indexed_wire_format(void **state)
+wire_format_of(fb_stream_digest mode)
 {
 	const fixture *f = fx();
 	fb_stream_ctx ctx = ctx_of(&f->run, 7, 3);
@@ -1828,10 +1839,10 @@ test_stream_indexed_wire_format(void **state)
 	size_t len = 2 * CH + 33, off = 0;
 	unsigned long long tlen = 0;
 
-	cur_mode = FB_STREAM_DIGEST_INDEXED_TAGS;
+	cur_mode = mode;
 	push_wire(&ctx, f->w1, len, 11, &w);
 	assert_int_equal(w.nchunks, 3);
-	assert_int_equal(w.header[2], 2);
+	assert_int_equal(w.header[2], mode);
 	assert_true(sodium_is_zero(w.header + 24, 8));
 	crypto_generichash_init(&h, NULL, 0, 32);
 	crypto_generichash_update(&h, (const uint8_t *)"fedbox/stream/v1", 16);
@@ -1854,10 +1865,20 @@ test_stream_indexed_wire_format(void **state)
 		assert_int_equal(w.chunk_len[k], n + 17);
 		assert_memory_equal(w.chunks[k], c, n + 17);
 		fb_store_le64(l, n + 17);
-		crypto_generichash_update(&h, l, 8);
-		fb_store_le64(l, k);
-		crypto_generichash_update(&h, l, 8);
-		crypto_generichash_update(&h, c + 1 + n, 16);
+		if (mode == FB_STREAM_DIGEST_FULL) {
+			crypto_hash_sha256_state sh;
+			uint8_t ch[32];
+			crypto_hash_sha256_init(&sh);
+			crypto_hash_sha256_update(&sh, l, 8);
+			crypto_hash_sha256_update(&sh, c, n + 17);
+			crypto_hash_sha256_final(&sh, ch);
+			crypto_generichash_update(&h, ch, 32);
+		} else {
+			crypto_generichash_update(&h, l, 8);
+			fb_store_le64(l, k);
+			crypto_generichash_update(&h, l, 8);
+			crypto_generichash_update(&h, c + 1 + n, 16);
+		}
 		off += n;
 	}
 	crypto_generichash_final(&h, digest, 32);
@@ -1865,6 +1886,18 @@ test_stream_indexed_wire_format(void **state)
 	assert_int_equal(fb_load_le64(w.trailer + 28), len);
 	assert_int_equal(fb_load_le64(w.trailer + 36), 3);
 	cur_mode = FB_STREAM_DIGEST_FULL;
+}
+
+static void
+test_stream_indexed_wire_format(void **state)
+{
+	wire_format_of(FB_STREAM_DIGEST_INDEXED_TAGS);
+}
+
+static void
+test_stream_full_wire_format(void **state)
+{
+	wire_format_of(FB_STREAM_DIGEST_FULL);
 }
 
 /*
@@ -2141,7 +2174,7 @@ test_reject_names(void **state)
 FB_TESTS = {
     {"Ed25519 from a seed matches RFC 8032", test_kat_ed25519},
     {"BLAKE2b matches RFC 7693", test_kat_blake2b},
-    {"the bulk ChaCha20 passes are libsodium's, byte for byte",
+    {"the bulk ChaCha20 and SHA-256 passes are libsodium's, byte for byte",
         test_chacha_is_libsodium},
     {"a failed open returns -1 and leaves nothing unauthenticated",
         test_chacha_open_refuses_and_wipes},
@@ -2189,6 +2222,8 @@ FB_TESTS = {
         test_stream_indexed_mode},
     {"an INDEXED_TAGS stream is the documented libsodium construction",
         test_stream_indexed_wire_format},
+    {"a FULL stream is the documented construction (SHA-256 per chunk)",
+        test_stream_full_wire_format},
     {"INDEXED_TAGS chunks seal and open on their own, in any order",
         test_stream_indexed_parallel},
     {"FULL chunks sealed out of order on their own pull as one stream",

@@ -1801,8 +1801,8 @@ fetch_chunks(uint32_t i, uint32_t first, uint32_t end)
 
 /*
  * Takes the model chunks sent to worker i, which must be all of them in
- * order: each one's hash (BLAKE2b-256 of LE64(length) || ciphertext,
- * computed here) is the one the encryption pass put in the signed
+ * order: each one's hash (SHA-256 of LE64(length) || ciphertext,
+ * computed here with libsodium's) is the one the encryption pass put in the signed
  * trailer, each decrypts under the round key to `want`, and the trailer
  * verifies with the coordinator's key.
  */
@@ -1826,7 +1826,7 @@ take_model(uint32_t i, const float *want)
 	for (uint32_t k = 0; k < t.c->chunk_count; k++) {
 		const sent *ch = next_to(i, FB_MSG_MODEL_CHUNK);
 		uint8_t h[FB_STREAM_HASH_LEN], l[8];
-		crypto_generichash_state st;
+		crypto_hash_sha256_state st;
 		size_t mlen = 0;
 		int fin = 0;
 
@@ -1834,10 +1834,10 @@ take_model(uint32_t i, const float *want)
 		assert_int_equal(ch->m.u.model_chunk.chunk, k);
 		assert_int_equal(ch->m.u.model_chunk.round, t.fw[i].round);
 		fb_store_le64(l, ch->len);
-		crypto_generichash_init(&st, NULL, 0, sizeof(h));
-		crypto_generichash_update(&st, l, sizeof(l));
-		crypto_generichash_update(&st, ch->payload, ch->len);
-		crypto_generichash_final(&st, h, sizeof(h));
+		crypto_hash_sha256_init(&st);
+		crypto_hash_sha256_update(&st, l, sizeof(l));
+		crypto_hash_sha256_update(&st, ch->payload, ch->len);
+		crypto_hash_sha256_final(&st, h);
 		assert_memory_equal(h, t.c->bc.hash[k], sizeof(h));
 		assert_int_equal(fb_stream_pull_chunk(pull, ch->payload,
 		                     ch->len, m, sizeof(m), &mlen, &fin, &why),
