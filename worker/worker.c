@@ -81,6 +81,8 @@ fb_wk_fini(fb_wk *w)
 		w->io->train_stop(w->io->arg, w);
 	}
 	fb_wk_upload_drop(w);
+	fb_free(w->up.batch); /* (kept from round to round) */
+	w->up.batch = NULL;
 	fb_wk_mask_stop(w);
 	fb_wk_premask_free(w);
 	fb_wk_outbox_clear(w);

@@ -183,6 +183,7 @@ typedef struct fb_wk_upload {
 	 * made in the other half by the masker thread (w->mk) */
 	uint32_t *batch;      /* SecAgg: 2 x batch_cap chunks of chunk_bytes */
 	uint32_t batch_cap;
+	size_t batch_bytes;   /* batch's size; it is kept from round to round */
 	uint32_t batch_first, batch_n, half;
 	bool ahead;
 	uint32_t ahead_first, ahead_n;
