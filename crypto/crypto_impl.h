@@ -94,6 +94,17 @@ void fb_chacha20_xor_ic(uint8_t *c, const uint8_t *m, size_t len,
 void fb_sha256_2(uint8_t out[32], const uint8_t *a, size_t a_len,
     const uint8_t *b, size_t b_len);
 
+/* Poly1305 in steps, crypto_onetimeauth_poly1305_{init,update,final}'s
+ * tag: on libcrypto when the message will be FB_CHACHA_MIN bytes or more
+ * (`len`, a hint). final ends it and wipes the key. */
+typedef struct fb_poly {
+	struct evp_mac_ctx_st *ctx; /* NULL: st, libsodium's */
+	crypto_onetimeauth_poly1305_state st;
+} fb_poly;
+void fb_poly_init(fb_poly *p, const uint8_t key[32], size_t len);
+void fb_poly_update(fb_poly *p, const uint8_t *m, size_t len);
+void fb_poly_final(fb_poly *p, uint8_t mac[16]);
+
 static inline void
 le16_store(uint8_t *p, uint16_t v)
 {

@@ -603,7 +603,7 @@ ix_open(fb_stream_pull *p, const uint8_t *c, size_t c_len, size_t *m_len,
 	static const uint8_t zero[16];
 	uint8_t nonce[IX_NONCE_LEN + 8], ad[IX_AD_LEN];
 	uint8_t block[SS_BLOCK_LEN], l[8], mac[FB_MSG_MAC_LEN];
-	crypto_onetimeauth_poly1305_state poly;
+	fb_poly poly;
 	size_t n = c_len - FB_STREAM_CHUNK_OVERHEAD;
 	uint8_t flag = c[0];
 
@@ -615,19 +615,18 @@ ix_open(fb_stream_pull *p, const uint8_t *c, size_t c_len, size_t *m_len,
 	memcpy(p->c.part_nonce + 4, nonce + IX_NONCE_LEN, 8);
 	crypto_stream_chacha20_ietf(
 	    block, sizeof(block), p->c.part_nonce, p->c.part_k);
-	crypto_onetimeauth_poly1305_init(&poly, block);
+	fb_poly_init(&poly, block, n);
 	sodium_memzero(block, sizeof(block));
-	crypto_onetimeauth_poly1305_update(&poly, ad, sizeof(ad));
-	crypto_onetimeauth_poly1305_update(
+	fb_poly_update(&poly, ad, sizeof(ad));
+	fb_poly_update(
 	    &poly, zero, (0x10 - sizeof(ad)) & 0xf);
-	crypto_onetimeauth_poly1305_update(&poly, c + 1, n);
-	crypto_onetimeauth_poly1305_update(&poly, zero, (0x10 - n) & 0xf);
+	fb_poly_update(&poly, c + 1, n);
+	fb_poly_update(&poly, zero, (0x10 - n) & 0xf);
 	fb_store_le64(l, sizeof(ad));
-	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
+	fb_poly_update(&poly, l, sizeof(l));
 	fb_store_le64(l, (uint64_t)n);
-	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
-	crypto_onetimeauth_poly1305_final(&poly, mac);
-	sodium_memzero(&poly, sizeof(poly));
+	fb_poly_update(&poly, l, sizeof(l));
+	fb_poly_final(&poly, mac);
 	if (sodium_memcmp(mac, c + 1 + n, sizeof(mac)) != 0) {
 		sodium_memzero(mac, sizeof(mac));
 		fb_stream_pull_close(p);
@@ -667,7 +666,7 @@ fb_stream_pull_open(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 {
 	static const uint8_t zero[16];
 	crypto_secretstream_xchacha20poly1305_state *ss = &p->c.ss;
-	crypto_onetimeauth_poly1305_state poly;
+	fb_poly poly;
 	uint8_t block[SS_BLOCK_LEN], l[8], mac[FB_MSG_MAC_LEN];
 	size_t n;
 	uint8_t tag;
@@ -682,9 +681,9 @@ fb_stream_pull_open(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	}
 	n = c_len - FB_STREAM_CHUNK_OVERHEAD;
 	crypto_stream_chacha20_ietf(block, sizeof(block), ss->nonce, ss->k);
-	crypto_onetimeauth_poly1305_init(&poly, block);
-	crypto_onetimeauth_poly1305_update(&poly, p->c.ad, AD_LEN);
-	crypto_onetimeauth_poly1305_update(
+	fb_poly_init(&poly, block, n);
+	fb_poly_update(&poly, p->c.ad, AD_LEN);
+	fb_poly_update(
 	    &poly, zero, (0x10 - (size_t)AD_LEN) & 0xf);
 	memset(block, 0, sizeof(block));
 	block[0] = c[0];
@@ -692,16 +691,15 @@ fb_stream_pull_open(fb_stream_pull *p, const uint8_t *c, size_t c_len,
 	    block, block, sizeof(block), ss->nonce, 1U, ss->k);
 	tag = block[0];
 	block[0] = c[0];
-	crypto_onetimeauth_poly1305_update(&poly, block, sizeof(block));
-	crypto_onetimeauth_poly1305_update(&poly, c + 1, n);
-	crypto_onetimeauth_poly1305_update(
+	fb_poly_update(&poly, block, sizeof(block));
+	fb_poly_update(&poly, c + 1, n);
+	fb_poly_update(
 	    &poly, zero, (0x10 - sizeof(block) + n) & 0xf);
 	fb_store_le64(l, AD_LEN);
-	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
+	fb_poly_update(&poly, l, sizeof(l));
 	fb_store_le64(l, (uint64_t)(sizeof(block) + n));
-	crypto_onetimeauth_poly1305_update(&poly, l, sizeof(l));
-	crypto_onetimeauth_poly1305_final(&poly, mac);
-	sodium_memzero(&poly, sizeof(poly));
+	fb_poly_update(&poly, l, sizeof(l));
+	fb_poly_final(&poly, mac);
 	sodium_memzero(block, sizeof(block));
 	if (sodium_memcmp(mac, c + 1 + n, sizeof(mac)) != 0) {
 		sodium_memzero(mac, sizeof(mac));

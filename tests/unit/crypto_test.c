@@ -215,6 +215,28 @@ test_chacha_is_libsodium(void **state)
 			fb_sha256_2(h2, m, cut, m + cut, n - cut);
 			assert_memory_equal(h1, h2, 32);
 		}
+		{
+			/* Poly1305 in three steps, the length hint right and
+			 * wrong (it picks the library, not the tag) */
+			uint8_t t3[16], pk[32];
+			crypto_onetimeauth_poly1305_state st;
+			fb_poly p;
+			size_t cut = n / 3, cut2 = n - n / 5;
+			randombytes_buf(pk, sizeof(pk));
+			crypto_onetimeauth_poly1305_init(&st, pk);
+			crypto_onetimeauth_poly1305_update(&st, m, cut);
+			crypto_onetimeauth_poly1305_update(&st, m + cut, cut2 - cut);
+			crypto_onetimeauth_poly1305_update(&st, m + cut2, n - cut2);
+			crypto_onetimeauth_poly1305_final(&st, t1);
+			for (size_t hint = 0; hint < 2; hint++) {
+				fb_poly_init(&p, pk, hint ? n : FB_CHACHA_MIN);
+				fb_poly_update(&p, m, cut);
+				fb_poly_update(&p, m + cut, cut2 - cut);
+				fb_poly_update(&p, m + cut2, n - cut2);
+				fb_poly_final(&p, t3);
+				assert_memory_equal(t1, t3, 16);
+			}
+		}
 		for (size_t j = 0; j < sizeof(ics) / sizeof(ics[0]); j++) {
 			/* up to the counter's last block (past it,
 			 * libsodium aborts, and so does fb_chacha20_xor_ic,
@@ -2174,7 +2196,7 @@ test_reject_names(void **state)
 FB_TESTS = {
     {"Ed25519 from a seed matches RFC 8032", test_kat_ed25519},
     {"BLAKE2b matches RFC 7693", test_kat_blake2b},
-    {"the bulk ChaCha20 and SHA-256 passes are libsodium's, byte for byte",
+    {"the bulk ChaCha20, Poly1305 and SHA-256 passes are libsodium's",
         test_chacha_is_libsodium},
     {"a failed open returns -1 and leaves nothing unauthenticated",
         test_chacha_open_refuses_and_wipes},
