@@ -70,10 +70,13 @@ fetch(void)
 const char *
 fb_crypto_ciphers(void)
 {
+	int n;
+
 	pthread_once(&once, fetch);
-	return aead != NULL && stream != NULL && sha256 != NULL && poly != NULL
-	           ? "libcrypto"
-	           : "libsodium";
+	n = (aead != NULL) + (stream != NULL) + (sha256 != NULL) + (poly != NULL);
+	/* (some but not all: a libcrypto configured without some, e.g. a
+	 * FIPS provider, which has no ChaCha20) */
+	return n == 4 ? "libcrypto" : n == 0 ? "libsodium" : "libcrypto and libsodium";
 }
 
 /* The cipher for a message of `len` bytes (the AEAD, or the bare stream);

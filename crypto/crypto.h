@@ -180,9 +180,10 @@ FB_MUST_CHECK fb_err fb_crypto_init(void);
 /*
  * fb_crypto_ciphers names the library that runs the bulk ChaCha20 passes
  * (model and update chunks, masks; the bytes are the same either way):
- * "libcrypto" (OpenSSL's, with its AVX2/AVX-512 code), or "libsodium" when
- * libcrypto lacks the ciphers or FEDBOX_CIPHER=libsodium is in the
- * environment (for comparisons).
+ * "libcrypto" (OpenSSL's, with its AVX2/AVX-512 code), "libsodium" when
+ * libcrypto has none of them or FEDBOX_CIPHER=libsodium is in the
+ * environment (for comparisons), or "libcrypto and libsodium" when it has
+ * some (a FIPS provider has no ChaCha20).
  */
 const char *fb_crypto_ciphers(void);
 

@@ -37,7 +37,7 @@ run() { # DIR COORDINATOR-CIPHER WORKER-CIPHERS...
 }
 
 said() { # LOG LIBRARY
-	grep -q "ciphers: $2" "$1" || fail "$1 does not say it used $2"
+	grep -qE "ciphers: $2(\)|$)" "$1" || fail "$1 does not say it used $2 alone"
 }
 
 run "$T/a" default default default default
