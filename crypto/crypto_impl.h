@@ -75,6 +75,17 @@ fb_err fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
     uint8_t header[FB_STREAM_HEADER_LEN], fb_stream_push **out);
 
 /*
+ * Memory for short-lived secrets (secmem.c): like sodium_malloc and
+ * sodium_free (locked, out of core dumps, wiped when freed; contents
+ * unspecified when allocated; 64-byte aligned), from arenas for blocks up
+ * to FB_SECMEM_MAX bytes, without sodium_malloc's system calls each time.
+ * NULL when out of memory. Thread-safe.
+ */
+#define FB_SECMEM_MAX 65472
+void *fb_secmem_alloc(size_t len);
+void fb_secmem_free(void *p);
+
+/*
  * The bulk passes (bulk.c): libsodium's results byte for byte, on
  * libcrypto's faster code for messages of FB_CHACHA_MIN bytes and more. fb_xchacha_seal and fb_xchacha_open are
  * crypto_aead_xchacha20poly1305_ietf_{encrypt,decrypt}_detached (m == c is

@@ -6,7 +6,7 @@
  * aggregation") has the protocol, the wire layouts and the contracts.
  *
  * Secrets (c_sk, s_sk, b, held shares, pairwise seeds) live in
- * sodium_malloc'd memory and are wiped by the _free functions; temporary
+ * fb_secmem_alloc'd memory and are wiped by the _free functions; temporary
  * copies are wiped where they are used.
  */
 #include <math.h>
@@ -16,7 +16,7 @@
 
 #include <sodium.h>
 
-#include "crypto/crypto.h"
+#include "crypto/crypto_impl.h"
 
 #define VERSION FB_CRYPTO_WIRE_VERSION
 #define KIND_ADV 16
@@ -512,9 +512,9 @@ struct fb_secagg_worker {
 	int stage;
 	fb_secagg_graph *g;
 	uint32_t *nbr;       /* k neighbours, ascending */
-	wsecret *sec;        /* sodium_malloc */
-	wpeer *peers;        /* sodium_malloc, k + 1 */
-	fb_mask_term *terms; /* sodium_malloc, k + 1 */
+	wsecret *sec;        /* fb_secmem_alloc */
+	wpeer *peers;        /* fb_secmem_alloc, k + 1 */
+	fb_mask_term *terms; /* fb_secmem_alloc, k + 1 */
 	uint32_t nterms;
 	fb_pubkey self_id; /* our identity key (fb_secagg_worker_advertise) */
 	bool have_self_id;
@@ -526,7 +526,7 @@ struct fb_secagg_worker {
 /*
  * peer_key returns the share-encryption key of our pair with neighbour
  * slot `slot`, derived once (it is symmetric: the shares both ways use it,
- * with nonces that differ by direction) and kept in the sodium_malloc'd
+ * with nonces that differ by direction) and kept in the fb_secmem_alloc'd
  * peer entry, wiped with it.
  */
 static fb_err
@@ -575,9 +575,9 @@ fb_secagg_worker_alloc(const fb_secagg_params *p, uint32_t self,
 	}
 	w->k = k = w->g->k;
 	w->nbr = calloc(k + 1, sizeof(*w->nbr));
-	w->sec = sodium_malloc(sizeof(*w->sec));
-	w->peers = sodium_malloc((size_t)(k + 1) * sizeof(*w->peers));
-	w->terms = sodium_malloc((size_t)(k + 1) * sizeof(*w->terms));
+	w->sec = fb_secmem_alloc(sizeof(*w->sec));
+	w->peers = fb_secmem_alloc((size_t)(k + 1) * sizeof(*w->peers));
+	w->terms = fb_secmem_alloc((size_t)(k + 1) * sizeof(*w->terms));
 	if (w->nbr == NULL || w->sec == NULL || w->peers == NULL ||
 	    w->terms == NULL) {
 		rc = FB_ENOMEM;
@@ -610,9 +610,9 @@ fb_secagg_worker_free(fb_secagg_worker *w)
 	fb_secagg_graph_free(w->g);
 	free(w->nbr);
 	free(w->set);
-	sodium_free(w->sec); /* sodium_free wipes */
-	sodium_free(w->peers);
-	sodium_free(w->terms);
+	fb_secmem_free(w->sec); /* (wiped) */
+	fb_secmem_free(w->peers);
+	fb_secmem_free(w->terms);
 	free(w);
 }
 
@@ -719,7 +719,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 	}
 	xs = calloc(m + 1, sizeof(*xs));
 	to = calloc(m + 1, sizeof(*to));
-	sh = sodium_malloc(2 * (size_t)(m + 1) * sizeof(*sh));
+	sh = fb_secmem_alloc(2 * (size_t)(m + 1) * sizeof(*sh));
 	if (xs == NULL || to == NULL || sh == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
@@ -771,7 +771,7 @@ out:
 	}
 	free(xs);
 	free(to);
-	sodium_free(sh);
+	fb_secmem_free(sh);
 	sodium_memzero(pt, sizeof(pt));
 	return rc;
 }
@@ -1044,8 +1044,8 @@ struct fb_secagg_server {
 	uint32_t keycap;         /* a power of two >= 2 n */
 	uint32_t *nbr;           /* scratch: k neighbours */
 	uint8_t *mark;           /* scratch: n flags */
-	fb_shamir_share *shares; /* sodium_malloc, n * (k + 1) */
-	fb_mask_term *terms;     /* sodium_malloc, nterms */
+	fb_shamir_share *shares; /* fb_secmem_alloc, n * (k + 1) */
+	fb_mask_term *terms;     /* fb_secmem_alloc, nterms */
 	uint64_t nterms;
 };
 
@@ -1081,7 +1081,7 @@ fb_secagg_server_alloc(const fb_secagg_params *p, fb_secagg_server **out)
 	s->nbr = calloc(s->k + 1, sizeof(*s->nbr));
 	s->mark = calloc(p->n, 1);
 	s->keytab = calloc(s->keycap, sizeof(*s->keytab));
-	s->shares = sodium_malloc(nsh * sizeof(*s->shares));
+	s->shares = fb_secmem_alloc(nsh * sizeof(*s->shares));
 	if (s->w == NULL || s->nbr == NULL || s->mark == NULL ||
 	    s->keytab == NULL || s->shares == NULL) {
 		rc = FB_ENOMEM;
@@ -1105,8 +1105,8 @@ fb_secagg_server_free(fb_secagg_server *s)
 	free(s->nbr);
 	free(s->mark);
 	free(s->keytab);
-	sodium_free(s->shares);
-	sodium_free(s->terms);
+	fb_secmem_free(s->shares);
+	fb_secmem_free(s->terms);
 	free(s);
 }
 
@@ -1388,8 +1388,8 @@ fb_secagg_server_finish(fb_secagg_server *s)
 			}
 		}
 	}
-	s->terms = sodium_malloc((size_t)(nterms + 1) * sizeof(*s->terms));
-	sec = sodium_malloc(64);
+	s->terms = fb_secmem_alloc((size_t)(nterms + 1) * sizeof(*s->terms));
+	sec = fb_secmem_alloc(64);
 	if (s->terms == NULL || sec == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
@@ -1457,11 +1457,11 @@ fb_secagg_server_finish(fb_secagg_server *s)
 	s->finished = 1;
 out:
 	if (rc != FB_OK) {
-		sodium_free(s->terms);
+		fb_secmem_free(s->terms);
 		s->terms = NULL;
 		s->nterms = 0;
 	}
-	sodium_free(sec);
+	fb_secmem_free(sec);
 	return rc;
 }
 

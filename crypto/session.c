@@ -37,7 +37,7 @@
 #define M_SEQ 28
 #define M_LEN 36
 
-/* The worker's handshake state; sodium_malloc'd (ephemeral secret). */
+/* The worker's handshake state; fb_secmem_alloc'd (ephemeral secret). */
 struct fb_handshake {
 	uint8_t eph_sk[32];
 	uint8_t eph_pk[32];
@@ -55,7 +55,7 @@ fb_session_alloc_keys(const uint8_t tx[32], const uint8_t rx[32],
 	fb_session *s;
 
 	*out = NULL;
-	if ((s = sodium_malloc(sizeof(*s))) == NULL) {
+	if ((s = fb_secmem_alloc(sizeof(*s))) == NULL) {
 		return FB_ENOMEM;
 	}
 	memset(s, 0, sizeof(*s));
@@ -74,7 +74,7 @@ fb_session_alloc_keys(const uint8_t tx[32], const uint8_t rx[32],
 void
 fb_session_free(fb_session *s)
 {
-	sodium_free(s); /* wipes; NULL is a no-op */
+	fb_secmem_free(s); /* wipes; NULL is a no-op */
 }
 
 void
@@ -213,7 +213,7 @@ fb_handshake_start(const fb_identity *self, const fb_pubkey *coordinator,
 	if ((rc = fb_crypto_ready()) != FB_OK) {
 		goto out;
 	}
-	if ((hs = sodium_malloc(sizeof(*hs))) == NULL) {
+	if ((hs = fb_secmem_alloc(sizeof(*hs))) == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
 	}
@@ -236,14 +236,14 @@ fb_handshake_start(const fb_identity *self, const fb_pubkey *coordinator,
 	*out = hs;
 	hs = NULL;
 out:
-	sodium_free(hs);
+	fb_secmem_free(hs);
 	return rc;
 }
 
 void
 fb_handshake_free(fb_handshake *hs)
 {
-	sodium_free(hs);
+	fb_secmem_free(hs);
 }
 
 fb_err
@@ -306,7 +306,7 @@ fb_handshake_accept(const fb_hs_accept_cfg *cfg, const uint8_t *hello,
 		rc = FB_ESTALE;
 		goto out;
 	}
-	if ((k = sodium_malloc(160)) == NULL) {
+	if ((k = fb_secmem_alloc(160)) == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
 	}
@@ -335,7 +335,7 @@ out:
 	if (rc != FB_OK) {
 		memset(reply, 0, FB_HS_REPLY_LEN);
 	}
-	sodium_free(k);
+	fb_secmem_free(k);
 	return rc;
 }
 
@@ -380,7 +380,7 @@ fb_handshake_finish(fb_handshake *hs, const uint8_t *reply, size_t reply_len,
 		rc = FB_EPROTO;
 		goto out;
 	}
-	if ((k = sodium_malloc(96)) == NULL) {
+	if ((k = fb_secmem_alloc(96)) == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
 	}
@@ -396,7 +396,7 @@ fb_handshake_finish(fb_handshake *hs, const uint8_t *reply, size_t reply_len,
 	rc = fb_session_alloc_keys(k + 32, k, k + 64, &run, &hs->coordinator,
 	    worker_id, FB_SENDER_COORDINATOR, out);
 out:
-	sodium_free(k);
+	fb_secmem_free(k);
 	return rc;
 }
 

@@ -17,7 +17,7 @@
 
 #include <sodium.h>
 
-#include "crypto/crypto.h"
+#include "crypto/crypto_impl.h"
 
 #define P61 ((UINT64_C(1) << 61) - 1)
 
@@ -172,7 +172,7 @@ fb_shamir_split(const uint8_t secret[FB_SHAMIR_SECRET_LEN], uint32_t t,
 		return rc;
 	}
 	ncoef = (size_t)(t - 1) * FB_SHAMIR_LIMBS;
-	coeffs = sodium_malloc(ncoef * sizeof(*coeffs) + 8);
+	coeffs = fb_secmem_alloc(ncoef * sizeof(*coeffs) + 8);
 	if (coeffs == NULL) {
 		return FB_ENOMEM;
 	}
@@ -186,7 +186,7 @@ fb_shamir_split(const uint8_t secret[FB_SHAMIR_SECRET_LEN], uint32_t t,
 		} while (coeffs[i] == P61);
 	}
 	rc = fb_shamir_split_coeffs(secret, t, xs, count, coeffs, out);
-	sodium_free(coeffs);
+	fb_secmem_free(coeffs);
 	return rc;
 }
 

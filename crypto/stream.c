@@ -65,9 +65,9 @@ _Static_assert(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES ==
         IX_NONCE_LEN + 8,
     "nonce = header nonce || LE64(index)");
 
-/* Both ends' state; sodium_malloc'd (it holds the stream key). The
- * BLAKE2b state first: it needs 64-byte alignment, which sodium_malloc
- * gives a struct whose size is a multiple of 64. */
+/* Both ends' state; fb_secmem_alloc'd (it holds the stream key). The
+ * BLAKE2b state first: it needs 64-byte alignment, which fb_secmem_alloc
+ * gives. */
 typedef struct stream_core {
 	crypto_generichash_state hash;
 	crypto_secretstream_xchacha20poly1305_state ss;
@@ -238,7 +238,7 @@ fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
 	if ((rc = fb_crypto_ready()) != FB_OK) {
 		goto out;
 	}
-	if ((p = sodium_malloc(sizeof(*p))) == NULL) {
+	if ((p = fb_secmem_alloc(sizeof(*p))) == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
 	}
@@ -259,7 +259,7 @@ fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
 	*out = p;
 	p = NULL;
 out:
-	sodium_free(p);
+	fb_secmem_free(p);
 	return rc;
 }
 
@@ -405,7 +405,7 @@ fb_stream_push_final(fb_stream_push *p, const fb_identity *signer,
 void
 fb_stream_push_free(fb_stream_push *p)
 {
-	sodium_free(p);
+	fb_secmem_free(p);
 }
 
 /* ---- pull ---------------------------------------------------------------- */
@@ -445,7 +445,7 @@ fb_stream_pull_alloc(const fb_stream_ctx *ctx, fb_stream_digest digest,
 		rc = FB_EPROTO;
 		goto out;
 	}
-	if ((p = sodium_malloc(sizeof(*p))) == NULL) {
+	if ((p = fb_secmem_alloc(sizeof(*p))) == NULL) {
 		rc = FB_ENOMEM;
 		goto out;
 	}
@@ -469,7 +469,7 @@ fb_stream_pull_alloc(const fb_stream_ctx *ctx, fb_stream_digest digest,
 	*out = p;
 	p = NULL;
 out:
-	sodium_free(p);
+	fb_secmem_free(p);
 	return rc;
 }
 
@@ -941,5 +941,5 @@ fb_stream_pull_final(fb_stream_pull *p, const fb_pubkey *signer,
 void
 fb_stream_pull_free(fb_stream_pull *p)
 {
-	sodium_free(p);
+	fb_secmem_free(p);
 }

@@ -7,6 +7,7 @@
  * from RFC 8032 (Ed25519) and RFC 7693 (BLAKE2b).
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,6 +303,109 @@ test_chacha_open_refuses_and_wipes(void **state)
 	fb_free(m);
 	fb_free(c);
 	fb_free(out);
+}
+
+/* ---- memory for short-lived secrets (secmem.c) -------------------------- */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SECMEM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SECMEM_ASAN 1
+#endif
+#endif
+
+static void
+test_secmem_blocks(void **state)
+{
+	static const size_t sizes[] = {1, 63, 64, 100, 4000, 16384,
+	    FB_SECMEM_MAX, FB_SECMEM_MAX + 1, 1u << 20};
+	enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+	uint8_t *p[N], *again;
+
+	/* every size: 64-byte aligned, all of it writable, none overlapping */
+	for (size_t i = 0; i < N; i++) {
+		p[i] = fb_secmem_alloc(sizes[i]);
+		assert_non_null(p[i]);
+		assert_int_equal((uintptr_t)p[i] % 64, 0);
+		memset(p[i], (int)(0x11 * (i + 1)), sizes[i]);
+	}
+	for (size_t i = 0; i < N; i++) {
+		for (size_t j = 0; j < sizes[i]; j++) {
+			assert_int_equal(p[i][j], (uint8_t)(0x11 * (i + 1)));
+		}
+	}
+	for (size_t i = 0; i < N; i++) {
+		fb_secmem_free(p[i]);
+	}
+	fb_secmem_free(NULL);
+#ifndef SECMEM_ASAN
+	/* a freed block comes back wiped (arenas: the same block, its last
+	 * contents gone) */
+	p[0] = fb_secmem_alloc(4000);
+	memset(p[0], 0x5a, 4000);
+	fb_secmem_free(p[0]);
+	again = fb_secmem_alloc(4000);
+	assert_ptr_equal(again, p[0]);
+	assert_true(sodium_is_zero(again, 4000));
+	fb_secmem_free(again);
+#else
+	(void)again;
+#endif
+}
+
+typedef struct secmem_arg {
+	unsigned seed;
+	int bad;
+} secmem_arg;
+
+static void *
+secmem_thread(void *arg)
+{
+	secmem_arg *a = arg;
+	uint8_t *held[16] = {0};
+	size_t len[16] = {0};
+
+	for (int i = 0; i < 20000; i++) {
+		unsigned r = a->seed = a->seed * 1103515245u + 12345u;
+		unsigned k = (r >> 8) % 16;
+		if (held[k] != NULL) {
+			for (size_t j = 0; j < len[k]; j++) {
+				a->bad |= held[k][j] != (uint8_t)k;
+			}
+			fb_secmem_free(held[k]);
+			held[k] = NULL;
+		} else {
+			len[k] = 1 + (r >> 12) % 3000;
+			held[k] = fb_secmem_alloc(len[k]);
+			if (held[k] == NULL) {
+				a->bad = 1;
+				break;
+			}
+			memset(held[k], (int)k, len[k]);
+		}
+	}
+	for (int k = 0; k < 16; k++) {
+		fb_secmem_free(held[k]);
+	}
+	return NULL;
+}
+
+static void
+test_secmem_threads(void **state)
+{
+	pthread_t t[4];
+	secmem_arg a[4];
+
+	for (int i = 0; i < 4; i++) {
+		a[i] = (secmem_arg){.seed = (unsigned)i + 1};
+		assert_int_equal(pthread_create(&t[i], NULL, secmem_thread, &a[i]),
+		    0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		assert_int_equal(a[i].bad, 0);
+	}
 }
 
 static void
@@ -2196,6 +2300,10 @@ test_reject_names(void **state)
 FB_TESTS = {
     {"Ed25519 from a seed matches RFC 8032", test_kat_ed25519},
     {"BLAKE2b matches RFC 7693", test_kat_blake2b},
+    {"secret blocks are aligned, apart, and wiped when freed",
+        test_secmem_blocks},
+    {"secret blocks hold their contents with 4 threads at once",
+        test_secmem_threads},
     {"the bulk ChaCha20, Poly1305 and SHA-256 passes are libsodium's",
         test_chacha_is_libsodium},
     {"a failed open returns -1 and leaves nothing unauthenticated",
