@@ -54,14 +54,6 @@ grep -q '"fedbox.preprocessing"' "$OUT/model.safetensors" ||
 
 # Same seeds, workers started in the opposite order: the same tensors.
 run_federation "$T/b" 2 1 0
-"$PY" - "$T/a/model.safetensors" "$T/b/model.safetensors" <<'PYEOF' || fail "models differ between runs"
-import json, struct, sys
-def tensors(p):
-    d = open(p, "rb").read()
-    n = struct.unpack("<Q", d[:8])[0]
-    return d[8 + n:]
-a, b = (tensors(p) for p in sys.argv[1:3])
-assert a == b, "tensor bytes differ"
-print("models identical: %d bytes of tensors" % len(a))
-PYEOF
+same_tensors "$T/a/model.safetensors" "$T/b/model.safetensors" ||
+	fail "models differ between runs"
 echo PASS

@@ -187,6 +187,22 @@ wait_exit() {
 	return "$st"
 }
 
+# same_tensors A B: whether two safetensors files hold the same tensor
+# bytes (their headers' metadata may differ); prints how many.
+same_tensors() {
+	"$PY" - "$1" "$2" <<'PYEOF'
+import struct, sys
+def tensors(p):
+    d = open(p, "rb").read()
+    n = struct.unpack("<Q", d[:8])[0]
+    return d[8 + n:]
+a, b = (tensors(p) for p in sys.argv[1:3])
+if a != b:
+    sys.exit("tensor bytes differ")
+print("models identical: %d bytes of tensors" % len(a))
+PYEOF
+}
+
 # metric ROUND KEY: prints a key of metrics.jsonl's line for ROUND.
 metric() {
 	"$PY" - "$OUT/metrics.jsonl" "$1" "$2" <<'PYEOF'
