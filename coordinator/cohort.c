@@ -105,16 +105,25 @@ cohorts_fini(coord *c)
 	memset(cs, 0, sizeof(*cs));
 }
 
+/* The index of cohort `id` in c->cs.co, or c->cs.cap when none. */
+static uint32_t
+cohort_index(const coord *c, uint32_t id)
+{
+	uint32_t i = 0;
+
+	while (id != 0 && i < c->cs.cap &&
+	    (c->cs.co[i].state == CO_FREE || c->cs.co[i].id != id)) {
+		i++;
+	}
+	return id != 0 ? i : c->cs.cap;
+}
+
 cohort *
 cohort_of(coord *c, uint32_t id)
 {
-	for (uint32_t i = 0; id != 0 && i < c->cs.cap; i++) {
-		cohort *co = &c->cs.co[i];
-		if (co->state != CO_FREE && co->id == id) {
-			return co;
-		}
-	}
-	return NULL;
+	uint32_t i = cohort_index(c, id);
+
+	return i < c->cs.cap ? &c->cs.co[i] : NULL;
 }
 
 /* The member index of worker w in co, or co->count when none. */
@@ -413,18 +422,19 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
 static bool
 awaits_own_step(const coord *c, const worker *w)
 {
-	for (uint32_t i = 0; w->task_round != 0 && i < c->cs.cap; i++) {
-		const cohort *co = &c->cs.co[i];
-		uint32_t s;
-		if (co->id != w->task_round ||
-		    (co->state != CO_UNMASK && co->state != CO_READY &&
-		        co->state != CO_APPLYING)) {
-			continue;
-		}
-		s = member_of(c, co, w);
-		return s < co->count && (co->sa.flags[s] & SA_F_INCLUDED);
+	uint32_t i = cohort_index(c, w->task_round), s;
+	const cohort *co;
+
+	if (i == c->cs.cap) {
+		return false;
 	}
-	return false;
+	co = &c->cs.co[i];
+	if (co->state != CO_UNMASK && co->state != CO_READY &&
+	    co->state != CO_APPLYING) {
+		return false;
+	}
+	s = member_of(c, co, w);
+	return s < co->count && (co->sa.flags[s] & SA_F_INCLUDED);
 }
 
 /* Whether w can take a task now. */

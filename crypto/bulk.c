@@ -73,10 +73,25 @@ fb_crypto_ciphers(void)
 	int n;
 
 	pthread_once(&once, fetch);
-	n = (aead != NULL) + (stream != NULL) + (sha256 != NULL) + (poly != NULL);
+	n = (aead != NULL) + (stream != NULL) + (sha256 != NULL) +
+	    (poly != NULL);
 	/* (some but not all: a libcrypto configured without some, e.g. a
 	 * FIPS provider, which has no ChaCha20) */
-	return n == 4 ? "libcrypto" : n == 0 ? "libsodium" : "libcrypto and libsodium";
+	return n == 4   ? "libcrypto"
+	       : n == 0 ? "libsodium"
+	                : "libcrypto and libsodium";
+}
+
+/* Whether a message of `len` bytes is worth libcrypto's setup; its
+ * algorithms are fetched then (those missing stay NULL: libsodium's). */
+static bool
+worth_it(size_t len)
+{
+	if (len < FB_CHACHA_MIN) {
+		return false;
+	}
+	pthread_once(&once, fetch);
+	return true;
 }
 
 /* The cipher for a message of `len` bytes (the AEAD, or the bare stream);
@@ -84,11 +99,7 @@ fb_crypto_ciphers(void)
 static const EVP_CIPHER *
 cipher_for(bool want_aead, size_t len)
 {
-	if (len < FB_CHACHA_MIN) {
-		return NULL;
-	}
-	pthread_once(&once, fetch);
-	return want_aead ? aead : stream;
+	return !worth_it(len) ? NULL : want_aead ? aead : stream;
 }
 
 /* libcrypto failed inside a message it had begun: with the other
@@ -118,7 +129,8 @@ update(EVP_CIPHER_CTX *ctx, uint8_t *out, const uint8_t *in, size_t len)
 {
 	while (len > 0) {
 		int n = (int)(len > PIECE ? PIECE : len), outl = 0;
-		if (EVP_CipherUpdate(ctx, out, &outl, in, n) != 1 || outl != n) {
+		if (EVP_CipherUpdate(ctx, out, &outl, in, n) != 1 ||
+		    outl != n) {
 			return false;
 		}
 		if (out != NULL) {
@@ -162,12 +174,14 @@ fb_xchacha_seal(uint8_t *c, uint8_t mac[16], const uint8_t *m, size_t m_len,
 	EVP_CIPHER_CTX *ctx;
 	int outl = 0;
 
-	if (ci == NULL || (ctx = aead_start(ci, 1, ad, ad_len, npub, k)) == NULL) {
-		crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c, mac,
-		    NULL, m, m_len, ad, ad_len, NULL, npub, k);
+	if (ci == NULL ||
+	    (ctx = aead_start(ci, 1, ad, ad_len, npub, k)) == NULL) {
+		crypto_aead_xchacha20poly1305_ietf_encrypt_detached(
+		    c, mac, NULL, m, m_len, ad, ad_len, NULL, npub, k);
 		return;
 	}
-	if (!update(ctx, c, m, m_len) || EVP_EncryptFinal_ex(ctx, c, &outl) != 1 ||
+	if (!update(ctx, c, m, m_len) ||
+	    EVP_EncryptFinal_ex(ctx, c, &outl) != 1 ||
 	    EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, 16, mac) != 1) {
 		midway("a seal");
 	}
@@ -184,9 +198,10 @@ fb_xchacha_open(uint8_t *m, const uint8_t *c, size_t c_len,
 	uint8_t tag[16];
 	int outl = 0, ok;
 
-	if (ci == NULL || (ctx = aead_start(ci, 0, ad, ad_len, npub, k)) == NULL) {
-		return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(m,
-		    NULL, c, c_len, mac, ad, ad_len, npub, k);
+	if (ci == NULL ||
+	    (ctx = aead_start(ci, 0, ad, ad_len, npub, k)) == NULL) {
+		return crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+		    m, NULL, c, c_len, mac, ad, ad_len, npub, k);
 	}
 	memcpy(tag, mac, sizeof(tag));
 	if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, 16, tag) != 1 ||
@@ -230,17 +245,14 @@ fb_chacha20_xor_ic(uint8_t *c, const uint8_t *m, size_t len,
 }
 
 void
-fb_sha256_2(uint8_t out[32], const uint8_t *a, size_t a_len,
-    const uint8_t *b, size_t b_len)
+fb_sha256_2(uint8_t out[32], const uint8_t *a, size_t a_len, const uint8_t *b,
+    size_t b_len)
 {
 	EVP_MD_CTX *ctx = NULL;
 	crypto_hash_sha256_state st;
 	unsigned int n = 0;
 
-	if (a_len + b_len >= FB_CHACHA_MIN) {
-		pthread_once(&once, fetch);
-	}
-	if (a_len + b_len >= FB_CHACHA_MIN && sha256 != NULL &&
+	if (worth_it(a_len + b_len) && sha256 != NULL &&
 	    (ctx = EVP_MD_CTX_new()) != NULL &&
 	    EVP_DigestInit_ex2(ctx, sha256, NULL) == 1 &&
 	    EVP_DigestUpdate(ctx, a, a_len) == 1 &&
@@ -262,13 +274,11 @@ void
 fb_poly_init(fb_poly *p, const uint8_t key[32], size_t len)
 {
 	p->ctx = NULL;
-	if (len >= FB_CHACHA_MIN) {
-		pthread_once(&once, fetch);
-		if (poly != NULL && (p->ctx = EVP_MAC_CTX_new(poly)) != NULL &&
-		    EVP_MAC_init(p->ctx, key, 32, NULL) != 1) {
-			EVP_MAC_CTX_free(p->ctx);
-			p->ctx = NULL;
-		}
+	if (worth_it(len) && poly != NULL &&
+	    (p->ctx = EVP_MAC_CTX_new(poly)) != NULL &&
+	    EVP_MAC_init(p->ctx, key, 32, NULL) != 1) {
+		EVP_MAC_CTX_free(p->ctx);
+		p->ctx = NULL;
 	}
 	if (p->ctx == NULL) {
 		crypto_onetimeauth_poly1305_init(&p->st, key);

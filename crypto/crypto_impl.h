@@ -87,7 +87,8 @@ void fb_secmem_free(void *p);
 
 /*
  * The bulk passes (bulk.c): libsodium's results byte for byte, on
- * libcrypto's faster code for messages of FB_CHACHA_MIN bytes and more. fb_xchacha_seal and fb_xchacha_open are
+ * libcrypto's faster code for messages of FB_CHACHA_MIN bytes and more.
+ * fb_xchacha_seal and fb_xchacha_open are
  * crypto_aead_xchacha20poly1305_ietf_{encrypt,decrypt}_detached (m == c is
  * allowed; a failed open wipes m and returns -1); fb_chacha20_xor_ic is
  * crypto_stream_chacha20_ietf_xor_ic; fb_sha256_2 is the SHA-256 of a || b

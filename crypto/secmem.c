@@ -10,7 +10,7 @@
  * hundred mmap, mprotect and munmap calls a secure round, each a TLB
  * shootdown across the process's threads. libsodium documents it as
  * slow, for a few long-lived secrets. On the 2-vCPU development VM they
- * were a fifth of a small model's secure round (bench/RESULTS.md).
+ * cost 14-32% of a 1e5-parameter model's secure round (bench/RESULTS.md).
  *
  * Here, blocks of 64 bytes to FB_SECMEM_MAX come from arenas that are
  * themselves sodium_malloc'd (locked, so never swapped; kept out of core
@@ -29,10 +29,10 @@
 
 #include "crypto/crypto_impl.h"
 
-#define HEAD 64                /* a block's header: its class; keeps 64-alignment */
-#define MIN_SHIFT 6            /* 64 bytes, the smallest block */
-#define CLASSES 11             /* 64 B .. 64 KiB, header included */
-#define ARENA_BYTES (1u << 20) /* an arena, carved as blocks are first asked for */
+#define HEAD 64     /* a block's header (its class): keeps 64-alignment */
+#define MIN_SHIFT 6 /* 64 bytes, the smallest block */
+#define CLASSES 11  /* 64 B .. 64 KiB, header included */
+#define ARENA_BYTES (1u << 20) /* an arena, carved as blocks are asked for */
 #define BIG 0xffu              /* header mark: sodium_malloc'd on its own */
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -55,8 +55,8 @@ typedef struct free_block {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static free_block *free_list[CLASSES];
-static uint8_t *arena;     /* the arena being carved */
-static size_t arena_used;  /* bytes of it carved */
+static uint8_t *arena;    /* the arena being carved */
+static size_t arena_used; /* bytes of it carved */
 
 /* The class whose blocks hold `len` bytes after the header. */
 static unsigned
@@ -80,8 +80,8 @@ fb_secmem_alloc(size_t len)
 		/* a multiple of 64: sodium_malloc ends the block at a page's
 		 * end, so its start is then 64-aligned too */
 		if (len > SIZE_MAX - 2 * HEAD ||
-		    (b = sodium_malloc(HEAD + (len + HEAD - 1) / HEAD * HEAD)) ==
-		        NULL) {
+		    (b = sodium_malloc(
+		         HEAD + (len + HEAD - 1) / HEAD * HEAD)) == NULL) {
 			return NULL;
 		}
 		b[0] = BIG;

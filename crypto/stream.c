@@ -27,10 +27,10 @@
  * speed; its ChaCha20 pass may be split over threads on the pull side too,
  * after the MAC of the whole chunk (fb_stream_pull_open).
  * Work per chunk either way: one ChaCha20 + Poly1305 pass (+ one SHA-256
- * pass over the ciphertext in FULL mode; both on libcrypto, bulk.c); in place, no copies. A TAGS
- * chunk's ChaCha20 pass may be split over threads on the pull side
- * (fb_stream_pull_open, _decrypt, _close); its chain of chunks stays in
- * order.
+ * pass over the ciphertext in FULL mode; both on libcrypto, bulk.c); in
+ * place, no copies. A TAGS chunk's ChaCha20 pass may be split over
+ * threads on the pull side (fb_stream_pull_open, _decrypt, _close); its
+ * chain of chunks stays in order.
  */
 #include <stdatomic.h>
 #include <string.h>

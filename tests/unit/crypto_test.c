@@ -189,22 +189,22 @@ test_chacha_is_libsodium(void **state)
 			randombytes_buf(ad, sizeof(ad));
 			crypto_aead_xchacha20poly1305_ietf_encrypt_detached(c1,
 			    t1, NULL, m, n, ad, adl, NULL, npub, k);
-			fb_xchacha_seal(c2, t2, m, n, ad, adl, npub, k);
-			assert_memory_equal(c1, c2, n);
-			assert_memory_equal(t1, t2, 16);
-			assert_int_equal(fb_xchacha_open(back, c1, n, t1, ad,
-			                     adl, npub, k),
-			    0);
-			assert_memory_equal(back, m, n);
-			/* in place, both ways */
-			memcpy(c2, m, n);
-			fb_xchacha_seal(c2, t2, c2, n, ad, adl, npub, k);
-			assert_memory_equal(c1, c2, n);
-			assert_memory_equal(t1, t2, 16);
-			assert_int_equal(fb_xchacha_open(c2, c2, n, t2, ad,
-			                     adl, npub, k),
-			    0);
-			assert_memory_equal(c2, m, n);
+			/* apart, then in place, both ways */
+			for (int in_place = 0; in_place < 2; in_place++) {
+				const uint8_t *src = m;
+				uint8_t *dst = back;
+				if (in_place) {
+					memcpy(c2, m, n);
+					src = dst = c2;
+				}
+				fb_xchacha_seal(c2, t2, src, n, ad, adl, npub, k);
+				assert_memory_equal(c1, c2, n);
+				assert_memory_equal(t1, t2, 16);
+				assert_int_equal(fb_xchacha_open(dst, c2, n, t2,
+				                     ad, adl, npub, k),
+				    0);
+				assert_memory_equal(dst, m, n);
+			}
 		}
 		{
 			uint8_t h1[32], h2[32];

@@ -1802,9 +1802,9 @@ fetch_chunks(uint32_t i, uint32_t first, uint32_t end)
 /*
  * Takes the model chunks sent to worker i, which must be all of them in
  * order: each one's hash (SHA-256 of LE64(length) || ciphertext,
- * computed here with libsodium's) is the one the encryption pass put in the signed
- * trailer, each decrypts under the round key to `want`, and the trailer
- * verifies with the coordinator's key.
+ * computed here with libsodium's) is the one the encryption pass put in
+ * the signed trailer, each decrypts under the round key to `want`, and
+ * the trailer verifies with the coordinator's key.
  */
 static void
 take_model(uint32_t i, const float *want)
