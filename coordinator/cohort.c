@@ -28,7 +28,8 @@
  * members' expected upload begins are nearest its own (ties: the
  * fullest, then the oldest); only when there is none does it open a new
  * one, and while others fill only if the live workers outside the
- * filling cohorts can fill them all (open_safe). Each worker's expected
+ * filling cohorts can fill them all (open_safe); a long task opens its
+ * own rather than join a cohort of long tasks only (cohort_place). Each worker's expected
  * begin is now plus its tasks' measured time, RoundStart sent to
  * UpdateBegin, smoothed (the live workers' mean until it has one): plain
  * metadata the coordinator sees, not the speed the worker keeps. At
@@ -447,27 +448,59 @@ worker_free(const coord *c, const worker *w)
 	       !awaits_own_step(c, w);
 }
 
-/* The cohort free worker w's task goes to: of the cohorts filling that
- * it is not in, the one whose members' expected begins are nearest its
- * own (ties: the fullest, sealed soonest, then the oldest); else a new
- * one, if the bound allows and (others filling) open_safe does. NULL:
- * it waits. */
-cohort *
-cohort_place(coord *c, const worker *w, int64_t now)
+/* A task is long when it takes at least this times the shortest live
+ * worker's measured task: a short-task worker then gets a task that ends
+ * about when the long one does. */
+#define LONG_TASK 1.5
+
+/* Whether worker w's tasks are long (LONG_TASK); false while it or no
+ * other live worker has a measured task time. */
+static bool
+long_task(const coord *c, const worker *w)
+{
+	double shortest = 0;
+
+	if (!w->used || !w->has_task_ms) {
+		return false;
+	}
+	for (uint32_t i = 0; i < c->reg.cap; i++) {
+		const worker *o = &c->reg.workers[i];
+		if (o->used && o->has_task_ms &&
+		    (shortest == 0 || o->task_ms < shortest)) {
+			shortest = o->task_ms;
+		}
+	}
+	return w->task_ms >= LONG_TASK * shortest;
+}
+
+/* Whether every member of filling cohort co is on a long task. */
+static bool
+all_long(const coord *c, const cohort *co)
+{
+	for (uint32_t s = 0; s < co->count; s++) {
+		const worker *m = &c->reg.workers[co->m[s].slot];
+		if (m->id != co->m[s].id || !long_task(c, m)) {
+			return false;
+		}
+	}
+	return co->count > 0;
+}
+
+/* The nearest of the cohorts filling that w may join (one slot each),
+ * leaving out those of long tasks only when `mixed`. */
+static cohort *
+nearest_filling(coord *c, const worker *w, int64_t now, bool mixed)
 {
 	int64_t f = expect_of(c, w, now), bd = 0;
 	cohort *best = NULL;
-	bool filling = false;
 
 	for (uint32_t i = 0; i < c->cs.cap; i++) {
 		cohort *co = &c->cs.co[i];
 		int64_t e, d;
-		if (co->state != CO_FILLING) {
+		if (co->state != CO_FILLING ||
+		    member_of(c, co, w) < co->count ||
+		    (mixed && all_long(c, co))) {
 			continue;
-		}
-		filling = true;
-		if (member_of(c, co, w) < co->count) {
-			continue; /* one slot each in a cohort */
 		}
 		e = cohort_expect(co, now);
 		d = e == 0 || f == 0 ? 0 : llabs(e - f);
@@ -479,13 +512,42 @@ cohort_place(coord *c, const worker *w, int64_t now)
 			bd = d;
 		}
 	}
+	return best;
+}
+
+/*
+ * The cohort free worker w's task goes to: of the cohorts filling that
+ * it is not in, the one whose members' expected begins are nearest its
+ * own (ties: the fullest, sealed soonest, then the oldest); else a new
+ * one, if the bound allows and (others filling) open_safe does. NULL:
+ * it waits.
+ *
+ * Except that a long task (LONG_TASK) does not join a cohort of long
+ * tasks only while it may open one of its own: the short tasks given out
+ * meanwhile fill both. In plain async a slow worker's update lands in a
+ * buffer among fresh ones, whose staleness weights shrink it against
+ * them; a cohort's members weigh alike (their weights are fixed before
+ * masking), and one of long tasks only is a step of stale updates from
+ * the same few workers' data. Measured: bench/RESULTS.md, "Asynchronous
+ * rounds".
+ */
+cohort *
+cohort_place(coord *c, const worker *w, int64_t now)
+{
+	bool mixed = long_task(c, w), filling = false;
+	cohort *best = nearest_filling(c, w, now, mixed), *co;
+
 	if (best != NULL) {
 		return best;
 	}
-	if (filling && !open_safe(c)) {
-		return NULL;
+	for (uint32_t i = 0; i < c->cs.cap; i++) {
+		filling |= c->cs.co[i].state == CO_FILLING;
 	}
-	return cohort_open(c, now);
+	if (filling && !open_safe(c)) {
+		return mixed ? nearest_filling(c, w, now, false) : NULL;
+	}
+	co = cohort_open(c, now);
+	return co == NULL && mixed ? nearest_filling(c, w, now, false) : co;
 }
 
 /* Gives every free worker a task (cohort_place), while the step's model

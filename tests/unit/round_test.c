@@ -3646,6 +3646,66 @@ test_secure_async_placement(void **state)
 	bench_stop();
 }
 
+/* Long tasks are mixed with short ones: 4 workers, buffer 2, tasks of
+ * 1, 1, 2 and 4 s (w2 and w3 long: at least 1.5x the shortest). With
+ * w3 alone in a cohort filling (made by hand), a short task joins it; a
+ * long one (w2) opens a cohort of its own, and joins w3's only when it
+ * may not open one (the in-flight bound) or when its tasks are short
+ * after all. */
+static void
+test_secure_async_long_tasks_mix(void **state)
+{
+	cohort *slow, *extra[2], *opened;
+	worker *w0, *w2;
+	int64_t now;
+	uint32_t k = 0, next;
+
+	bench_start(&(setup){.workers = 4, .secure = true,
+	    .extra = SECURE_ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 4; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	now = t.now;
+	w0 = &t.c->reg.workers[0];
+	w2 = &t.c->reg.workers[2];
+	set_task_ms(0, 1000);
+	set_task_ms(1, 1000);
+	set_task_ms(2, 2000);
+	set_task_ms(3, 4000);
+	while (t.c->cs.co[k].state != CO_FREE) {
+		k++;
+	}
+	slow = fake_filling(k, 99, 0x8, now + 4000);
+	/* a short task joins the long one's cohort */
+	assert_ptr_equal(cohort_place(t.c, w0, now), slow);
+	/* the in-flight bound reached (2 real, 2 made running by hand):
+	 * the long task joins rather than wait */
+	for (uint32_t j = 0, e = 0; e < 2; j++) {
+		if (t.c->cs.co[j].state == CO_FREE) {
+			extra[e] = &t.c->cs.co[j];
+			extra[e]->state = CO_RUNNING;
+			extra[e++]->id = 100 + j;
+		}
+	}
+	assert_ptr_equal(cohort_place(t.c, w2, now), slow);
+	fake_free(extra[0]);
+	fake_free(extra[1]);
+	/* w2's tasks as short as w0's: it joins */
+	set_task_ms(2, 1200);
+	assert_ptr_equal(cohort_place(t.c, w2, now), slow);
+	/* long again: a cohort of its own, the next one opened */
+	set_task_ms(2, 2000);
+	next = t.c->cs.next_id;
+	opened = cohort_place(t.c, w2, now);
+	assert_non_null(opened);
+	assert_ptr_not_equal(opened, slow);
+	assert_int_equal(opened->id, next);
+	assert_int_equal(opened->state, CO_FILLING);
+	assert_int_equal(opened->count, 0);
+	bench_stop();
+}
+
 /* A worker's task time is measured from its RoundStart to its
  * UpdateBegin; each cohort's deadline and setup end set the loop's
  * timeout. */
@@ -3804,6 +3864,8 @@ FB_TESTS = {
         test_secure_async_cohort_below_threshold_fails},
     {"secure async: tasks placed by expected begin, bounded",
         test_secure_async_placement},
+    {"secure async: a long task opens a cohort rather than join long ones",
+        test_secure_async_long_tasks_mix},
     {"secure async: task time measured, cohort timers",
         test_secure_async_task_time_and_timer},
     {NULL, NULL},
