@@ -219,6 +219,9 @@ build-all: $(BINS) $(UNIT_BINS) $(TOOL_BINS) $(PLUGINS) $(LIAR)
 programs: $(BINS)
 
 test: all
+ifneq ($(BOOTSTRAP),0)
+	@scripts/bootstrap test
+endif
 	@FB_BUILD=$(B) tests/run
 
 # Hostile peers at the door at the acceptance sizes (2,000 idle and 300
