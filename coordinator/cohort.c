@@ -20,10 +20,10 @@
  * Several cohorts are in flight: a fast worker finishes its task, takes
  * one in a cohort filling, and answers its earlier cohorts' unmasking
  * alongside; a slow member holds back only its own cohort. The member
- * whose input completes a cohort waits for its step (awaits_own_step). A member of a
- * cohort not yet sealed holds its trained update until the seal (its
- * masks need every member's keys), so it is not free either: the cohorts
- * filling must fill. A free worker's task goes to the cohort filling
+ * whose input completes a cohort waits for its step (awaits_own_step).
+ * A member of a cohort not yet sealed holds its trained update until the
+ * seal (its masks need every member's keys), so it is not free either:
+ * the cohorts filling must fill. A free worker's task goes to the cohort filling
  * that it is not in (a SecAgg identity signs for one slot) whose
  * members' expected upload begins are nearest its own (ties: the
  * fullest, then the oldest); only when there is none does it open a new
