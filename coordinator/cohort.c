@@ -23,23 +23,23 @@
  * whose input completes a cohort waits for its step (awaits_own_step).
  * A member of a cohort not yet sealed holds its trained update until the
  * seal (its masks need every member's keys), so it is not free either:
- * the cohorts filling must fill. A free worker's task goes to the cohort filling
- * that it is not in (a SecAgg identity signs for one slot) whose
+ * the cohorts filling must fill. A free worker's task goes to the cohort
+ * filling that it is not in (a SecAgg identity signs for one slot) whose
  * members' expected upload begins are nearest its own (ties: the
  * fullest, then the oldest); only when there is none does it open a new
  * one, and while others fill only if the live workers outside the
  * filling cohorts can fill them all (open_safe); a long task opens its
- * own rather than join a cohort of long tasks only (cohort_place). Each worker's expected
- * begin is now plus its tasks' measured time, RoundStart sent to
- * UpdateBegin, smoothed (the live workers' mean until it has one): plain
- * metadata the coordinator sees, not the speed the worker keeps. At
- * most one cohort per live worker is in flight (each holds a model-sized
- * sum), and a member whose task falls more than round.max_staleness
- * steps behind before its input is in is cancelled: a dropout of its
- * cohort. A cohort with fewer inputs than its threshold fails: nothing
- * of it is applied, and its members are free. Each cohort's fill
- * deadline, setup end, input deadline and unmask end set the loop's
- * timeout (cohorts_next_timer).
+ * own rather than join a cohort of long tasks only (cohort_place). Each
+ * worker's expected begin is now plus its tasks' measured time,
+ * RoundStart sent to UpdateBegin, smoothed (the live workers' mean until
+ * it has one): plain metadata the coordinator sees, not the speed the
+ * worker keeps. At most one cohort per live worker is in flight (each
+ * holds a model-sized sum), and a member whose task falls more than
+ * round.max_staleness steps behind before its input is in is cancelled:
+ * a dropout of its cohort. A cohort with fewer inputs than its
+ * threshold fails: nothing of it is applied, and its members are free.
+ * Each cohort's fill deadline, setup end, input deadline and unmask end
+ * set the loop's timeout (cohorts_next_timer).
  *
  * A member's weight is fixed before masking, so inside a cohort the
  * inputs weigh by sample count only; the step is then shrunk by
@@ -505,9 +505,9 @@ nearest_filling(coord *c, const worker *w, int64_t now, bool mixed)
 		e = cohort_expect(co, now);
 		d = e == 0 || f == 0 ? 0 : llabs(e - f);
 		if (best == NULL || d < bd ||
-		    (d == bd && (co->count > best->count ||
-		                    (co->count == best->count &&
-		                        co->id < best->id)))) {
+		    (d == bd &&
+		        (co->count > best->count ||
+		            (co->count == best->count && co->id < best->id)))) {
 			best = co;
 			bd = d;
 		}
