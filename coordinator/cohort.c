@@ -453,24 +453,24 @@ worker_free(const coord *c, const worker *w)
  * about when the long one does. */
 #define LONG_TASK 1.5
 
-/* Whether worker w's tasks are long (LONG_TASK); false while it or no
- * other live worker has a measured task time. */
+/* Whether worker w's tasks are long (LONG_TASK); false while it has no
+ * measured task time, and while the shortest is under a millisecond (a
+ * task that does no work: nothing to mix). */
 static bool
 long_task(const coord *c, const worker *w)
 {
-	double shortest = 0;
+	double shortest = w->task_ms;
 
 	if (!w->used || !w->has_task_ms) {
 		return false;
 	}
 	for (uint32_t i = 0; i < c->reg.cap; i++) {
 		const worker *o = &c->reg.workers[i];
-		if (o->used && o->has_task_ms &&
-		    (shortest == 0 || o->task_ms < shortest)) {
+		if (o->used && o->has_task_ms && o->task_ms < shortest) {
 			shortest = o->task_ms;
 		}
 	}
-	return w->task_ms >= LONG_TASK * shortest;
+	return shortest >= 1.0 && w->task_ms >= LONG_TASK * shortest;
 }
 
 /* Whether every member of filling cohort co is on a long task. */

@@ -3691,9 +3691,13 @@ test_secure_async_long_tasks_mix(void **state)
 	assert_ptr_equal(cohort_place(t.c, w2, now), slow);
 	fake_free(extra[0]);
 	fake_free(extra[1]);
-	/* w2's tasks as short as w0's: it joins */
+	/* w2's tasks about as short as w0's: it joins */
 	set_task_ms(2, 1200);
 	assert_ptr_equal(cohort_place(t.c, w2, now), slow);
+	/* tasks that do no work (the shortest under 1 ms): none is long */
+	set_task_ms(0, 0);
+	assert_ptr_equal(cohort_place(t.c, w2, now), slow);
+	set_task_ms(0, 1000);
 	/* long again: a cohort of its own, the next one opened */
 	set_task_ms(2, 2000);
 	next = t.c->cs.next_id;
