@@ -453,33 +453,41 @@ worker_free(const coord *c, const worker *w)
  * about when the long one does. */
 #define LONG_TASK 1.5
 
-/* Whether worker w's tasks are long (LONG_TASK); false while it has no
- * measured task time, and while the shortest is under a millisecond (a
- * task that does no work: nothing to mix). */
-static bool
-long_task(const coord *c, const worker *w)
+/* The shortest measured task of the live workers, in ms; 0 while none
+ * has one. */
+static double
+shortest_task(const coord *c)
 {
-	double shortest = w->task_ms;
+	double shortest = -1;
 
-	if (!w->used || !w->has_task_ms) {
-		return false;
-	}
 	for (uint32_t i = 0; i < c->reg.cap; i++) {
 		const worker *o = &c->reg.workers[i];
-		if (o->used && o->has_task_ms && o->task_ms < shortest) {
+		if (o->used && o->has_task_ms &&
+		    (shortest < 0 || o->task_ms < shortest)) {
 			shortest = o->task_ms;
 		}
 	}
-	return shortest >= 1.0 && w->task_ms >= LONG_TASK * shortest;
+	return shortest < 0 ? 0 : shortest;
+}
+
+/* Whether worker w's tasks are long (LONG_TASK) against the shortest
+ * (shortest_task); false while w has no measured task time, and while
+ * the shortest is under a millisecond (tasks that do no work: nothing
+ * to mix). */
+static bool
+long_task(const worker *w, double shortest)
+{
+	return w->used && w->has_task_ms && shortest >= 1.0 &&
+	       w->task_ms >= LONG_TASK * shortest;
 }
 
 /* Whether every member of filling cohort co is on a long task. */
 static bool
-all_long(const coord *c, const cohort *co)
+all_long(const coord *c, const cohort *co, double shortest)
 {
 	for (uint32_t s = 0; s < co->count; s++) {
 		const worker *m = &c->reg.workers[co->m[s].slot];
-		if (m->id != co->m[s].id || !long_task(c, m)) {
+		if (m->id != co->m[s].id || !long_task(m, shortest)) {
 			return false;
 		}
 	}
@@ -487,9 +495,10 @@ all_long(const coord *c, const cohort *co)
 }
 
 /* The nearest of the cohorts filling that w may join (one slot each),
- * leaving out those of long tasks only when `mixed`. */
+ * leaving out those of long tasks only (against `shortest`) unless
+ * shortest is 0. */
 static cohort *
-nearest_filling(coord *c, const worker *w, int64_t now, bool mixed)
+nearest_filling(coord *c, const worker *w, int64_t now, double shortest)
 {
 	int64_t f = expect_of(c, w, now), bd = 0;
 	cohort *best = NULL;
@@ -499,7 +508,7 @@ nearest_filling(coord *c, const worker *w, int64_t now, bool mixed)
 		int64_t e, d;
 		if (co->state != CO_FILLING ||
 		    member_of(c, co, w) < co->count ||
-		    (mixed && all_long(c, co))) {
+		    (shortest > 0 && all_long(c, co, shortest))) {
 			continue;
 		}
 		e = cohort_expect(co, now);
@@ -534,8 +543,9 @@ nearest_filling(coord *c, const worker *w, int64_t now, bool mixed)
 cohort *
 cohort_place(coord *c, const worker *w, int64_t now)
 {
-	bool mixed = long_task(c, w), filling = false;
-	cohort *best = nearest_filling(c, w, now, mixed), *co;
+	double shortest = shortest_task(c);
+	bool mixed = long_task(w, shortest), filling = false;
+	cohort *best = nearest_filling(c, w, now, mixed ? shortest : 0), *co;
 
 	if (best != NULL) {
 		return best;
@@ -544,10 +554,10 @@ cohort_place(coord *c, const worker *w, int64_t now)
 		filling |= c->cs.co[i].state == CO_FILLING;
 	}
 	if (filling && !open_safe(c)) {
-		return mixed ? nearest_filling(c, w, now, false) : NULL;
+		return mixed ? nearest_filling(c, w, now, 0) : NULL;
 	}
 	co = cohort_open(c, now);
-	return co == NULL && mixed ? nearest_filling(c, w, now, false) : co;
+	return co == NULL && mixed ? nearest_filling(c, w, now, 0) : co;
 }
 
 /* Gives every free worker a task (cohort_place), while the step's model

@@ -3539,15 +3539,19 @@ test_secure_async_cohort_below_threshold_fails(void **state)
 	bench_stop();
 }
 
-/* Marks the free cohort entry k (beyond the live ones) as filling with
- * the workers in `who` (a bit mask), each expected to begin its upload
- * at `expect`: the state cohort_place chooses from, made by hand. */
+/* Marks the first free cohort entry as filling with the workers in
+ * `who` (a bit mask), each expected to begin its upload at `expect`: the
+ * state cohort_place chooses from, made by hand. */
 static cohort *
-fake_filling(uint32_t k, uint32_t id, uint32_t who, int64_t expect)
+fake_filling(uint32_t id, uint32_t who, int64_t expect)
 {
-	cohort *co = &t.c->cs.co[k];
+	uint32_t k = 0;
+	cohort *co;
 
-	assert_int_equal(co->state, CO_FREE);
+	while (t.c->cs.co[k].state != CO_FREE) {
+		k++;
+	}
+	co = &t.c->cs.co[k];
 	co->state = CO_FILLING;
 	co->id = id;
 	co->count = 0;
@@ -3570,6 +3574,31 @@ fake_free(cohort *co)
 	co->id = 0;
 }
 
+/* Makes two free cohort entries running by hand, into extra[]: with two
+ * real cohorts of 4 live workers, the in-flight bound. */
+static void
+fake_running(cohort *extra[2])
+{
+	for (uint32_t j = 0, e = 0; e < 2; j++) {
+		if (t.c->cs.co[j].state == CO_FREE) {
+			extra[e] = &t.c->cs.co[j];
+			extra[e]->state = CO_RUNNING;
+			extra[e++]->id = 100 + j;
+		}
+	}
+}
+
+/* 4 secure async workers admitted, each with its first task. */
+static void
+start_four(const char *extra)
+{
+	bench_start(&(setup){.workers = 4, .secure = true, .extra = extra});
+	admit_all();
+	for (uint32_t i = 0; i < 4; i++) {
+		assert_non_null(take_round_start(i));
+	}
+}
+
 static void
 set_task_ms(uint32_t i, double ms)
 {
@@ -3589,14 +3618,8 @@ test_secure_async_placement(void **state)
 	cohort *co2, *slow, *extra[2];
 	worker *w0, *w3;
 	int64_t now;
-	uint32_t k = 0;
 
-	bench_start(&(setup){.workers = 4, .secure = true,
-	    .extra = "  mode: async\n  buffer_size: 3\n  max_staleness: 4\n"});
-	admit_all();
-	for (uint32_t i = 0; i < 4; i++) {
-		assert_non_null(take_round_start(i));
-	}
+	start_four("  mode: async\n  buffer_size: 3\n  max_staleness: 4\n");
 	now = t.now;
 	w0 = &t.c->reg.workers[0];
 	w3 = &t.c->reg.workers[3];
@@ -3607,10 +3630,7 @@ test_secure_async_placement(void **state)
 	/* no measure yet: its expectation is unknown */
 	assert_int_equal(co2->m[0].expect_ms, 0);
 	co2->m[0].expect_ms = now + 1000;
-	while (t.c->cs.co[k].state != CO_FREE) {
-		k++;
-	}
-	slow = fake_filling(k, 99, 0x4, now + 8000);
+	slow = fake_filling(99, 0x4, now + 8000);
 	/* a fast task (1 s) goes with w3's, a slow one (7 s) with w2's */
 	set_task_ms(0, 1000);
 	assert_ptr_equal(cohort_place(t.c, w0, now), co2);
@@ -3633,13 +3653,7 @@ test_secure_async_placement(void **state)
 	fake_free(slow);
 	/* the in-flight bound: 4 live workers, 4 cohorts in flight (2 real,
 	 * 2 made running by hand): no new one */
-	for (uint32_t j = 0, e = 0; e < 2; j++) {
-		if (t.c->cs.co[j].state == CO_FREE) {
-			extra[e] = &t.c->cs.co[j];
-			extra[e]->state = CO_RUNNING;
-			extra[e++]->id = 100 + j;
-		}
-	}
+	fake_running(extra);
 	assert_null(cohort_place(t.c, w3, now));
 	fake_free(extra[0]);
 	fake_free(extra[1]);
@@ -3658,14 +3672,9 @@ test_secure_async_long_tasks_mix(void **state)
 	cohort *slow, *extra[2], *opened;
 	worker *w0, *w2;
 	int64_t now;
-	uint32_t k = 0, next;
+	uint32_t next;
 
-	bench_start(&(setup){.workers = 4, .secure = true,
-	    .extra = SECURE_ASYNC_ROUND});
-	admit_all();
-	for (uint32_t i = 0; i < 4; i++) {
-		assert_non_null(take_round_start(i));
-	}
+	start_four(SECURE_ASYNC_ROUND);
 	now = t.now;
 	w0 = &t.c->reg.workers[0];
 	w2 = &t.c->reg.workers[2];
@@ -3673,33 +3682,25 @@ test_secure_async_long_tasks_mix(void **state)
 	set_task_ms(1, 1000);
 	set_task_ms(2, 2000);
 	set_task_ms(3, 4000);
-	while (t.c->cs.co[k].state != CO_FREE) {
-		k++;
-	}
-	slow = fake_filling(k, 99, 0x8, now + 4000);
+	slow = fake_filling(99, 0x8, now + 4000);
 	/* a short task joins the long one's cohort */
 	assert_ptr_equal(cohort_place(t.c, w0, now), slow);
 	/* the in-flight bound reached (2 real, 2 made running by hand):
 	 * the long task joins rather than wait */
-	for (uint32_t j = 0, e = 0; e < 2; j++) {
-		if (t.c->cs.co[j].state == CO_FREE) {
-			extra[e] = &t.c->cs.co[j];
-			extra[e]->state = CO_RUNNING;
-			extra[e++]->id = 100 + j;
-		}
-	}
+	fake_running(extra);
 	assert_ptr_equal(cohort_place(t.c, w2, now), slow);
 	fake_free(extra[0]);
 	fake_free(extra[1]);
 	/* w2's tasks about as short as w0's: it joins */
 	set_task_ms(2, 1200);
 	assert_ptr_equal(cohort_place(t.c, w2, now), slow);
-	/* tasks that do no work (the shortest under 1 ms): none is long */
+	/* tasks that do no work (the shortest under 1 ms): none is long,
+	 * w2's 2 s tasks included */
+	set_task_ms(2, 2000);
 	set_task_ms(0, 0);
 	assert_ptr_equal(cohort_place(t.c, w2, now), slow);
 	set_task_ms(0, 1000);
 	/* long again: a cohort of its own, the next one opened */
-	set_task_ms(2, 2000);
 	next = t.c->cs.next_id;
 	opened = cohort_place(t.c, w2, now);
 	assert_non_null(opened);
