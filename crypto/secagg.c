@@ -280,16 +280,15 @@ b_commit(const fb_secagg_params *p, uint32_t index, const uint8_t b[32],
 	sodium_memzero(&st, sizeof(st));
 }
 
-/* small_order says whether an X25519 public key is of small order (every
- * clamped scalar, a multiple of the cofactor, maps it to zero). */
+/* small_order says whether an X25519 public key is of small order: every
+ * clamped scalar, a multiple of the cofactor, maps it to zero, so
+ * crypto_scalarmult refuses it. A lookup, not a scalar multiplication: a
+ * secure round checks two keys of every advert at the coordinator (and
+ * at each worker, those of its non-neighbours). */
 static int
 small_order(const uint8_t pk[32])
 {
-	static const uint8_t one[32] = { 9 };
-	uint8_t q[32];
-	int bad = crypto_scalarmult(q, one, pk) != 0;
-	sodium_memzero(q, sizeof(q));
-	return bad;
+	return fb_x25519_small_order(pk);
 }
 
 /* set_hash is H(U3) of a confirmation (crypto.h), flags read as 0/1. */

@@ -2283,6 +2283,93 @@ test_broadcast(void **state)
 	fb_session_free(c1);
 }
 
+/* crypto_scalarmult's verdict on pk: zero out (refused) for every
+ * secret key tried. */
+static int
+refused_by_sodium(const uint8_t pk[32])
+{
+	uint8_t sk[32], q[32];
+	int refused = 0;
+
+	for (int i = 0; i < 3; i++) {
+		randombytes_buf(sk, sizeof(sk));
+		refused += crypto_scalarmult(q, sk, pk) != 0;
+	}
+	assert_true(refused == 0 || refused == 3);
+	return refused == 3;
+}
+
+/*
+ * The small-order table is exactly the keys libsodium's X25519 refuses:
+ * every entry, with and without the ignored top bit, the values around
+ * 0 and p (the non-canonical encodings), each entry with one bit
+ * flipped, and random keys.
+ */
+static void
+test_x25519_small_order_table(void **state)
+{
+	uint8_t pk[32];
+	uint32_t small = 0;
+
+	(void)state;
+	assert_int_equal(fb_crypto_init(), FB_OK);
+	/* near 0, and near p = 2^255 - 19 (p - 1 .. 2^255 - 1 and beyond) */
+	for (int hi = 0; hi < 2; hi++) {
+		for (int v = 0; v < 64; v++) {
+			memset(pk, hi ? 0xff : 0, sizeof(pk));
+			if (hi) {
+				pk[31] = 0x7f;
+				pk[0] = (uint8_t)(0xff - v); /* 2^255 - 1 - v */
+			} else {
+				pk[0] = (uint8_t)v;
+			}
+			for (int top = 0; top < 2; top++) {
+				pk[31] = (uint8_t)((pk[31] & 0x7f) | (top << 7));
+				assert_int_equal(fb_x25519_small_order(pk),
+				    refused_by_sodium(pk));
+				small += (uint32_t)fb_x25519_small_order(pk);
+			}
+		}
+	}
+	/* 0, 1, p - 1, p, p + 1, each with and without the top bit */
+	assert_int_equal(small, 10);
+	/* the two of order 8, and every one-bit change of them */
+	{
+		static const char *const hex[2] = {
+			"e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd8662051"
+			"65f49b800",
+			"5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224ed"
+			"dd09f1157",
+		};
+		for (int e = 0; e < 2; e++) {
+			assert_int_equal(sodium_hex2bin(pk, sizeof(pk), hex[e],
+			    64, NULL, NULL, NULL), 0);
+			for (int top = 0; top < 2; top++) {
+				pk[31] = (uint8_t)((pk[31] & 0x7f) | (top << 7));
+				assert_true(fb_x25519_small_order(pk));
+				assert_true(refused_by_sodium(pk));
+			}
+			for (int bit = 0; bit < 255; bit++) {
+				pk[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+				assert_int_equal(fb_x25519_small_order(pk),
+				    refused_by_sodium(pk));
+				pk[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+			}
+		}
+	}
+	/* real keys */
+	for (int i = 0; i < 200; i++) {
+		uint8_t sk[32];
+
+		randombytes_buf(sk, sizeof(sk));
+		assert_int_equal(crypto_scalarmult_base(pk, sk), 0);
+		assert_false(fb_x25519_small_order(pk));
+		randombytes_buf(pk, sizeof(pk));
+		assert_int_equal(fb_x25519_small_order(pk),
+		    refused_by_sodium(pk));
+	}
+}
+
 static void
 test_reject_names(void **state)
 {
@@ -2364,6 +2451,8 @@ FB_TESTS = {
         test_stream_tags_chunks_opened_in_parts},
     {"global model is encrypted once and opens for each selected worker",
         test_broadcast},
+    {"the X25519 small-order table is the keys libsodium refuses",
+        test_x25519_small_order_table},
     {"reject reasons have distinct names", test_reject_names},
     {NULL, NULL},
 };
