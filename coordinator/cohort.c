@@ -20,7 +20,8 @@
  * Several cohorts are in flight: a fast worker finishes its task, takes
  * one in a cohort filling, and answers its earlier cohorts' unmasking
  * alongside; a slow member holds back only its own cohort. The member
- * whose input completes a cohort waits for its step (awaits_own_step).
+ * whose input completes a cohort waits for its step, and so does one
+ * whose input is in while the others' are due soon (awaits_own_step).
  * A member of a cohort not yet sealed holds its trained update until the
  * seal (its masks need every member's keys), so it is not free either:
  * the cohorts filling must fill. A free worker's task goes to the cohort
@@ -409,19 +410,65 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
 	}
 }
 
+/* A member whose input is in waits for its cohort's step while the
+ * inputs still out are due within this share of its own task time
+ * (hold_end). */
+#define PARTNER_WAIT 0.25
+
+/*
+ * Until when member w, whose input is in running cohort co, waits for
+ * the members still on their tasks: the latest of their expected upload
+ * begins plus PARTNER_WAIT of w's own task time, if every one of them is
+ * due by then; 0 when w does not wait (one is due later, or not known).
+ *
+ * Why: a member given its next task at once trains it from the model
+ * of the moment, which lacks its own update still in the cohort. When
+ * the cohorts in flight complete together (workers of like speed), the
+ * members that were in first all train again from that one model, and
+ * their second updates meet in a later cohort whose step pushes their
+ * data's way twice. Measured on the development VM, 4 workers of one
+ * speed, buffer 2: every third step was such a pair, and test accuracy
+ * fell 2-18 points at each (bench/RESULTS.md, "Asynchronous rounds").
+ * A partner due much later (a slow worker) is not waited for.
+ */
+static int64_t
+hold_end(const coord *c, const cohort *co, const worker *w, int64_t now)
+{
+	int64_t hold, latest = 0;
+	uint32_t self = member_of(c, co, w);
+
+	if (co->state != CO_RUNNING || !w->has_task_ms || self >= co->count ||
+	    !(co->sa.flags[self] & SA_F_INCLUDED)) {
+		return 0;
+	}
+	hold = (int64_t)llround(PARTNER_WAIT * w->task_ms);
+	for (uint32_t s = 0; s < co->count; s++) {
+		const worker *m = &c->reg.workers[co->m[s].slot];
+		int64_t e = co->m[s].expect_ms;
+		if (s == self || (co->sa.flags[s] & SA_F_INCLUDED) ||
+		    m->id != co->m[s].id || !on_task_of(m, co)) {
+			continue; /* in, or gone */
+		}
+		if (e == 0 || e > now + hold) {
+			return 0;
+		}
+		latest = e > latest ? e : latest;
+	}
+	return latest == 0 ? 0 : latest + hold;
+}
+
 /*
  * Whether w's last task's input is in a cohort that has all its inputs
- * and waits for its step (confirmations, reveals, the job). Its last
- * input's worker then waits for that step, so that its next task trains
- * from the model its own update is in, as plain async's buffer does
- * (async.c: a buffer's last worker gets its next task from the step's
- * model). Given a task at once, it would train from the model before:
- * one step staler, for the price of the unmask's time idle. The members
- * that were in earlier have their next tasks already; a member whose
- * input was left out does not wait.
+ * and waits for its step (confirmations, reveals, the job), or soon will
+ * (hold_end). Its worker then waits for that step, so that its next task
+ * trains from the model its own update is in, as plain async's buffer
+ * does (async.c: a buffer's last worker gets its next task from the
+ * step's model). Given a task at once, it would train from the model
+ * before: one step staler, for the price of the unmask's time idle. A
+ * member whose input was left out does not wait.
  */
 static bool
-awaits_own_step(const coord *c, const worker *w)
+awaits_own_step(const coord *c, const worker *w, int64_t now)
 {
 	uint32_t i = cohort_index(c, w->task_round), s;
 	const cohort *co;
@@ -430,6 +477,9 @@ awaits_own_step(const coord *c, const worker *w)
 		return false;
 	}
 	co = &c->cs.co[i];
+	if (co->state == CO_RUNNING) {
+		return now < hold_end(c, co, w, now);
+	}
 	if (co->state != CO_UNMASK && co->state != CO_READY &&
 	    co->state != CO_APPLYING) {
 		return false;
@@ -440,12 +490,12 @@ awaits_own_step(const coord *c, const worker *w)
 
 /* Whether w can take a task now. */
 static bool
-worker_free(const coord *c, const worker *w)
+worker_free(const coord *c, const worker *w, int64_t now)
 {
 	return w->used && w->welcomed &&
 	       (w->state == W_IDLE || w->state == W_DONE ||
 	           w->state == W_FAILED) &&
-	       !awaits_own_step(c, w);
+	       !awaits_own_step(c, w, now);
 }
 
 /* A task is long when it takes at least this times the shortest live
@@ -573,7 +623,7 @@ dispatch_free(coord *c, int64_t now)
 	for (uint32_t i = 0; i < c->reg.cap; i++) {
 		worker *w = &c->reg.workers[i];
 		cohort *co;
-		if (!worker_free(c, w)) {
+		if (!worker_free(c, w, now)) {
 			continue;
 		}
 		co = cohort_place(c, w, now);
@@ -992,6 +1042,17 @@ cohorts_next_timer(const coord *c, int64_t now, int64_t next)
 			if (co->closing_ms != 0) { /* uploads finishing */
 				next = sooner(next,
 				    co->closing_ms + cfg->sa_unmask_ms, now);
+			}
+			for (uint32_t s = 0; s < co->count; s++) {
+				/* a member waiting for the others (hold_end) */
+				const worker *w = &c->reg.workers[co->m[s].slot];
+				int64_t h = w->used && w->id == co->m[s].id &&
+				                    w->task_round == co->id
+				                ? hold_end(c, co, w, now)
+				                : 0;
+				if (h > now) {
+					next = sooner(next, h, now);
+				}
 			}
 			break;
 		case CO_UNMASK:

@@ -3396,10 +3396,18 @@ test_secure_async_cohorts_in_flight(void **state)
 	bench_stop();
 }
 
-/* Three workers, buffer 2: w0 and w1 make cohort 1, w2 opens cohort 2;
- * cohort 1's setup done, and w0's input in. */
+/* Sets worker i's measured task time. */
 static void
-three_w0_in(void)
+set_task_ms(uint32_t i, double ms)
+{
+	t.c->reg.workers[i].task_ms = ms;
+	t.c->reg.workers[i].has_task_ms = true;
+}
+
+/* Three workers, buffer 2: w0 and w1 make cohort 1, w2 opens cohort 2;
+ * cohort 1's setup done. */
+static void
+three_set_up(void)
 {
 	bench_start(&(setup){.workers = 3, .secure = true,
 	    .extra = SECURE_ASYNC_ROUND});
@@ -3408,6 +3416,13 @@ three_w0_in(void)
 		assert_non_null(take_round_start(i));
 	}
 	sa_setup(0x3);
+}
+
+/* three_set_up, and w0's input in. */
+static void
+three_w0_in(void)
+{
+	three_set_up();
 	upload(0, t.fw[0].update, UINT32_MAX);
 }
 
@@ -3441,6 +3456,71 @@ test_secure_async_last_member_waits_for_step(void **state)
 	assert_int_equal(t.c->reg.workers[1].task_version, 1);
 	assert_int_equal(cohort_of(t.c, 3)->state, CO_FILLING);
 	bench_stop();
+}
+
+/*
+ * A member whose input is in waits for its cohort's step while the
+ * others' inputs are due within a quarter of its own task time, and then
+ * trains from the model its update is in; the loop's timer wakes at the
+ * wait's end. Cohort 1 is w0 and w1, w0's task time 1 s (500 ms once its
+ * instant task is measured): w1 due in 50 ms is waited for, through the
+ * unmask; due in 60 ms it is waited for until 125 ms past that, and no
+ * longer; due in 2 s it is not waited for.
+ */
+static void
+test_secure_async_member_waits_for_partner(void **state)
+{
+	static const int64_t due[3] = {50, 60, 2000};
+	cohort *c1;
+	const fb_msg *rs;
+
+	for (int k = 0; k < 3; k++) {
+		three_set_up();
+		c1 = cohort_of(t.c, 1);
+		set_task_ms(0, 1000);
+		assert_int_equal(c1->m[1].slot, 1);
+		c1->m[1].expect_ms = t.now + due[k];
+		upload(0, t.fw[0].update, UINT32_MAX);
+		assert_true(c1->sa.flags[0] & SA_F_INCLUDED);
+		if (k == 2) {
+			/* a partner due later: a task at once, from version 0 */
+			rs = take_round_start(0);
+			assert_non_null(rs);
+			assert_int_equal(rs->u.round_start.round, 2);
+			assert_int_equal(t.c->reg.workers[0].task_version, 0);
+			bench_stop();
+			continue;
+		}
+		assert_null(take_round_start(0));
+		assert_int_equal(t.c->reg.workers[0].state, W_DONE);
+		assert_true(t.c->reg.workers[0].task_ms > 499 &&
+		            t.c->reg.workers[0].task_ms < 501);
+		assert_int_equal(cohorts_next_timer(t.c, t.now, INT64_MAX),
+		    due[k] + 125);
+		if (k == 1) {
+			/* w1 late: the wait ends 125 ms past its due time */
+			advance(due[k] + 100);
+			assert_null(take_round_start(0));
+			advance(50);
+			rs = take_round_start(0);
+			assert_non_null(rs);
+			assert_int_equal(t.c->reg.workers[0].task_version, 0);
+			bench_stop();
+			continue;
+		}
+		advance(20);
+		upload(1, t.fw[1].update, UINT32_MAX);
+		assert_int_equal(c1->state, CO_UNMASK);
+		assert_null(take_round_start(0));
+		assert_null(take_round_start(1));
+		sa_fake_unmask(0x3);
+		assert_int_equal(t.c->rd.committed, 1);
+		for (uint32_t i = 0; i < 2; i++) {
+			assert_non_null(take_round_start(i));
+			assert_int_equal(t.c->reg.workers[i].task_version, 1);
+		}
+		bench_stop();
+	}
 }
 
 /* A member whose task falls past max_staleness before its input is in is
@@ -3597,13 +3677,6 @@ start_four(const char *extra)
 	for (uint32_t i = 0; i < 4; i++) {
 		assert_non_null(take_round_start(i));
 	}
-}
-
-static void
-set_task_ms(uint32_t i, double ms)
-{
-	t.c->reg.workers[i].task_ms = ms;
-	t.c->reg.workers[i].has_task_ms = true;
 }
 
 /* Placement by expected begin: 4 workers, buffer 3. Cohort 1 (w0, w1,
@@ -3863,6 +3936,8 @@ FB_TESTS = {
         test_secure_async_cohorts_in_flight},
     {"secure async: a cohort's last member's next task is from its step",
         test_secure_async_last_member_waits_for_step},
+    {"secure async: a member waits for a partner due soon, not a late one",
+        test_secure_async_member_waits_for_partner},
     {"secure async: a member past max_staleness is a dropout, recovered",
         test_secure_async_stale_member_cancelled},
     {"secure async: a cohort below its threshold fails, nothing applied",
