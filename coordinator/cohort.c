@@ -419,14 +419,16 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
  * Until when member w, whose input is in running cohort co, waits for
  * the members still on their tasks: the latest of their expected upload
  * begins plus PARTNER_WAIT of w's own task time, if every one of them is
- * due by then; 0 when w does not wait (one is due later, or not known).
+ * due by then and no step was taken since w's task was given; 0 when w
+ * does not wait (one is due later or not known, or the model moved).
  *
  * Why: a member given its next task at once trains it from the model
- * of the moment, which lacks its own update still in the cohort. When
- * the cohorts in flight complete together (workers of like speed), the
- * members that were in first all train again from that one model, and
- * their second updates meet in a later cohort whose step pushes their
- * data's way twice. Measured on the development VM, 4 workers of one
+ * of the moment, which lacks its own update still in the cohort; with no
+ * step since its last task, that is the very model it just trained
+ * from. When the cohorts in flight complete together (workers of like
+ * speed), the members that were in first all train again from that one
+ * model, and their second updates meet in a later cohort whose step
+ * pushes their data's way twice. Measured on the development VM, 4 workers of one
  * speed, buffer 2: every third step was such a pair, and test accuracy
  * fell 2-18 points at each (bench/RESULTS.md, "Asynchronous rounds").
  * A partner due much later (a slow worker) is not waited for.
@@ -438,8 +440,9 @@ hold_end(const coord *c, const cohort *co, const worker *w, int64_t now)
 	uint32_t self = member_of(c, co, w);
 
 	if (co->state != CO_RUNNING || !w->has_task_ms || self >= co->count ||
-	    !(co->sa.flags[self] & SA_F_INCLUDED)) {
-		return 0;
+	    !(co->sa.flags[self] & SA_F_INCLUDED) ||
+	    c->rd.committed != w->task_version) {
+		return 0; /* (a step since: its next task's model has moved) */
 	}
 	hold = (int64_t)llround(PARTNER_WAIT * w->task_ms);
 	for (uint32_t s = 0; s < co->count; s++) {

@@ -3404,6 +3404,17 @@ set_task_ms(uint32_t i, double ms)
 	t.c->reg.workers[i].has_task_ms = true;
 }
 
+/* 4 secure async workers admitted, each with its first task. */
+static void
+start_four(const char *extra)
+{
+	bench_start(&(setup){.workers = 4, .secure = true, .extra = extra});
+	admit_all();
+	for (uint32_t i = 0; i < 4; i++) {
+		assert_non_null(take_round_start(i));
+	}
+}
+
 /* Three workers, buffer 2: w0 and w1 make cohort 1, w2 opens cohort 2;
  * cohort 1's setup done. */
 static void
@@ -3465,7 +3476,8 @@ test_secure_async_last_member_waits_for_step(void **state)
  * wait's end. Cohort 1 is w0 and w1, w0's task time 1 s (500 ms once its
  * instant task is measured): w1 due in 50 ms is waited for, through the
  * unmask; due in 60 ms it is waited for until 125 ms past that, and no
- * longer; due in 2 s it is not waited for.
+ * longer; due in 2 s it is not waited for. (After a step since its task
+ * was given it does not wait either: test_secure_async_no_wait_after_step.)
  */
 static void
 test_secure_async_member_waits_for_partner(void **state)
@@ -3521,6 +3533,40 @@ test_secure_async_member_waits_for_partner(void **state)
 		}
 		bench_stop();
 	}
+}
+
+/* A member does not wait for a partner due soon when a step was taken
+ * since its task was given: its next task, at once, is from a model that
+ * has moved. 4 workers: cohort 2 (w2, w3) completes and is applied while
+ * cohort 1 (w0, w1) trains; then w0's input is in with w1 due in 50 ms. */
+static void
+test_secure_async_no_wait_after_step(void **state)
+{
+	cohort *c1;
+	const fb_msg *rs;
+
+	start_four(SECURE_ASYNC_ROUND);
+	c1 = cohort_of(t.c, 1);
+	assert_int_equal(c1->m[0].slot, 0);
+	assert_int_equal(c1->m[1].slot, 1);
+	assert_int_equal(cohort_of(t.c, 2)->m[0].slot, 2);
+	sa_setup(0x3);
+	sa_setup(0xc);
+	for (uint32_t i = 0; i < 4; i++) {
+		set_task_ms(i, 1000);
+	}
+	upload(2, t.fw[2].update, UINT32_MAX);
+	held_swap(2);
+	upload(3, t.fw[3].update, UINT32_MAX);
+	held_swap(2);
+	sa_fake_unmask(0xc);
+	assert_int_equal(t.c->rd.committed, 1);
+	c1->m[1].expect_ms = t.now + 50;
+	upload(0, t.fw[0].update, UINT32_MAX);
+	rs = take_round_start(0);
+	assert_non_null(rs);
+	assert_int_equal(t.c->reg.workers[0].task_version, 1);
+	bench_stop();
 }
 
 /* A member whose task falls past max_staleness before its input is in is
@@ -3665,17 +3711,6 @@ fake_running(cohort *extra[2])
 			extra[e]->state = CO_RUNNING;
 			extra[e++]->id = 100 + j;
 		}
-	}
-}
-
-/* 4 secure async workers admitted, each with its first task. */
-static void
-start_four(const char *extra)
-{
-	bench_start(&(setup){.workers = 4, .secure = true, .extra = extra});
-	admit_all();
-	for (uint32_t i = 0; i < 4; i++) {
-		assert_non_null(take_round_start(i));
 	}
 }
 
@@ -3938,6 +3973,8 @@ FB_TESTS = {
         test_secure_async_last_member_waits_for_step},
     {"secure async: a member waits for a partner due soon, not a late one",
         test_secure_async_member_waits_for_partner},
+    {"secure async: after a step since its task, a member does not wait",
+        test_secure_async_no_wait_after_step},
     {"secure async: a member past max_staleness is a dropout, recovered",
         test_secure_async_stale_member_cancelled},
     {"secure async: a cohort below its threshold fails, nothing applied",
