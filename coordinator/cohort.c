@@ -440,7 +440,8 @@ hold_end(const coord *c, const cohort *co, const worker *w, int64_t now)
 	int64_t hold, latest = 0;
 	uint32_t self = member_of(c, co, w);
 
-	if (co->state != CO_RUNNING || !w->has_task_ms || self >= co->count ||
+	if (co->state != CO_RUNNING || !w->used || w->task_round != co->id ||
+	    !w->has_task_ms || self >= co->count ||
 	    !(co->sa.flags[self] & SA_F_INCLUDED) ||
 	    c->rd.committed != w->task_version) {
 		return 0; /* (a step since: its next task's model has moved) */
@@ -1048,12 +1049,9 @@ cohorts_next_timer(const coord *c, int64_t now, int64_t next)
 				    co->closing_ms + cfg->sa_unmask_ms, now);
 			}
 			for (uint32_t s = 0; s < co->count; s++) {
-				/* a member waiting for the others (hold_end) */
-				const worker *w = &c->reg.workers[co->m[s].slot];
-				int64_t h = w->used && w->id == co->m[s].id &&
-				                    w->task_round == co->id
-				                ? hold_end(c, co, w, now)
-				                : 0;
+				/* a member waiting for the others */
+				int64_t h = hold_end(c, co,
+				    &c->reg.workers[co->m[s].slot], now);
 				if (h > now) {
 					next = sooner(next, h, now);
 				}

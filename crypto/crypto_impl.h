@@ -82,13 +82,13 @@ fb_err fb_stream_push_alloc_key(const fb_stream_ctx *ctx, size_t chunk_len,
  * NULL when out of memory. Thread-safe.
  */
 #define FB_SECMEM_MAX 65472
+void *fb_secmem_alloc(size_t len);
+void fb_secmem_free(void *p);
+
 /* fb_x25519_small_order says whether an X25519 public key is of small
  * order (X25519 with it is zero for every secret key): a table lookup,
  * the keys crypto_scalarmult refuses (mask.c). */
 int fb_x25519_small_order(const uint8_t pk[32]);
-
-void *fb_secmem_alloc(size_t len);
-void fb_secmem_free(void *p);
 
 /*
  * The bulk passes (bulk.c): libsodium's results byte for byte, on

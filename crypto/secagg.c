@@ -280,17 +280,6 @@ b_commit(const fb_secagg_params *p, uint32_t index, const uint8_t b[32],
 	sodium_memzero(&st, sizeof(st));
 }
 
-/* small_order says whether an X25519 public key is of small order: every
- * clamped scalar, a multiple of the cofactor, maps it to zero, so
- * crypto_scalarmult refuses it. A lookup, not a scalar multiplication: a
- * secure round checks two keys of every advert at the coordinator (and
- * at each worker, those of its non-neighbours). */
-static int
-small_order(const uint8_t pk[32])
-{
-	return fb_x25519_small_order(pk);
-}
-
 /* set_hash is H(U3) of a confirmation (crypto.h), flags read as 0/1. */
 static void
 set_hash(const fb_secagg_params *p, const uint8_t *included, uint8_t h[32])
@@ -398,7 +387,8 @@ adv_parse(const fb_secagg_params *p, const fb_pubkey *signer,
 	if (*index >= p->n) {
 		return FB_EPROTO;
 	}
-	if (check_order && (small_order(adv + 28) || small_order(adv + 60))) {
+	if (check_order && (fb_x25519_small_order(adv + 28) ||
+	                       fb_x25519_small_order(adv + 60))) {
 		return FB_EAUTH;
 	}
 	memcpy(c_pk, adv + 28, 32);
@@ -660,8 +650,10 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 	if (index == w->self ||
 	    (slot = slot_of(w->nbr, w->k, index)) == w->k) {
 		/* not a neighbour: nothing to keep, but checked all the same */
-		return small_order(c_pk) || small_order(s_pk) ? FB_EAUTH
-		                                              : FB_OK;
+		return fb_x25519_small_order(c_pk) ||
+		               fb_x25519_small_order(s_pk)
+		           ? FB_EAUTH
+		           : FB_OK;
 	}
 	if (w->peers[slot].have_adv) {
 		return FB_EPROTO;
