@@ -176,6 +176,10 @@ example(fb_msg_type t, const fz_fixture *f, fb_msg *m)
 		m->u.secagg.phase = FB_SA_SHARES;
 		m->u.secagg.count = 2;
 		break;
+	case FB_MSG_UPDATE_CREDIT:
+		m->u.update_credit.round = FZ_ROUND;
+		m->u.update_credit.chunks = 8;
+		break;
 	default:
 		fz_die("type");
 	}
