@@ -338,6 +338,7 @@ coord_fini(coord *c)
 	sa_free(&c->sa_ahead);
 	async_fini(c);
 	cohorts_fini(c);
+	fb_secagg_keys_free(c->sa_seen); /* after every instance */
 	fb_link_close(c->link);
 	fb_accum_free(c->accum);
 	fb_server_opt_free(c->opt);

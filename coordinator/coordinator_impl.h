@@ -725,6 +725,8 @@ struct coord {
 	                          * sa_ahead while its messages are handled */
 	sa_round sa_ahead;       /* the next round's, set up during this one
 	                          * (secure_aggregation.setup_ahead) */
+	fb_secagg_keys *sa_seen; /* the workers' verified advert signatures,
+	                          * across rounds (loop thread only) */
 	async_state as;          /* round.mode: async */
 	cohorts cs;              /* round.mode: async, secure aggregation */
 	pthread_mutex_t extra_mu; /* the ingest pool's adds into sa.extra */

@@ -208,7 +208,12 @@ sa_begin(coord *c, uint32_t round, const uint32_t *cand, uint32_t n,
 		       "secure_aggregation.clip";
 		return FB_ERANGE;
 	}
-	if ((rc = fb_secagg_server_alloc(&sa->p, &sa->srv)) != FB_OK) {
+	if (c->sa_seen == NULL && fb_secagg_keys_alloc(&c->sa_seen) != FB_OK) {
+		*why = "cannot start the secure-aggregation server";
+		return FB_ENOMEM;
+	}
+	if ((rc = fb_secagg_server_alloc_keys(&sa->p, c->sa_seen,
+	         &sa->srv)) != FB_OK) {
 		*why = "cannot start the secure-aggregation server";
 		return rc;
 	}

@@ -252,7 +252,7 @@ const char *fb_identity_comment(const fb_identity *id);
 /*
  * fb_identity_sign signs `len` bytes with a domain-separation prefix:
  * sig = Ed25519(sk, "fedbox/" || domain || "\0" || msg). `domain` is a
- * short ASCII name of what is signed (e.g. "secagg-keys"), at most 32
+ * short ASCII name of what is signed (e.g. "secagg-session"), at most 32
  * bytes. Thread-safe. Errors: FB_EINVAL (domain too long).
  */
 FB_MUST_CHECK fb_err fb_identity_sign(const fb_identity *id, const char *domain,
@@ -684,16 +684,19 @@ void fb_stream_pull_free(fb_stream_pull *p);
  * slots; the caller maps its worker ids to them). Round parameters
  * (fb_secagg_params) are public: run id, round, n, degree k, threshold t,
  * and 32 bytes of coordinator randomness for the graph.
- *   0 keys     each worker makes two X25519 key pairs, c (share encryption)
- *              and s (pairwise masks), and a 32-byte self-mask seed b; it
- *              advertises c_pk, s_pk and H(b) signed by its identity. The
- *              coordinator relays the adverts (at least to each worker's
- *              neighbours). U1 = workers whose advert arrived.
+ *   0 keys     each worker holds an X25519 key pair c (share encryption)
+ *              for its session (fb_secagg_keys) and makes, each round, an
+ *              X25519 key pair s (pairwise masks) and a 32-byte self-mask
+ *              seed b; it advertises c_pk, signed by its identity once a
+ *              session, with the round's s_pk and H(b). The coordinator
+ *              relays the adverts (at least to each worker's neighbours).
+ *              U1 = workers whose advert arrived.
  *   1 shares   worker i Shamir-shares b_i and s_sk_i t-of-(|N1(i)|+1)
  *              among itself and its neighbours in U1 (x = index + 1) and
- *              seals each neighbour's pair of shares under a key from
- *              X25519(c_i, c_j): the coordinator relays ciphertexts it
- *              cannot read. U2 = workers whose shares went out.
+ *              seals each neighbour's pair of shares under the round's
+ *              key from X25519(c_i, c_j), binding both s_pk: the
+ *              coordinator relays ciphertexts it cannot read or redirect
+ *              to another s key. U2 = workers whose shares went out.
  *   2 masking  y_i = x_i + PRG(b_i) + sum_{j in N(i), j in U2}
  *              sigma_ij PRG(s_ij)  (mod 2^32), sigma_ij = +1 if i < j,
  *              -1 if i > j, s_ij = H(X25519(s_i, s_pk_j), keys, run,
@@ -727,42 +730,49 @@ void fb_stream_pull_free(fb_stream_pull *p);
  * caller's policy) keeps t a majority of each neighbourhood, so that two
  * conflicting sets would need t - ((k + 1) - t) colluding neighbours.
  *
- * Key lifetimes (issue 25). Every secret is one round's: c, s and b are
- * made by fb_secagg_worker_alloc for one round and wiped by _free, and
- * every message carries run and round inside its signed or authenticated
- * bytes, so nothing of round r is taken in round r + 1 (an advert gets
- * FB_ESTALE, a share message does not open). What a reveal exposes, and for how
- * long: b_i (i included) gives PRG(b_i), round r's self-mask of i; s_sk_j
- * (j dropped) gives the pair seeds of every round under that key, which
- * is round r alone. The pair seed's KDF over (run, round, both keys) keeps
- * rounds apart for anyone who holds seeds but not the X25519 secret.
- * Why s is not kept for a session: a dropout recovery reconstructs s_sk_j
- * itself, the input of that KDF, not one round's output, so with a
- * session-long s it yields j's pair seeds of all rounds under the key,
- * the earlier ones included; in each earlier round r' where j was
+ * Key lifetimes (issue 25). b and s are one round's: made by
+ * fb_secagg_worker_alloc_keys and wiped by _free, and every message
+ * carries run and round inside its authenticated bytes, so nothing of
+ * round r is taken in round r + 1 (an advert gets FB_ESTALE, a share
+ * message does not open). c is the session's (fb_secagg_keys: in the
+ * worker, the process's), and so is its advert signature; each pair's
+ * X25519(c_i, c_j) is made once a session and cached, and each round's
+ * share key is a KDF of it with run and round. What a reveal exposes,
+ * and for how long: b_i (i included) gives PRG(b_i), round r's self-mask
+ * of i; s_sk_j (j dropped) gives j's pair seeds of round r, and of no
+ * other round: s is never used again. c_sk is never revealed. So no
+ * reveal needs a new agreement afterwards: the per-round s is that
+ * renewal, made before it is needed, for one key pair and k X25519 a
+ * round. Why s is not kept for a session: a recovery reconstructs s_sk_j
+ * itself, the input of the pair-seed KDF, not one round's output, so with
+ * a session-long s it would yield j's pair seeds of all rounds under the
+ * key, the earlier ones included; in each earlier round r' where j was
  * included the coordinator reconstructed b_j (as it must) and received
- * y_j (each worker's upload arrives on its own stream), so it could remove
- * every mask of y_j and read x_j of round r'. That needs no lie, one real
- * dropout after rounds with j included; a lying coordinator gets it by
- * claiming one. A rekey after the reveal protects the rounds after it, not
- * those before. Sharing s_sk once per session adds another leak: holders
- * told "j dropped" in different rounds reveal shares of the one sharing,
- * which add up to t across rounds. Renewing s after every round whose
- * b_j was revealed (every round j is in) is the per-round key. What keeps
- * the setup off a round's critical path without that: set round r + 1 up
- * (adverts and shares of its fresh keys) while round r runs, which is this
- * protocol shifted in time, secret for secret (secagg_test: "a round set
- * up during the previous one"; the coordinator and worker do it under
- * secure_aggregation.setup_ahead, coordinator/secagg.c); then no reveal of
- * round r bears on r + 1 and no rekey is needed. A session-long s would need a recovery that
- * never reveals s_sk (the survivors revealing the round's pair seeds,
- * KDF outputs, checked against commitments of the dropped worker): not
- * built. c_sk is never revealed and the share key takes the round, so c
- * could live longer, but that saves one key pair a round. A coordinator
- * that claims a dropout gains what the threat model above says: that
- * round's s_j, i.e. j's pair masks of that round, while each honest holder
- * gives it one kind of share of j per round, never both, so b_j of that
- * round stays out of its reach without colluders.
+ * y_j (each upload arrives on its own stream), so it could remove every
+ * mask of y_j and read x_j of round r'. That needs no lie, one real
+ * dropout after rounds with j included; a rekey after the reveal would
+ * protect the rounds after it, not those before. What a session c costs
+ * is forward secrecy within the session: whoever takes worker i's memory
+ * (its c_sk) and recorded the session's share messages can open those i
+ * sent, its own shares of b_i and s_i of every round so far, and so,
+ * with i's recorded y_i, read i's past updates; and those i received,
+ * one holder's shares of each neighbour's secrets (below the threshold
+ * unless t holders are taken, the bound the protocol has anyway). Whoever
+ * holds i's memory holds its data and, as the coordinator, every model
+ * it trained from, from which its updates follow; per-round c would
+ * guard them for one key pair and k X25519 a round, a ratchet of each
+ * pair's key for a hash a round (neither built). A restart makes a new c,
+ * and so does every new session (fb_secagg_keys). The setup stays
+ * off a round's critical path by running round r + 1's adverts and
+ * shares while round r runs (secagg_test: "a round set up during the
+ * previous one"; secure_aggregation.setup_ahead, coordinator/secagg.c).
+ * A coordinator that claims a dropout gains what the threat model above
+ * says: that round's s_j, i.e. j's pair masks of that round, while each
+ * honest holder gives it one kind of share of j per round, never both,
+ * so b_j of that round stays out of its reach without colluders. A
+ * coordinator that replaces an s_pk in a relayed advert gets share
+ * messages that do not open at either end of the pair: the two workers
+ * hold no shares of each other, and mask with neither's key.
  *
  * Ring: masks live in Z_2^32. An encoding into Z_2^bits (bits <= 32, see
  * aggregation.h) embeds into it: the sum mod 2^32 reduced mod 2^bits is the
@@ -953,12 +963,17 @@ FB_MUST_CHECK fb_err fb_secagg_graph_neighbours(const fb_secagg_graph *g,
 
 /* ---- SecAgg+ steps ------------------------------------------------------- */
 
-/* Signed key advertisement, FB_SECAGG_ADV_LEN = 188 bytes:
+/* Key advertisement, FB_SECAGG_ADV_LEN = 188 bytes:
  *   0:1 version  1:1 kind=16  2:2 reserved, zero  4:16 run id  20:4 round
- *   24:4 worker index  28:32 c_pk  60:32 s_pk
- *   92:32 H(b) = BLAKE2b-256("fedbox/secagg-b/v1" || run || LE32 round ||
- *         LE32 index || b)
- *   124:64 fb_identity_sign(domain "secagg-keys", bytes 0..124) */
+ *   24:4 worker index  28:32 c_pk (the session's)  60:32 s_pk (the
+ *   round's)  92:32 H(b) = BLAKE2b-256("fedbox/secagg-b/v1" || run ||
+ *   LE32 round || LE32 index || b)
+ *   124:64 fb_identity_sign(domain "secagg-session", bytes 0..20 ||
+ *         bytes 28..60): the session part, the same bytes every round.
+ * Round, index, s_pk and H(b) are outside the signature: the pair's share
+ * messages bind both s_pk (their AEAD's associated data), the coordinator
+ * takes H(b) from the worker's own advert on its authenticated session,
+ * and the coordinator assigns the index and round anyway. */
 #define FB_SECAGG_ADV_LEN 188
 /* An advert as the coordinator relays it to a neighbour: LE32 slot ||
  * the owner's identity key || the advert. */
@@ -966,10 +981,12 @@ FB_MUST_CHECK fb_err fb_secagg_graph_neighbours(const fb_secagg_graph *g,
 /* Sealed shares from one worker to one neighbour, 136 bytes:
  *   0:1 version  1:1 kind=17  2:2 reserved  4:16 run  20:4 round
  *   24:4 from  28:4 to  32:88 ciphertext of (b-share || s-share, packed)
- *   120:16 tag.  XChaCha20-Poly1305-IETF, AD = bytes 0..32, nonce =
- *   LE32 from || LE32 to || 16 zero bytes, key = BLAKE2b-256(
- *   "fedbox/secagg-enc/v1" || min(c_pk) || max(c_pk) || run || LE32
- *   round || X25519(c_sk, peer c_pk)). */
+ *   120:16 tag.  XChaCha20-Poly1305-IETF, AD = bytes 0..32 || the
+ *   sender's s_pk || the recipient's s_pk (not sent: both ends hold
+ *   them from the adverts), nonce = LE32 from || LE32 to || 16 zero
+ *   bytes, key = BLAKE2b-256("fedbox/secagg-enc/v1" || min(c_pk) ||
+ *   max(c_pk) || run || LE32 round || X25519(c_sk, peer c_pk)), the
+ *   X25519 of the session keys, made once a pair and session. */
 #define FB_SECAGG_SHARE_MSG_LEN 136
 /* Reveal: header 0:1 version 1:1 kind=18 2:2 reserved 4:16 run 20:4 round
  * 24:4 from 28:4 count, then count entries of FB_SECAGG_REVEAL_ENTRY_LEN:
@@ -998,11 +1015,44 @@ typedef struct fb_secagg_worker fb_secagg_worker;
 typedef struct fb_secagg_server fb_secagg_server;
 
 /*
- * fb_secagg_worker_alloc starts worker `self` (< n) of a round: makes the
- * c and s key pairs and b (sodium_malloc'd, wiped by _free) and the graph.
- * On FB_OK the caller owns *out. One thread at a time per worker.
- * Errors: FB_EINVAL (params), FB_ENOMEM, FB_EIO.
+ * A party's secure-aggregation session: a worker's c key pair (share
+ * encryption) and the session signature of its adverts, kept across
+ * rounds; and, for a worker or the coordinator, a cache of the peers'
+ * session signatures it verified, a worker's with each peer's X25519
+ * agreement. A round's instances borrow it (fb_secagg_worker_alloc_keys,
+ * fb_secagg_server_alloc_keys); one thread at a time uses it and them.
+ * The cache holds at most 131,072 signatures, then starts again.
  */
+typedef struct fb_secagg_keys fb_secagg_keys;
+
+/* fb_secagg_keys_alloc makes a session: a fresh c key pair, an empty
+ * cache. Errors: FB_ENOMEM, FB_EIO. */
+FB_MUST_CHECK fb_err fb_secagg_keys_alloc(fb_secagg_keys **out);
+
+/* fb_secagg_keys_free wipes and frees; NULL is a no-op. Free the
+ * instances that borrow it first. */
+void fb_secagg_keys_free(fb_secagg_keys *k);
+
+/* fb_secagg_keys_seen returns how many verified session signatures the
+ * cache holds (for tests and logs). */
+uint32_t fb_secagg_keys_seen(const fb_secagg_keys *k);
+
+/* fb_secagg_advert_sign (re)signs an advert's session part (layout
+ * above) with `id`; fb_secagg_worker_advertise does it once a session.
+ * Errors: from fb_identity_sign. */
+FB_MUST_CHECK fb_err fb_secagg_advert_sign(const fb_identity *id,
+    uint8_t adv[FB_SECAGG_ADV_LEN]);
+
+/*
+ * fb_secagg_worker_alloc_keys starts worker `self` (< n) of a round in
+ * session `keys` (borrowed: it must outlive the instance; NULL: a session
+ * of this instance alone): makes the round's s key pair and b (wiped by
+ * _free) and the graph. On FB_OK the caller owns *out. One thread at a
+ * time per session. Errors: FB_EINVAL (params), FB_ENOMEM, FB_EIO.
+ * fb_secagg_worker_alloc is it with keys NULL.
+ */
+FB_MUST_CHECK fb_err fb_secagg_worker_alloc_keys(const fb_secagg_params *p,
+    uint32_t self, fb_secagg_keys *keys, fb_secagg_worker **out);
 FB_MUST_CHECK fb_err fb_secagg_worker_alloc(const fb_secagg_params *p,
     uint32_t self, fb_secagg_worker **out);
 
@@ -1012,19 +1062,20 @@ void fb_secagg_worker_free(fb_secagg_worker *w);
 /* fb_secagg_worker_graph returns the round's graph (owned by w). */
 const fb_secagg_graph *fb_secagg_worker_graph(const fb_secagg_worker *w);
 
-/* fb_secagg_worker_advertise writes the signed advert (layout above) and
- * remembers id's public key as this worker's own (no neighbour may sign
- * with it). Call it before fb_secagg_worker_add_advert. Errors: from
- * fb_identity_sign. */
+/* fb_secagg_worker_advertise writes the advert (layout above; its session
+ * signature made once a session, run and identity) and remembers id's
+ * public key as this worker's own (no neighbour may sign with it). Call
+ * it before fb_secagg_worker_add_advert. Errors: from fb_identity_sign. */
 FB_MUST_CHECK fb_err fb_secagg_worker_advertise(
     fb_secagg_worker *w, const fb_identity *id, uint8_t adv[FB_SECAGG_ADV_LEN]);
 
 /*
  * fb_secagg_worker_add_advert takes a peer's advert, checked against the
- * peer's identity key `peer_id` (from the allowlist): layout, run, round,
- * signature, X25519 keys not of small order (for a neighbour, by
- * deriving the pair's share key and mask seed from them at once, which
- * fails for such a key). Adverts of non-neighbours (and of itself) are
+ * peer's identity key `peer_id` (from the allowlist): layout, session
+ * signature (verified once a session: the session's cache), run, round,
+ * X25519 keys not of small order (for a neighbour, by deriving the
+ * pair's share key and mask seed from them at once, which fails for such
+ * a key; the session agreement is cached with the signature). Adverts of non-neighbours (and of itself) are
  * checked and then ignored (FB_OK). A neighbour's
  * advert signed by a key that already signed for another neighbour slot,
  * or by this worker's own key, is refused: one identity, one slot (else
@@ -1143,10 +1194,14 @@ FB_MUST_CHECK fb_err fb_secagg_worker_reveal(
     fb_secagg_worker *w, uint8_t *out, size_t out_cap, size_t *out_len);
 
 /*
- * fb_secagg_server_alloc starts the coordinator's side of a round: the
- * graph and per-worker state, O(n k) memory. Errors: FB_EINVAL, FB_ENOMEM.
- * One thread at a time.
+ * fb_secagg_server_alloc_keys starts the coordinator's side of a round:
+ * the graph and per-worker state, O(n k) memory; `seen` (borrowed, may be
+ * NULL) caches the adverts' verified session signatures across rounds
+ * (its c key pair is unused). fb_secagg_server_alloc is it with seen
+ * NULL. Errors: FB_EINVAL, FB_ENOMEM. One thread at a time.
  */
+FB_MUST_CHECK fb_err fb_secagg_server_alloc_keys(const fb_secagg_params *p,
+    fb_secagg_keys *seen, fb_secagg_server **out);
 FB_MUST_CHECK fb_err fb_secagg_server_alloc(const fb_secagg_params *p,
     fb_secagg_server **out);
 

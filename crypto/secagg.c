@@ -27,12 +27,19 @@
 #define REVEAL_S 2
 #define SHARE_PT_LEN (2 * FB_SHAMIR_SHARE_LEN)
 #define SHARE_HDR_LEN 32
-#define ADV_SIGNED_LEN 124
+#define ADV_SIG_AT 124
+#define SESSION_SIGNED_LEN 52 /* advert bytes 0..20 and 28..60 */
 #define CONFIRM_SIGNED_LEN 64
+#define SHARE_AD_LEN (SHARE_HDR_LEN + 64)
+/* Verified session signatures a cache keeps before it starts again: a
+ * peer that sends a new one every round costs a verification, not
+ * memory. */
+#define SEEN_MAX 131072u
 
 static const uint8_t enc_domain[] = "fedbox/secagg-enc/v1";
 static const uint8_t commit_domain[] = "fedbox/secagg-b/v1";
 static const uint8_t set_domain[] = "fedbox/secagg-u3/v1";
+static const uint8_t seen_domain[] = "fedbox/secagg-seen/v1";
 
 static void
 st32(uint8_t *p, uint32_t v)
@@ -355,27 +362,206 @@ confirm_verify(const fb_pubkey *signer, const uint8_t *m, const uint8_t h[32])
 	return FB_OK;
 }
 
+/* ---- session keys and the verified-signature cache ------------------------ */
+
+/* One verified session signature: tag = H(signer || signed bytes || sig);
+ * x = X25519(our c_sk, its c_pk) once derived (a worker's cache). */
+typedef struct seen_entry {
+	uint8_t tag[32];
+	uint8_t x[32];
+	uint8_t used, has_x;
+} seen_entry;
+
+struct fb_secagg_keys {
+	uint8_t c_sk[32], c_pk[32]; /* this party's session c key pair */
+	/* the session signature of our advert, for run sig_run and sig_id */
+	fb_run_id sig_run;
+	fb_pubkey sig_id;
+	uint8_t sig[FB_SIG_LEN];
+	bool have_sig;
+	seen_entry *tab; /* fb_secmem_alloc'd: it holds the agreements */
+	uint32_t cap;    /* a power of two, or 0 */
+	uint32_t count;
+};
+
+fb_err
+fb_secagg_keys_alloc(fb_secagg_keys **out)
+{
+	fb_secagg_keys *k;
+	fb_err rc;
+
+	*out = NULL;
+	if ((rc = fb_crypto_init()) != FB_OK) {
+		return rc;
+	}
+	if ((k = fb_secmem_alloc(sizeof(*k))) == NULL) {
+		return FB_ENOMEM;
+	}
+	memset(k, 0, sizeof(*k));
+	crypto_box_keypair(k->c_pk, k->c_sk);
+	*out = k;
+	return FB_OK;
+}
+
+void
+fb_secagg_keys_free(fb_secagg_keys *k)
+{
+	if (k == NULL) {
+		return;
+	}
+	fb_secmem_free(k->tab); /* (wiped) */
+	fb_secmem_free(k);
+}
+
+uint32_t
+fb_secagg_keys_seen(const fb_secagg_keys *k)
+{
+	return k != NULL ? k->count : 0;
+}
+
+/* session_bytes lays out the signed part of an advert: bytes 0..20
+ * (version, kind, reserved, run) and 28..60 (c_pk). */
+static void
+session_bytes(const uint8_t *adv, uint8_t out[SESSION_SIGNED_LEN])
+{
+	memcpy(out, adv, 20);
+	memcpy(out + 20, adv + 28, 32);
+}
+
+static void
+seen_tag(const fb_pubkey *signer, const uint8_t *adv, uint8_t tag[32])
+{
+	crypto_generichash_state st;
+	uint8_t signed_part[SESSION_SIGNED_LEN];
+
+	session_bytes(adv, signed_part);
+	crypto_generichash_init(&st, NULL, 0, 32);
+	crypto_generichash_update(&st, seen_domain, sizeof(seen_domain) - 1);
+	crypto_generichash_update(&st, signer->b, FB_PUBKEY_LEN);
+	crypto_generichash_update(&st, signed_part, sizeof(signed_part));
+	crypto_generichash_update(&st, adv + ADV_SIG_AT, FB_SIG_LEN);
+	crypto_generichash_final(&st, tag, 32);
+}
+
+/* seen_find returns the entry of `tag`, or NULL. */
+static seen_entry *
+seen_find(fb_secagg_keys *k, const uint8_t tag[32])
+{
+	uint32_t h;
+
+	if (k == NULL || k->cap == 0) {
+		return NULL;
+	}
+	for (h = ld32(tag) & (k->cap - 1); k->tab[h].used;
+	     h = (h + 1) & (k->cap - 1)) {
+		if (memcmp(k->tab[h].tag, tag, 32) == 0) {
+			return &k->tab[h];
+		}
+	}
+	return NULL;
+}
+
+/* seen_add records `tag` (not present) and returns its entry; NULL when
+ * out of memory (the caller then only loses the cache). Past SEEN_MAX
+ * entries the cache starts again. */
+static seen_entry *
+seen_add(fb_secagg_keys *k, const uint8_t tag[32])
+{
+	uint32_t h;
+
+	if (k->count >= SEEN_MAX) {
+		memset(k->tab, 0, (size_t)k->cap * sizeof(*k->tab));
+		k->count = 0;
+	}
+	if (2 * (k->count + 1) > k->cap) {
+		uint32_t cap = k->cap == 0 ? 64 : 2 * k->cap;
+		seen_entry *tab = fb_secmem_alloc((size_t)cap * sizeof(*tab));
+		if (tab == NULL) {
+			return NULL;
+		}
+		memset(tab, 0, (size_t)cap * sizeof(*tab));
+		for (uint32_t i = 0; i < k->cap; i++) {
+			if (!k->tab[i].used) {
+				continue;
+			}
+			for (h = ld32(k->tab[i].tag) & (cap - 1); tab[h].used;
+			     h = (h + 1) & (cap - 1)) {
+			}
+			tab[h] = k->tab[i];
+		}
+		fb_secmem_free(k->tab);
+		k->tab = tab;
+		k->cap = cap;
+	}
+	for (h = ld32(tag) & (k->cap - 1); k->tab[h].used;
+	     h = (h + 1) & (k->cap - 1)) {
+	}
+	memcpy(k->tab[h].tag, tag, 32);
+	k->tab[h].used = 1;
+	k->tab[h].has_x = 0;
+	k->count++;
+	return &k->tab[h];
+}
+
+/* session_verify checks an advert's session signature by `signer`,
+ * once per cache: *entry is the cache's entry (NULL without a cache). */
+static fb_err
+session_verify(fb_secagg_keys *k, const fb_pubkey *signer,
+    const uint8_t *adv, seen_entry **entry)
+{
+	uint8_t tag[32], signed_part[SESSION_SIGNED_LEN];
+
+	*entry = NULL;
+	if (k != NULL) {
+		seen_tag(signer, adv, tag);
+		if ((*entry = seen_find(k, tag)) != NULL) {
+			return FB_OK;
+		}
+	}
+	session_bytes(adv, signed_part);
+	if (fb_pubkey_verify(signer, "secagg-session", signed_part,
+	        sizeof(signed_part), adv + ADV_SIG_AT) != FB_OK) {
+		return FB_EAUTH;
+	}
+	if (k != NULL) {
+		*entry = seen_add(k, tag);
+	}
+	return FB_OK;
+}
+
+fb_err
+fb_secagg_advert_sign(const fb_identity *id, uint8_t adv[FB_SECAGG_ADV_LEN])
+{
+	uint8_t signed_part[SESSION_SIGNED_LEN];
+
+	session_bytes(adv, signed_part);
+	return fb_identity_sign(id, "secagg-session", signed_part,
+	    sizeof(signed_part), adv + ADV_SIG_AT);
+}
+
 /*
  * adv_parse checks an advert (see crypto.h) against `p` and the signer,
- * and returns its index and keys. With check_order it also refuses keys
- * of small order; a worker that derives its pair keys from a neighbour's
- * advert at once skips that (the derivations refuse them, for one X25519
- * each instead of two).
+ * and returns its index and keys: the session signature (through the
+ * cache `seen`, which may be NULL; *entry its entry), then the round's
+ * fields, which the signature does not cover. With check_order it also
+ * refuses keys of small order; a worker that derives its pair keys from a
+ * neighbour's advert at once skips that (the derivations refuse them).
  */
 static fb_err
-adv_parse(const fb_secagg_params *p, const fb_pubkey *signer,
-    const uint8_t *adv, size_t len, bool check_order, uint32_t *index,
-    uint8_t c_pk[32], uint8_t s_pk[32], uint8_t commit[32])
+adv_parse(const fb_secagg_params *p, fb_secagg_keys *seen,
+    const fb_pubkey *signer, const uint8_t *adv, size_t len, bool check_order,
+    uint32_t *index, uint8_t c_pk[32], uint8_t s_pk[32], uint8_t commit[32],
+    seen_entry **entry)
 {
 	fb_err rc;
 
+	*entry = NULL;
 	if (adv == NULL || len != FB_SECAGG_ADV_LEN || adv[0] != VERSION ||
 	    adv[1] != KIND_ADV || adv[2] != 0 || adv[3] != 0) {
 		return FB_EPROTO;
 	}
-	if ((rc = fb_pubkey_verify(signer, "secagg-keys", adv, ADV_SIGNED_LEN,
-	         adv + ADV_SIGNED_LEN)) != FB_OK) {
-		return FB_EAUTH;
+	if ((rc = session_verify(seen, signer, adv, entry)) != FB_OK) {
+		return rc;
 	}
 	if (sodium_memcmp(adv + 4, p->run.b, FB_RUN_ID_LEN) != 0) {
 		return FB_EAUTH;
@@ -397,20 +583,16 @@ adv_parse(const fb_secagg_params *p, const fb_pubkey *signer,
 	return FB_OK;
 }
 
-/* enc_key derives the share-encryption key of a pair (symmetric). */
-static fb_err
-enc_key(const fb_secagg_params *p, const uint8_t c_sk[32],
-    const uint8_t c_pk[32], const uint8_t peer_pk[32], uint8_t key[32])
+/* enc_key derives the round's share-encryption key of a pair (symmetric)
+ * from the pair's session agreement `shared` = X25519(c_sk, peer_pk). */
+static void
+enc_key(const fb_secagg_params *p, const uint8_t c_pk[32],
+    const uint8_t peer_pk[32], const uint8_t shared[32], uint8_t key[32])
 {
 	crypto_generichash_state st;
-	uint8_t shared[32];
 	uint8_t r[4];
 	int cmp = memcmp(c_pk, peer_pk, 32);
 
-	if (cmp == 0 || crypto_scalarmult(shared, c_sk, peer_pk) != 0) {
-		sodium_memzero(shared, sizeof(shared));
-		return FB_EAUTH;
-	}
 	st32(r, p->round);
 	crypto_generichash_init(&st, NULL, 0, 32);
 	crypto_generichash_update(&st, enc_domain, sizeof(enc_domain) - 1);
@@ -418,11 +600,22 @@ enc_key(const fb_secagg_params *p, const uint8_t c_sk[32],
 	crypto_generichash_update(&st, cmp < 0 ? peer_pk : c_pk, 32);
 	crypto_generichash_update(&st, p->run.b, FB_RUN_ID_LEN);
 	crypto_generichash_update(&st, r, sizeof(r));
-	crypto_generichash_update(&st, shared, sizeof(shared));
+	crypto_generichash_update(&st, shared, 32);
 	crypto_generichash_final(&st, key, 32);
 	sodium_memzero(&st, sizeof(st));
-	sodium_memzero(shared, sizeof(shared));
-	return FB_OK;
+}
+
+/* share_ad is a share message's associated data: its header, then the
+ * sender's and the recipient's s_pk of the round (which the adverts carry
+ * outside the session signature: the share key, from the session keys,
+ * binds them to the pair). */
+static void
+share_ad(const uint8_t *hdr, const uint8_t from_s_pk[32],
+    const uint8_t to_s_pk[32], uint8_t ad[SHARE_AD_LEN])
+{
+	memcpy(ad, hdr, SHARE_HDR_LEN);
+	memcpy(ad + SHARE_HDR_LEN, from_s_pk, 32);
+	memcpy(ad + SHARE_HDR_LEN + 32, to_s_pk, 32);
 }
 
 static void
@@ -473,8 +666,7 @@ fb_secagg_share_msg_peek(const uint8_t *msg, size_t len, uint32_t *from,
 /* ---- worker -------------------------------------------------------------- */
 
 typedef struct wsecret {
-	uint8_t c_sk[32], c_pk[32]; /* share encryption */
-	uint8_t s_sk[32], s_pk[32]; /* pairwise masks */
+	uint8_t s_sk[32], s_pk[32]; /* pairwise masks: the round's */
 	uint8_t b[32];              /* self-mask seed */
 } wsecret;
 
@@ -487,7 +679,7 @@ typedef struct wpeer {
 	uint8_t revealed;   /* 0, REVEAL_B or REVEAL_S */
 	uint8_t confirmed;  /* it confirmed the set we signed */
 	uint8_t have_key;   /* key holds the pair's share-encryption key */
-	uint8_t key[32];    /* enc_key of the pair: one X25519 per pair */
+	uint8_t key[32];    /* enc_key of the pair, of this round */
 	uint8_t seed[32];   /* the pair's mask seed, once have_adv */
 	fb_shamir_share b_share, s_share; /* the shares held for it */
 } wpeer;
@@ -502,6 +694,8 @@ struct fb_secagg_worker {
 	fb_secagg_graph *g;
 	uint32_t *nbr;       /* k neighbours, ascending */
 	wsecret *sec;        /* fb_secmem_alloc */
+	fb_secagg_keys *keys; /* the session's c key pair and cache */
+	bool own_keys;        /* keys made for this instance alone */
 	wpeer *peers;        /* fb_secmem_alloc, k + 1 */
 	fb_mask_term *terms; /* fb_secmem_alloc, k + 1 */
 	uint32_t nterms;
@@ -512,34 +706,29 @@ struct fb_secagg_worker {
 	uint32_t nconfirm; /* neighbours' valid confirmations of it */
 };
 
-/*
- * peer_key returns the share-encryption key of our pair with neighbour
- * slot `slot`, derived once (it is symmetric: the shares both ways use it,
- * with nonces that differ by direction) and kept in the fb_secmem_alloc'd
- * peer entry, wiped with it.
- */
+/* peer_key returns the share-encryption key of our pair with neighbour
+ * slot `slot` (derived when its advert came; wiped by mask_begin). */
 static fb_err
 peer_key(fb_secagg_worker *w, uint32_t slot, const uint8_t **key)
 {
-	wpeer *pe = &w->peers[slot];
-	fb_err rc;
-
 	*key = NULL;
-	if (!pe->have_key) {
-		if ((rc = enc_key(&w->p, w->sec->c_sk, w->sec->c_pk, pe->c_pk,
-		         pe->key)) != FB_OK) {
-			sodium_memzero(pe->key, sizeof(pe->key));
-			return rc;
-		}
-		pe->have_key = 1;
+	if (!w->peers[slot].have_key) {
+		return FB_EPROTO;
 	}
-	*key = pe->key;
+	*key = w->peers[slot].key;
 	return FB_OK;
 }
 
 fb_err
 fb_secagg_worker_alloc(const fb_secagg_params *p, uint32_t self,
     fb_secagg_worker **out)
+{
+	return fb_secagg_worker_alloc_keys(p, self, NULL, out);
+}
+
+fb_err
+fb_secagg_worker_alloc_keys(const fb_secagg_params *p, uint32_t self,
+    fb_secagg_keys *keys, fb_secagg_worker **out)
 {
 	fb_err rc = FB_OK;
 	fb_secagg_worker *w = NULL;
@@ -558,6 +747,13 @@ fb_secagg_worker_alloc(const fb_secagg_params *p, uint32_t self,
 	w->p = *p;
 	w->self = self;
 	w->t = p->threshold;
+	w->keys = keys;
+	if (keys == NULL) {
+		if ((rc = fb_secagg_keys_alloc(&w->keys)) != FB_OK) {
+			goto out;
+		}
+		w->own_keys = true;
+	}
 	if ((rc = fb_secagg_graph_alloc(p->n, p->degree, p->threshold,
 	         p->graph_seed, p->round, &w->g)) != FB_OK) {
 		goto out;
@@ -577,10 +773,9 @@ fb_secagg_worker_alloc(const fb_secagg_params *p, uint32_t self,
 	if ((rc = fb_secagg_graph_neighbours(w->g, self, w->nbr)) != FB_OK) {
 		goto out;
 	}
-	crypto_box_keypair(w->sec->c_pk, w->sec->c_sk);
 	crypto_box_keypair(w->sec->s_pk, w->sec->s_sk);
 	randombytes_buf(w->sec->b, sizeof(w->sec->b));
-	memcpy(w->peers[k].c_pk, w->sec->c_pk, 32);
+	memcpy(w->peers[k].c_pk, w->keys->c_pk, 32);
 	memcpy(w->peers[k].s_pk, w->sec->s_pk, 32);
 	w->peers[k].have_adv = 1;
 	*out = w;
@@ -602,6 +797,9 @@ fb_secagg_worker_free(fb_secagg_worker *w)
 	fb_secmem_free(w->sec); /* (wiped) */
 	fb_secmem_free(w->peers);
 	fb_secmem_free(w->terms);
+	if (w->own_keys) {
+		fb_secagg_keys_free(w->keys);
+	}
 	free(w);
 }
 
@@ -617,17 +815,33 @@ fb_secagg_worker_advertise(
 {
 	fb_identity_pubkey(id, &w->self_id);
 	w->have_self_id = true;
+	fb_secagg_keys *keys = w->keys;
+	fb_err rc;
+
 	memset(adv, 0, FB_SECAGG_ADV_LEN);
 	adv[0] = VERSION;
 	adv[1] = KIND_ADV;
 	memcpy(adv + 4, w->p.run.b, FB_RUN_ID_LEN);
 	st32(adv + 20, w->p.round);
 	st32(adv + 24, w->self);
-	memcpy(adv + 28, w->sec->c_pk, 32);
+	memcpy(adv + 28, keys->c_pk, 32);
 	memcpy(adv + 60, w->sec->s_pk, 32);
 	b_commit(&w->p, w->self, w->sec->b, adv + 92);
-	return fb_identity_sign(id, "secagg-keys", adv, ADV_SIGNED_LEN,
-	    adv + ADV_SIGNED_LEN);
+	/* the session part is signed once a run and identity */
+	if (keys->have_sig && fb_pubkey_equal(&keys->sig_id, &w->self_id) &&
+	    sodium_memcmp(keys->sig_run.b, w->p.run.b, FB_RUN_ID_LEN) == 0) {
+		memcpy(adv + ADV_SIG_AT, keys->sig, FB_SIG_LEN);
+		return FB_OK;
+	}
+	keys->have_sig = false;
+	if ((rc = fb_secagg_advert_sign(id, adv)) != FB_OK) {
+		return rc;
+	}
+	memcpy(keys->sig, adv + ADV_SIG_AT, FB_SIG_LEN);
+	keys->sig_run = w->p.run;
+	keys->sig_id = w->self_id;
+	keys->have_sig = true;
+	return FB_OK;
 }
 
 fb_err
@@ -636,12 +850,13 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 {
 	fb_err rc;
 	uint32_t index, slot;
-	uint8_t c_pk[32], s_pk[32], commit[32];
-	const uint8_t *key = NULL;
+	uint8_t c_pk[32], s_pk[32], commit[32], x[32];
+	const uint8_t *shared;
+	seen_entry *e = NULL;
 	wpeer *pe;
 
-	if ((rc = adv_parse(&w->p, peer_id, adv, len, false, &index, c_pk,
-	         s_pk, commit)) != FB_OK) {
+	if ((rc = adv_parse(&w->p, w->keys, peer_id, adv, len, false, &index,
+	         c_pk, s_pk, commit, &e)) != FB_OK) {
 		return rc;
 	}
 	if (w->stage != W_KEYS) {
@@ -668,18 +883,37 @@ fb_secagg_worker_add_advert(fb_secagg_worker *w, const fb_pubkey *peer_id,
 			return FB_EAUTH;
 		}
 	}
-	/* The pair's share key and mask seed, derived now: each refuses a
-	 * key of small order (its X25519 comes out zero), which is the
-	 * check adv_parse skipped. */
+	/* The pair's session agreement (once a session: the cache keeps it
+	 * with the verified signature), this round's share key, and the
+	 * round's mask seed: each X25519 refuses a key of small order (it
+	 * comes out zero), which is the check adv_parse skipped. */
+	if (memcmp(c_pk, w->keys->c_pk, 32) == 0) {
+		return FB_EAUTH; /* our own session key, replayed */
+	}
+	if (e != NULL && e->has_x) {
+		shared = e->x;
+	} else {
+		if (crypto_scalarmult(x, w->keys->c_sk, c_pk) != 0) {
+			sodium_memzero(x, sizeof(x));
+			return FB_EAUTH;
+		}
+		if (e != NULL) {
+			memcpy(e->x, x, 32);
+			e->has_x = 1;
+		}
+		shared = x;
+	}
 	pe = &w->peers[slot];
 	memcpy(pe->c_pk, c_pk, 32);
 	memcpy(pe->s_pk, s_pk, 32);
-	if (peer_key(w, slot, &key) != FB_OK ||
-	    fb_mask_pair_seed(w->sec->s_sk, w->sec->s_pk, s_pk, &w->p.run,
+	enc_key(&w->p, w->keys->c_pk, c_pk, shared, pe->key);
+	sodium_memzero(x, sizeof(x));
+	if (fb_mask_pair_seed(w->sec->s_sk, w->sec->s_pk, s_pk, &w->p.run,
 	        w->p.round, pe->seed) != FB_OK) {
 		sodium_memzero(pe, sizeof(*pe));
 		return FB_EAUTH;
 	}
+	pe->have_key = 1;
 	pe->id = *peer_id;
 	pe->have_adv = 1;
 	return FB_OK;
@@ -694,6 +928,7 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 	uint32_t *xs = NULL, *to = NULL;
 	fb_shamir_share *sh = NULL; /* b-shares then s-shares */
 	uint8_t pt[SHARE_PT_LEN];   /* one plaintext, wiped below */
+	uint8_t ad[SHARE_AD_LEN];
 
 	*out_len = 0;
 	if (w->stage != W_KEYS) {
@@ -751,8 +986,9 @@ fb_secagg_worker_make_shares(fb_secagg_worker *w, uint8_t *out,
 			goto out;
 		}
 		share_nonce(w->self, dst, nonce);
+		share_ad(msg, w->sec->s_pk, w->peers[slot].s_pk, ad);
 		crypto_aead_xchacha20poly1305_ietf_encrypt(msg + SHARE_HDR_LEN,
-		    NULL, pt, SHARE_PT_LEN, msg, SHARE_HDR_LEN, NULL, nonce, key);
+		    NULL, pt, SHARE_PT_LEN, ad, sizeof(ad), NULL, nonce, key);
 	}
 	w->stage = W_SHARED;
 	*out_len = (size_t)m * FB_SECAGG_SHARE_MSG_LEN;
@@ -775,6 +1011,7 @@ fb_secagg_worker_add_share(fb_secagg_worker *w, const uint8_t *msg,
 	uint32_t from, to, slot;
 	uint8_t nonce[24];
 	uint8_t buf[SHARE_PT_LEN]; /* the plaintext, wiped below */
+	uint8_t ad[SHARE_AD_LEN];
 	const uint8_t *key = NULL;
 	wpeer *pe;
 
@@ -795,10 +1032,11 @@ fb_secagg_worker_add_share(fb_secagg_worker *w, const uint8_t *msg,
 		goto out;
 	}
 	share_nonce(from, to, nonce);
+	share_ad(msg, pe->s_pk, w->sec->s_pk, ad);
 	if (crypto_aead_xchacha20poly1305_ietf_decrypt(buf, NULL, NULL,
 	        msg + SHARE_HDR_LEN,
-	        SHARE_PT_LEN + crypto_aead_xchacha20poly1305_ietf_ABYTES, msg,
-	        SHARE_HDR_LEN, nonce, key) != 0) {
+	        SHARE_PT_LEN + crypto_aead_xchacha20poly1305_ietf_ABYTES, ad,
+	        sizeof(ad), nonce, key) != 0) {
 		rc = FB_EAUTH;
 		goto out;
 	}
@@ -1038,10 +1276,18 @@ struct fb_secagg_server {
 	fb_shamir_share *shares; /* fb_secmem_alloc, n * (k + 1) */
 	fb_mask_term *terms;     /* fb_secmem_alloc, nterms */
 	uint64_t nterms;
+	fb_secagg_keys *seen; /* the caller's, or NULL: no cache */
 };
 
 fb_err
 fb_secagg_server_alloc(const fb_secagg_params *p, fb_secagg_server **out)
+{
+	return fb_secagg_server_alloc_keys(p, NULL, out);
+}
+
+fb_err
+fb_secagg_server_alloc_keys(const fb_secagg_params *p, fb_secagg_keys *seen,
+    fb_secagg_server **out)
 {
 	fb_err rc = FB_OK;
 	fb_secagg_server *s = NULL;
@@ -1060,6 +1306,7 @@ fb_secagg_server_alloc(const fb_secagg_params *p, fb_secagg_server **out)
 	}
 	s->p = *p;
 	s->t = p->threshold;
+	s->seen = seen;
 	if ((rc = fb_secagg_graph_alloc(p->n, p->degree, p->threshold,
 	         p->graph_seed, p->round, &s->g)) != FB_OK) {
 		goto out;
@@ -1136,14 +1383,15 @@ fb_secagg_server_add_advert(fb_secagg_server *s, uint32_t index,
 	fb_err rc;
 	uint32_t got;
 	uint8_t c_pk[32], s_pk[32], commit[32];
+	seen_entry *e;
 	sworker *w;
 
 	if (index >= s->p.n) {
 		return FB_EINVAL;
 	}
 	w = &s->w[index];
-	if ((rc = adv_parse(&s->p, peer_id, adv, len, true, &got, c_pk, s_pk,
-	         commit)) != FB_OK) {
+	if ((rc = adv_parse(&s->p, s->seen, peer_id, adv, len, true, &got,
+	         c_pk, s_pk, commit, &e)) != FB_OK) {
 		return rc;
 	}
 	if (got != index || w->in_u1 || s->revealing || s->confirming) {

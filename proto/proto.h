@@ -35,8 +35,10 @@
  * and the ahead flag (a round set up during the one before), RoundStart's
  * SecAggRound.set_up. 7: a FULL stream's chunk hashes are SHA-256, not
  * BLAKE2b-256 (crypto/stream.c: the model's download, hashed on every
- * worker, at the CPU's SHA-extension speed). */
-#define FB_PROTOCOL_VERSION 7
+ * worker, at the CPU's SHA-extension speed). 8: a SecAgg advert's
+ * signature covers its session part only (run and the session's c key,
+ * crypto.h), and a share message's AEAD binds both ends' s keys. */
+#define FB_PROTOCOL_VERSION 8
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */

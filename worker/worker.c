@@ -89,6 +89,8 @@ fb_wk_fini(fb_wk *w)
 	fb_wk_sa_end(w);
 	fb_wk_sa_ahead_free(w);
 	fb_wk_sa_held_free(w);
+	fb_secagg_keys_free(w->sa_keys); /* after every instance */
+	w->sa_keys = NULL;
 	fb_trainer_close(w->trainer);
 	fb_model_close(w->model);
 	fb_dataset_fini(&w->shard);

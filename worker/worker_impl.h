@@ -305,6 +305,10 @@ struct fb_wk {
 	/* secure aggregation of the current round */
 	fb_wk_sa_phase sa_phase;
 	fb_secagg_worker *sa; /* NULL: none this round */
+	/* The secure-aggregation session: the c key pair and the verified
+	 * peers' signatures with their agreements, for the process's life
+	 * (crypto.h, "Key lifetimes"); every instance borrows it. */
+	fb_secagg_keys *sa_keys;
 	uint32_t sa_round; /* the round w->sa belongs to */
 	/* secure async: the instances of earlier tasks whose masked input
 	 * went up, held for their cohort's unmasking while the next task

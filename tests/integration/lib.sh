@@ -253,16 +253,29 @@ secagg_keys() {
 	sed -n "s/.*round $2: secure-aggregation keys of this round: //p" "$1"
 }
 
-# secagg_no_key_repeats MIN: the workers' logs ($T/w[0-4]*.log) hold at
-# least MIN public keys, and none comes back in another round or for
-# another worker: every round is a fresh key agreement.
-secagg_no_key_repeats() {
-	local all dup
+# secagg_key_lifetimes MIN: the workers' logs ($T/w[0-4].log and
+# $T/w[0-4]b.log, one a process) hold at least MIN rounds' key records;
+# no s_pk comes back in another round or for another worker (each round's
+# pairwise-mask keys are fresh), and each process advertises one c_pk,
+# its session's, which no other process shares (a restart makes a new
+# one).
+secagg_key_lifetimes() {
+	local f c all dup
+	: >"$T/c_keys"
+	for f in "$T"/w[0-4].log "$T"/w[0-4]b.log; do
+		[ -f "$f" ] || continue
+		c=$(sed -n 's/.*secure-aggregation keys of this round: c_pk \([0-9a-f.]*\),.*/\1/p' "$f" | sort -u)
+		[ -n "$c" ] || continue
+		[ "$(echo "$c" | wc -l)" -eq 1 ] ||
+			fail "$f: more than one session c_pk: $(echo $c)"
+		echo "$c" >>"$T/c_keys"
+	done
+	dup=$(sort "$T/c_keys" | uniq -d)
+	[ -z "$dup" ] || fail "two worker processes advertised one c_pk: $dup"
 	all=$(cat "$T"/w[0-4].log "$T"/w[0-4]b.log |
-		sed -n 's/.*secure-aggregation keys of this round: //p' |
-		tr ',' '\n' | sed 's/^ *//')
+		sed -n 's/.*secure-aggregation keys of this round: .*s_pk \([0-9a-f.]*\).*/\1/p')
 	[ "$(echo "$all" | wc -l)" -ge "$1" ] ||
 		fail "too few key records: $(echo "$all" | wc -l)"
 	dup=$(echo "$all" | sort | uniq -d)
-	[ -z "$dup" ] || fail "a public key came back: $dup"
+	[ -z "$dup" ] || fail "an s_pk came back: $dup"
 }

@@ -175,12 +175,13 @@ PYEOF
 "${CHECK[@]}" average "$OUT/model.safetensors" "$T/m2.safetensors" --round 4 \
 	--n 5 --dump "$T/dump/w0,$T/dump/w1,$T/dump/w2,$T/dump/w3,$T/dump/w4" ||
 	fail "round 4 is not the weighted average of the 5 updates"
-# No public key of any worker comes back in another round or for another
-# worker: every round is a fresh key agreement.
+# No s key of any worker comes back in another round or for another
+# worker (every round's pairwise masks come from fresh keys); each
+# process keeps one c key, its session's.
 k2=$(secagg_keys "$T/w0.log" 2)
 k4=$(secagg_keys "$T/w0b.log" 4)
 [ -n "$k2" ] && [ -n "$k4" ] || fail "no key record of w0 in rounds 2 and 4"
 [ "$k2" != "$k4" ] || fail "w0 came back in round 4 with its round-2 keys"
-secagg_no_key_repeats 30
-echo "round 4: w0 back under new keys, the average of all 5; no key repeats"
+secagg_key_lifetimes 15
+echo "round 4: w0 back under new keys, the average of all 5; no s key repeats, one c key a process"
 echo PASS

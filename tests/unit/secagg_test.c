@@ -650,10 +650,19 @@ typedef struct sim_cfg {
 	fb_err expect_finish;  /* what the server's finish returns */
 	uint32_t *masked_out;  /* if non-NULL: worker 0's masked vector */
 	uint32_t *encoded_out; /* and its encoded input */
+	/* Sessions across rounds (all NULL: each instance its own). */
+	uint32_t round;            /* 0: 7 */
+	const fb_run_id *run;      /* NULL: a fresh run */
+	fb_secagg_keys **keys;     /* n workers' sessions */
+	fb_secagg_keys *seen;      /* the server's cache */
+	uint8_t (*adv_out)[FB_SECAGG_ADV_LEN]; /* n: the adverts made */
+	fb_shamir_share *s_out;    /* the revealed s-shares of drop_owner */
+	uint32_t s_out_count;      /* (out) how many */
+	uint32_t drop_owner;
 } sim_cfg;
 
 static void
-run_round(const sim_cfg *cfg)
+run_round(sim_cfg *cfg)
 {
 	uint32_t n = cfg->n;
 	uint64_t len = cfg->count + 1;
@@ -680,19 +689,25 @@ run_round(const sim_cfg *cfg)
 	assert_int_equal(fb_encoding_init(&ex, 32, n, 2.0, 1.0), FB_OK);
 	assert_int_equal(fb_encoding_init(&ew, 32, n, 1.0, 1.0), FB_OK);
 	memset(&p, 0, sizeof(p));
-	assert_int_equal(fb_run_id_random(&p.run), FB_OK);
-	p.round = 7;
+	if (cfg->run != NULL) {
+		p.run = *cfg->run;
+	} else {
+		assert_int_equal(fb_run_id_random(&p.run), FB_OK);
+	}
+	p.round = cfg->round != 0 ? cfg->round : 7;
 	p.n = n;
 	p.degree = cfg->degree;
 	p.threshold = cfg->t;
 	randombytes_buf(p.graph_seed, sizeof(p.graph_seed));
-	assert_int_equal(fb_secagg_server_alloc(&p, &srv), FB_OK);
+	assert_int_equal(fb_secagg_server_alloc_keys(&p, cfg->seen, &srv),
+	    FB_OK);
 	for (uint32_t i = 0; i < n; i++) {
 		uint8_t seed[32] = { (uint8_t)i, 0x5a };
 		assert_int_equal(fb_identity_alloc_from_seed(seed, NULL, &ids[i]),
 		    FB_OK);
 		fb_identity_pubkey(ids[i], &pks[i]);
-		assert_int_equal(fb_secagg_worker_alloc(&p, i, &w[i]), FB_OK);
+		assert_int_equal(fb_secagg_worker_alloc_keys(&p, i,
+		    cfg->keys != NULL ? cfg->keys[i] : NULL, &w[i]), FB_OK);
 	}
 	/* 0: keys. */
 	for (uint32_t i = 0; i < n; i++) {
@@ -703,6 +718,9 @@ run_round(const sim_cfg *cfg)
 		    adv[i]), FB_OK);
 		assert_int_equal(fb_secagg_server_add_advert(srv, i, &pks[i],
 		    adv[i], FB_SECAGG_ADV_LEN), FB_OK);
+		if (cfg->adv_out != NULL) {
+			memcpy(cfg->adv_out[i], adv[i], FB_SECAGG_ADV_LEN);
+		}
 	}
 	/* A forged advert (signed by someone else) is refused. */
 	assert_int_equal(fb_secagg_server_add_advert(srv, 0, &pks[1], adv[0],
@@ -851,6 +869,18 @@ run_round(const sim_cfg *cfg)
 		assert_int_equal(rc, FB_OK);
 		assert_int_equal(fb_secagg_server_add_reveal(srv, i, buf,
 		    out_len), FB_OK);
+		for (size_t o = FB_SECAGG_REVEAL_HEADER_LEN;
+		     cfg->s_out != NULL && o < out_len;
+		     o += FB_SECAGG_REVEAL_ENTRY_LEN) {
+			const uint8_t *e = buf + o;
+			uint32_t owner = (uint32_t)e[0] | (uint32_t)e[1] << 8 |
+			                 (uint32_t)e[2] << 16 |
+			                 (uint32_t)e[3] << 24;
+			if (owner == cfg->drop_owner && e[4] == 2) {
+				assert_int_equal(fb_shamir_share_unpack(e + 8,
+				    &cfg->s_out[cfg->s_out_count++]), FB_OK);
+			}
+		}
 		/* Asked to sign another set (an owner flipped to dropped):
 		 * the worker refuses; it signs one set per round. */
 		if (i == 0) {
@@ -1065,10 +1095,14 @@ test_steps_refuse_wrong_order_and_bad_input(void **state)
 	    FB_EPROTO);
 	assert_int_equal(fb_secagg_server_add_advert(s, 1, &pk, adv,
 	    sizeof(adv)), FB_EPROTO); /* index 0 claimed as 1 */
-	adv[70] ^= 1;
+	adv[40] ^= 1; /* the session's c_pk: signed */
 	assert_int_equal(fb_secagg_server_add_advert(s, 0, &pk, adv,
 	    sizeof(adv)), FB_EAUTH);
-	adv[70] ^= 1;
+	adv[40] ^= 1;
+	adv[8] ^= 1; /* the run: signed */
+	assert_int_equal(fb_secagg_server_add_advert(s, 0, &pk, adv,
+	    sizeof(adv)), FB_EAUTH);
+	adv[8] ^= 1;
 	assert_int_equal(fb_secagg_server_add_advert(s, 0, &pk, adv,
 	    sizeof(adv)), FB_OK);
 	assert_int_equal(fb_secagg_server_add_advert(s, 0, &pk, adv,
@@ -1135,8 +1169,7 @@ mal_setup(mal_round *r, const int *signer, fb_err *server_rc)
 		    FB_OK);
 		if (sg != (int)i) {
 			assert_int_equal(
-			    fb_identity_sign(r->ids[sg], "secagg-keys",
-			        r->adv[i], 124, r->adv[i] + 124),
+			    fb_secagg_advert_sign(r->ids[sg], r->adv[i]),
 			    FB_OK);
 		}
 		server_rc[i] = fb_secagg_server_add_advert(
@@ -1179,8 +1212,7 @@ test_small_order_keys_are_refused(void **state)
 
 		memcpy(adv, r.adv[1], sizeof(adv));
 		memcpy(adv + at, key, 32);
-		assert_int_equal(fb_identity_sign(r.ids[1], "secagg-keys", adv,
-		    124, adv + 124), FB_OK);
+		assert_int_equal(fb_secagg_advert_sign(r.ids[1], adv), FB_OK);
 		assert_int_equal(fb_secagg_server_alloc(&r.p, &s), FB_OK);
 		assert_int_equal(fb_secagg_server_add_advert(s, 1, &r.pks[1],
 		    adv, sizeof(adv)), FB_EAUTH);
@@ -1190,8 +1222,7 @@ test_small_order_keys_are_refused(void **state)
 		/* worker 0's slot: at a neighbour, and at itself */
 		memcpy(adv, r.adv[0], sizeof(adv));
 		memcpy(adv + at, key, 32);
-		assert_int_equal(fb_identity_sign(r.ids[0], "secagg-keys", adv,
-		    124, adv + 124), FB_OK);
+		assert_int_equal(fb_secagg_advert_sign(r.ids[0], adv), FB_OK);
 		assert_int_equal(fb_secagg_worker_add_advert(r.w[2], &r.pks[0],
 		    adv, sizeof(adv)), FB_EAUTH);
 		assert_int_equal(fb_secagg_worker_add_advert(r.w[0], &r.pks[0],
@@ -1244,8 +1275,7 @@ test_one_identity_signs_one_slot(void **state)
 	assert_int_equal(len, 3 * FB_SECAGG_SHARE_MSG_LEN);
 	/* worker 1 is offered a neighbour's advert under its own key (slot
 	 * 2's keys re-signed by identity 1) and 3 and 4 under key 4 */
-	assert_int_equal(fb_identity_sign(r.ids[1], "secagg-keys", r.adv[2],
-	                     124, r.adv[2] + 124),
+	assert_int_equal(fb_secagg_advert_sign(r.ids[1], r.adv[2]),
 	    FB_OK);
 	assert_int_equal(fb_secagg_worker_add_advert(
 	                     r.w[1], &r.pks[1], r.adv[2], FB_SECAGG_ADV_LEN),
@@ -1262,6 +1292,130 @@ test_one_identity_signs_one_slot(void **state)
 	assert_int_equal(
 	    fb_secagg_worker_make_shares(r.w[1], out, sizeof(out), &len),
 	    FB_OK); /* itself, 0 and 3: three of t = 3 */
+	mal_free(&r);
+}
+
+/*
+ * Three rounds of five workers in one session each (and one cache on the
+ * server side): the session's c key and advert signature are the same
+ * every round, each peer's signature is verified once (the caches do not
+ * grow after the first round), and each round's s key is new. Worker 2
+ * drops before its input in round 7, so its s_sk of round 7 is revealed:
+ * rebuilt here from the revealed shares, it is the key of round 7's
+ * advert and of no later round's, and rounds 8 and 9 (2 back in, then 4
+ * dropping) still sum right: the next round needs no new agreement.
+ */
+static void
+test_session_keys_across_rounds(void **state)
+{
+	enum { N = 5 };
+	fb_secagg_keys *keys[N], *seen;
+	uint8_t adv[3][N][FB_SECAGG_ADV_LEN];
+	uint8_t drop7[N] = {0, 0, DROP_BEFORE_INPUT, 0, 0};
+	uint8_t drop9[N] = {0, 0, 0, 0, DROP_AFTER_INPUT};
+	fb_shamir_share sh[N];
+	uint8_t s_sk[32], s_pk[32];
+	fb_run_id run;
+	uint32_t seen_after[3][N + 1];
+
+	(void)state;
+	assert_int_equal(fb_run_id_random(&run), FB_OK);
+	for (uint32_t i = 0; i < N; i++) {
+		assert_int_equal(fb_secagg_keys_alloc(&keys[i]), FB_OK);
+	}
+	assert_int_equal(fb_secagg_keys_alloc(&seen), FB_OK);
+	for (uint32_t r = 0; r < 3; r++) {
+		sim_cfg cfg = {.n = N, .degree = 4, .t = 3, .count = 300,
+		    .expect_finish = FB_OK, .round = 7 + r, .run = &run,
+		    .keys = keys, .seen = seen, .adv_out = adv[r],
+		    .drop = r == 0 ? drop7 : r == 2 ? drop9 : NULL,
+		    .s_out = r == 0 ? sh : NULL, .drop_owner = 2};
+		run_round(&cfg);
+		if (r == 0) {
+			assert_true(cfg.s_out_count >= 3);
+			assert_int_equal(fb_shamir_combine(sh, cfg.s_out_count,
+			    3, N, s_sk), FB_OK);
+		}
+		for (uint32_t i = 0; i < N; i++) {
+			seen_after[r][i] = fb_secagg_keys_seen(keys[i]);
+		}
+		seen_after[r][N] = fb_secagg_keys_seen(seen);
+	}
+	for (uint32_t i = 0; i < N; i++) {
+		/* every worker took every advert: all five signatures */
+		assert_int_equal(seen_after[0][i], N);
+		assert_int_equal(seen_after[2][i], N);
+		for (uint32_t r = 1; r < 3; r++) {
+			/* c and its signature: the session's */
+			assert_memory_equal(adv[r][i] + 28, adv[0][i] + 28, 32);
+			assert_memory_equal(adv[r][i] + 124, adv[0][i] + 124, 64);
+			/* s: the round's */
+			assert_memory_not_equal(adv[r][i] + 60, adv[0][i] + 60,
+			    32);
+		}
+	}
+	assert_int_equal(seen_after[0][N], N);
+	assert_int_equal(seen_after[2][N], N);
+	/* what round 7's reveal gave: 2's s key of round 7, not of 8 or 9 */
+	assert_int_equal(crypto_scalarmult_base(s_pk, s_sk), 0);
+	assert_memory_equal(s_pk, adv[0][2] + 60, 32);
+	assert_memory_not_equal(s_pk, adv[1][2] + 60, 32);
+	assert_memory_not_equal(s_pk, adv[2][2] + 60, 32);
+	sodium_memzero(s_sk, sizeof(s_sk));
+	for (uint32_t i = 0; i < N; i++) {
+		fb_secagg_keys_free(keys[i]);
+	}
+	fb_secagg_keys_free(seen);
+}
+
+/*
+ * The coordinator relays worker 1's advert to worker 0 with another s
+ * key (its own: outside the session signature, so the advert is taken):
+ * the shares between 0 and 1 then open at neither end, so neither holds
+ * shares of the other nor masks with the pair's seed; the other pairs
+ * are untouched.
+ */
+static void
+test_replaced_s_key_shares_do_not_open(void **state)
+{
+	fb_err src[5];
+	mal_round r;
+	uint8_t fake[FB_SECAGG_ADV_LEN], sk[32];
+	uint8_t out[5][5 * FB_SECAGG_SHARE_MSG_LEN];
+	size_t len[5];
+
+	(void)state;
+	mal_setup(&r, NULL, src);
+	memcpy(fake, r.adv[1], sizeof(fake));
+	crypto_box_keypair(fake + 60, sk); /* the coordinator's s key */
+	for (uint32_t i = 0; i < 5; i++) {
+		for (uint32_t j = 0; j < 5; j++) {
+			const uint8_t *a = i == 0 && j == 1 ? fake : r.adv[j];
+			assert_int_equal(fb_secagg_worker_add_advert(r.w[i],
+			    &r.pks[j], a, FB_SECAGG_ADV_LEN), FB_OK);
+		}
+	}
+	for (uint32_t i = 0; i < 5; i++) {
+		assert_int_equal(fb_secagg_worker_make_shares(r.w[i], out[i],
+		    sizeof(out[i]), &len[i]), FB_OK);
+		assert_int_equal(len[i], 4 * FB_SECAGG_SHARE_MSG_LEN);
+	}
+	for (uint32_t i = 0; i < 5; i++) {
+		for (size_t o = 0; o < len[i]; o += FB_SECAGG_SHARE_MSG_LEN) {
+			uint32_t from, to;
+			bool cut;
+			assert_int_equal(fb_secagg_share_msg_peek(out[i] + o,
+			    FB_SECAGG_SHARE_MSG_LEN, &from, &to), FB_OK);
+			cut = (from == 0 && to == 1) || (from == 1 && to == 0);
+			assert_int_equal(fb_secagg_worker_add_share(r.w[to],
+			    out[i] + o, FB_SECAGG_SHARE_MSG_LEN),
+			    cut ? FB_EAUTH : FB_OK);
+		}
+	}
+	/* 0 and 1 each still hold 3 of 4 neighbours' shares: t = 3 holds */
+	assert_int_equal(fb_secagg_worker_mask_begin(r.w[0]), FB_OK);
+	assert_int_equal(fb_secagg_worker_mask_begin(r.w[1]), FB_OK);
+	sodium_memzero(sk, sizeof(sk));
 	mal_free(&r);
 }
 
@@ -1798,6 +1952,12 @@ FB_TESTS = {
         test_accum_reads_secure_sum},
     {"one identity key signs for one slot, at the workers and the server",
         test_one_identity_signs_one_slot},
+    {"session keys across rounds: c and its signature kept, s new each "
+     "round, a reveal's key of no later round",
+        test_session_keys_across_rounds},
+    {"a replaced s key in a relayed advert: the pair's shares open at "
+     "neither end",
+        test_replaced_s_key_shares_do_not_open},
     {"conflicting included sets are caught: the workers refuse to reveal",
         test_conflicting_included_sets_are_caught},
     {"a confirmation with bad bytes is refused",
