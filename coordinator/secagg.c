@@ -939,11 +939,24 @@ ahead_on_message(coord *c, worker *w, const fb_frame *f)
 	c->sa = prev;
 }
 
-/* Whether the next round should be set up now: sync secure rounds of
- * every live worker, a next round to come, and this round's own setup
- * done (its masked inputs may come). */
+/*
+ * How long a round runs before the next one is set up while it runs. The
+ * setup's messages take each process's loop for a while (adverts in and
+ * out, shares made and relayed: 1-2 ms a round on 2 vCPUs at 4 workers);
+ * during a round of a few ms (a small model's download, masked upload and
+ * reveals) that time is the round's own, so such a round's successor is
+ * set up once the round's sum is in, while its step and checkpoint run
+ * (the next round waits for a setup under way, sa_ahead_pending). A round
+ * that runs longer (training) has its successor set up while it trains.
+ */
+#define AHEAD_AFTER_MS 50
+
+/* Whether the next round should be set up at `now`: sync secure rounds of
+ * every live worker, a next round to come, this round's own setup done
+ * (its masked inputs may come), and it has run AHEAD_AFTER_MS or its sum
+ * is in. */
 static bool
-ahead_wanted(const coord *c)
+ahead_wanted(const coord *c, int64_t now)
 {
 	const fb_coord_config *cfg = c->cfg;
 	const round_state *rd = &c->rd;
@@ -957,8 +970,10 @@ ahead_wanted(const coord *c)
 	switch (rd->phase) {
 	case PHASE_TRAIN:
 	case PHASE_OVERTIME:
-		return c->sa_sync.phase >= SA_INPUT;
+		return c->sa_sync.phase >= SA_INPUT &&
+		       now - rd->started_ms >= AHEAD_AFTER_MS;
 	case PHASE_UNMASK:
+		return now - rd->started_ms >= AHEAD_AFTER_MS;
 	case PHASE_AGGREGATE:
 	case PHASE_RECORD:
 		return true;
@@ -1047,7 +1062,7 @@ sa_ahead_step(coord *c, int64_t now)
 		sa_free(&c->sa_ahead); /* its round began without it */
 	}
 	if (c->sa_ahead.phase == SA_OFF && rd->ahead_tried != rd->number + 1 &&
-	    ahead_wanted(c)) {
+	    ahead_wanted(c, now)) {
 		rd->ahead_tried = rd->number + 1;
 		ahead_start(c, now);
 	}
@@ -1072,7 +1087,15 @@ int64_t
 sa_ahead_next_timer(const coord *c, int64_t now, int64_t next)
 {
 	const sa_round *sa = &c->sa_ahead;
+	const round_state *rd = &c->rd;
+	int64_t at = rd->started_ms + AHEAD_AFTER_MS;
 
+	/* a round's wait to set the next one up ends on its own */
+	if (sa->phase == SA_OFF && rd->ahead_tried != rd->number + 1 &&
+	    now < at && !ahead_wanted(c, now) && ahead_wanted(c, at) &&
+	    at - now < next) {
+		next = at - now;
+	}
 	if ((sa->phase == SA_ADVERTS || sa->phase == SA_SHARES) &&
 	    sa->phase_end_ms - now < next) {
 		next = sa->phase_end_ms - now;

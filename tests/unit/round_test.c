@@ -1625,7 +1625,10 @@ test_secure_round_set_up_ahead(void **state)
 	assert_phase(PHASE_TRAIN);
 	assert_int_equal(t.c->sa_ahead.phase, SA_OFF);
 	sa_setup(7);
-	/* round 1's setup done: round 2's begins */
+	/* round 1's setup done, but the round is young: no setup yet */
+	assert_int_equal(t.c->sa_ahead.phase, SA_OFF);
+	/* 50 ms into the round (AHEAD_AFTER_MS): round 2's begins */
+	advance(50);
 	assert_int_equal(t.c->sa_ahead.phase, SA_ADVERTS);
 	assert_int_equal(t.c->sa_ahead.p.round, 2);
 	ahead_setup(7);
@@ -1648,7 +1651,9 @@ test_secure_round_set_up_ahead(void **state)
 	for (uint32_t i = 0; i < 3; i++) {
 		ahead_install(i);
 	}
-	/* round 3's setup goes on beside it */
+	/* round 3's setup goes on beside it, once round 2 is 50 ms old */
+	assert_int_equal(t.c->sa_ahead.phase, SA_OFF);
+	advance(50);
 	assert_int_equal(t.c->sa_ahead.p.round, 3);
 	ahead_setup(7);
 	for (uint32_t i = 0; i < 3; i++) {
@@ -1685,6 +1690,7 @@ test_secure_ahead_dropout_and_return(void **state)
 	    .sa_extra = "  threshold: 2\n  setup_ahead: true\n"});
 	admit_all();
 	sa_setup(7);
+	advance(50);
 	ahead_setup(7);
 	for (uint32_t i = 0; i < 3; i++) {
 		upload(i, t.fw[i].update, UINT32_MAX);
@@ -1700,6 +1706,7 @@ test_secure_ahead_dropout_and_return(void **state)
 	}
 	/* round 3's setup starts among the three; worker 2 is lost before
 	 * its advert, so the other two go on without it */
+	advance(50);
 	assert_int_equal(t.c->sa_ahead.p.round, 3);
 	registry_forget(t.c, &t.c->reg.workers[2], "test: lost");
 	ahead_setup(3);
@@ -1741,6 +1748,7 @@ test_secure_round_waits_for_its_setup(void **state)
 	    .sa_extra = "  setup_ahead: true\n"});
 	admit_all();
 	sa_setup(7);
+	advance(50);
 	for (uint32_t i = 0; i < 3; i++) {
 		ahead_advertise(i);
 	}
@@ -1766,6 +1774,43 @@ test_secure_round_waits_for_its_setup(void **state)
 	assert_int_equal(t.c->sa->phase, SA_INPUT);
 	for (uint32_t i = 0; i < 3; i++) {
 		sa_take_shares_as(i, ahead_inst(i));
+		ahead_install(i);
+	}
+	ahead_free();
+	bench_stop();
+}
+
+/*
+ * A round whose masked inputs are all in before it is 50 ms old (a small
+ * model's): the next round is not set up while it runs, where the
+ * setup's messages would take the loops its own inputs and reveals need,
+ * but once its sum is in; the next round waits for that setup and is
+ * taken as it was set up.
+ */
+static void
+test_secure_short_round_sets_up_after_its_sum(void **state)
+{
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .sa_extra = "  setup_ahead: true\n"});
+	admit_all();
+	sa_setup(7);
+	for (uint32_t i = 0; i < 3; i++) {
+		upload(i, t.fw[i].update, UINT32_MAX);
+	}
+	assert_phase(PHASE_UNMASK);
+	assert_int_equal(t.c->sa_ahead.phase, SA_OFF);
+	sa_fake_unmask(7);
+	assert_int_equal(t.c->rd.committed, 1);
+	/* set up once round 1's sum was in; round 2 waits for it */
+	assert_int_equal(t.c->sa_ahead.p.round, 2);
+	assert_int_equal(t.c->sa_ahead.phase, SA_ADVERTS);
+	assert_phase(PHASE_IDLE);
+	ahead_setup(7);
+	assert_phase(PHASE_TRAIN);
+	assert_int_equal(t.c->rd.number, 2);
+	assert_true(t.c->rd.set_up_ahead);
+	assert_int_equal(t.c->sa->phase, SA_INPUT);
+	for (uint32_t i = 0; i < 3; i++) {
 		ahead_install(i);
 	}
 	ahead_free();
@@ -3897,6 +3942,8 @@ FB_TESTS = {
         test_secure_ahead_dropout_and_return},
     {"secure: the next round waits for its setup under way, then takes it",
         test_secure_round_waits_for_its_setup},
+    {"secure: a round done before 50 ms sets the next up after its sum",
+        test_secure_short_round_sets_up_after_its_sum},
     {"a secure round with the job thread commits the same model",
         test_secure_round_with_job_thread},
     {"model chunks sealed on fetch are the bytes the trailer signs",
