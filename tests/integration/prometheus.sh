@@ -62,9 +62,12 @@ for i in 0 1; do
 	start_worker "$T/w$i.yaml" "w$i"
 	eval "W$i=$WPID"
 done
-for ((i = 0; i < 1200; i++)); do
+# Round 4 starts the moment round 3's line is written and w1 trains it
+# in about 0.15 s: the stop must come well inside that, or w1's update is
+# in and round 4 waits in its unmask instead of training.
+for ((i = 0; i < 12000; i++)); do
 	[ "$(wc -l <"$OUT/metrics.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
-	sleep 0.1
+	sleep 0.01
 done
 kill -STOP "$W1"
 [ "$(wc -l <"$OUT/metrics.jsonl")" -eq 3 ] ||
