@@ -208,11 +208,9 @@ sa_begin(coord *c, uint32_t round, const uint32_t *cand, uint32_t n,
 		       "secure_aggregation.clip";
 		return FB_ERANGE;
 	}
-	if (c->sa_seen == NULL && fb_secagg_keys_alloc(&c->sa_seen) != FB_OK) {
-		*why = "cannot start the secure-aggregation server";
-		return FB_ENOMEM;
-	}
-	if ((rc = fb_secagg_server_alloc_keys(&sa->p, c->sa_seen,
+	if ((c->sa_seen == NULL &&
+	        (rc = fb_secagg_keys_alloc(&c->sa_seen)) != FB_OK) ||
+	    (rc = fb_secagg_server_alloc_keys(&sa->p, c->sa_seen,
 	         &sa->srv)) != FB_OK) {
 		*why = "cannot start the secure-aggregation server";
 		return rc;

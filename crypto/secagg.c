@@ -443,6 +443,19 @@ seen_tag(const fb_pubkey *signer, const uint8_t *adv, uint8_t tag[32])
 	crypto_generichash_final(&st, tag, 32);
 }
 
+/* seen_slot returns where `tag` is in tab (cap entries, a power of two
+ * with a free one), or the free entry where it would go. */
+static uint32_t
+seen_slot(const seen_entry *tab, uint32_t cap, const uint8_t tag[32])
+{
+	uint32_t h = ld32(tag) & (cap - 1);
+
+	while (tab[h].used && memcmp(tab[h].tag, tag, 32) != 0) {
+		h = (h + 1) & (cap - 1);
+	}
+	return h;
+}
+
 /* seen_find returns the entry of `tag`, or NULL. */
 static seen_entry *
 seen_find(fb_secagg_keys *k, const uint8_t tag[32])
@@ -452,13 +465,8 @@ seen_find(fb_secagg_keys *k, const uint8_t tag[32])
 	if (k == NULL || k->cap == 0) {
 		return NULL;
 	}
-	for (h = ld32(tag) & (k->cap - 1); k->tab[h].used;
-	     h = (h + 1) & (k->cap - 1)) {
-		if (memcmp(k->tab[h].tag, tag, 32) == 0) {
-			return &k->tab[h];
-		}
-	}
-	return NULL;
+	h = seen_slot(k->tab, k->cap, tag);
+	return k->tab[h].used ? &k->tab[h] : NULL;
 }
 
 /* seen_add records `tag` (not present) and returns its entry; NULL when
@@ -481,21 +489,15 @@ seen_add(fb_secagg_keys *k, const uint8_t tag[32])
 		}
 		memset(tab, 0, (size_t)cap * sizeof(*tab));
 		for (uint32_t i = 0; i < k->cap; i++) {
-			if (!k->tab[i].used) {
-				continue;
+			if (k->tab[i].used) {
+				tab[seen_slot(tab, cap, k->tab[i].tag)] = k->tab[i];
 			}
-			for (h = ld32(k->tab[i].tag) & (cap - 1); tab[h].used;
-			     h = (h + 1) & (cap - 1)) {
-			}
-			tab[h] = k->tab[i];
 		}
 		fb_secmem_free(k->tab);
 		k->tab = tab;
 		k->cap = cap;
 	}
-	for (h = ld32(tag) & (k->cap - 1); k->tab[h].used;
-	     h = (h + 1) & (k->cap - 1)) {
-	}
+	h = seen_slot(k->tab, k->cap, tag);
 	memcpy(k->tab[h].tag, tag, 32);
 	k->tab[h].used = 1;
 	k->tab[h].has_x = 0;

@@ -222,13 +222,9 @@ sa_start_round(fb_wk *w, uint32_t round, const fb_msg *m)
 	p.degree = m->u.round_start.sa_degree;
 	p.threshold = m->u.round_start.sa_threshold;
 	memcpy(p.graph_seed, m->u.round_start.sa_graph_seed.b, 32);
-	if (w->sa_keys == NULL &&
-	    (rc = fb_secagg_keys_alloc(&w->sa_keys)) != FB_OK) {
-		fb_log_warn("round %u: cannot start secure aggregation: %s",
-		    w->sa_round, fb_strerror(rc));
-		return rc;
-	}
-	if ((rc = fb_secagg_worker_alloc_keys(&p, m->u.round_start.sa_slot,
+	if ((w->sa_keys == NULL &&
+	        (rc = fb_secagg_keys_alloc(&w->sa_keys)) != FB_OK) ||
+	    (rc = fb_secagg_worker_alloc_keys(&p, m->u.round_start.sa_slot,
 	         w->sa_keys, &w->sa)) != FB_OK ||
 	    (rc = fb_secagg_worker_advertise(w->sa, w->self, adv)) != FB_OK) {
 		fb_log_warn("round %u: cannot start secure aggregation: %s",
