@@ -42,12 +42,21 @@
  * Each cohort's fill deadline, setup end, input deadline and unmask end
  * set the loop's timeout (cohorts_next_timer).
  *
- * A member's weight is fixed before masking, so inside a cohort the
- * inputs weigh by sample count only; the step is then shrunk by
- * fb_fedbuff_weights' scale from the members' staleness at the step. The
- * coordinator does not know a member's sample count under secure
- * aggregation, so the scale takes them equal: the mean of
- * 1/sqrt(1 + staleness) over the included members.
+ * A member's weight is fixed before masking, so its share of the step
+ * comes from its staleness when its upload begins, b (server steps since
+ * its task's model; fixed then and sent with its credits,
+ * UpdateCredit.staleness): the worker weighs its input n/n_max g(b),
+ * g(s) = 1/sqrt(1 + s), and a stale member counts less inside its cohort,
+ * as it would in a plain buffer. The step is then shrunk by
+ * fb_fedbuff_weights' scale from the members' staleness at the step, a
+ * (>= b: other cohorts may step in between). The coordinator does not
+ * know a member's sample count under secure aggregation, so the scale
+ * takes them equal: the mean of g(a) over the included members. So
+ *     D = mean_i g(a_i) * sum_i n_i g(b_i) x_i / sum_i n_i g(b_i),
+ * plain FedBuff's D = sum_i n_i g(a_i) x_i / sum_i n_i when the sample
+ * counts are equal and the members began at the step they meet. The
+ * coordinator learns nothing new: b is its own count, and the weights'
+ * sum was in the clear before.
  *
  * Nothing here blocks or touches a socket but through coord_send.
  */
@@ -390,6 +399,7 @@ cohort_dispatch(coord *c, cohort *co, worker *w, int64_t now)
 	co->m[s].slot = slot.v;
 	co->m[s].id = w->id;
 	co->m[s].version = rd->committed;
+	co->m[s].staleness = 0;
 	co->m[s].expect_ms = expect_of(c, w, now);
 	snprintf(co->m[s].name, sizeof(co->m[s].name), "%s", w->name);
 	round_task_reset(c, w,
@@ -782,6 +792,7 @@ cohort_apply(coord *c, cohort *co, int64_t now)
 		snprintf(e->name, sizeof(e->name), "%s", co->m[s].name);
 		e->version = co->m[s].version;
 		e->staleness = (uint32_t)st[k];
+		e->input_staleness = co->m[s].staleness;
 		k++;
 	}
 	if (fb_fedbuff_weights(n, st, k, w, &scale) != FB_OK) {
@@ -992,6 +1003,17 @@ cohort_on_secagg(coord *c, worker *w, const fb_frame *f)
 	cohort_leave(c, prev, w);
 	if (co->sa.phase == SA_INPUT && co->input_ms == 0) {
 		co->input_ms = c->now;
+	}
+}
+
+void
+cohort_note_staleness(coord *c, cohort *co, worker *w)
+{
+	uint32_t s = member_of(c, co, w);
+
+	if (s < co->count) {
+		co->m[s].staleness = c->rd.committed - co->m[s].version;
+		w->staleness = co->m[s].staleness;
 	}
 }
 

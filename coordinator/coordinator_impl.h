@@ -482,6 +482,8 @@ typedef struct async_entry {
 	uint64_t n;              /* its sample count */
 	uint32_t version;        /* the model it was trained from */
 	uint32_t staleness;      /* server steps since */
+	uint32_t input_staleness; /* secure async: that at its begin, which
+	                           * its masked input was weighted by */
 	uint64_t steps;
 	double train_loss, train_seconds, speed, a_norm;
 } async_entry;
@@ -535,6 +537,9 @@ typedef struct cohort_member {
 	uint32_t slot;    /* its worker slot */
 	uint32_t id;      /* that worker's id when it joined */
 	uint32_t version; /* the model version (rd.committed) it trains from */
+	uint32_t staleness; /* server steps since, at its upload's begin: its
+	                     * input is weighted 1/sqrt(1 + staleness) by the
+	                     * worker (UpdateCredit.staleness) */
 	int64_t expect_ms; /* when its upload is expected to begin (0: no
 	                    * measure of its tasks' time yet) */
 	char name[FB_NAME_MAX];
@@ -851,6 +856,10 @@ void cohort_on_secagg(coord *c, worker *w, const fb_frame *f);
 /* cohort_place: the cohort free worker w's task goes to (one it may
  * open), or NULL: it waits (cohort.c says how it is chosen). */
 cohort *cohort_place(coord *c, const worker *w, int64_t now);
+/* cohort_note_staleness: w's masked upload is beginning; its staleness
+ * (server steps since its task's model) is fixed now, in its member entry
+ * and w->staleness, for its credits to carry. */
+void cohort_note_staleness(coord *c, cohort *co, worker *w);
 /* cohort_note_begin: w's masked upload began (UpdateBegin taken); its
  * task's time is measured. */
 void cohort_note_begin(coord *c, worker *w, int64_t now);

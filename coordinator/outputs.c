@@ -371,8 +371,11 @@ json_cohort(coord *c, FILE *f)
 		fprintf(f, "%s{\"name\": ", i ? ", " : "");
 		json_str(f, e->name);
 		fprintf(f, ", \"status\": \"done\", \"trained_from\": %u, "
-		           "\"staleness\": %u, \"staleness_weight\": %.6g}",
-		    e->version, e->staleness, fb_staleness_weight(e->staleness));
+		           "\"staleness\": %u, \"staleness_weight\": %.6g, "
+		           "\"input_staleness\": %u, \"input_weight\": %.6g}",
+		    e->version, e->staleness, fb_staleness_weight(e->staleness),
+		    e->input_staleness,
+		    fb_staleness_weight(e->input_staleness));
 	}
 	fprintf(f, "]}\n");
 }

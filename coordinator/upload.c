@@ -253,6 +253,8 @@ upload_credit_pump(coord *c)
 		}
 		m.u.update_credit.round = round_of(c, w);
 		m.u.update_credit.chunks = give;
+		/* (the same on every credit of an upload: fixed at its begin) */
+		m.u.update_credit.staleness = cohorts_on(c) ? w->staleness : 0;
 		if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
 			credit_want(c, w); /* again on the next pass */
 			continue;
@@ -415,6 +417,7 @@ upload_on_begin(coord *c, worker *w, const fb_msg *m)
 		return;
 	}
 	prev = cohort_enter(c, co, w);
+	cohort_note_staleness(c, co, w);
 	begin_in(c, w, m);
 	cohort_leave(c, prev, w);
 	cohort_note_begin(c, w, c->now);

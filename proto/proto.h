@@ -37,8 +37,10 @@
  * BLAKE2b-256 (crypto/stream.c: the model's download, hashed on every
  * worker, at the CPU's SHA-extension speed). 8: a SecAgg advert's
  * signature covers its session part only (run and the session's c key,
- * crypto.h), and a share message's AEAD binds both ends' s keys. */
-#define FB_PROTOCOL_VERSION 8
+ * crypto.h), and a share message's AEAD binds both ends' s keys. 9:
+ * UpdateCredit.staleness (secure async: a cohort member's input is
+ * weighted by its staleness at its upload's begin). */
+#define FB_PROTOCOL_VERSION 9
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
@@ -230,6 +232,8 @@ typedef struct fb_msg {
 		struct {
 			uint32_t round;
 			uint32_t chunks; /* more update chunks it may send */
+			uint32_t staleness; /* secure async: server steps
+			                     * since its task's model */
 		} update_credit;
 		struct {
 			uint32_t round;

@@ -271,6 +271,7 @@ fb_msg_pack_envelope(const fb_msg *m, uint8_t *buf, size_t cap, size_t *len)
 		fedbox__update_credit__init(&ucr);
 		ucr.round = m->u.update_credit.round;
 		ucr.chunks = m->u.update_credit.chunks;
+		ucr.staleness = m->u.update_credit.staleness;
 		env.body_case = FEDBOX__ENVELOPE__BODY_UPDATE_CREDIT;
 		env.update_credit = &ucr;
 		break;
@@ -590,6 +591,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 		m->type = FB_MSG_UPDATE_CREDIT;
 		m->u.update_credit.round = env->update_credit->round;
 		m->u.update_credit.chunks = env->update_credit->chunks;
+		m->u.update_credit.staleness = env->update_credit->staleness;
 		break;
 	case FEDBOX__ENVELOPE__BODY_HEARTBEAT:
 		m->type = FB_MSG_HEARTBEAT;

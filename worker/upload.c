@@ -59,10 +59,29 @@ dump_close(FILE *f)
 	}
 }
 
-/* The plain update and its facts, before anything is sent; the encoded
- * and masked files are filled chunk by chunk. */
+/* The update's facts: with SecAgg once its weight is fixed (its first
+ * credit), else at its begin. */
 static void
-dump_begin(fb_wk *w, double loss)
+dump_facts(fb_wk *w)
+{
+	bool sa = w->sa != NULL;
+	FILE *f;
+
+	if ((f = dump_open(w, "json")) != NULL) {
+		fprintf(f,
+		    "{\"samples\": %" PRIu64 ", \"weight\": %.17g, "
+		    "\"staleness\": %u, \"loss\": %.17g, \"a_norm\": %.17g, "
+		    "\"secure\": %s}\n",
+		    fb_wk_samples(w), sa ? w->sa_weight : 0.0, w->up.staleness,
+		    w->up.loss, w->a_norm, sa ? "true" : "false");
+		dump_close(f);
+	}
+}
+
+/* The plain update, before anything is sent; the encoded and masked
+ * files are filled chunk by chunk. */
+static void
+dump_begin(fb_wk *w)
 {
 	bool sa = w->sa != NULL;
 	FILE *f;
@@ -72,17 +91,11 @@ dump_begin(fb_wk *w, double loss)
 	}
 	fwrite(w->local, 4, w->param_count, f);
 	dump_close(f);
-	if ((f = dump_open(w, "json")) != NULL) {
-		fprintf(f,
-		    "{\"samples\": %" PRIu64 ", \"weight\": %.17g, "
-		    "\"loss\": %.17g, \"a_norm\": %.17g, \"secure\": %s}\n",
-		    fb_wk_samples(w), sa ? w->sa_weight : 0.0, loss, w->a_norm,
-		    sa ? "true" : "false");
-		dump_close(f);
-	}
 	if (sa) {
 		w->up.enc_dump = dump_open(w, "encoded.u32");
 		w->up.mask_dump = dump_open(w, "masked.u32");
+	} else {
+		dump_facts(w);
 	}
 }
 
@@ -163,7 +176,7 @@ fb_wk_upload_start(fb_wk *w, double seconds, double loss, uint64_t steps)
 		m->u.update_begin.stream_key.len = FB_STREAM_KEY_LEN;
 		m->u.update_begin.stream_header.len = FB_STREAM_HEADER_LEN;
 	}
-	dump_begin(w, loss);
+	dump_begin(w);
 	w->phase = FB_WK_UPLOADING;
 	return FB_OK;
 }
@@ -666,6 +679,25 @@ fb_wk_on_credit(fb_wk *w, const fb_msg *m)
 		fb_log_debug("credit for round %u ignored",
 		    m->u.update_credit.round);
 		return;
+	}
+	if (w->sa != NULL && !u->weighed) {
+		/* No chunk is masked before its credit: the weight is fixed
+		 * here, from the staleness the coordinator counted at the
+		 * begin (0 in synchronous rounds). g(s) <= 1: a coordinator can
+		 * only shrink its weight, as it could leave it out. */
+		u->weighed = true;
+		u->staleness = m->u.update_credit.staleness;
+		w->sa_weight = (double)fb_wk_samples(w) /
+		               (double)w->sa_max_samples *
+		               fb_staleness_weight(u->staleness);
+		if (u->staleness > 0) {
+			fb_log_debug("round %u: update %u steps stale, weighted "
+			             "%.4f",
+			    w->round, u->staleness, w->sa_weight);
+		}
+		if (w->cfg->dump_updates != NULL) {
+			dump_facts(w);
+		}
 	}
 	/* chunks not yet sent nor credited */
 	left = u->chunks - u->pos > u->credit ? u->chunks - u->pos - u->credit

@@ -157,6 +157,8 @@ typedef struct fb_wk_upload {
 	uint32_t pos;    /* next chunk position, 0..chunks */
 	uint32_t chunks; /* model chunks, + 1 with secure aggregation */
 	uint32_t credit; /* chunks the coordinator lets us send now */
+	bool weighed;    /* SecAgg: its weight fixed, by the first credit */
+	uint32_t staleness; /* ... from that credit's staleness */
 	/* secure: the ct window in use (send_ct[ct_which]) holds the chunks
 	 * of positions ct_first .. ct_first + FB_WK_BATCH_MAX - 1, in order,
 	 * sealed as their batches are made (ct_live: it is this upload's);
@@ -321,7 +323,8 @@ struct fb_wk {
 	uint32_t sa_n;
 	uint32_t sa_again;       /* times asked for the masked input again */
 	uint32_t sa_t;    /* the round's threshold */
-	double sa_weight; /* samples / max_samples */
+	double sa_weight; /* samples / max_samples, times the staleness
+	                   * weight of its first credit (secure async) */
 	uint64_t sa_max_samples; /* the round's max_samples (> 0) */
 	fb_secagg_encodings enc;
 	uint32_t *encbuf; /* one encoded (then masked) chunk */

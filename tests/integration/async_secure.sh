@@ -8,7 +8,9 @@
 #     its cohort completes without it (a dropout, its mask recovered), and
 #     the run makes its 8 steps.
 #     Each step's metrics line names its cohort, has 2+ members, each
-#     member's model version and staleness, and the secure_aggregation
+#     member's model version and staleness (at the step, and at its
+#     upload's begin: the one its input was weighed by, as the worker's
+#     own record says), and the secure_aggregation
 #     block; accuracy rises as in plain async on the same data (the masks
 #     cancel); fast workers are in several cohorts.
 #  2. leak check: no single worker's sample count or weight is in the
@@ -57,9 +59,10 @@ echo "killed w4 (pid $victim) while it trained its first task"
 wait_exit "$CPID" 180 || fail "coordinator exited with status $?"
 cat "$T/rounds.txt"
 grep -q "worker w4 lost" "$T/coord.log" || fail "w4's loss was not noticed"
-"$PY" - "$OUT/metrics.jsonl" <<'PYEOF' || fail "secure async metrics are wrong"
-import json, math, sys
+"$PY" - "$OUT/metrics.jsonl" "$T/dump" <<'PYEOF' || fail "secure async metrics are wrong"
+import json, math, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+dumped = 0
 assert len(rows) == 8, len(rows)
 cohorts, inboth, accs = set(), {}, []
 for k, r in enumerate(rows, 1):
@@ -79,6 +82,15 @@ for k, r in enumerate(rows, 1):
         g = 1 / math.sqrt(1 + s)
         assert abs(w["staleness_weight"] - g) < 1e-5, w
         scale += g / len(r["workers"])
+        # its input was weighed by its staleness at its upload's begin,
+        # which its credits told the worker (the worker's own record)
+        b = w["input_staleness"]
+        assert 0 <= b <= s, w
+        assert abs(w["input_weight"] - 1 / math.sqrt(1 + b)) < 1e-5, w
+        j = os.path.join(sys.argv[2], w["name"], "round-%d.json" % r["cohort"])
+        if os.path.exists(j):
+            assert json.load(open(j))["staleness"] == b, (j, w)
+            dumped += 1
         assert "samples" not in w and "steps" not in w, w  # its own
         inboth.setdefault(w["name"], set()).add(r["cohort"])
     assert abs(r["step_scale"] - scale) < 1e-5, (r["step_scale"], scale)
@@ -86,6 +98,7 @@ for k, r in enumerate(rows, 1):
         accs.append(r["test_accuracy"])
 assert len(accs) >= 2 and min(accs) > 0.5, accs  # far above chance (0.1)
 assert max(len(v) for v in inboth.values()) >= 2, inboth
+assert dumped >= 8, dumped  # w0-w3 dump every update
 # the killed worker's cohort completed without it: a dropout recovered
 drop = [r for r in rows if r["members"] == 3 and r["participants"] == 2]
 assert drop, "no cohort completed with a dropout (w4's)"

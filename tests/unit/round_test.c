@@ -53,6 +53,8 @@ static struct {
 	fb_traffic traffic[MAXW]; /* what each worker's connection moved */
 	bool has_traffic[MAXW];
 	uint32_t credit_from[MAXW]; /* UpdateCredits read up to here */
+	bool weighed[MAXW];   /* its upload's first credit came ... */
+	uint32_t stale[MAXW]; /* ... with this staleness (secure async) */
 } io;
 
 static fb_err
@@ -161,6 +163,12 @@ take_credits(uint32_t slot)
 		if (io.v[i].to == slot &&
 		    io.v[i].m.type == FB_MSG_UPDATE_CREDIT) {
 			n += io.v[i].m.u.update_credit.chunks;
+			if (!io.weighed[slot]) {
+				/* as the worker: its weight from the first */
+				io.weighed[slot] = true;
+				io.stale[slot] =
+				    io.v[i].m.u.update_credit.staleness;
+			}
 		}
 	}
 	io.credit_from[slot] = io.n;
@@ -725,8 +733,11 @@ upload_chunk(uint32_t i, uint32_t pos, uint32_t *buf, size_t *len,
 	uint64_t off = (uint64_t)k * (CHUNK_BYTES / 4);
 	uint64_t n;
 
+	/* its SecAgg weight: n / max_samples, times 1/sqrt(1 + s) for the
+	 * staleness s of its first credit (0 in synchronous rounds) */
+	double w = (double)fw->samples / 1000.0 / sqrt(1.0 + io.stale[i]);
+
 	if (k == chunks) { /* SecAgg extras */
-		double w = (double)fw->samples / 1000.0;
 		fb_secagg_eval ev = {.v = (double)fw->ev_n / 1000.0,
 		    .loss = fw->ev_loss, .accuracy = fw->ev_acc};
 		assert_int_equal(fb_secagg_encode_extras(&fw->enc, w, fw->loss,
@@ -742,7 +753,6 @@ upload_chunk(uint32_t i, uint32_t pos, uint32_t *buf, size_t *len,
 	n = PARAMS - off < CHUNK_BYTES / 4 ? PARAMS - off : CHUNK_BYTES / 4;
 	*len = n * 4;
 	if (t.sa) {
-		double w = (double)fw->samples / 1000.0;
 		assert_int_equal(fb_encode_chunk(&fw->enc.x, x + off, n, w, off,
 		                     7 + i, buf, NULL),
 		    FB_OK);
@@ -770,6 +780,8 @@ upload_begin(uint32_t i, const float *x)
 	fw->x = x;
 	fw->pos = 0;
 	fw->credit = 0;
+	io.weighed[i] = false;
+	io.stale[i] = 0;
 	b.u.update_begin.round = fw->round;
 	b.u.update_begin.param_count = PARAMS;
 	b.u.update_begin.chunk_count = t.c->chunk_count + (t.sa ? 1 : 0);
@@ -3008,6 +3020,35 @@ async_error(const float *before, const uint32_t *who, const uint32_t *st,
 	return err;
 }
 
+/* Secure async's step for one cohort, written out here: each member's
+ * masked input weighs n_i (1 + b_i)^-1/2 for the staleness b_i its first
+ * credit carried, and the step is D = mean_i (1 + a_i)^-1/2 * sum_i n_i
+ * (1 + b_i)^-1/2 x_i / sum_i n_i (1 + b_i)^-1/2, a_i the staleness at the
+ * step (the scale takes the sample counts, which the coordinator does
+ * not know, as equal). Returns the largest deviation of the model from
+ * before - D. */
+static double
+cohort_error(const float *before, const uint32_t *who, const uint32_t *b,
+    const uint32_t *a, uint32_t k)
+{
+	double err = 0, wsum = 0, gmean = 0;
+
+	for (uint32_t s = 0; s < k; s++) {
+		wsum += (double)t.fw[who[s]].samples / sqrt(1.0 + b[s]);
+		gmean += 1.0 / sqrt(1.0 + a[s]) / k;
+	}
+	for (uint32_t j = 0; j < PARAMS; j++) {
+		double d = 0;
+		for (uint32_t s = 0; s < k; s++) {
+			d += (double)t.fw[who[s]].samples / sqrt(1.0 + b[s]) *
+			    t.fw[who[s]].update[j];
+		}
+		d = fabs((double)t.c->params[j] - (before[j] - gmean * d / wsum));
+		err = d > err ? d : err;
+	}
+	return err;
+}
+
 /* Async: every worker gets a task at once; a worker done while the
  * buffer fills gets another at once (its own batch seed); every 2
  * updates the server steps, fresh updates by FedAvg, stale ones by
@@ -3361,9 +3402,11 @@ held_swap(uint32_t i)
 /* Two cohorts in flight: the first two tasks make cohort 1, the third
  * opens cohort 2; fast w0, done in cohort 1, joins cohort 2 and seals it.
  * Cohort 2 completes first and is the first step, while cohort 1 waits
- * for its slow member w1 alone; then cohort 1 is the second step, its
- * inputs one step stale, shrunk by 1/sqrt(2) (the formula written out in
- * async_error). Each step's line names its cohort and members. */
+ * for its slow member w1 alone; then cohort 1 is the second step. w0's
+ * input there began before the first step (staleness 0), slow w1's after
+ * it (staleness 1): each credit says so, w1 weighs its input by 1/sqrt(2),
+ * and the step is scaled by the two weights' mean (the formula written
+ * out in cohort_error). Each step's line names its cohort and members. */
 static void
 test_secure_async_cohorts_in_flight(void **state)
 {
@@ -3395,6 +3438,8 @@ test_secure_async_cohorts_in_flight(void **state)
 	sa_advertise(2, t.fw[2].rs); /* taken while its cohort fills */
 	/* fast w0: its input into cohort 1, then a task in cohort 2 */
 	upload(0, t.fw[0].update, UINT32_MAX);
+	assert_true(io.weighed[0]);
+	assert_int_equal(io.stale[0], 0);
 	held_swap(0);
 	rs = take_round_start(0);
 	assert_non_null(rs);
@@ -3427,16 +3472,27 @@ test_secure_async_cohorts_in_flight(void **state)
 	 * with the instance it kept */
 	memcpy(before, t.c->params, sizeof(before));
 	upload(1, t.fw[1].update, UINT32_MAX);
+	assert_true(io.weighed[1]);
+	assert_int_equal(io.stale[1], 1);
 	held_swap(0);
 	sa_fake_unmask(0x3);
 	assert_int_equal(t.c->rd.committed, 2);
-	assert_true(async_error(before, (uint32_t[]){0, 1},
-	                (uint32_t[]){1, 1}, 2) < 1e-5);
+	assert_true(cohort_error(before, (uint32_t[]){0, 1},
+	                (uint32_t[]){0, 1}, (uint32_t[]){1, 1}, 2) < 1e-5);
+	/* (not the members weighed alike, as before UpdateCredit.staleness) */
+	assert_true(cohort_error(before, (uint32_t[]){0, 1},
+	                (uint32_t[]){0, 0}, (uint32_t[]){1, 1}, 2) > 1e-4);
 	last_metrics(line, sizeof(line));
 	assert_non_null(strstr(line, "\"cohort\": 1, \"members\": 2"));
 	assert_non_null(strstr(line, "\"step_scale\": 0.707107"));
 	assert_non_null(strstr(line, "\"trained_from\": 0, \"staleness\": 1, "
-	                             "\"staleness_weight\": 0.707107"));
+	                             "\"staleness_weight\": 0.707107, "
+	                             "\"input_staleness\": 0, "
+	                             "\"input_weight\": 1}"));
+	assert_non_null(strstr(line, "\"trained_from\": 0, \"staleness\": 1, "
+	                             "\"staleness_weight\": 0.707107, "
+	                             "\"input_staleness\": 1, "
+	                             "\"input_weight\": 0.707107}"));
 	assert_int_equal(metrics_lines(), 2);
 	bench_stop();
 }

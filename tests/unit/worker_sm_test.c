@@ -72,6 +72,7 @@ typedef struct fix {
 	fb_secagg_params sap;
 	uint8_t ckey[FB_HS_COOKIE_KEY_LEN]; /* the coordinator's cookies */
 	fb_train_eval ev; /* the evaluation the trainer thread reports */
+	uint32_t credit_stale; /* UpdateCredit.staleness that writable sends */
 } fix;
 
 /* ---- the fakes ---------------------------------------------------------- */
@@ -526,6 +527,7 @@ writable(fix *x)
 		fb_msg cr = {.type = FB_MSG_UPDATE_CREDIT};
 		cr.u.update_credit.round = x->w.round;
 		cr.u.update_credit.chunks = 8;
+		cr.u.update_credit.staleness = x->credit_stale;
 		assert_int_equal(send_msg(x, &cr, NULL, 0), FB_OK);
 	}
 }
@@ -1974,6 +1976,86 @@ test_secagg_round(void **state)
 }
 
 
+/* Reads n words of `path` from word `at`. */
+static void
+read_words(const char *path, uint64_t at, uint32_t *out, size_t n)
+{
+	FILE *f = fopen(path, "rb");
+
+	assert_non_null(f);
+	assert_int_equal(fseeko(f, (off_t)(at * 4), SEEK_SET), 0);
+	assert_int_equal(fread(out, 4, n, f), n);
+	fclose(f);
+}
+
+/*
+ * Secure async: the coordinator's first credit says how stale the update
+ * is (3 steps); the worker weighs its masked input n / max_samples /
+ * sqrt(1 + 3), the update's coordinates and the weight coordinate alike
+ * (read from debug.dump_updates' encoded input, before the masks). A
+ * later credit's staleness changes nothing: the first chunk went under
+ * the first one.
+ */
+static void
+test_secagg_credit_staleness_weighs_the_input(void **state)
+{
+	fix *x = fix_new(true);
+	char dir[] = "/tmp/fbwk.XXXXXX", path[600];
+	fb_msg rs, cr = {.type = FB_MSG_UPDATE_CREDIT};
+	uint32_t enc[P + FB_SECAGG_EXTRA];
+	double want;
+	FILE *f;
+	char json[512];
+
+	assert_non_null(mkdtemp(dir));
+	x->cfg.dump_updates = dir;
+	secure_join(x);
+	rs = sa_round_msg(x, 5);
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	sa_exchange_adverts(x, 5);
+	serve_model(x);
+	train_done(x, FB_OK);
+	sa_exchange_shares(x, 5);
+	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	/* the begin goes, and nothing else without a credit */
+	x->room = 1;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_true(x->w.up.begun);
+	assert_int_equal(x->w.up.pos, 0);
+	want = (double)fb_wk_samples(&x->w) / (double)x->w.sa_max_samples / 2.0;
+	cr.u.update_credit.round = 5;
+	cr.u.update_credit.chunks = 1;
+	cr.u.update_credit.staleness = 3;
+	x->room = ROOM_ANY;
+	assert_int_equal(send_msg(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(x->w.up.pos, 1);
+	assert_true(fabs(x->w.sa_weight - want) < 1e-12);
+	x->credit_stale = 7; /* the rest of the credits: ignored */
+	while (x->w.phase == FB_WK_UPLOADING) {
+		writable(x);
+	}
+	assert_true(fabs(x->w.sa_weight - want) < 1e-12);
+	snprintf(path, sizeof(path), "%s/round-5.encoded.u32", dir);
+	read_words(path, 0, enc, P + FB_SECAGG_EXTRA);
+	assert_true(fabs(fb_decode_value(&x->w.enc.w, enc[P]) - want) < 1e-6);
+	for (uint32_t j = 0; j < P; j += 5) {
+		/* update = global - local = 0.01 (j + 1) (train_done) */
+		double u = 0.01 * (j + 1);
+		assert_true(fabs(fb_decode_value(&x->w.enc.x, enc[j]) - want * u) <
+		            1e-4 * (1 + u));
+	}
+	snprintf(path, sizeof(path), "%s/round-5.json", dir);
+	f = fopen(path, "r");
+	assert_non_null(f);
+	assert_non_null(fgets(json, sizeof(json), f));
+	fclose(f);
+	assert_non_null(strstr(json, "\"staleness\": 3,"));
+	fix_free(x);
+	snprintf(path, sizeof(path), "rm -rf '%s'", dir);
+	assert_int_equal(system(path), 0);
+}
+
 /*
  * Secure async: a task's round is its cohort's (5), its model the step's
  * (model_round 1). Once its masked input is up, the next task (cohort 6)
@@ -2995,6 +3077,8 @@ FB_TESTS = {
         test_secagg_round},
     {"secure async: the last cohort's unmasking runs beside the next task",
         test_secagg_async_keeps_the_last_cohort},
+    {"secure async: the first credit's staleness weighs the masked input",
+        test_secagg_credit_staleness_weighs_the_input},
     {"masked inputs made ahead on the pool go up whole and in order",
         test_secagg_masks_made_ahead},
     {"the whole mask made ahead while training: the same masked input",

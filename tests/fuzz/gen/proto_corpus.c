@@ -179,6 +179,7 @@ example(fb_msg_type t, const fz_fixture *f, fb_msg *m)
 	case FB_MSG_UPDATE_CREDIT:
 		m->u.update_credit.round = FZ_ROUND;
 		m->u.update_credit.chunks = 8;
+		m->u.update_credit.staleness = 2;
 		break;
 	default:
 		fz_die("type");
