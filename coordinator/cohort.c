@@ -56,7 +56,8 @@
  * plain FedBuff's D = sum_i n_i g(a_i) x_i / sum_i n_i when the sample
  * counts are equal and the members began at the step they meet. The
  * coordinator learns nothing new: b is its own count, and the weights'
- * sum was in the clear before.
+ * sum was in the clear before. (b is a lever on a member's weight, as
+ * max_samples is: README, "Secure asynchronous rounds".)
  *
  * Nothing here blocks or touches a socket but through coord_send.
  */

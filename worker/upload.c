@@ -683,8 +683,10 @@ fb_wk_on_credit(fb_wk *w, const fb_msg *m)
 	if (w->sa != NULL && !u->weighed) {
 		/* No chunk is masked before its credit: the weight is fixed
 		 * here, from the staleness the coordinator counted at the
-		 * begin (0 in synchronous rounds). g(s) <= 1: a coordinator can
-		 * only shrink its weight, as it could leave it out. */
+		 * begin (0 in synchronous rounds). g(s) <= 1: the coordinator
+		 * can only shrink the weight, as it can through max_samples
+		 * (README, "Secure asynchronous rounds", says what that
+		 * means against a dishonest one). */
 		u->weighed = true;
 		u->staleness = m->u.update_credit.staleness;
 		w->sa_weight = (double)fb_wk_samples(w) /
