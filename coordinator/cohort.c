@@ -33,11 +33,17 @@
  * own rather than join a cohort of long tasks only (cohort_place). Each
  * worker's expected begin is now plus its tasks' measured time,
  * RoundStart sent to UpdateBegin, smoothed (the live workers' mean until
- * it has one): plain metadata the coordinator sees, not the speed the
- * worker keeps. At most one cohort per live worker is in flight (each
+ * it has one; a task cancelled after t ms raises it to t at least):
+ * plain metadata the coordinator sees, not the speed the worker keeps.
+ * A task expected to begin its upload past round.max_staleness (its age
+ * plus the steps due by then, at the smoothed time between steps) is
+ * doomed: no other worker joins its cohort, whose failure would take
+ * their inputs with it, and a worker given such a task gets a cohort of
+ * its own (doomed). At most one cohort per live worker is in flight (each
  * holds a model-sized sum), and a member whose task falls more than
  * round.max_staleness steps behind before its input is in is cancelled:
- * a dropout of its cohort. A cohort with fewer inputs than its
+ * a dropout of its cohort (a cohort still filling that is left with no
+ * member on its task is closed). A cohort with fewer inputs than its
  * threshold fails: nothing of it is applied, and its members are free.
  * Each cohort's fill deadline, setup end, input deadline and unmask end
  * set the loop's timeout (cohorts_next_timer).
@@ -256,6 +262,39 @@ cohort_fail(coord *c, cohort *co, const char *fmt, ...)
 	c->cs.failed++;
 	c->cs.failed_total++;
 	cohort_free(c, co, "its cohort failed");
+}
+
+/* Worker w's task, cut short now, ran this long: its tasks take at least
+ * that (a lower bound; without it, a worker whose tasks never finish in
+ * time would have no measured time, and would be expected as fast as
+ * the others). */
+static void
+task_floor(worker *w, int64_t now)
+{
+	double t;
+
+	if (w->task_sent_ms == 0 || now <= w->task_sent_ms) {
+		return;
+	}
+	t = (double)(now - w->task_sent_ms);
+	if (!w->has_task_ms || w->task_ms < t) {
+		w->task_ms = t;
+		w->has_task_ms = true;
+	}
+	w->task_sent_ms = 0;
+}
+
+/* Whether any member of cohort co is still on its task. */
+static bool
+any_on_task(const coord *c, const cohort *co)
+{
+	for (uint32_t s = 0; s < co->count; s++) {
+		const worker *m = &c->reg.workers[co->m[s].slot];
+		if (m->id == co->m[s].id && on_task_of(m, co)) {
+			return true;
+		}
+	}
+	return false;
 }
 
 /* A measured begin this soon after the shares were relayed may have
@@ -560,9 +599,46 @@ all_long(const coord *c, const cohort *co, double shortest)
 	return co->count > 0;
 }
 
+/*
+ * Whether a task of model version `version`, its upload expected to begin
+ * at `expect`, will be past round.max_staleness by then: its age now plus
+ * the steps expected meanwhile (at the smoothed time between steps). Such
+ * a task is cancelled before its input is in, and its cohort fails with
+ * it when that leaves it below its threshold (with buffer_size 2, always):
+ * a member that joined it would lose its own input. False while the step
+ * time or the expected begin is not known.
+ */
+static bool
+doomed(const coord *c, uint32_t version, int64_t expect, int64_t now)
+{
+	double age = (double)(c->rd.committed - version);
+
+	if (c->cs.step_ms <= 0 || expect == 0) {
+		return false;
+	}
+	if (expect > now) {
+		age += (double)(expect - now) / c->cs.step_ms;
+	}
+	return age > (double)c->cfg->max_staleness;
+}
+
+/* Whether a member of filling cohort co still on its task is doomed. */
+static bool
+has_doomed(const coord *c, const cohort *co, int64_t now)
+{
+	for (uint32_t s = 0; s < co->count; s++) {
+		const worker *m = &c->reg.workers[co->m[s].slot];
+		if (m->id == co->m[s].id && on_task_of(m, co) &&
+		    doomed(c, co->m[s].version, co->m[s].expect_ms, now)) {
+			return true;
+		}
+	}
+	return false;
+}
+
 /* The nearest of the cohorts filling that w may join (one slot each),
  * leaving out those of long tasks only (against `shortest`) unless
- * shortest is 0. */
+ * shortest is 0, and those with a doomed member. */
 static cohort *
 nearest_filling(coord *c, const worker *w, int64_t now, double shortest)
 {
@@ -574,7 +650,8 @@ nearest_filling(coord *c, const worker *w, int64_t now, double shortest)
 		int64_t e, d;
 		if (co->state != CO_FILLING ||
 		    member_of(c, co, w) < co->count ||
-		    (shortest > 0 && all_long(c, co, shortest))) {
+		    (shortest > 0 && all_long(c, co, shortest)) ||
+		    has_doomed(c, co, now)) {
 			continue;
 		}
 		e = cohort_expect(co, now);
@@ -611,8 +688,15 @@ cohort_place(coord *c, const worker *w, int64_t now)
 {
 	double shortest = shortest_task(c);
 	bool mixed = long_task(w, shortest), filling = false;
-	cohort *best = nearest_filling(c, w, now, mixed ? shortest : 0), *co;
+	cohort *best, *co;
 
+	if (doomed(c, c->rd.committed, expect_of(c, w, now), now)) {
+		/* its task is expected past round.max_staleness: a cohort of
+		 * its own, whose failure costs no other worker's input (the
+		 * others keep away from it), or none: it waits */
+		return cohort_open(c, now);
+	}
+	best = nearest_filling(c, w, now, mixed ? shortest : 0);
 	if (best != NULL) {
 		return best;
 	}
@@ -922,9 +1006,17 @@ cohorts_begin(coord *c, int64_t now)
 			fb_log_info("cohort %u: task of %s cancelled: %s",
 			    co->id, w->name, why);
 			co->stale++;
+			task_floor(w, now);
 			round_cancel(c, w, why);
 		}
 		cohort_leave(c, prev, NULL);
+		if (co->state == CO_FILLING && !any_on_task(c, co)) {
+			/* no input can come: nothing of it is lost */
+			fb_log_debug("cohort %u closed: no member left on its "
+			             "task",
+			    co->id);
+			cohort_free(c, co, "its cohort closed");
+		}
 	}
 	round_open_model(c, now);
 }
@@ -947,6 +1039,12 @@ cohorts_applied(coord *c)
 	if (cs->applying >= 0) {
 		cohort_free(c, &cs->co[cs->applying], "its cohort was applied");
 		cs->applying = -1;
+		if (cs->last_step_ms != 0 && c->now > cs->last_step_ms) {
+			double dt = (double)(c->now - cs->last_step_ms);
+			cs->step_ms = cs->step_ms > 0 ? 0.75 * cs->step_ms + 0.25 * dt
+			                              : dt;
+		}
+		cs->last_step_ms = c->now;
 	}
 	cs->failed = 0;
 }

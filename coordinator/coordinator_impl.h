@@ -571,6 +571,9 @@ typedef struct cohorts {
 	bool bc_ready;        /* ... and it may be served */
 	uint32_t failed;      /* cohorts failed since the last step */
 	uint32_t failed_total;
+	int64_t last_step_ms; /* the last step applied (0: none yet) */
+	double step_ms;       /* the time between steps, smoothed (0: not
+	                       * known yet) */
 } cohorts;
 
 typedef struct round_state {

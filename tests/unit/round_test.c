@@ -3920,6 +3920,124 @@ test_secure_async_long_tasks_mix(void **state)
 	bench_stop();
 }
 
+/*
+ * A task expected past round.max_staleness (its age plus the steps due
+ * before its expected begin, at the smoothed time between steps) is
+ * doomed: it will be cancelled before its input is in, and with
+ * buffer_size 2 its cohort fails with it. 4 workers, max_staleness 4,
+ * steps 1 s apart: w3's 9 s task is doomed, and no other worker joins
+ * its cohort (w0 opens one); with steps 3 s apart, or the step time not
+ * known, it is not, and w0 joins it. A doomed worker itself joins no
+ * cohort of others: it opens its own, or waits at the in-flight bound.
+ */
+static void
+test_secure_async_doomed_task_alone(void **state)
+{
+	cohort *slow, *fast, *opened, *own;
+	worker *w0, *w3;
+	int64_t now;
+	uint32_t next, round3;
+
+	start_four(SECURE_ASYNC_ROUND);
+	now = t.now;
+	w0 = &t.c->reg.workers[0];
+	w3 = &t.c->reg.workers[3];
+	set_task_ms(0, 1000);
+	set_task_ms(1, 1000);
+	set_task_ms(2, 1000);
+	set_task_ms(3, 9000);
+	slow = fake_filling(99, 0x8, now + 9000);
+	slow->m[0].version = t.c->rd.committed;
+	round3 = w3->task_round;
+	w3->task_round = 99; /* on its task */
+	t.c->cs.step_ms = 3000; /* 3 steps to its begin: not doomed */
+	assert_ptr_equal(cohort_place(t.c, w0, now), slow);
+	t.c->cs.step_ms = 0; /* not known */
+	assert_ptr_equal(cohort_place(t.c, w0, now), slow);
+	t.c->cs.step_ms = 1000; /* 9 steps: doomed */
+	next = t.c->cs.next_id;
+	opened = cohort_place(t.c, w0, now);
+	assert_non_null(opened);
+	assert_ptr_not_equal(opened, slow);
+	assert_int_equal(opened->id, next);
+	assert_int_equal(opened->count, 0);
+	/* w3 itself, doomed: at the in-flight bound (cohorts 1, 2, 99 and
+	 * the one opened) it waits rather than join a cohort of others */
+	fast = fake_filling(98, 0x1, now + 1000);
+	assert_null(cohort_place(t.c, w3, now));
+	fake_free(fast);
+	fake_free(opened);
+	/* below the bound: a cohort of its own */
+	next = t.c->cs.next_id;
+	own = cohort_place(t.c, w3, now);
+	assert_non_null(own);
+	assert_int_equal(own->id, next);
+	assert_int_equal(own->count, 0);
+	w3->task_round = round3;
+	bench_stop();
+}
+
+/*
+ * A filling cohort whose only member's task is cancelled past
+ * round.max_staleness is closed at once, not failed: no input can come,
+ * and nothing of it is lost. The cancelled task's running time is a
+ * lower bound of the worker's task time, taken as its measure when it
+ * has none. 3 workers, buffer 2, max_staleness 0: cohort 1 (w0, w1),
+ * cohort 2 (w2, doomed by hand): w0, in first, keeps away from cohort 2
+ * (it opens cohort 3); at step 1, w2's task is one step old and
+ * cancelled.
+ */
+static void
+test_secure_async_doomed_cohort_closed(void **state)
+{
+	cohort *co2;
+	const sent *cancel = NULL;
+	const fb_msg *rs;
+	char line[16384];
+	worker *w2;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .extra = "  mode: async\n  buffer_size: 2\n  max_staleness: 0\n"});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	sa_setup(0x3);
+	sa_advertise(2, t.fw[2].rs);
+	w2 = &t.c->reg.workers[2];
+	co2 = cohort_of(t.c, 2);
+	assert_non_null(co2);
+	assert_int_equal(co2->state, CO_FILLING);
+	assert_false(w2->has_task_ms);
+	t.c->cs.step_ms = 1000;
+	co2->m[0].expect_ms = t.now + 5000;
+	advance(700);
+	upload(0, t.fw[0].update, UINT32_MAX);
+	held_swap(0);
+	rs = take_round_start(0);
+	assert_non_null(rs);
+	assert_int_equal(rs->u.round_start.round, 3); /* not cohort 2 */
+	assert_int_equal(co2->count, 1);
+	upload(1, t.fw[1].update, UINT32_MAX);
+	held_swap(0);
+	sa_fake_unmask(0x3);
+	assert_int_equal(t.c->rd.committed, 1);
+	while ((cancel = next_to(2, FB_MSG_ROUND_CANCEL)) != NULL &&
+	    cancel->m.u.round_cancel.round != 2) {
+	}
+	assert_non_null(cancel);
+	assert_non_null(strstr(cancel->m.u.round_cancel.reason,
+	    "round.max_staleness"));
+	assert_null(cohort_of(t.c, 2));
+	assert_int_equal(t.c->cs.failed_total, 0);
+	assert_true(w2->has_task_ms);
+	assert_true(w2->task_ms >= 700);
+	last_metrics(line, sizeof(line));
+	assert_non_null(strstr(line, "\"cohort\": 1, "));
+	assert_non_null(strstr(line, "\"cohorts_failed\": 0"));
+	bench_stop();
+}
+
 /* A worker's task time is measured from its RoundStart to its
  * UpdateBegin; each cohort's deadline and setup end set the loop's
  * timeout. */
@@ -4086,6 +4204,10 @@ FB_TESTS = {
         test_secure_async_placement},
     {"secure async: a long task opens a cohort rather than join long ones",
         test_secure_async_long_tasks_mix},
+    {"secure async: a task doomed past max_staleness is left alone",
+        test_secure_async_doomed_task_alone},
+    {"secure async: a filling cohort with no member left is closed",
+        test_secure_async_doomed_cohort_closed},
     {"secure async: task time measured, cohort timers",
         test_secure_async_task_time_and_timer},
     {NULL, NULL},
