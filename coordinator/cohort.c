@@ -341,13 +341,17 @@ cohort_expect(const cohort *co, int64_t now)
 	return e;
 }
 
+static bool has_doomed(const coord *c, const cohort *co, int64_t now);
+
 /* Whether opening another cohort (its first member w's) while others
  * fill leaves every cohort filling fillable by the live workers outside
  * the filling cohorts: a member of a cohort not sealed holds its trained
  * update until the seal (the masks need every member's keys), so cohorts
- * left short would hold their members until round.deadline. */
+ * left short would hold their members until round.deadline. A cohort
+ * with a doomed task (doomed) is not to be filled: its members count,
+ * its empty slots do not. */
 static bool
-open_safe(const coord *c)
+open_safe(const coord *c, int64_t now)
 {
 	uint32_t n = (uint32_t)c->cfg->buffer_size;
 	uint64_t need = n > 1 ? n - 1 : 0, members = 1;
@@ -356,7 +360,7 @@ open_safe(const coord *c)
 	for (uint32_t i = 0; i < c->cs.cap; i++) {
 		const cohort *co = &c->cs.co[i];
 		if (co->state == CO_FILLING) {
-			need += n - co->count;
+			need += has_doomed(c, co, now) ? 0 : n - co->count;
 			members += co->count;
 		}
 	}
@@ -703,7 +707,7 @@ cohort_place(coord *c, const worker *w, int64_t now)
 	for (uint32_t i = 0; i < c->cs.cap; i++) {
 		filling |= c->cs.co[i].state == CO_FILLING;
 	}
-	if (filling && !open_safe(c)) {
+	if (filling && !open_safe(c, now)) {
 		return mixed ? nearest_filling(c, w, now, 0) : NULL;
 	}
 	co = cohort_open(c, now);

@@ -4038,6 +4038,40 @@ test_secure_async_doomed_cohort_closed(void **state)
 	bench_stop();
 }
 
+/* A cohort with a doomed task is not waited on to fill: 3 workers,
+ * buffer 2, cohort 1 (w0, w1) sealed and cohort 2 (w2) filling with a
+ * doomed task. w0, free, opens cohort 3: the live workers outside the
+ * filling cohorts cannot fill both, but nobody is to fill cohort 2 (were
+ * it counted, w0 and w1 would wait, and with no step taken, cohort 2's
+ * task would never be cancelled). */
+static void
+test_secure_async_doomed_not_waited_on(void **state)
+{
+	cohort *co2, *opened;
+	worker *w0;
+	uint32_t next;
+
+	bench_start(&(setup){.workers = 3, .secure = true,
+	    .extra = SECURE_ASYNC_ROUND});
+	admit_all();
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_non_null(take_round_start(i));
+	}
+	w0 = &t.c->reg.workers[0];
+	co2 = cohort_of(t.c, 2);
+	assert_non_null(co2);
+	assert_int_equal(co2->state, CO_FILLING);
+	co2->m[0].expect_ms = t.now + 9000;
+	/* step time not known: cohort 2 is to be filled, and w0 joins it */
+	assert_ptr_equal(cohort_place(t.c, w0, t.now), co2);
+	t.c->cs.step_ms = 1000; /* 9 steps to its begin, past 4: doomed */
+	next = t.c->cs.next_id;
+	opened = cohort_place(t.c, w0, t.now);
+	assert_non_null(opened);
+	assert_int_equal(opened->id, next);
+	bench_stop();
+}
+
 /* A worker's task time is measured from its RoundStart to its
  * UpdateBegin; each cohort's deadline and setup end set the loop's
  * timeout. */
@@ -4208,6 +4242,8 @@ FB_TESTS = {
         test_secure_async_doomed_task_alone},
     {"secure async: a filling cohort with no member left is closed",
         test_secure_async_doomed_cohort_closed},
+    {"secure async: a cohort with a doomed task is not waited on to fill",
+        test_secure_async_doomed_not_waited_on},
     {"secure async: task time measured, cohort timers",
         test_secure_async_task_time_and_timer},
     {NULL, NULL},
