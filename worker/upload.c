@@ -697,9 +697,7 @@ fb_wk_on_credit(fb_wk *w, const fb_msg *m)
 			             "%.4f",
 			    w->round, u->staleness, w->sa_weight);
 		}
-		if (w->cfg->dump_updates != NULL) {
-			dump_facts(w);
-		}
+		dump_facts(w); /* (debug.dump_updates only) */
 	}
 	/* chunks not yet sent nor credited */
 	left = u->chunks - u->pos > u->credit ? u->chunks - u->pos - u->credit

@@ -3505,15 +3505,21 @@ set_task_ms(uint32_t i, double ms)
 	t.c->reg.workers[i].has_task_ms = true;
 }
 
-/* 4 secure async workers admitted, each with its first task. */
+/* n secure async workers admitted, each with its first task. */
+static void
+start_secure_async(uint32_t n, const char *extra)
+{
+	bench_start(&(setup){.workers = n, .secure = true, .extra = extra});
+	admit_all();
+	for (uint32_t i = 0; i < n; i++) {
+		assert_non_null(take_round_start(i));
+	}
+}
+
 static void
 start_four(const char *extra)
 {
-	bench_start(&(setup){.workers = 4, .secure = true, .extra = extra});
-	admit_all();
-	for (uint32_t i = 0; i < 4; i++) {
-		assert_non_null(take_round_start(i));
-	}
+	start_secure_async(4, extra);
 }
 
 /* Three workers, buffer 2: w0 and w1 make cohort 1, w2 opens cohort 2;
@@ -3521,12 +3527,7 @@ start_four(const char *extra)
 static void
 three_set_up(void)
 {
-	bench_start(&(setup){.workers = 3, .secure = true,
-	    .extra = SECURE_ASYNC_ROUND});
-	admit_all();
-	for (uint32_t i = 0; i < 3; i++) {
-		assert_non_null(take_round_start(i));
-	}
+	start_secure_async(3, SECURE_ASYNC_ROUND);
 	sa_setup(0x3);
 }
 
@@ -3996,12 +3997,8 @@ test_secure_async_doomed_cohort_closed(void **state)
 	char line[16384];
 	worker *w2;
 
-	bench_start(&(setup){.workers = 3, .secure = true,
-	    .extra = "  mode: async\n  buffer_size: 2\n  max_staleness: 0\n"});
-	admit_all();
-	for (uint32_t i = 0; i < 3; i++) {
-		assert_non_null(take_round_start(i));
-	}
+	start_secure_async(3,
+	    "  mode: async\n  buffer_size: 2\n  max_staleness: 0\n");
 	sa_setup(0x3);
 	sa_advertise(2, t.fw[2].rs);
 	w2 = &t.c->reg.workers[2];
@@ -4051,12 +4048,7 @@ test_secure_async_doomed_not_waited_on(void **state)
 	worker *w0;
 	uint32_t next;
 
-	bench_start(&(setup){.workers = 3, .secure = true,
-	    .extra = SECURE_ASYNC_ROUND});
-	admit_all();
-	for (uint32_t i = 0; i < 3; i++) {
-		assert_non_null(take_round_start(i));
-	}
+	start_secure_async(3, SECURE_ASYNC_ROUND);
 	w0 = &t.c->reg.workers[0];
 	co2 = cohort_of(t.c, 2);
 	assert_non_null(co2);

@@ -1899,6 +1899,22 @@ sa_exchange_shares(fix *x, uint32_t round)
 	sa_exchange_shares_as(x, round, false);
 }
 
+/* Secure round `round` up to the upload: RoundStart, adverts, the model,
+ * training, shares; the worker is then uploading. */
+static void
+sa_round_to_upload(fix *x, uint32_t round)
+{
+	fb_msg rs = sa_round_msg(x, round);
+
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	sa_exchange_adverts(x, round);
+	serve_model(x);
+	train_done(x, FB_OK);
+	sa_exchange_shares(x, round);
+	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+}
+
 static void
 test_secagg_round(void **state)
 {
@@ -2001,7 +2017,7 @@ test_secagg_credit_staleness_weighs_the_input(void **state)
 {
 	fix *x = fix_new(true);
 	char dir[] = "/tmp/fbwk.XXXXXX", path[600];
-	fb_msg rs, cr = {.type = FB_MSG_UPDATE_CREDIT};
+	fb_msg cr = {.type = FB_MSG_UPDATE_CREDIT};
 	uint32_t enc[P + FB_SECAGG_EXTRA];
 	double want;
 	FILE *f;
@@ -2010,14 +2026,7 @@ test_secagg_credit_staleness_weighs_the_input(void **state)
 	assert_non_null(mkdtemp(dir));
 	x->cfg.dump_updates = dir;
 	secure_join(x);
-	rs = sa_round_msg(x, 5);
-	x->served = x->nlog;
-	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
-	sa_exchange_adverts(x, 5);
-	serve_model(x);
-	train_done(x, FB_OK);
-	sa_exchange_shares(x, 5);
-	assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+	sa_round_to_upload(x, 5);
 	/* the begin goes, and nothing else without a credit */
 	x->room = 1;
 	fb_wk_on_writable(&x->w, x->now);
@@ -2154,7 +2163,6 @@ test_secagg_masks_made_ahead(void **state)
 	for (uint32_t threads = 0; threads <= 3; threads++) {
 		fb_pool *pool = NULL;
 		fix *x = fix_new(true);
-		fb_msg rs;
 		fb_stream_ctx ctx;
 		fb_stream_pull *pull = NULL;
 		fb_reject why = FB_REJECT_NONE;
@@ -2168,14 +2176,7 @@ test_secagg_masks_made_ahead(void **state)
 		}
 		x->w.pool = pool;
 		secure_join(x);
-		rs = sa_round_msg(x, 5);
-		x->served = x->nlog;
-		assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
-		sa_exchange_adverts(x, 5);
-		serve_model(x);
-		train_done(x, FB_OK);
-		sa_exchange_shares(x, 5);
-		assert_int_equal(x->w.phase, FB_WK_UPLOADING);
+		sa_round_to_upload(x, 5);
 		at = x->nlog;
 		while (x->w.phase == FB_WK_UPLOADING) {
 			x->room = 1; /* one message at a time: batches overlap */
