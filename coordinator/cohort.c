@@ -261,6 +261,7 @@ cohort_fail(coord *c, cohort *co, const char *fmt, ...)
 	    "cohort %u failed: %s; nothing of it is applied", co->id, why);
 	c->cs.failed++;
 	c->cs.failed_total++;
+	progress_cohort_failed(c);
 	cohort_free(c, co, "its cohort failed");
 }
 

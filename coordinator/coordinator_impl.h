@@ -1026,6 +1026,7 @@ FB_MUST_CHECK fb_err progress_start(coord *c);
 void progress_stop(coord *c);
 void progress_phase(coord *c);
 void progress_round_done(coord *c, const uint64_t *rejected);
+void progress_cohort_failed(coord *c);
 void progress_worker_left(coord *c, const worker *w);
 void progress_tick(coord *c, int64_t now);
 

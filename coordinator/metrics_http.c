@@ -32,6 +32,10 @@ static const double round_buckets[] = {
     0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600};
 #define NBUCKETS (sizeof(round_buckets) / sizeof(round_buckets[0]))
 
+/* Upper bounds of the update-staleness buckets, in server steps. */
+static const double stale_buckets[] = {0, 1, 2, 4, 8, 16, 32};
+#define NSTALE (sizeof(stale_buckets) / sizeof(stale_buckets[0]))
+
 /* One label set: distinct values, each with a number. */
 typedef struct label_set {
 	uint32_t count;
@@ -56,7 +60,6 @@ typedef struct values {
 	label_set statuses;             /* rounds ended, by status */
 	uint64_t buckets[NBUCKETS + 1]; /* per bucket (not cumulative) */
 	double round_sum;
-	uint64_t round_count;
 	double test_acc, test_loss; /* NaN: not set */
 	double fed_acc, fed_loss;
 	uint64_t up, down;
@@ -64,6 +67,12 @@ typedef struct values {
 	label_set rejected; /* by reason */
 	double start_time;  /* unix seconds */
 	uint32_t used_slots;
+	/* round.mode async (shown once async_on) */
+	bool async_on, async_secure;
+	uint32_t version;
+	uint64_t applied, dropped_stale, superseded, cohorts_failed;
+	uint64_t stale[NSTALE + 1]; /* per bucket (not cumulative) */
+	double stale_sum;
 } values;
 
 /* Kinds of setter failure, each logged once. */
@@ -327,11 +336,63 @@ put_set(text *t, const char *name, const char *type, const char *help,
 	}
 }
 
+/* put_histogram writes histogram `name`'s buckets (counts per bucket,
+ * made cumulative here), sum and count. */
 static void
-render(text *t, const values *v, const worker_slot *slots, uint32_t nslots)
+put_histogram(text *t, const char *name, const double *bounds, size_t n,
+    const uint64_t *per, double sum)
 {
 	uint64_t cum = 0;
 
+	for (size_t i = 0; i <= n; i++) {
+		cum += per[i];
+		put(t, "%s_bucket{le=\"", name);
+		if (i < n) {
+			put_value(t, bounds[i]);
+		} else {
+			put(t, "+Inf");
+		}
+		put(t, "\"} %llu\n", (unsigned long long)cum);
+	}
+	put(t, "%s_sum ", name);
+	put_value(t, sum);
+	put(t, "\n%s_count %llu\n", name, (unsigned long long)cum);
+}
+
+/* The round.mode async families. */
+static void
+render_async(text *t, const values *v)
+{
+	put_head(t, "fedbox_model_version", "gauge",
+	    "Server steps applied to the global model (round.mode async).");
+	put_sample(t, "fedbox_model_version", NULL, NULL, v->version);
+	put_head(t, "fedbox_async_updates_total", "counter",
+	    "Asynchronous updates by outcome: applied in a server step, "
+	    "dropped past round.max_staleness, or their task superseded "
+	    "(its model went before it was fetched).");
+	put_sample(t, "fedbox_async_updates_total", "outcome", "applied",
+	    (double)v->applied);
+	put_sample(t, "fedbox_async_updates_total", "outcome",
+	    "dropped_stale", (double)v->dropped_stale);
+	put_sample(t, "fedbox_async_updates_total", "outcome", "superseded",
+	    (double)v->superseded);
+	put_head(t, "fedbox_async_update_staleness", "histogram",
+	    "Staleness of each applied update: server steps between the "
+	    "model it trained from and the step that applied it.");
+	put_histogram(t, "fedbox_async_update_staleness", stale_buckets,
+	    NSTALE, v->stale, v->stale_sum);
+	if (v->async_secure) {
+		put_head(t, "fedbox_async_cohorts_failed_total", "counter",
+		    "Secure-aggregation cohorts that failed: fewer masked "
+		    "inputs than their threshold, so no step.");
+		put_sample(t, "fedbox_async_cohorts_failed_total", NULL, NULL,
+		    (double)v->cohorts_failed);
+	}
+}
+
+static void
+render(text *t, const values *v, const worker_slot *slots, uint32_t nslots)
+{
 	put_head(t, "fedbox_round", "gauge",
 	    "Current (or last) round, 1-based; 0 before the first.");
 	put_sample(t, "fedbox_round", NULL, NULL, v->round);
@@ -350,20 +411,8 @@ render(text *t, const values *v, const worker_slot *slots, uint32_t nslots)
 	put_head(t, "fedbox_round_duration_seconds", "histogram",
 	    "Wall time of each ended round, from its start to its commit or "
 	    "failure.");
-	for (size_t i = 0; i <= NBUCKETS; i++) {
-		cum += v->buckets[i];
-		put(t, "fedbox_round_duration_seconds_bucket{le=\"");
-		if (i < NBUCKETS) {
-			put_value(t, round_buckets[i]);
-		} else {
-			put(t, "+Inf");
-		}
-		put(t, "\"} %llu\n", (unsigned long long)cum);
-	}
-	put(t, "fedbox_round_duration_seconds_sum ");
-	put_value(t, v->round_sum);
-	put(t, "\nfedbox_round_duration_seconds_count %llu\n",
-	    (unsigned long long)v->round_count);
+	put_histogram(t, "fedbox_round_duration_seconds", round_buckets,
+	    NBUCKETS, v->buckets, v->round_sum);
 
 	put_head(t, "fedbox_test_accuracy", "gauge",
 	    "Test-set accuracy of the global model at the last evaluation "
@@ -422,6 +471,9 @@ render(text *t, const values *v, const worker_slot *slots, uint32_t nslots)
 	put_head(t, "fedbox_start_time_seconds", "gauge",
 	    "When the coordinator started, in seconds since the Unix epoch.");
 	put_sample(t, "fedbox_start_time_seconds", NULL, NULL, v->start_time);
+	if (v->async_on) {
+		render_async(t, v);
+	}
 }
 
 /*
@@ -693,7 +745,6 @@ fb_metrics_round_done(fb_metrics *m, const char *status, double seconds)
 	}
 	m->v.buckets[b]++;
 	m->v.round_sum += seconds;
-	m->v.round_count++;
 	pthread_mutex_unlock(&m->mu);
 	return rc;
 }
@@ -813,5 +864,44 @@ fb_metrics_forget_worker(fb_metrics *m, uint32_t slot)
 		memset(&m->slots[slot], 0, sizeof(m->slots[slot]));
 		m->v.used_slots--;
 	}
+	pthread_mutex_unlock(&m->mu);
+}
+
+void
+fb_metrics_async_start(fb_metrics *m, bool secure)
+{
+	pthread_mutex_lock(&m->mu);
+	m->v.async_on = true;
+	m->v.async_secure = secure;
+	pthread_mutex_unlock(&m->mu);
+}
+
+void
+fb_metrics_async_step(fb_metrics *m, uint32_t version,
+    const uint32_t *staleness, uint32_t n, uint64_t dropped_stale,
+    uint64_t superseded)
+{
+	pthread_mutex_lock(&m->mu);
+	m->v.async_on = true;
+	m->v.version = version;
+	for (uint32_t i = 0; i < n; i++) {
+		size_t b = 0;
+		while (b < NSTALE && !((double)staleness[i] <= stale_buckets[b])) {
+			b++;
+		}
+		m->v.stale[b]++;
+		m->v.stale_sum += staleness[i];
+	}
+	m->v.applied += n;
+	m->v.dropped_stale += dropped_stale;
+	m->v.superseded += superseded;
+	pthread_mutex_unlock(&m->mu);
+}
+
+void
+fb_metrics_cohort_failed(fb_metrics *m)
+{
+	pthread_mutex_lock(&m->mu);
+	m->v.cohorts_failed++;
 	pthread_mutex_unlock(&m->mu);
 }

@@ -4,7 +4,9 @@
  *
  * The event loop tells this module what the federation is doing (round and
  * phase, accuracy and loss, bytes, workers by state, rejected messages,
- * round durations, each worker's speed) through the setters below; a
+ * round durations, each worker's speed, and in round.mode async the model
+ * version, the updates applied and dropped and their staleness) through
+ * the setters below; a
  * libmicrohttpd daemon on a thread of its own serves the values at
  * GET /metrics in Prometheus's text exposition format 0.0.4. This file is
  * the only user of libmicrohttpd.
@@ -119,5 +121,24 @@ fb_err fb_metrics_set_worker(
 fb_err fb_metrics_add_worker_steps(
     fb_metrics *m, uint32_t slot, uint64_t steps);
 void fb_metrics_forget_worker(fb_metrics *m, uint32_t slot);
+
+/*
+ * round.mode async. fb_metrics_async_start makes the asynchronous series
+ * appear, at zero (and the cohort series when `secure`: each buffer a
+ * secure-aggregation cohort); until then none is shown.
+ * fb_metrics_async_step adds one recorded server step, at once for a
+ * scrape: `version`, the model version after it (server steps applied so
+ * far); the staleness (server steps since the model it trained from) of
+ * each of the n updates it applied, none when it failed; and the updates
+ * dropped past round.max_staleness and the tasks superseded (their model
+ * went before they fetched it) since the step before (secure async: the
+ * members of the cohort applied). fb_metrics_cohort_failed counts a
+ * secure cohort that failed (fewer inputs than its threshold: no step).
+ */
+void fb_metrics_async_start(fb_metrics *m, bool secure);
+void fb_metrics_async_step(fb_metrics *m, uint32_t version,
+    const uint32_t *staleness, uint32_t n, uint64_t dropped_stale,
+    uint64_t superseded);
+void fb_metrics_cohort_failed(fb_metrics *m);
 
 #endif

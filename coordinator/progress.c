@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -33,6 +34,9 @@ progress_start(coord *c)
 	}
 	for (int i = 0; i < DROP_REASON_COUNT_; i++) {
 		(void)fb_metrics_add_rejected(c->prom, drop_names[i], 0);
+	}
+	if (c->cfg->mode == FB_MODE_ASYNC) {
+		fb_metrics_async_start(c->prom, cohorts_on(c));
 	}
 	return FB_OK;
 }
@@ -81,6 +85,46 @@ workers_by_state(coord *c)
 	}
 }
 
+/* round.mode async: the step just recorded (its metrics line is next,
+ * from the same buffer): the updates it applied, with their staleness,
+ * and those dropped or superseded since the step before. In secure async
+ * the buffer is the cohort applied, if any. */
+static void
+async_step_done(coord *c)
+{
+	const async_state *as = &c->as;
+	uint32_t small[64], *st = small, n = 0;
+	bool applied = c->rd.r.status == ROUND_OK &&
+	               (!cohorts_on(c) || c->cs.applying >= 0);
+
+	if (applied && as->count > sizeof(small) / sizeof(small[0]) &&
+	    (st = malloc(as->count * sizeof(*st))) == NULL) {
+		fb_log_warn("round %u: out of memory for the step's staleness "
+		            "on the metrics endpoint; its applied updates are "
+		            "left out of the endpoint's counts",
+		    c->rd.number);
+		st = small;
+		applied = false;
+	}
+	for (uint32_t i = 0; applied && i < as->count; i++) {
+		st[n++] = as->buf[i].staleness;
+	}
+	/* one call: a scrape sees the whole step or none of it */
+	fb_metrics_async_step(c->prom, c->rd.committed, st, n,
+	    as->dropped_stale, as->superseded);
+	if (st != small) {
+		free(st);
+	}
+}
+
+void
+progress_cohort_failed(coord *c)
+{
+	if (c->prom != NULL) {
+		fb_metrics_cohort_failed(c->prom);
+	}
+}
+
 /* The round was recorded: its outcome to the endpoint. `rejected` are the
  * drops counted in its metrics line. */
 void
@@ -94,6 +138,9 @@ progress_round_done(coord *c, const uint64_t *rejected)
 	}
 	(void)fb_metrics_round_done(c->prom, round_status_names[rd->r.status],
 	    rd->r.seconds);
+	if (c->cfg->mode == FB_MODE_ASYNC && !rd->final) {
+		async_step_done(c);
+	}
 	if (rd->r.status == ROUND_OK) {
 		fb_metrics_set_test(c->prom, rd->r.test_accuracy, rd->r.test_loss);
 	}

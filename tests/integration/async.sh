@@ -5,7 +5,10 @@
 # buffer_size 2: nobody waits for w2, whose task is simply gone; the
 # throttled worker's updates come in trained from older versions, with
 # their staleness and staleness weight in metrics.jsonl. A time budget
-# gives each task its steps from the worker's measured speed. Then a run
+# gives each task its steps from the worker's measured speed; the
+# Prometheus endpoint (metrics.listen), scraped while it runs, shows the
+# model version, the updates applied and dropped, and their staleness as
+# metrics.jsonl has them up to that version. Then a run
 # whose coordinator is killed with SIGKILL after its third step resumes
 # (--resume) with an empty buffer and makes the rest of its steps from the
 # checkpoint's version; and async with secure aggregation and a buffer of
@@ -29,7 +32,12 @@ coord_yaml "$port" "$OUT" "  mode: async
   batch_size: 32
   deadline: 30s
   wait_for_workers: 30s" >"$T/c.yaml"
+mport=$(free_port)
+printf 'metrics:\n  listen: 127.0.0.1:%s\n' "$mport" >>"$T/c.yaml"
 start_coordinator "$T/c.yaml"
+# The Prometheus endpoint, scraped while the run lasts: the last scrape
+# is checked against metrics.jsonl below.
+scrape_start "$mport" "$T/scrape.txt"
 for i in 0 1 3; do
 	extra=""
 	[ "$i" = 3 ] && extra="  throttle: 4"
@@ -71,6 +79,9 @@ assert max(stale["w3"]) >= 1, stale  # slower: trained from older models
 assert rows[-1]["test_accuracy"] is not None
 print("8 steps; staleness per worker:", stale)
 PYEOF
+wait "$SCRAPER" || true
+async_endpoint_check "$T/scrape.txt" "$OUT/metrics.jsonl" ||
+	fail "the async metrics endpoint is wrong"
 # The coordinator killed after step 3 and resumed: the steps go on from
 # the checkpoint's version, with fresh tasks (the old ones are lost).
 port=$(free_port)

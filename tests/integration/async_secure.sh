@@ -13,6 +13,8 @@
 #     own record says), and the secure_aggregation
 #     block; accuracy rises as in plain async on the same data (the masks
 #     cancel); fast workers are in several cohorts.
+#     The Prometheus endpoint, scraped while it runs, agrees with the
+#     metrics lines (tests/integration/lib.sh, async_endpoint_check).
 #  2. leak check: no single worker's sample count or weight is in the
 #     coordinator's log, round lines or metrics.
 #  3. the masks cancel: plain async on the same data, workers and steps
@@ -35,7 +37,10 @@ coord_yaml "$port" "$OUT" "  mode: async
   deadline: 30s
   wait_for_workers: 120s" >"$T/c.yaml"
 echo "log_level: debug" >>"$T/c.yaml"
+mport=$(free_port)
+printf 'metrics:\n  listen: 127.0.0.1:%s\n' "$mport" >>"$T/c.yaml"
 start_coordinator "$T/c.yaml"
+scrape_start "$mport" "$T/scrape.txt"
 for i in 0 1 2 3; do
 	extra=""
 	[ "$i" = 2 ] && extra="  throttle: 2"
@@ -58,6 +63,9 @@ kill -KILL "$victim"
 echo "killed w4 (pid $victim) while it trained its first task"
 wait_exit "$CPID" 180 || fail "coordinator exited with status $?"
 cat "$T/rounds.txt"
+wait "$SCRAPER" || true
+async_endpoint_check "$T/scrape.txt" "$OUT/metrics.jsonl" secure ||
+	fail "the secure async metrics endpoint is wrong"
 grep -q "worker w4 lost" "$T/coord.log" || fail "w4's loss was not noticed"
 "$PY" - "$OUT/metrics.jsonl" "$T/dump" <<'PYEOF' || fail "secure async metrics are wrong"
 import json, math, os, sys

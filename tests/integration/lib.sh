@@ -218,6 +218,79 @@ for line in open(sys.argv[1]):
 PYEOF
 }
 
+# ---- round.mode async on the Prometheus endpoint (async*.sh) ----
+# scrape_start PORT FILE: scrapes http://127.0.0.1:PORT/metrics every 50
+# ms in the background into FILE (each copy whole, by rename) until the
+# endpoint goes away after a first scrape (150 s at most); its PID in
+# SCRAPER.
+scrape_start() {
+	"$PY" - "$1" "$2" <<'PYEOF' &
+import os, sys, time, urllib.request
+port, out = sys.argv[1:]
+ok, t0 = 0, time.time()
+while time.time() - t0 < 150:
+    try:
+        with urllib.request.urlopen(
+                "http://127.0.0.1:%s/metrics" % port, timeout=2) as r:
+            body = r.read()
+        with open(out + ".tmp", "wb") as f:
+            f.write(body)
+        os.replace(out + ".tmp", out)
+        ok += 1
+    except OSError:
+        if ok:
+            break  # the coordinator is gone
+    time.sleep(0.05)
+PYEOF
+	SCRAPER=$!
+	PIDS+=("$SCRAPER")
+}
+
+# async_endpoint_check SCRAPE METRICS [secure]: the endpoint's async series
+# at its last scrape (model version V) are those of metrics.jsonl's first
+# V steps: the updates applied, dropped and superseded, each applied
+# update's staleness in the histogram, and (secure) the failed cohorts'
+# counter, at least the failures those steps' lines count.
+async_endpoint_check() {
+	"$PY" - "$@" <<'PYEOF'
+import json, re, sys
+text = open(sys.argv[1]).read()
+rows = [json.loads(l) for l in open(sys.argv[2])]
+secure = sys.argv[3:] == ["secure"]
+def val(name):
+    m = re.search("^%s (\\S+)$" % re.escape(name), text, re.M)
+    assert m, (name, text)
+    return float(m.group(1))
+v = int(val("fedbox_model_version"))
+assert 1 <= v <= len(rows), v
+seen = rows[:v]
+assert [r["version"] for r in seen] == list(range(1, v + 1)), seen
+assert all(r["status"] == "ok" for r in seen), seen
+st = [w["staleness"] for r in seen for w in r["workers"]]
+want = {
+    'fedbox_async_updates_total{outcome="applied"}': len(st),
+    'fedbox_async_updates_total{outcome="dropped_stale"}':
+        sum(r["dropped_stale"] for r in seen),
+    'fedbox_async_updates_total{outcome="superseded"}':
+        sum(r["superseded"] for r in seen),
+    "fedbox_async_update_staleness_count": len(st),
+    "fedbox_async_update_staleness_sum": sum(st),
+    'fedbox_async_update_staleness_bucket{le="0"}': sum(s <= 0 for s in st),
+    'fedbox_async_update_staleness_bucket{le="1"}': sum(s <= 1 for s in st),
+    'fedbox_async_update_staleness_bucket{le="4"}': sum(s <= 4 for s in st),
+}
+for k, w in want.items():
+    assert val(k) == w, (k, val(k), w)
+if secure:
+    failed = val("fedbox_async_cohorts_failed_total")
+    assert failed >= sum(r["cohorts_failed"] for r in seen), failed
+else:
+    assert "fedbox_async_cohorts_failed_total" not in text
+print("endpoint at version %d: %d updates applied, staleness sum %d" %
+      (v, len(st), sum(st)))
+PYEOF
+}
+
 # ---- secure aggregation with dropouts (secagg.sh part 3, secagg_ahead.sh) ----
 # secagg_drop_coordinator PORT OUT [SA-LINES]: 5 workers, threshold 3 (and
 # SA-LINES), 4 rounds of an MLP with 64 hidden units, the log at debug;

@@ -455,6 +455,94 @@ test_series_come_and_go(void **state)
 }
 
 static void
+test_async_series(void **state)
+{
+	static const uint32_t step1[] = {0, 1, 3};
+	static const uint32_t step2[] = {9, 40};
+	fb_metrics *m = start(1), *s = start(1);
+	http_reply r;
+
+	(void)state;
+	/* A synchronous run shows none of the async families. */
+	r = get(fb_metrics_port(m), "/metrics");
+	check_format(r.body);
+	assert_null(strstr(r.body, "fedbox_model_version"));
+	assert_null(strstr(r.body, "fedbox_async_"));
+	reply_free(&r);
+
+	/* Started: every series at zero, no cohort family in plain async. */
+	fb_metrics_async_start(m, false);
+	r = get(fb_metrics_port(m), "/metrics");
+	check_format(r.body);
+	assert_line(r.body, "# TYPE fedbox_model_version gauge");
+	assert_line(r.body, "fedbox_model_version 0");
+	assert_line(r.body, "# TYPE fedbox_async_updates_total counter");
+	assert_line(
+	    r.body, "fedbox_async_updates_total{outcome=\"applied\"} 0");
+	assert_line(r.body,
+	    "fedbox_async_updates_total{outcome=\"dropped_stale\"} 0");
+	assert_line(
+	    r.body, "fedbox_async_updates_total{outcome=\"superseded\"} 0");
+	assert_line(
+	    r.body, "# TYPE fedbox_async_update_staleness histogram");
+	assert_line(
+	    r.body, "fedbox_async_update_staleness_bucket{le=\"+Inf\"} 0");
+	assert_line(r.body, "fedbox_async_update_staleness_count 0");
+	assert_null(strstr(r.body, "fedbox_async_cohorts_failed_total"));
+	reply_free(&r);
+
+	/* Two steps and a failed one: counts add, buckets are cumulative
+	 * with an inclusive le, the version is the last step's. */
+	fb_metrics_async_step(m, 1, step1, 3, 0, 1);
+	fb_metrics_async_step(m, 2, step2, 2, 2, 0);
+	fb_metrics_async_step(m, 2, NULL, 0, 1, 0);
+	r = get(fb_metrics_port(m), "/metrics");
+	check_format(r.body);
+	assert_line(r.body, "fedbox_model_version 2");
+	assert_line(
+	    r.body, "fedbox_async_updates_total{outcome=\"applied\"} 5");
+	assert_line(r.body,
+	    "fedbox_async_updates_total{outcome=\"dropped_stale\"} 3");
+	assert_line(
+	    r.body, "fedbox_async_updates_total{outcome=\"superseded\"} 1");
+	assert_line(
+	    r.body, "fedbox_async_update_staleness_bucket{le=\"0\"} 1");
+	assert_line(
+	    r.body, "fedbox_async_update_staleness_bucket{le=\"1\"} 2");
+	assert_line(
+	    r.body, "fedbox_async_update_staleness_bucket{le=\"2\"} 2");
+	assert_line(
+	    r.body, "fedbox_async_update_staleness_bucket{le=\"4\"} 3");
+	assert_line(
+	    r.body, "fedbox_async_update_staleness_bucket{le=\"8\"} 3");
+	assert_line(
+	    r.body, "fedbox_async_update_staleness_bucket{le=\"16\"} 4");
+	assert_line(
+	    r.body, "fedbox_async_update_staleness_bucket{le=\"32\"} 4");
+	assert_line(
+	    r.body, "fedbox_async_update_staleness_bucket{le=\"+Inf\"} 5");
+	assert_line(r.body, "fedbox_async_update_staleness_sum 53");
+	assert_line(r.body, "fedbox_async_update_staleness_count 5");
+	reply_free(&r);
+
+	/* Secure async: the failed cohorts' counter, from zero. */
+	fb_metrics_async_start(s, true);
+	r = get(fb_metrics_port(s), "/metrics");
+	check_format(r.body);
+	assert_line(r.body, "# TYPE fedbox_async_cohorts_failed_total counter");
+	assert_line(r.body, "fedbox_async_cohorts_failed_total 0");
+	reply_free(&r);
+	fb_metrics_cohort_failed(s);
+	fb_metrics_cohort_failed(s);
+	r = get(fb_metrics_port(s), "/metrics");
+	check_format(r.body);
+	assert_line(r.body, "fedbox_async_cohorts_failed_total 2");
+	reply_free(&r);
+	fb_metrics_free(m);
+	fb_metrics_free(s);
+}
+
+static void
 test_bad_setter_arguments(void **state)
 {
 	fb_metrics *m = start(2);
@@ -710,6 +798,8 @@ FB_TESTS = {
         test_histogram_cumulative},
     {"series come and go with NaN, new names and forgotten slots",
         test_series_come_and_go},
+    {"async: model version, updates by outcome, staleness, cohorts",
+        test_async_series},
     {"bad setter arguments and full label sets are refused",
         test_bad_setter_arguments},
     {"other paths get 404, other methods 405, garbage 4xx",
