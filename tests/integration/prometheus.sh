@@ -8,7 +8,9 @@
 # each worker's speed that metrics.jsonl shows (none: this federation
 # aggregates securely, and its workers keep their speed). promtool lints the
 # exposition, and every query of the Grafana dashboard
-# (deploy/grafana/fedbox.json) must run.
+# (deploy/grafana/fedbox.json) must run. Then an asynchronous federation
+# under a Prometheus of its own: its model version, updates and the
+# dashboard's async panels.
 source tests/integration/lib.sh
 command -v prometheus >/dev/null ||
 	skip "prometheus is not installed (scripts/bootstrap installs it)"
@@ -196,6 +198,87 @@ PYEOF
 kill -CONT "$W1"
 kill -TERM "$CPID"
 wait_exit "$CPID" 20 || fail "coordinator exited with status $? on SIGTERM"
+kill -TERM "$PPID_"
+wait_exit "$PPID_" 20 || true
+
+# --- 4. round.mode async (secure aggregation off) under its own Prometheus:
+# after its fourth step both workers are stopped, so the steps hold still;
+# the model version must be the steps metrics.jsonl has, the applied
+# updates theirs, and every async query of the dashboard must give a
+# series.
+port=$(free_port)
+mport=$(free_port)
+pport=$(free_port)
+OUT=$T/async
+SECAGG=0 coord_yaml "$port" "$OUT" "  mode: async
+  buffer_size: 2
+  rounds: 500
+  min_workers: 2
+  local_steps: 20
+  batch_size: 32" >"$T/a.yaml"
+printf 'metrics:\n  listen: 127.0.0.1:%s\n' "$mport" >>"$T/a.yaml"
+sed "s/127.0.0.1:[0-9]*\"/127.0.0.1:$mport\"/" "$T/prometheus.yml" >"$T/pa.yml"
+prometheus --config.file="$T/pa.yml" --storage.tsdb.path="$T/tsdb-async" \
+	--web.listen-address="127.0.0.1:$pport" --log.level=warn \
+	>"$T/prometheus-async.log" 2>&1 &
+PPID_=$!
+PIDS+=("$PPID_")
+start_coordinator "$T/a.yaml"
+for i in 0 1; do
+	SECAGG=0 worker_yaml "$port" "$i" 2 >"$T/a$i.yaml"
+	start_worker "$T/a$i.yaml" "a$i"
+	eval "A$i=$WPID"
+done
+for ((i = 0; i < 6000; i++)); do
+	[ "$(cat "$OUT/metrics.jsonl" 2>/dev/null | wc -l)" -ge 4 ] && break
+	sleep 0.01
+done
+kill -STOP "$A0" "$A1"
+sleep 1 # a step whose updates were in completes
+"$PY" - "$pport" "$OUT/metrics.jsonl" deploy/grafana/fedbox.json <<'PYEOF' || fail "async on Prometheus"
+import json, sys, time, urllib.parse, urllib.request
+port, metrics, dashboard = sys.argv[1:]
+base = "http://127.0.0.1:%s" % port
+def query(q):
+    url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        d = json.load(r)
+    assert d["status"] == "success", (q, d)
+    return d["data"]["result"]
+lines = [json.loads(l) for l in open(metrics) if l.strip()]
+assert len(lines) >= 4, len(lines)
+t0 = time.time()
+while True:
+    try:
+        if query("fedbox_model_version == %d" % len(lines)) and \
+                query("count_over_time(fedbox_model_version[1m]) >= 3"):
+            break
+    except OSError:
+        pass  # not listening yet
+    assert time.time() - t0 < 60, "no scrape of step %d within 60 s" % len(lines)
+    time.sleep(0.3)
+applied = sum(len(r["workers"]) for r in lines)
+res = query('fedbox_async_updates_total{outcome="applied"}')
+assert len(res) == 1 and float(res[0]["value"][1]) == applied, (res, applied)
+res = query("fedbox_async_update_staleness_count")
+assert len(res) == 1 and float(res[0]["value"][1]) == applied, (res, applied)
+n = 0
+for p in json.load(open(dashboard))["panels"]:
+    for t in p.get("targets", []):
+        if "fedbox_async_" not in t["expr"]:
+            continue
+        q = (t["expr"].replace("$__rate_interval", "1m")
+             .replace("$instance", ".*"))
+        res = query(q)
+        assert res, ("no series", p["title"], q)
+        n += 1
+        print("ok: dashboard %r: %s -> %d series" % (p["title"], t["refId"], len(res)))
+assert n >= 3, n
+print("ok: async at step %d, %d updates applied, on Prometheus" % (len(lines), applied))
+PYEOF
+kill -CONT "$A0" "$A1"
+kill -TERM "$CPID"
+wait_exit "$CPID" 20 || fail "async coordinator exited with status $? on SIGTERM"
 kill -TERM "$PPID_"
 wait_exit "$PPID_" 20 || true
 echo PASS
