@@ -94,8 +94,10 @@ async_step_done(coord *c)
 {
 	const async_state *as = &c->as;
 	uint32_t small[64], *st = small, n = 0;
-	bool applied = c->rd.r.status == ROUND_OK &&
-	               (!cohorts_on(c) || c->cs.applying >= 0);
+	/* secure async: the buffer is the cohort being applied; with none,
+	 * as holds the last one's, counted already */
+	bool ours = !cohorts_on(c) || c->cs.applying >= 0;
+	bool applied = ours && c->rd.r.status == ROUND_OK;
 
 	if (applied && as->count > sizeof(small) / sizeof(small[0]) &&
 	    (st = malloc(as->count * sizeof(*st))) == NULL) {
@@ -111,7 +113,7 @@ async_step_done(coord *c)
 	}
 	/* one call: a scrape sees the whole step or none of it */
 	fb_metrics_async_step(c->prom, c->rd.committed, st, n,
-	    as->dropped_stale, as->superseded);
+	    ours ? as->dropped_stale : 0, ours ? as->superseded : 0);
 	if (st != small) {
 		free(st);
 	}
