@@ -198,6 +198,16 @@ on_task_of(const worker *w, const cohort *co)
 	       (w->state == W_TRAINING || w->state == W_UPLOADING);
 }
 
+/* Whether member s of cohort co is the worker that joined and still on
+ * its task. */
+static bool
+member_on_task(const coord *c, const cohort *co, uint32_t s)
+{
+	const worker *m = &c->reg.workers[co->m[s].slot];
+
+	return m->id == co->m[s].id && on_task_of(m, co);
+}
+
 const sa_round *
 round_sa(const coord *c)
 {
@@ -290,8 +300,7 @@ static bool
 any_on_task(const coord *c, const cohort *co)
 {
 	for (uint32_t s = 0; s < co->count; s++) {
-		const worker *m = &c->reg.workers[co->m[s].slot];
-		if (m->id == co->m[s].id && on_task_of(m, co)) {
+		if (member_on_task(c, co, s)) {
 			return true;
 		}
 	}
@@ -503,10 +512,9 @@ hold_end(const coord *c, const cohort *co, const worker *w, int64_t now)
 	}
 	hold = (int64_t)llround(PARTNER_WAIT * w->task_ms);
 	for (uint32_t s = 0; s < co->count; s++) {
-		const worker *m = &c->reg.workers[co->m[s].slot];
 		int64_t e = co->m[s].expect_ms;
 		if (s == self || (co->sa.flags[s] & SA_F_INCLUDED) ||
-		    m->id != co->m[s].id || !on_task_of(m, co)) {
+		    !member_on_task(c, co, s)) {
 			continue; /* in, or gone */
 		}
 		if (e == 0 || e > now + hold) {
@@ -632,8 +640,7 @@ static bool
 has_doomed(const coord *c, const cohort *co, int64_t now)
 {
 	for (uint32_t s = 0; s < co->count; s++) {
-		const worker *m = &c->reg.workers[co->m[s].slot];
-		if (m->id == co->m[s].id && on_task_of(m, co) &&
+		if (member_on_task(c, co, s) &&
 		    doomed(c, co->m[s].version, co->m[s].expect_ms, now)) {
 			return true;
 		}

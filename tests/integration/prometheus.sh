@@ -40,22 +40,48 @@ transport:
 metrics:
   listen: 127.0.0.1:$mport
 YAML
-# --- 3. Prometheus scraping it
-pport=$(free_port)
-cat >"$T/prometheus.yml" <<YAML
+# start_prometheus NAME TARGET-PORT: a Prometheus server scraping
+# 127.0.0.1:TARGET-PORT every second, its files $T/NAME.*; its query port
+# in pport, its PID in PPID_.
+start_prometheus() {
+	pport=$(free_port)
+	cat >"$T/$1.yml" <<YAML
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
 scrape_configs:
   - job_name: fedbox
     static_configs:
-      - targets: ["127.0.0.1:$mport"]
+      - targets: ["127.0.0.1:$2"]
 YAML
-prometheus --config.file="$T/prometheus.yml" --storage.tsdb.path="$T/tsdb" \
-	--web.listen-address="127.0.0.1:$pport" --log.level=warn \
-	>"$T/prometheus.log" 2>&1 &
-PPID_=$!
-PIDS+=("$PPID_")
+	prometheus --config.file="$T/$1.yml" --storage.tsdb.path="$T/$1.tsdb" \
+		--web.listen-address="127.0.0.1:$pport" --log.level=warn \
+		>"$T/$1.log" 2>&1 &
+	PPID_=$!
+	PIDS+=("$PPID_")
+}
+
+# prom_py ARGS...: the Python on stdin, run with ARGS, after `base`, the
+# Prometheus at pport, and query(Q) of its API (the result list; status
+# checked).
+prom_py() {
+	{
+		cat <<PYEOF
+import json, urllib.parse, urllib.request
+base = "http://127.0.0.1:$pport"
+def query(q):
+    url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        d = json.load(r)
+    assert d["status"] == "success", (q, d)
+    return d["data"]["result"]
+PYEOF
+		cat
+	} | "$PY" - "$@"
+}
+
+# --- 3. Prometheus scraping it
+start_prometheus prometheus "$mport"
 
 start_coordinator "$T/c.yaml"
 wait_for "$T/coord.log" "Prometheus endpoint at http://127.0.0.1:$mport/metrics" 30
@@ -85,17 +111,9 @@ if command -v promtool >/dev/null; then
 	echo "ok: promtool check metrics: clean"
 fi
 
-"$PY" - "$pport" "$OUT/metrics.jsonl" deploy/grafana/fedbox.json <<'PYEOF' || fail "Prometheus queries"
-import json, math, sys, time, urllib.parse, urllib.request
-port, metrics, dashboard = sys.argv[1:]
-base = "http://127.0.0.1:%s" % port
-
-def query(q):
-    url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": q})
-    with urllib.request.urlopen(url, timeout=5) as r:
-        d = json.load(r)
-    assert d["status"] == "success", (q, d)
-    return d["data"]["result"]
+prom_py "$OUT/metrics.jsonl" deploy/grafana/fedbox.json <<'PYEOF' || fail "Prometheus queries"
+import math, sys, time
+metrics, dashboard = sys.argv[1:]
 
 def value(q):
     res = query(q)
@@ -217,12 +235,7 @@ SECAGG=0 coord_yaml "$port" "$OUT" "  mode: async
   local_steps: 20
   batch_size: 32" >"$T/a.yaml"
 printf 'metrics:\n  listen: 127.0.0.1:%s\n' "$mport" >>"$T/a.yaml"
-sed "s/127.0.0.1:[0-9]*\"/127.0.0.1:$mport\"/" "$T/prometheus.yml" >"$T/pa.yml"
-prometheus --config.file="$T/pa.yml" --storage.tsdb.path="$T/tsdb-async" \
-	--web.listen-address="127.0.0.1:$pport" --log.level=warn \
-	>"$T/prometheus-async.log" 2>&1 &
-PPID_=$!
-PIDS+=("$PPID_")
+start_prometheus prometheus-async "$mport"
 start_coordinator "$T/a.yaml"
 for i in 0 1; do
 	SECAGG=0 worker_yaml "$port" "$i" 2 >"$T/a$i.yaml"
@@ -235,16 +248,9 @@ for ((i = 0; i < 6000; i++)); do
 done
 kill -STOP "$A0" "$A1"
 sleep 1 # a step whose updates were in completes
-"$PY" - "$pport" "$OUT/metrics.jsonl" deploy/grafana/fedbox.json <<'PYEOF' || fail "async on Prometheus"
-import json, sys, time, urllib.parse, urllib.request
-port, metrics, dashboard = sys.argv[1:]
-base = "http://127.0.0.1:%s" % port
-def query(q):
-    url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": q})
-    with urllib.request.urlopen(url, timeout=5) as r:
-        d = json.load(r)
-    assert d["status"] == "success", (q, d)
-    return d["data"]["result"]
+prom_py "$OUT/metrics.jsonl" deploy/grafana/fedbox.json <<'PYEOF' || fail "async on Prometheus"
+import sys, time
+metrics, dashboard = sys.argv[1:]
 lines = [json.loads(l) for l in open(metrics) if l.strip()]
 assert len(lines) >= 4, len(lines)
 t0 = time.time()
