@@ -30,14 +30,27 @@
 #ifdef FB_TEST_LIAR
 /*
  * Test build only (tests/fedbox-coordinator-liar, never installed): a
- * coordinator that lies in the consistency check, to test the workers
- * against it on live processes. In its first secure round it tells the
- * first included worker that the last included one dropped (so that
- * worker would reveal the other's mask key while the rest reveal its
- * self-mask seed), and takes and relays that worker's confirmation of the
- * false set as if it verified.
+ * coordinator that lies, to test the workers against it on live
+ * processes. FB_TEST_LIE picks the lie, told once, in the first secure
+ * round:
+ *   included (or unset)  in the consistency check, it tells the first
+ *       included worker that the last included one dropped (so that
+ *       worker would reveal the other's mask key while the rest reveal
+ *       its self-mask seed), and takes and relays that worker's
+ *       confirmation of the false set as if it verified;
+ *   terms  its RoundStart tells every worker but slot 0's a max_samples
+ *       1000 times the round's, to weigh their inputs down and read slot
+ *       0's nearly alone in the sum.
  */
 static uint32_t liar_slot = UINT32_MAX;
+
+static bool
+liar_tells(const char *lie)
+{
+	const char *e = getenv("FB_TEST_LIE");
+
+	return strcmp(e != NULL && e[0] != '\0' ? e : "included", lie) == 0;
+}
 #endif
 
 const char *const sa_phase_names[SA_PHASE_COUNT_] = {"off", "key adverts",
@@ -256,7 +269,16 @@ sa_round_start(const coord *c, const worker *w, fb_msg *m)
 	m->u.round_start.sa_ring_bits = sa->enc.x.bits;
 	m->u.round_start.sa_clip = sa->enc.x.clip;
 	m->u.round_start.sa_max_samples = (uint64_t)c->cfg->sa_max_samples;
+#ifdef FB_TEST_LIAR
+	if (liar_tells("terms") && sa->p.round == 1 && w->sa_slot != 0) {
+		m->u.round_start.sa_max_samples *= 1000;
+		fb_log_warn("test liar: round %u: %s is told max_samples %" PRIu64,
+		    sa->p.round, w->name, m->u.round_start.sa_max_samples);
+	}
+#endif
 	m->u.round_start.sa_a_bound = sa->enc.a.clip;
+	m->u.round_start.sa_max_staleness =
+	    cohorts_on(c) ? (uint32_t)c->cfg->max_staleness : 0;
 	m->u.round_start.sa_set_up = c->rd.set_up_ahead && sa == &c->sa_sync;
 }
 
@@ -758,7 +780,8 @@ sa_request_confirms(coord *c, int64_t now)
 			for (uint32_t j = s + 1; j < sa->n; j++) {
 				last = inc[j] ? j : last;
 			}
-			if (liar_slot == UINT32_MAX && last != UINT32_MAX) {
+			if (liar_slot == UINT32_MAX && last != UINT32_MAX &&
+			    liar_tells("included")) {
 				liar_slot = s;
 				inc[last] = 0;
 				fb_log_warn("test liar: round %u: %s is told that "

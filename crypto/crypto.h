@@ -728,7 +728,9 @@ void fb_stream_pull_free(fb_stream_pull *p);
  * kind of share revealed per owner, and the confirmations bind the
  * included set; the workers' own threshold floor (not enforced here: the
  * caller's policy) keeps t a majority of each neighbourhood, so that two
- * conflicting sets would need t - ((k + 1) - t) colluding neighbours.
+ * conflicting sets would need t - ((k + 1) - t) colluding neighbours. The
+ * terms that weigh and encode the inputs are bound into the share keys
+ * (fb_secagg_terms), so a sum holds only inputs told the same terms.
  *
  * Key lifetimes (issue 25). b and s are one round's: made by
  * fb_secagg_worker_alloc_keys and wiped by _free, and every message
@@ -985,8 +987,9 @@ FB_MUST_CHECK fb_err fb_secagg_graph_neighbours(const fb_secagg_graph *g,
  *   sender's s_pk || the recipient's s_pk (not sent: both ends hold
  *   them from the adverts), nonce = LE32 from || LE32 to || 16 zero
  *   bytes, key = BLAKE2b-256("fedbox/secagg-enc/v1" || min(c_pk) ||
- *   max(c_pk) || run || LE32 round || X25519(c_sk, peer c_pk)), the
- *   X25519 of the session keys, made once a pair and session. */
+ *   max(c_pk) || run || LE32 round || the round's terms digest
+ *   (fb_secagg_params.terms) || X25519(c_sk, peer c_pk)), the X25519 of
+ *   the session keys, made once a pair and session. */
 #define FB_SECAGG_SHARE_MSG_LEN 136
 /* Reveal: header 0:1 version 1:1 kind=18 2:2 reserved 4:16 run 20:4 round
  * 24:4 from 28:4 count, then count entries of FB_SECAGG_REVEAL_ENTRY_LEN:
@@ -1009,7 +1012,38 @@ typedef struct fb_secagg_params {
 	uint32_t degree;    /* k; FB_SECAGG_DEGREE_AUTO; >= n - 1: complete */
 	uint32_t threshold; /* t, 2..k+1 (actual k): shares to reconstruct */
 	uint8_t graph_seed[32]; /* coordinator randomness for the round */
+	/* fb_secagg_bind_terms' digest of the round's terms (all zero: none
+	 * bound); it goes into every share key, so two neighbours told
+	 * different terms cannot open each other's shares */
+	uint8_t terms[32];
 } fb_secagg_params;
+
+/*
+ * The terms of a round that fix how each input is encoded and weighed,
+ * public to its workers. A worker weighs its own input, from these and
+ * its sample count: a coordinator that told one worker a max_samples (or
+ * a max_staleness) and its neighbours another could weigh the neighbours
+ * down to nothing and read that worker's input nearly alone in the sum.
+ * Bound into the share keys (fb_secagg_bind_terms), a difference between
+ * two neighbours makes their shares unreadable to each other: each counts
+ * the other as not having shared, and a worker left with fewer than t - 1
+ * readable shares leaves the round. The sum then holds only inputs told
+ * the same terms, at least t of them, as it does without a lie.
+ */
+typedef struct fb_secagg_terms {
+	uint32_t ring_bits;     /* encoding ring Z_2^ring_bits */
+	double clip;            /* coordinates clamped to +-clip */
+	uint64_t max_samples;   /* weight = samples / max_samples */
+	double a_bound;         /* FedNova: bound on ||a_i||_1 */
+	uint32_t max_staleness; /* async: a credit's staleness at most */
+} fb_secagg_terms;
+
+/* fb_secagg_bind_terms sets p->terms to BLAKE2b-256("fedbox/secagg-terms/
+ * v1" || LE32 n || LE32 degree || LE32 threshold || graph_seed || LE32
+ * ring_bits || LE64 bits of clip || LE64 max_samples || LE64 bits of
+ * a_bound || LE32 max_staleness), from p's n, degree, threshold and
+ * graph_seed (set them first) and `t`. */
+void fb_secagg_bind_terms(fb_secagg_params *p, const fb_secagg_terms *t);
 
 typedef struct fb_secagg_worker fb_secagg_worker;
 typedef struct fb_secagg_server fb_secagg_server;

@@ -49,6 +49,13 @@ st32(uint8_t *p, uint32_t v)
 	}
 }
 
+static void
+st64(uint8_t *p, uint64_t v)
+{
+	st32(p, (uint32_t)v);
+	st32(p + 4, (uint32_t)(v >> 32));
+}
+
 static uint32_t
 ld32(const uint8_t *p)
 {
@@ -585,8 +592,36 @@ adv_parse(const fb_secagg_params *p, fb_secagg_keys *seen,
 	return FB_OK;
 }
 
+static const uint8_t terms_domain[] = "fedbox/secagg-terms/v1";
+
+void
+fb_secagg_bind_terms(fb_secagg_params *p, const fb_secagg_terms *t)
+{
+	crypto_generichash_state st;
+	uint8_t b[4 * 3 + 32 + 4 + 8 * 3 + 4], *q = b;
+	uint64_t clip, a_bound;
+
+	memcpy(&clip, &t->clip, 8);
+	memcpy(&a_bound, &t->a_bound, 8);
+	st32(q, p->n);
+	st32(q + 4, p->degree);
+	st32(q + 8, p->threshold);
+	memcpy(q + 12, p->graph_seed, 32);
+	q += 44;
+	st32(q, t->ring_bits);
+	st64(q + 4, clip);
+	st64(q + 12, t->max_samples);
+	st64(q + 20, a_bound);
+	st32(q + 28, t->max_staleness);
+	crypto_generichash_init(&st, NULL, 0, 32);
+	crypto_generichash_update(&st, terms_domain, sizeof(terms_domain) - 1);
+	crypto_generichash_update(&st, b, sizeof(b));
+	crypto_generichash_final(&st, p->terms, 32);
+}
+
 /* enc_key derives the round's share-encryption key of a pair (symmetric)
- * from the pair's session agreement `shared` = X25519(c_sk, peer_pk). */
+ * from the pair's session agreement `shared` = X25519(c_sk, peer_pk) and
+ * the round's terms (fb_secagg_bind_terms). */
 static void
 enc_key(const fb_secagg_params *p, const uint8_t c_pk[32],
     const uint8_t peer_pk[32], const uint8_t shared[32], uint8_t key[32])
@@ -602,6 +637,7 @@ enc_key(const fb_secagg_params *p, const uint8_t c_pk[32],
 	crypto_generichash_update(&st, cmp < 0 ? peer_pk : c_pk, 32);
 	crypto_generichash_update(&st, p->run.b, FB_RUN_ID_LEN);
 	crypto_generichash_update(&st, r, sizeof(r));
+	crypto_generichash_update(&st, p->terms, 32);
 	crypto_generichash_update(&st, shared, 32);
 	crypto_generichash_final(&st, key, 32);
 	sodium_memzero(&st, sizeof(st));

@@ -182,6 +182,7 @@ typedef struct fb_msg {
 			double sa_clip;
 			uint64_t sa_max_samples;
 			double sa_a_bound;
+			uint32_t sa_max_staleness; /* async: a credit's most */
 			bool sa_set_up; /* set up ahead (FB_SA_SETUP) */
 		} round_start;
 		struct {
@@ -268,7 +269,7 @@ FB_MUST_CHECK fb_err fb_msg_pack(const fb_msg *m, uint8_t *buf, size_t cap,
 
 /*
  * fb_sa_setup_pack writes the secure-aggregation fields of RoundStart `rs`
- * (sa_slot .. sa_a_bound) as a SecAggRound, the payload of an FB_SA_SETUP
+ * (sa_slot .. sa_max_staleness) as a SecAggRound, the payload of an FB_SA_SETUP
  * step: the parameters of a round set up ahead. Errors: FB_ERANGE (cap).
  */
 FB_MUST_CHECK fb_err fb_sa_setup_pack(const fb_msg *rs, uint8_t *buf,

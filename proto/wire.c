@@ -82,6 +82,7 @@ sar_from_msg(const fb_msg *m, Fedbox__SecAggRound *sar)
 	sar->clip = m->u.round_start.sa_clip;
 	sar->max_samples = m->u.round_start.sa_max_samples;
 	sar->a_bound = m->u.round_start.sa_a_bound;
+	sar->max_staleness = m->u.round_start.sa_max_staleness;
 }
 
 static bool
@@ -511,6 +512,7 @@ fb_msg_unpack_envelope(const uint8_t *buf, size_t len, bool with_payload,
 			m->u.round_start.sa_clip = q->clip;
 			m->u.round_start.sa_max_samples = q->max_samples;
 			m->u.round_start.sa_a_bound = q->a_bound;
+			m->u.round_start.sa_max_staleness = q->max_staleness;
 			m->u.round_start.sa_set_up = q->set_up != 0;
 			if (!blob_from_pb(&m->u.round_start.sa_graph_seed,
 			        q->graph_seed)) {
@@ -713,6 +715,7 @@ fb_sa_setup_unpack(const uint8_t *buf, size_t len, fb_msg *rs)
 	rs->u.round_start.sa_clip = q->clip;
 	rs->u.round_start.sa_max_samples = q->max_samples;
 	rs->u.round_start.sa_a_bound = q->a_bound;
+	rs->u.round_start.sa_max_staleness = q->max_staleness;
 	rs->u.round_start.sa_set_up = false;
 	if (q->graph_seed.len > 32 ||
 	    !blob_from_pb(&rs->u.round_start.sa_graph_seed, q->graph_seed)) {

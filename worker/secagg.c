@@ -30,7 +30,8 @@ static void
 sa_swap(fb_wk *w, fb_wk_sa_state *o)
 {
 	fb_wk_sa_state mine = {w->sa, w->sa_round, w->sa_phase, w->sa_n,
-	    w->sa_t, w->sa_again, w->sa_weight, w->sa_max_samples, w->enc};
+	    w->sa_t, w->sa_again, w->sa_weight, w->sa_max_samples,
+	    w->sa_max_staleness, w->enc};
 
 	w->sa = o->sa;
 	w->sa_round = o->round;
@@ -40,6 +41,7 @@ sa_swap(fb_wk *w, fb_wk_sa_state *o)
 	w->sa_again = o->again;
 	w->sa_weight = o->weight;
 	w->sa_max_samples = o->max_samples;
+	w->sa_max_staleness = o->max_staleness;
 	w->enc = o->enc;
 	*o = mine;
 }
@@ -222,6 +224,13 @@ sa_start_round(fb_wk *w, uint32_t round, const fb_msg *m)
 	p.degree = m->u.round_start.sa_degree;
 	p.threshold = m->u.round_start.sa_threshold;
 	memcpy(p.graph_seed, m->u.round_start.sa_graph_seed.b, 32);
+	/* a neighbour told other terms cannot open our shares, nor we its */
+	fb_secagg_bind_terms(&p, &(fb_secagg_terms){
+	    .ring_bits = m->u.round_start.sa_ring_bits,
+	    .clip = m->u.round_start.sa_clip,
+	    .max_samples = m->u.round_start.sa_max_samples,
+	    .a_bound = m->u.round_start.sa_a_bound,
+	    .max_staleness = m->u.round_start.sa_max_staleness});
 	if ((w->sa_keys == NULL &&
 	        (rc = fb_secagg_keys_alloc(&w->sa_keys)) != FB_OK) ||
 	    (rc = fb_secagg_worker_alloc_keys(&p, m->u.round_start.sa_slot,
@@ -249,6 +258,7 @@ sa_start_round(fb_wk *w, uint32_t round, const fb_msg *m)
 	w->sa_weight =
 	    (double)fb_wk_samples(w) / (double)m->u.round_start.sa_max_samples;
 	w->sa_max_samples = m->u.round_start.sa_max_samples;
+	w->sa_max_staleness = m->u.round_start.sa_max_staleness;
 	w->sa_phase = FB_WK_SA_ADVERTISED;
 	return sa_send(w, FB_SA_ADVERT, 1, adv, sizeof(adv));
 }
@@ -346,6 +356,8 @@ ahead_matches(const fb_wk *w, const fb_msg *m)
 	       a->u.round_start.sa_max_samples ==
 	           m->u.round_start.sa_max_samples &&
 	       a->u.round_start.sa_a_bound == m->u.round_start.sa_a_bound &&
+	       a->u.round_start.sa_max_staleness ==
+	           m->u.round_start.sa_max_staleness &&
 	       a->u.round_start.sa_graph_seed.len ==
 	           m->u.round_start.sa_graph_seed.len &&
 	       memcmp(a->u.round_start.sa_graph_seed.b,

@@ -684,9 +684,22 @@ fb_wk_on_credit(fb_wk *w, const fb_msg *m)
 		/* No chunk is masked before its credit: the weight is fixed
 		 * here, from the staleness the coordinator counted at the
 		 * begin (0 in synchronous rounds). g(s) <= 1: the coordinator
-		 * can only shrink the weight, as it can through max_samples
-		 * (README, "Secure asynchronous rounds", says what that
-		 * means against a dishonest one). */
+		 * can only shrink the weight, and no further than the round's
+		 * max_staleness allows, which every neighbour was told too
+		 * (fb_secagg_bind_terms; README, "Secure asynchronous
+		 * rounds"). */
+		if (m->u.update_credit.staleness > w->sa_max_staleness) {
+			char why[200];
+			snprintf(why, sizeof(why), "the coordinator counts the "
+			    "update %u steps stale, past the round's "
+			    "max_staleness (%u): it would weigh it below the "
+			    "bound its neighbours were told",
+			    m->u.update_credit.staleness, w->sa_max_staleness);
+			fb_log_error("round %u: %s; not sending it", w->round,
+			    why);
+			fb_wk_round_fail(w, w->round, why);
+			return;
+		}
 		u->weighed = true;
 		u->staleness = m->u.update_credit.staleness;
 		w->sa_weight = (double)fb_wk_samples(w) /

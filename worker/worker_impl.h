@@ -98,6 +98,7 @@ typedef struct fb_wk_sa_state {
 	uint32_t n, t, again;
 	double weight;
 	uint64_t max_samples;
+	uint32_t max_staleness;
 	fb_secagg_encodings enc;
 } fb_wk_sa_state;
 
@@ -326,6 +327,7 @@ struct fb_wk {
 	double sa_weight; /* samples / max_samples, times the staleness
 	                   * weight of its first credit (secure async) */
 	uint64_t sa_max_samples; /* the round's max_samples (> 0) */
+	uint32_t sa_max_staleness; /* the most a credit may say (async) */
 	fb_secagg_encodings enc;
 	uint32_t *encbuf; /* one encoded (then masked) chunk */
 	struct fb_pool *pool; /* the box's cores, for the masks (may be NULL) */

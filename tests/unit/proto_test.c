@@ -115,6 +115,7 @@ sample_msg(fb_msg_type t, fb_msg *m)
 		m->u.round_start.sa_clip = 0.125;
 		m->u.round_start.sa_max_samples = 1ULL << 40;
 		m->u.round_start.sa_a_bound = 1234.5;
+		m->u.round_start.sa_max_staleness = 1000000;
 		m->u.round_start.sa_set_up = true;
 		break;
 	case FB_MSG_SECAGG:
@@ -2008,6 +2009,7 @@ test_sa_setup_payload(void **state)
 	assert_true(back.u.round_start.sa_clip == 0.125);
 	assert_int_equal(back.u.round_start.sa_max_samples, 1ULL << 40);
 	assert_true(back.u.round_start.sa_a_bound == 1234.5);
+	assert_int_equal(back.u.round_start.sa_max_staleness, 1000000);
 	/* not a SecAggRound */
 	memset(buf, 0xff, sizeof(buf));
 	assert_int_equal(fb_sa_setup_unpack(buf, 40, &back), FB_EPROTO);

@@ -1911,10 +1911,77 @@ test_round_set_up_during_the_previous_one(void **state)
 	free(b);
 }
 
+/* The terms digest, against crypto.h's layout computed here byte by
+ * byte; and each term, and each round parameter it covers, changes it. */
+static void
+test_terms_digest(void **state)
+{
+	fb_secagg_params p, q;
+	fb_secagg_terms t = {.ring_bits = 32, .clip = 4.5,
+	    .max_samples = 60000, .a_bound = 250.0, .max_staleness = 8};
+	fb_secagg_terms u;
+	uint8_t in[76], want[32];
+	const char dom[] = "fedbox/secagg-terms/v1";
+
+	(void)state;
+	memset(&p, 0, sizeof(p));
+	p.n = 5;
+	p.degree = 4;
+	p.threshold = 3;
+	for (int i = 0; i < 32; i++) {
+		p.graph_seed[i] = (uint8_t)(i * 7 + 1);
+	}
+	memset(in, 0, sizeof(in));
+	in[0] = 5;
+	in[4] = 4;
+	in[8] = 3;
+	memcpy(in + 12, p.graph_seed, 32);
+	in[44] = 32;
+	/* clip 4.5 = 0x4012000000000000 */
+	in[48 + 6] = 0x12;
+	in[48 + 7] = 0x40;
+	in[56] = 0x60; /* 60000 = 0xea60 */
+	in[57] = 0xea;
+	/* a_bound 250.0 = 0x406f400000000000 */
+	in[64 + 5] = 0x40;
+	in[64 + 6] = 0x6f;
+	in[64 + 7] = 0x40;
+	in[72] = 8;
+	{
+		crypto_generichash_state st;
+		crypto_generichash_init(&st, NULL, 0, 32);
+		crypto_generichash_update(&st, (const uint8_t *)dom,
+		    sizeof(dom) - 1);
+		crypto_generichash_update(&st, in, sizeof(in));
+		crypto_generichash_final(&st, want, 32);
+	}
+	fb_secagg_bind_terms(&p, &t);
+	assert_memory_equal(p.terms, want, 32);
+	for (int k = 0; k < 9; k++) {
+		q = p;
+		u = t;
+		switch (k) {
+		case 0: u.ring_bits = 31; break;
+		case 1: u.clip = 4.25; break;
+		case 2: u.max_samples = 60001; break;
+		case 3: u.a_bound = 251.0; break;
+		case 4: u.max_staleness = 9; break;
+		case 5: q.n = 6; break;
+		case 6: q.degree = 3; break;
+		case 7: q.threshold = 2; break;
+		default: q.graph_seed[31] ^= 1; break;
+		}
+		fb_secagg_bind_terms(&q, &u);
+		assert_memory_not_equal(q.terms, want, 32);
+	}
+}
+
 FB_TESTS = {
     {"shamir shares and secrets match the independent reference",
         test_shamir_vectors},
     {"any t shares reconstruct and t - 1 are refused", test_shamir_threshold},
+    {"the terms digest: its layout, and every term in it",
+        test_terms_digest},
     {"duplicate, out-of-range, non-canonical and extra corrupt shares "
      "are rejected",
         test_shamir_bad_indices},

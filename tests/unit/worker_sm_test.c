@@ -73,6 +73,8 @@ typedef struct fix {
 	uint8_t ckey[FB_HS_COOKIE_KEY_LEN]; /* the coordinator's cookies */
 	fb_train_eval ev; /* the evaluation the trainer thread reports */
 	uint32_t credit_stale; /* UpdateCredit.staleness that writable sends */
+	uint32_t max_stale;    /* the RoundStart's sa_max_staleness */
+	uint64_t peer_max_samples; /* the peer's max_samples (0: the round's) */
 } fix;
 
 /* ---- the fakes ---------------------------------------------------------- */
@@ -1786,6 +1788,7 @@ sa_round_msg_n(fix *x, uint32_t round, uint32_t n, uint32_t t)
 	rs.u.round_start.sa_clip = 4.0;
 	rs.u.round_start.sa_max_samples = 1000;
 	rs.u.round_start.sa_a_bound = 100.0;
+	rs.u.round_start.sa_max_staleness = x->max_stale;
 	memset(&x->sap, 0, sizeof(x->sap));
 	x->sap.run = x->run;
 	x->sap.round = round;
@@ -1793,6 +1796,10 @@ sa_round_msg_n(fix *x, uint32_t round, uint32_t n, uint32_t t)
 	x->sap.degree = n - 1;
 	x->sap.threshold = t;
 	memset(x->sap.graph_seed, 0x77, 32);
+	fb_secagg_bind_terms(&x->sap, &(fb_secagg_terms){.ring_bits = 32,
+	    .clip = 4.0,
+	    .max_samples = x->peer_max_samples ? x->peer_max_samples : 1000,
+	    .a_bound = 100.0, .max_staleness = x->max_stale});
 	fb_secagg_worker_free(x->peer);
 	x->peer = NULL;
 	assert_int_equal(fb_secagg_worker_alloc(&x->sap, 1, &x->peer), FB_OK);
@@ -2025,6 +2032,7 @@ test_secagg_credit_staleness_weighs_the_input(void **state)
 
 	assert_non_null(mkdtemp(dir));
 	x->cfg.dump_updates = dir;
+	x->max_stale = 8;
 	secure_join(x);
 	sa_round_to_upload(x, 5);
 	/* the begin goes, and nothing else without a credit */
@@ -2063,6 +2071,75 @@ test_secagg_credit_staleness_weighs_the_input(void **state)
 	fix_free(x);
 	snprintf(path, sizeof(path), "rm -rf '%s'", dir);
 	assert_int_equal(system(path), 0);
+}
+
+/*
+ * A credit that counts the update more steps stale than the round's
+ * max_staleness (which the neighbours were told too) would weigh the
+ * input below the bound: the worker sends no chunk and leaves the round,
+ * saying why.
+ */
+static void
+test_secagg_credit_past_max_staleness(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg cr = {.type = FB_MSG_UPDATE_CREDIT};
+
+	x->max_stale = 8;
+	secure_join(x);
+	sa_round_to_upload(x, 5);
+	x->room = 1;
+	fb_wk_on_writable(&x->w, x->now);
+	assert_true(x->w.up.begun);
+	cr.u.update_credit.round = 5;
+	cr.u.update_credit.chunks = 8;
+	cr.u.update_credit.staleness = 9;
+	x->room = ROOM_ANY;
+	assert_int_equal(send_msg(x, &cr, NULL, 0), FB_OK);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, 0), 0);
+	assert_failed(x, 5, "past the round's max_staleness (8)");
+	assert_int_equal(x->w.phase, FB_WK_IDLE);
+	fix_free(x);
+}
+
+/*
+ * A neighbour told another max_samples (the coordinator would weigh it
+ * down, to read this worker's input nearly alone): neither opens the
+ * other's shares, and this worker, left below the threshold (2), leaves
+ * the round before any masked input goes.
+ */
+static void
+test_secagg_peer_told_other_terms(void **state)
+{
+	fix *x = fix_new(true);
+	fb_msg rs;
+	uint8_t out[4 * FB_SECAGG_SHARE_MSG_LEN];
+	size_t out_len = 0;
+	sent *sh;
+	fb_msg rm = sa_msg(5, FB_SA_RELAY, 1);
+
+	x->peer_max_samples = 1000000;
+	secure_join(x);
+	rs = sa_round_msg(x, 5);
+	x->served = x->nlog;
+	assert_int_equal(deliver_sealed(x, &rs, NULL, 0), FB_OK);
+	sa_exchange_adverts(x, 5);
+	serve_model(x);
+	train_done(x, FB_OK);
+	assert_int_equal(x->w.phase, FB_WK_WAITING);
+	sh = find_sa(x, 5, FB_SA_SHARES);
+	assert_non_null(sh);
+	assert_int_equal(fb_secagg_worker_add_share(x->peer, sh->payload,
+	                     sh->len),
+	    FB_EAUTH);
+	assert_int_equal(
+	    fb_secagg_worker_make_shares(x->peer, out, sizeof(out), &out_len),
+	    FB_OK);
+	assert_int_equal(deliver_sealed(x, &rm, out, out_len), FB_OK);
+	assert_failed(x, 5, "too few neighbours shared");
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_BEGIN, 0), 0);
+	assert_int_equal(count_of(x, FB_MSG_UPDATE_CHUNK, 0), 0);
+	fix_free(x);
 }
 
 /*
@@ -3080,6 +3157,11 @@ FB_TESTS = {
         test_secagg_async_keeps_the_last_cohort},
     {"secure async: the first credit's staleness weighs the masked input",
         test_secagg_credit_staleness_weighs_the_input},
+    {"secure async: a credit past max_staleness sends nothing, ends the "
+     "round",
+        test_secagg_credit_past_max_staleness},
+    {"a neighbour told other weight terms: no shares open, no input goes",
+        test_secagg_peer_told_other_terms},
     {"masked inputs made ahead on the pool go up whole and in order",
         test_secagg_masks_made_ahead},
     {"the whole mask made ahead while training: the same masked input",
