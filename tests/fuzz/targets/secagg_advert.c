@@ -7,6 +7,8 @@
  * 24..28; slot 1 when out of range). Both sides must agree on a neighbour's
  * advert; an accepted one is refused the second time, and a different
  * slot's copy is refused under the same key (one identity, one slot).
+ * A neighbour's advert with the worker's own keys in it the worker alone
+ * can refuse.
  */
 #include "tests/fuzz/secagg_common.h"
 
@@ -32,8 +34,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	sa_check(fb_secagg_worker_advertise(w, f->ids[0], own), "advertise");
 	srv = fb_secagg_server_add_advert(s, slot, &f->pks[slot], m, size);
 	wrk = fb_secagg_worker_add_advert(w, &f->pks[slot], m, size);
-	/* slot 0 is the worker itself: checked, then ignored */
-	if (slot != 0 && (srv == FB_OK) != (wrk == FB_OK)) {
+	/* slot 0 is the worker itself: checked, then ignored. A neighbour's
+	 * advert carrying the worker's own c_pk or s_pk (a replay of its
+	 * keys) only the worker can tell: the server, which has not seen
+	 * them, takes it, and the worker must refuse it. */
+	if (slot != 0 && size == FB_SECAGG_ADV_LEN &&
+	    (memcmp(m + 28, own + 28, 32) == 0 ||
+	        memcmp(m + 60, own + 60, 32) == 0)) {
+		if (wrk == FB_OK) {
+			abort();
+		}
+	} else if (slot != 0 && (srv == FB_OK) != (wrk == FB_OK)) {
 		abort();
 	}
 	if (srv == FB_OK) {
