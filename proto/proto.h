@@ -39,8 +39,10 @@
  * signature covers its session part only (run and the session's c key,
  * crypto.h), and a share message's AEAD binds both ends' s keys. 9:
  * UpdateCredit.staleness (secure async: a cohort member's input is
- * weighted by its staleness at its upload's begin). */
-#define FB_PROTOCOL_VERSION 9
+ * weighted by its staleness at its upload's begin). 10: SecAggRound.
+ * max_staleness, and the round's terms (fb_secagg_bind_terms) in every
+ * share key: a worker of 9 could not open a worker of 10's shares. */
+#define FB_PROTOCOL_VERSION 10
 #define FB_WIRE_PREFIX_LEN 4
 #define FB_NAME_MAX 64        /* worker names, bytes incl. NUL */
 #define FB_TEXT_MAX 256       /* reasons, paths, bytes incl. NUL */
