@@ -730,7 +730,8 @@ void fb_stream_pull_free(fb_stream_pull *p);
  * caller's policy) keeps t a majority of each neighbourhood, so that two
  * conflicting sets would need t - ((k + 1) - t) colluding neighbours. The
  * terms that weigh and encode the inputs are bound into the share keys
- * (fb_secagg_terms), so a sum holds only inputs told the same terms.
+ * (fb_secagg_terms): an input is masked only with neighbours told its
+ * terms, and goes in only beside t - 1 of them.
  *
  * Key lifetimes (issue 25). b and s are one round's: made by
  * fb_secagg_worker_alloc_keys and wiped by _free, and every message
@@ -1027,8 +1028,9 @@ typedef struct fb_secagg_params {
  * Bound into the share keys (fb_secagg_bind_terms), a difference between
  * two neighbours makes their shares unreadable to each other: each counts
  * the other as not having shared, and a worker left with fewer than t - 1
- * readable shares leaves the round. The sum then holds only inputs told
- * the same terms, at least t of them, as it does without a lie.
+ * readable shares leaves the round. An input then goes in only beside at
+ * least t - 1 neighbours told its own terms: weighing all others down
+ * leaves it in a sum of at least t inputs weighed alike.
  */
 typedef struct fb_secagg_terms {
 	uint32_t ring_bits;     /* encoding ring Z_2^ring_bits */
