@@ -511,10 +511,24 @@ on_relay(fb_wk *w, const fb_frame *f, uint32_t cnt)
 		return;
 	}
 	for (uint32_t i = 0; i < cnt; i++) {
-		rc = fb_secagg_worker_add_share(w->sa,
-		    f->payload + (size_t)i * FB_SECAGG_SHARE_MSG_LEN,
+		const uint8_t *msg =
+		    f->payload + (size_t)i * FB_SECAGG_SHARE_MSG_LEN;
+		rc = fb_secagg_worker_add_share(w->sa, msg,
 		    FB_SECAGG_SHARE_MSG_LEN);
-		if (rc != FB_OK) {
+		if (rc == FB_EAUTH) {
+			/* (bytes 24..28: the sender's index, little-endian) */
+			fb_log_warn("round %u: the shares of the neighbour in "
+			            "slot %u do not open (%s): it was told "
+			            "other round terms than this worker "
+			            "(max_samples, clip, ...), or its shares "
+			            "were altered; it counts as not having "
+			            "shared",
+			    w->sa_round,
+			    (uint32_t)msg[24] | (uint32_t)msg[25] << 8 |
+			        (uint32_t)msg[26] << 16 |
+			        (uint32_t)msg[27] << 24,
+			    fb_strerror(rc));
+		} else if (rc != FB_OK) {
 			fb_log_warn("round %u: a relayed share was refused: %s",
 			    w->sa_round, fb_strerror(rc));
 		}

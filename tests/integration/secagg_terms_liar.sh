@@ -37,12 +37,14 @@ for i in 1 2; do
 		fail "the liar did not lie to w$i"
 done
 # w0 opens neither neighbour's shares, and leaves before its input goes
-[ "$(grep -c "round 1: a relayed share was refused: authentication failed" \
+refused="do not open (authentication failed): it was told other round terms"
+[ "$(grep -c "round 1: the shares of the neighbour in slot [12] $refused" \
 	"$T/w0.log")" = 2 ] || fail "w0 did not refuse both neighbours' shares"
 grep "round 1: too few neighbours shared .*; leaving the round" "$T/w0.log" ||
 	fail "w0 did not leave round 1"
 for i in 1 2; do
-	grep -q "round 1: a relayed share was refused" "$T/w$i.log" ||
+	grep "round 1: the shares of the neighbour in slot 0 $refused" \
+		"$T/w$i.log" ||
 		fail "w$i opened the share of a worker told other terms"
 done
 "$PY" - "$OUT" <<'PYEOF' || fail "an input told other terms was summed"
