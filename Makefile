@@ -183,14 +183,17 @@ $(foreach t,$(UNIT_SRCS:tests/unit/%_test.c=%),\
   $(eval $(B)/tests/$(t)_test: $(call libs_of,$(t))))
 
 # A coordinator that lies in the secure-aggregation consistency check
-# (coordinator/secagg.c under FB_TEST_LIAR), for tests/integration/
-# secagg_liar.sh only; never installed.
+# (coordinator/secagg.c and upload.c under FB_TEST_LIAR), for the
+# tests/integration/*_liar.sh tests only; never installed.
 LIAR = $(B)/tests/fedbox-coordinator-liar
-$(B)/tests/liar/secagg.o: coordinator/secagg.c | $(B)/proto/fedbox.pb-c.h
+LIAR_SRCS = coordinator/secagg.c coordinator/upload.c
+$(B)/tests/liar/%.o: coordinator/%.c | $(B)/proto/fedbox.pb-c.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CPPFLAGS) $(CFLAGS) -DFB_TEST_LIAR -MMD -MP -c $< -o $@
-$(LIAR): $(B)/coordinator/main.o $(B)/tests/liar/secagg.o \
-    $(filter-out $(B)/coordinator/secagg.o,$(OBJS_coordinator)) \
+$(LIAR): $(B)/coordinator/main.o \
+    $(LIAR_SRCS:coordinator/%.c=$(B)/tests/liar/%.o) \
+    $(filter-out $(LIAR_SRCS:coordinator/%.c=$(B)/coordinator/%.o),\
+      $(OBJS_coordinator)) \
     $(filter-out %/libfb_coordinator.a,$(call libs_of,coordinator))
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LDLIBS)
 

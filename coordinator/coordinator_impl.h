@@ -837,6 +837,10 @@ uint64_t async_task_seed(coord *c);
 
 /* ---- cohort.c: round.mode async with secure aggregation ---- */
 bool cohorts_on(const coord *c);
+#ifdef FB_TEST_LIAR
+/* Test build only: whether FB_TEST_LIE names `lie` (secagg.c). */
+bool liar_tells(const char *lie);
+#endif
 FB_MUST_CHECK fb_err cohorts_alloc(coord *c);
 void cohorts_fini(coord *c);
 /* cohorts_begin opens the next step (IDLE -> PREPARE): the cohorts in

@@ -40,11 +40,14 @@
  *       confirmation of the false set as if it verified;
  *   terms  its RoundStart tells every worker but slot 0's a max_samples
  *       1000 times the round's, to weigh their inputs down and read slot
- *       0's nearly alone in the sum.
+ *       0's nearly alone in the sum;
+ *   staleness  (secure async; upload.c) the first upload of the run is
+ *       credited as round.max_staleness + 1 steps stale, to weigh that
+ *       input below the bound its cohort was told.
  */
 static uint32_t liar_slot = UINT32_MAX;
 
-static bool
+bool
 liar_tells(const char *lie)
 {
 	const char *e = getenv("FB_TEST_LIE");

@@ -255,6 +255,16 @@ upload_credit_pump(coord *c)
 		m.u.update_credit.chunks = give;
 		/* (the same on every credit of an upload: fixed at its begin) */
 		m.u.update_credit.staleness = cohorts_on(c) ? w->staleness : 0;
+#ifdef FB_TEST_LIAR
+		static bool lied;
+		if (cohorts_on(c) && !lied && liar_tells("staleness")) {
+			lied = true;
+			m.u.update_credit.staleness =
+			    (uint32_t)c->cfg->max_staleness + 1;
+			fb_log_warn("test liar: %s's upload is credited %u steps "
+			            "stale", w->name, m.u.update_credit.staleness);
+		}
+#endif
 		if (coord_send(c, w, &m, NULL, 0, NULL) != FB_OK) {
 			credit_want(c, w); /* again on the next pass */
 			continue;
