@@ -9,8 +9,6 @@
 SECURE=1
 SECAGG=1
 source tests/integration/lib.sh
-LIAR=$B/tests/fedbox-coordinator-liar
-[ -x "$LIAR" ] || fail "no $LIAR (make build-all builds it)"
 port=$(free_port)
 OUT=$T/out
 coord_yaml "$port" "$OUT" "  mode: async
@@ -21,10 +19,7 @@ coord_yaml "$port" "$OUT" "  mode: async
   local_steps: 20
   batch_size: 32
   deadline: 30s" >"$T/c.yaml"
-FB_TEST_LIE=staleness "$LIAR" --config "$T/c.yaml" >"$T/rounds.txt" \
-	2>"$T/coord.log" &
-CPID=$!
-PIDS+=("$CPID")
+start_liar staleness "$T/c.yaml"
 for i in 0 1 2; do
 	worker_yaml "$port" "$i" 3 >"$T/w$i.yaml"
 	start_worker "$T/w$i.yaml" "w$i"

@@ -167,6 +167,18 @@ start_coordinator() {
 	PIDS+=("$CPID")
 }
 
+# start_liar LIE CONFIG: the coordinator's lying test build (make
+# build-all; coordinator/secagg.c's FB_TEST_LIAR) telling LIE
+# (FB_TEST_LIE), as start_coordinator starts the real one.
+start_liar() {
+	local liar=$B/tests/fedbox-coordinator-liar
+	[ -x "$liar" ] || fail "no $liar (make build-all builds it)"
+	FB_TEST_LIE=$1 "$liar" --config "$2" >"$T/rounds.txt" \
+		2>"$T/coord.log" &
+	CPID=$!
+	PIDS+=("$CPID")
+}
+
 # start_worker CONFIG NAME: sets WPID; log in $T/NAME.log.
 start_worker() {
 	"$B/fedbox-worker" --config "$1" >"$T/$2.log" 2>&1 &

@@ -9,8 +9,6 @@
 # the truth reveal and the round is unmasked without it. Round 2 is
 # honest (the liar lies once): all three reveal, so the check can fail.
 source tests/integration/lib.sh
-LIAR=$B/tests/fedbox-coordinator-liar
-[ -x "$LIAR" ] || fail "no $LIAR (make build-all builds it)"
 make_keys 3
 port=$(free_port)
 OUT=$T/out
@@ -22,9 +20,7 @@ SA_YAML="  threshold: 2
   batch_size: 32
 debug:
   wire_log: $OUT/wire.jsonl" >"$T/c.yaml"
-"$LIAR" --config "$T/c.yaml" >"$T/rounds.txt" 2>"$T/coord.log" &
-CPID=$!
-PIDS+=("$CPID")
+start_liar included "$T/c.yaml"
 for i in 0 1 2; do
 	worker_yaml "$port" "$i" 3 >"$T/w$i.yaml"
 	start_worker "$T/w$i.yaml" "w$i"

@@ -8,8 +8,6 @@
 # the round before any masked input of it goes, and no sum holds it.
 # Round 2 is honest (the liar lies once): all three are in its sum.
 source tests/integration/lib.sh
-LIAR=$B/tests/fedbox-coordinator-liar
-[ -x "$LIAR" ] || fail "no $LIAR (make build-all builds it)"
 make_keys 3
 port=$(free_port)
 OUT=$T/out
@@ -22,10 +20,7 @@ SA_YAML="  threshold: 2
   batch_size: 32
 debug:
   wire_log: $OUT/wire.jsonl" >"$T/c.yaml"
-FB_TEST_LIE=terms "$LIAR" --config "$T/c.yaml" >"$T/rounds.txt" \
-	2>"$T/coord.log" &
-CPID=$!
-PIDS+=("$CPID")
+start_liar terms "$T/c.yaml"
 for i in 0 1 2; do
 	worker_yaml "$port" "$i" 3 >"$T/w$i.yaml"
 	start_worker "$T/w$i.yaml" "w$i"
